@@ -1,0 +1,45 @@
+package idem
+
+import "context"
+
+type leaseKey struct{}
+
+// leaseCtx carries an attempt's lease. It is one allocation instead of the
+// two of context.WithValue with a struct value.
+type leaseCtx struct {
+	context.Context
+	lease Lease
+}
+
+func (c *leaseCtx) Value(key any) any {
+	if key == (leaseKey{}) {
+		return c
+	}
+	return c.Context.Value(key)
+}
+
+// LeaseFrom returns the lease of the attempt that runs with ctx: the owner
+// token and the fencing token. ok is false outside an attempt.
+func LeaseFrom(ctx context.Context) (l Lease, ok bool) {
+	c, ok := ctx.Value(leaseKey{}).(*leaseCtx)
+	if !ok {
+		return Lease{}, false
+	}
+	return c.lease, true
+}
+
+// FenceFrom returns the fencing token of the attempt that runs with ctx. Pass
+// it to side effects that can reject stale writers, for example
+// "UPDATE accounts SET ..., fence = $1 WHERE id = $2 AND fence < $1".
+// ok is false outside an attempt.
+func FenceFrom(ctx context.Context) (fence int64, ok bool) {
+	l, ok := LeaseFrom(ctx)
+	return l.Fence, ok
+}
+
+// OwnerFrom returns the owner token of the attempt that runs with ctx. ok is
+// false outside an attempt.
+func OwnerFrom(ctx context.Context) (owner string, ok bool) {
+	l, ok := LeaseFrom(ctx)
+	return l.Owner, ok
+}

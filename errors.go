@@ -1,0 +1,113 @@
+package idem
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Sentinel errors. Test for them with errors.Is: stores and the Executor wrap
+// them with context.
+var (
+	// ErrLeaseLost is returned by Complete, Fail, Extend and Release (and by
+	// Do and Attempt methods) when the caller is no longer the owner of the
+	// record: another caller took the key over after the lease expired, the
+	// record was deleted, or it already left IN_PROGRESS. The caller's work
+	// may have to be compensated; its result was not stored.
+	ErrLeaseLost = errors.New("idem: lease lost")
+
+	// ErrInProgress is returned by Do and Begin when another caller holds
+	// the key and its lease has not expired. The returned error is an
+	// *InProgressError that carries the remaining lease.
+	ErrInProgress = errors.New("idem: operation in progress")
+
+	// ErrMismatch is returned by Do and Begin when the key exists with a
+	// different fingerprint: the same idempotency key was reused for a
+	// different request.
+	ErrMismatch = errors.New("idem: idempotency key reused with a different fingerprint")
+
+	// ErrFailed is returned by Do and Begin when the key is in the FAILED
+	// state: a previous attempt failed terminally or the attempts were
+	// exhausted. The returned error is a *FailedError.
+	ErrFailed = errors.New("idem: operation failed")
+
+	// ErrNotFound is returned by Store.Get when no record exists for the key.
+	ErrNotFound = errors.New("idem: record not found")
+
+	// ErrInvalid is wrapped by every error that reports bad input (an empty
+	// or oversized key, a fingerprint that is too long, a non-positive
+	// lease, a result over the size limit, ...). Such input never reaches a
+	// store.
+	ErrInvalid = errors.New("idem: invalid input")
+
+	// ErrResultTooLarge is returned (wrapping ErrInvalid) when a result is
+	// larger than the configured maximum stored size.
+	ErrResultTooLarge = fmt.Errorf("%w: result too large", ErrInvalid)
+
+	// ErrNotDurable is returned by stores configured with a durability
+	// option (WAIT, WAITAOF) when the write was applied on the primary but
+	// not acknowledged by as many replicas or AOF fsyncs as required. The
+	// state transition happened; it may be lost on failover.
+	ErrNotDurable = errors.New("idem: write not acknowledged by enough replicas")
+)
+
+// InProgressError is returned when another caller holds the key.
+type InProgressError struct {
+	// RetryAfter is the time left on the current owner's lease, as measured
+	// by the store's clock.
+	RetryAfter time.Duration
+}
+
+func (e *InProgressError) Error() string {
+	return fmt.Sprintf("idem: operation in progress, retry after %v", e.RetryAfter)
+}
+
+// Unwrap returns ErrInProgress.
+func (e *InProgressError) Unwrap() error { return ErrInProgress }
+
+// FailedError is returned when the key is in the FAILED state. Message is
+// the stored description of the failure (for Do, the text of the terminal
+// error); it is empty when the attempts ran out without a terminal error.
+type FailedError struct {
+	Message string
+	// Replayed is true when the failure was stored by an earlier attempt and
+	// is being replayed, false when this call's own attempt failed.
+	Replayed bool
+}
+
+func (e *FailedError) Error() string {
+	if e.Message == "" {
+		return "idem: operation failed: attempts exhausted"
+	}
+	return "idem: operation failed: " + e.Message
+}
+
+// Unwrap returns ErrFailed.
+func (e *FailedError) Unwrap() error { return ErrFailed }
+
+// terminalError marks an error as terminal for the default failure policy.
+type terminalError struct{ err error }
+
+func (e *terminalError) Error() string { return e.err.Error() }
+func (e *terminalError) Unwrap() error { return e.err }
+
+// Terminal marks err as a terminal failure: under the default failure policy
+// the key becomes FAILED, the error text is stored, and later calls with the
+// same key get a *FailedError instead of running again. Terminal(nil) is nil.
+func Terminal(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &terminalError{err: err}
+}
+
+// IsTerminal reports whether err (or an error it wraps) was marked with
+// Terminal. It is the default FailurePolicy.
+func IsTerminal(err error) bool {
+	var t *terminalError
+	return errors.As(err, &t)
+}
+
+func invalidf(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, args...)...)
+}

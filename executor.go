@@ -1,0 +1,431 @@
+package idem
+
+import (
+	"context"
+	"crypto/cipher"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Defaults of the Executor's options.
+const (
+	DefaultLease         = 30 * time.Second
+	DefaultRetention     = 24 * time.Hour
+	DefaultMaxResultSize = 1 << 20
+	DefaultCompressAbove = 4 << 10
+)
+
+// FailurePolicy decides whether an error returned by the operation is
+// terminal (the key becomes FAILED and the error text is replayed to later
+// callers) or retryable (the key is released and the next call runs the
+// operation again).
+type FailurePolicy func(err error) (terminal bool)
+
+// Option configures an Executor.
+type Option func(*Executor)
+
+// WithLease sets how long an attempt holds a key before another caller may
+// take it over. While the operation runs, the Executor extends the lease
+// every third of it. The default is DefaultLease (30s); it must be at least
+// 1ms.
+func WithLease(d time.Duration) Option { return func(e *Executor) { e.lease = d } }
+
+// WithRetention sets how long a COMPLETED or FAILED record is kept and
+// replayed. The default is DefaultRetention (24h); it must be at least the
+// lease.
+func WithRetention(d time.Duration) Option { return func(e *Executor) { e.retention = d } }
+
+// WithMaxAttempts sets the number of acquisitions after which a key that
+// keeps failing (retryable errors, panics, expired leases) becomes FAILED.
+// The default is 0: no limit.
+func WithMaxAttempts(n int) Option { return func(e *Executor) { e.maxAttempts = n } }
+
+// WithFailurePolicy sets how errors returned by the operation are classified.
+// The default is IsTerminal: errors marked with Terminal are terminal, all
+// others retryable.
+func WithFailurePolicy(p FailurePolicy) Option { return func(e *Executor) { e.policy = p } }
+
+// WithMaxResultSize sets the largest result, in bytes before compression,
+// that is stored. A larger result is still returned to the caller of Do, but
+// the key becomes FAILED (the operation ran; running it again could repeat
+// its effect) and Do returns an error wrapping ErrResultTooLarge. The
+// default is DefaultMaxResultSize (1 MiB).
+func WithMaxResultSize(n int) Option { return func(e *Executor) { e.codec.maxSize = n } }
+
+// WithCompressAbove sets the size above which stored results are deflated
+// (when that makes them smaller). A negative value disables compression.
+// The default is DefaultCompressAbove (4 KiB).
+func WithCompressAbove(n int) Option { return func(e *Executor) { e.codec.compressAbove = n } }
+
+// WithEncryption seals stored results with aead (for example AES-GCM), with
+// the store key as associated data, so that a result cannot be read from the
+// store or moved to another key. The default is no encryption.
+func WithEncryption(aead cipher.AEAD) Option { return func(e *Executor) { e.codec.aead = aead } }
+
+// Executor runs operations at most once per key on top of a Store. It is safe
+// for concurrent use; create one per store and configuration and share it.
+type Executor struct {
+	store       Store
+	lease       time.Duration
+	retention   time.Duration
+	maxAttempts int
+	policy      FailurePolicy
+	codec       blobCodec
+
+	ownerPrefix string
+	ownerSeq    atomic.Uint64
+}
+
+// New returns an Executor on store. It returns an error wrapping ErrInvalid
+// for a nil store or an invalid option.
+func New(store Store, opts ...Option) (*Executor, error) {
+	if store == nil {
+		return nil, invalidf("nil store")
+	}
+	e := &Executor{
+		store:     store,
+		lease:     DefaultLease,
+		retention: DefaultRetention,
+		policy:    IsTerminal,
+		codec:     blobCodec{compressAbove: DefaultCompressAbove, maxSize: DefaultMaxResultSize},
+	}
+	for _, o := range opts {
+		o(e)
+	}
+	switch {
+	case e.lease < time.Millisecond:
+		return nil, invalidf("lease %v is shorter than 1ms", e.lease)
+	case e.retention < e.lease:
+		return nil, invalidf("retention %v is shorter than the lease %v", e.retention, e.lease)
+	case e.maxAttempts < 0:
+		return nil, invalidf("max attempts %d is negative", e.maxAttempts)
+	case e.policy == nil:
+		return nil, invalidf("nil failure policy")
+	case e.codec.maxSize <= 0:
+		return nil, invalidf("max result size %d is not positive", e.codec.maxSize)
+	}
+	var b [9]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return nil, fmt.Errorf("idem: reading random owner prefix: %w", err)
+	}
+	e.ownerPrefix = base64.RawURLEncoding.EncodeToString(b[:]) + "."
+	return e, nil
+}
+
+// Store returns the executor's store.
+func (e *Executor) Store() Store { return e.store }
+
+// Lease returns the configured lease.
+func (e *Executor) Lease() time.Duration { return e.lease }
+
+// Retention returns the configured retention.
+func (e *Executor) Retention() time.Duration { return e.retention }
+
+func (e *Executor) newOwner() string {
+	var buf [48]byte
+	b := append(buf[:0], e.ownerPrefix...)
+	b = strconv.AppendUint(b, e.ownerSeq.Add(1), 36)
+	return string(b)
+}
+
+// Result is what Do returns.
+type Result struct {
+	// Value is the operation's result: the one fn returned, or the stored
+	// one for a replay. A replayed Value may share memory with the store and
+	// must not be modified.
+	Value []byte
+	// Replayed is true when fn did not run because the key was already
+	// COMPLETED.
+	Replayed bool
+	// Fence is the fencing token of this call's execution (zero for a
+	// replay).
+	Fence int64
+}
+
+// Do runs fn at most once per key while the store holds the key's record.
+//
+//   - If the key is new, released, or its previous owner's lease expired, Do
+//     runs fn with a context that carries the lease (see LeaseFrom and
+//     FenceFrom) and is cancelled, with cause ErrLeaseLost, if the lease is
+//     lost. fn's result is stored and returned. While fn runs, the lease is
+//     extended every third of it.
+//   - If the key is COMPLETED with the same fingerprint, Do returns the
+//     stored result with Replayed set and does not run fn.
+//   - If another caller holds the key, Do returns an *InProgressError.
+//   - If the key exists with another fingerprint, ErrMismatch.
+//   - If the key is FAILED, a *FailedError.
+//
+// If fn returns an error, Do returns it and, per the failure policy, either
+// releases the key (retryable) or stores the failure (terminal). If fn
+// panics, the key is released and the panic continues. If the lease was lost
+// while fn ran, Do returns an error wrapping ErrLeaseLost and nothing is
+// stored. Store errors are returned wrapped.
+func (e *Executor) Do(ctx context.Context, key Key, fingerprint string, fn func(ctx context.Context) ([]byte, error)) (Result, error) {
+	if fn == nil {
+		return Result{}, invalidf("nil function")
+	}
+	actx, a, err := e.Begin(ctx, key, fingerprint)
+	if err != nil {
+		return Result{}, err
+	}
+	if a.replayed {
+		return Result{Value: a.value, Replayed: true}, nil
+	}
+	ended := false
+	defer func() {
+		if !ended { // fn panicked or called runtime.Goexit
+			_ = a.Release(context.WithoutCancel(ctx))
+		}
+	}()
+	v, ferr := fn(actx)
+	ended = true
+	sctx := context.WithoutCancel(ctx)
+	res := Result{Value: v, Fence: a.lease.Fence}
+	if ferr != nil {
+		return res, a.Abort(sctx, ferr)
+	}
+	return res, a.Commit(sctx, v)
+}
+
+// Attempt is one acquisition of a key, returned by Begin, for callers that
+// cannot wrap their operation in a function. Exactly one of Commit, Abort or
+// Release must be called (a replayed Attempt needs none). Its methods are
+// safe for concurrent use; after the first of Commit, Abort or Release, the
+// others return ErrLeaseLost.
+type Attempt struct {
+	e        *Executor
+	key      string // store key (digest)
+	lease    Lease
+	previous string
+	attempts int
+	replayed bool
+	value    []byte
+
+	cancel context.CancelCauseFunc
+	timer  *time.Timer
+
+	mu       sync.Mutex
+	finished bool
+	lost     bool
+}
+
+// Begin acquires key for the caller. It returns the same errors as Do. On
+// success the returned context carries the lease (LeaseFrom, FenceFrom) and
+// is cancelled with cause ErrLeaseLost when the lease is lost; the lease is
+// extended every third of it until the attempt ends.
+//
+// If the key was already COMPLETED, Begin returns an Attempt whose Replayed
+// method reports true and whose Value holds the stored result; nothing is to
+// be done with it.
+func (e *Executor) Begin(ctx context.Context, key Key, fingerprint string) (context.Context, *Attempt, error) {
+	if err := key.Validate(); err != nil {
+		return ctx, nil, err
+	}
+	if len(fingerprint) > MaxFingerprintLen {
+		return ctx, nil, invalidf("fingerprint is %d bytes, over the limit of %d", len(fingerprint), MaxFingerprintLen)
+	}
+	skey := key.Digest()
+	acq, err := e.store.Acquire(ctx, skey, AcquireRequest{
+		Fingerprint: fingerprint,
+		Owner:       e.newOwner(),
+		Lease:       e.lease,
+		Retention:   e.retention,
+		MaxAttempts: e.maxAttempts,
+	})
+	if err != nil {
+		return ctx, nil, fmt.Errorf("idem: acquire: %w", err)
+	}
+	switch acq.Outcome {
+	case Acquired, TakenOver:
+	case Replay:
+		if acq.State == StateFailed && len(acq.Result) == 0 {
+			return ctx, nil, &FailedError{Replayed: true} // attempts exhausted
+		}
+		v, err := e.codec.decode(skey, acq.Result)
+		if err != nil {
+			return ctx, nil, err
+		}
+		if acq.State == StateFailed {
+			return ctx, nil, &FailedError{Message: string(v), Replayed: true}
+		}
+		return ctx, &Attempt{e: e, key: skey, replayed: true, value: v, finished: true}, nil
+	case InProgress:
+		return ctx, nil, &InProgressError{RetryAfter: acq.RetryAfter}
+	case Mismatch:
+		return ctx, nil, ErrMismatch
+	default:
+		return ctx, nil, fmt.Errorf("idem: store returned unknown outcome %d", acq.Outcome)
+	}
+	a := &Attempt{
+		e:        e,
+		key:      skey,
+		lease:    acq.Lease,
+		previous: acq.PreviousOwner,
+		attempts: acq.Attempts,
+	}
+	cctx, cancel := context.WithCancelCause(ctx)
+	a.cancel = cancel
+	a.mu.Lock() // the timer may fire before the assignment is visible
+	a.timer = time.AfterFunc(e.lease/3, a.heartbeat)
+	a.mu.Unlock()
+	return &leaseCtx{Context: cctx, lease: acq.Lease}, a, nil
+}
+
+// Replayed reports whether the key was already COMPLETED: Value holds the
+// stored result and nothing ran.
+func (a *Attempt) Replayed() bool { return a.replayed }
+
+// Value returns the stored result of a replayed Attempt. It may share memory
+// with the store and must not be modified.
+func (a *Attempt) Value() []byte { return a.value }
+
+// Lease returns the attempt's lease (zero for a replay).
+func (a *Attempt) Lease() Lease { return a.lease }
+
+// TakenOver reports whether the key was taken over from a previous owner
+// whose lease had expired, and that owner's token.
+func (a *Attempt) TakenOver() (previousOwner string, ok bool) {
+	return a.previous, a.previous != ""
+}
+
+// Attempts returns the number of acquisitions of the key so far, this one
+// included.
+func (a *Attempt) Attempts() int { return a.attempts }
+
+// Key returns the store key (the digest of the idempotency key).
+func (a *Attempt) Key() string { return a.key }
+
+// heartbeat runs on the lease timer: it extends the lease, or cancels the
+// attempt's context when the lease was lost.
+func (a *Attempt) heartbeat() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.finished {
+		return
+	}
+	interval := a.e.lease / 3
+	ctx, cancel := context.WithTimeout(context.Background(), interval)
+	err := a.e.store.Extend(ctx, a.key, a.lease, a.e.lease)
+	cancel()
+	if errors.Is(err, ErrLeaseLost) {
+		a.lost = true
+		a.cancel(fmt.Errorf("%w: extending the lease of fence %d", ErrLeaseLost, a.lease.Fence))
+		return
+	}
+	// On other errors (store unreachable) try again at the next tick: the
+	// lease is only lost once somebody else takes the key over, which the
+	// store reports.
+	a.timer.Reset(interval)
+}
+
+// end marks the attempt finished; it reports false if it already was, or if
+// the lease was lost.
+func (a *Attempt) end() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.finished {
+		if a.replayed {
+			return nil
+		}
+		return fmt.Errorf("%w: attempt already ended", ErrLeaseLost)
+	}
+	a.finished = true
+	a.timer.Stop()
+	if a.lost {
+		a.cancel(nil)
+		return fmt.Errorf("%w: lost while the operation ran (fence %d)", ErrLeaseLost, a.lease.Fence)
+	}
+	return nil
+}
+
+// Commit stores value as the key's result and moves the record to
+// COMPLETED. It returns an error wrapping ErrLeaseLost if the attempt is no
+// longer the owner, and ErrResultTooLarge (after failing the key, since the
+// operation ran) when value is over the size limit. Pass a context that
+// outlives the request (see context.WithoutCancel): a commit that does not
+// reach the store leaves the key IN_PROGRESS until its lease expires.
+func (a *Attempt) Commit(ctx context.Context, value []byte) error {
+	if a.replayed {
+		return nil
+	}
+	if err := a.end(); err != nil {
+		return err
+	}
+	defer a.cancel(nil)
+	if len(value) > a.e.codec.maxSize {
+		msg := fmt.Sprintf("result of %d bytes is over the limit of %d", len(value), a.e.codec.maxSize)
+		blob, err := a.e.codec.encode(a.key, []byte(msg))
+		if err == nil {
+			_, err = a.e.store.Fail(ctx, a.key, a.lease, Failure{Result: blob, Terminal: true, Retention: a.e.retention})
+		}
+		if err != nil {
+			return errors.Join(fmt.Errorf("%w: %s", ErrResultTooLarge, msg), fmt.Errorf("idem: fail: %w", err))
+		}
+		return fmt.Errorf("%w: %s; the key is FAILED", ErrResultTooLarge, msg)
+	}
+	blob, err := a.e.codec.encode(a.key, value)
+	if err != nil {
+		return err
+	}
+	if err := a.e.store.Complete(ctx, a.key, a.lease, blob, a.e.retention); err != nil {
+		return fmt.Errorf("idem: complete: %w", err)
+	}
+	return nil
+}
+
+// Abort ends the attempt after the operation failed with cause. Per the
+// failure policy the key is released (retryable) or moved to FAILED with
+// cause's text stored (terminal); after the configured maximum of attempts a
+// retryable failure is also stored as FAILED. Abort returns cause, joined
+// with the store's error if the store could not be updated.
+func (a *Attempt) Abort(ctx context.Context, cause error) error {
+	if a.replayed {
+		return cause
+	}
+	if err := a.end(); err != nil {
+		return errors.Join(cause, err)
+	}
+	defer a.cancel(nil)
+	msg := ""
+	if cause != nil {
+		msg = cause.Error()
+	}
+	blob, err := a.e.codec.encode(a.key, []byte(msg))
+	if err != nil {
+		return errors.Join(cause, err)
+	}
+	_, err = a.e.store.Fail(ctx, a.key, a.lease, Failure{
+		Result:      blob,
+		Terminal:    cause != nil && a.e.policy(cause),
+		Retention:   a.e.retention,
+		MaxAttempts: a.e.maxAttempts,
+	})
+	if err != nil {
+		return errors.Join(cause, fmt.Errorf("idem: fail: %w", err))
+	}
+	return cause
+}
+
+// Release gives the key back without storing anything and without counting
+// a failure: the next caller acquires it at once. Use it when the operation
+// did not take effect (for example the request was rejected before it
+// started).
+func (a *Attempt) Release(ctx context.Context) error {
+	if a.replayed {
+		return nil
+	}
+	if err := a.end(); err != nil {
+		return err
+	}
+	defer a.cancel(nil)
+	if err := a.e.store.Release(ctx, a.key, a.lease, a.e.retention); err != nil {
+		return fmt.Errorf("idem: release: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,73 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Watcher is implemented by stores that can wake callers waiting for a
+// record to leave IN_PROGRESS, across processes (redisstore publishes on a
+// channel that shares the record's hash tag). Executor.Await uses it when the
+// store has it and polls otherwise.
+type Watcher interface {
+	// Watch starts watching key. The returned channel is closed or receives
+	// a value at the latest once the record leaves IN_PROGRESS through
+	// Complete, Fail, Release or Delete after Watch returned. stop releases
+	// the watch; it must be called.
+	Watch(ctx context.Context, key string) (changed <-chan struct{}, stop func(), err error)
+}
+
+// Await blocks until key's record is not IN_PROGRESS (it completed, failed,
+// was released, was deleted, or its lease expired) or ctx is done, and
+// returns nil or ctx's error. Callers then call Begin or Do again to get the
+// replay or the key. On a store that implements Watcher, Await is woken by
+// the store's notification; otherwise it polls, at most every 50ms, and
+// never later than the lease's end.
+func (e *Executor) Await(ctx context.Context, key Key) error {
+	if err := key.Validate(); err != nil {
+		return err
+	}
+	skey := key.Digest()
+	w, _ := e.store.(Watcher)
+	for {
+		var changed <-chan struct{}
+		stop := func() {}
+		if w != nil {
+			ch, s, err := w.Watch(ctx, skey)
+			if err != nil {
+				return fmt.Errorf("idem: watch: %w", err)
+			}
+			changed, stop = ch, s
+		}
+		rec, err := e.store.Get(ctx, skey)
+		if errors.Is(err, ErrNotFound) {
+			stop()
+			return nil
+		}
+		if err != nil {
+			stop()
+			return fmt.Errorf("idem: get: %w", err)
+		}
+		left := rec.LeaseUntil.Sub(rec.Now)
+		if rec.State != StateInProgress || left <= 0 {
+			stop()
+			return nil
+		}
+		if w == nil {
+			left = min(left, 50*time.Millisecond)
+		}
+		t := time.NewTimer(left)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			stop()
+			return ctx.Err()
+		case <-changed:
+		case <-t.C:
+		}
+		t.Stop()
+		stop()
+	}
+}
