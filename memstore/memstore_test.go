@@ -1,0 +1,20 @@
+package memstore_test
+
+import (
+	"testing"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/memstore"
+	"github.com/idemgo/idem/storetest"
+)
+
+func TestConformance(t *testing.T) {
+	t.Parallel()
+	storetest.Run(t, func(t *testing.T) idem.Store {
+		s, err := memstore.New()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	})
+}
