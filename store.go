@@ -20,6 +20,12 @@ import (
 // the lease alone does not make them fail; only a takeover (or a deletion)
 // does.
 //
+// Every method may be retried after its reply was lost (a timeout, a broken
+// connection): Acquire repeated with the same owner token returns Acquired
+// with the fence it handed out; Complete repeated with the same lease and
+// result, Fail and Release repeated with the same lease succeed again. So a
+// retry never executes anything twice.
+//
 // The package storetest holds the conformance suite that every Store must
 // pass.
 type Store interface {

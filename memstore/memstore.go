@@ -1,6 +1,7 @@
 package memstore
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"sync"
@@ -143,6 +144,9 @@ func (s *Store) Acquire(ctx context.Context, key string, req idem.AcquireRequest
 	case idem.StateCompleted, idem.StateFailed:
 		return idem.Acquisition{Outcome: idem.Replay, State: r.state, Result: r.result, Attempts: r.attempts}, nil
 	case idem.StateInProgress:
+		if r.owner == req.Owner { // a repeated call whose reply was lost
+			return idem.Acquisition{Outcome: idem.Acquired, Lease: idem.Lease{Owner: r.owner, Fence: r.fence}, Attempts: r.attempts}, nil
+		}
 		if r.leaseUntil > now {
 			return idem.Acquisition{Outcome: idem.InProgress, RetryAfter: time.Duration(r.leaseUntil-now) * time.Microsecond, Attempts: r.attempts}, nil
 		}
@@ -203,6 +207,9 @@ func (s *Store) Complete(ctx context.Context, key string, lease idem.Lease, resu
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.micros()
+	if r := s.lookup(key, now); r != nil && r.state == idem.StateCompleted && r.fence == lease.Fence && bytes.Equal(r.result, result) {
+		return nil // a repeated call whose reply was lost
+	}
 	r, err := s.owned(key, lease, now)
 	if err != nil {
 		return err
@@ -224,6 +231,9 @@ func (s *Store) Fail(ctx context.Context, key string, lease idem.Lease, f idem.F
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.micros()
+	if r := s.lookup(key, now); r != nil && (r.state == idem.StateReleased || r.state == idem.StateFailed) && r.fence == lease.Fence {
+		return r.state, nil // a repeated call whose reply was lost
+	}
 	r, err := s.owned(key, lease, now)
 	if err != nil {
 		return 0, err
@@ -270,6 +280,9 @@ func (s *Store) Release(ctx context.Context, key string, lease idem.Lease, reten
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.micros()
+	if r := s.lookup(key, now); r != nil && r.state == idem.StateReleased && r.fence == lease.Fence {
+		return nil // a repeated call whose reply was lost
+	}
 	r, err := s.owned(key, lease, now)
 	if err != nil {
 		return err

@@ -168,6 +168,11 @@ func testSequentialModel(t *testing.T, s idem.Store) {
 						if want == idem.StateFailed {
 							rec.result = f.Result
 						}
+					} else if rec := m.recs[h.key]; rec != nil && (rec.state == idem.StateReleased || rec.state == idem.StateFailed) && rec.fence == h.lease.Fence {
+						// The lease that ended the attempt, repeating itself.
+						if err != nil || st != rec.state {
+							fail("repeated Fail: got %v, %v, want %v", st, err, rec.state)
+						}
 					} else if !errors.Is(err, idem.ErrLeaseLost) {
 						fail("Fail by a stale owner: got %v, want ErrLeaseLost", err)
 					}
@@ -190,6 +195,10 @@ func testSequentialModel(t *testing.T, s idem.Store) {
 						}
 						if release {
 							rec.state = idem.StateReleased
+						}
+					} else if rec := m.recs[h.key]; release && rec != nil && rec.state == idem.StateReleased && rec.fence == h.lease.Fence {
+						if err != nil {
+							fail("repeated Release: %v", err)
 						}
 					} else if !errors.Is(err, idem.ErrLeaseLost) {
 						fail("Release/Extend by a stale owner: got %v, want ErrLeaseLost", err)

@@ -67,6 +67,7 @@ func Run(t *testing.T, newStore func(t *testing.T) idem.Store) {
 		{"DeleteWhileInProgress", testDeleteWhileInProgress},
 		{"BadInput", testBadInput},
 		{"LargeResult", testLargeResult},
+		{"RepeatedCalls", testRepeatedCalls},
 		{"Race64", testRace64},
 		{"ConcurrentInvariants", testConcurrentInvariants},
 		{"SequentialModel", testSequentialModel},
@@ -205,8 +206,12 @@ func testCompleteThenReplay(t *testing.T, s idem.Store) {
 	if rec.ExpiresAt.IsZero() || rec.ExpiresAt.Sub(rec.Now) > retention || rec.ExpiresAt.Sub(rec.Now) < retention-time.Minute {
 		t.Errorf("expires in %v, want about %v", rec.ExpiresAt.Sub(rec.Now), retention)
 	}
-	// Completing twice is a stale owner.
-	wantLeaseLost(t, "second Complete", s.Complete(t.Context(), key, a.Lease, []byte("x"), retention))
+	// A repeated Complete (its reply was lost) succeeds; another result
+	// from the same lease does not overwrite the first.
+	if err := s.Complete(t.Context(), key, a.Lease, result, retention); err != nil {
+		t.Fatalf("repeated Complete: %v", err)
+	}
+	wantLeaseLost(t, "second Complete with another result", s.Complete(t.Context(), key, a.Lease, []byte("x"), retention))
 	// An empty result is a result.
 	key2 := newKey(t)
 	a2 := acquire(t, s, key2, req("", longLease), idem.Acquired)
@@ -372,7 +377,7 @@ func testReleaseThenReacquire(t *testing.T, s idem.Store) {
 	if b.Lease.Fence <= a.Lease.Fence || b.Attempts != 2 {
 		t.Fatalf("re-acquire: got fence %d attempts %d, want fence > %d attempts 2", b.Lease.Fence, b.Attempts, a.Lease.Fence)
 	}
-	wantLeaseLost(t, "Release twice", s.Release(t.Context(), key, a.Lease, retention))
+	wantLeaseLost(t, "Release by the previous owner", s.Release(t.Context(), key, a.Lease, retention))
 	// A retryable Fail releases too.
 	st, err := s.Fail(t.Context(), key, b.Lease, idem.Failure{Result: []byte("err"), Retention: retention})
 	if err != nil || st != idem.StateReleased {
@@ -776,5 +781,38 @@ func testConcurrentInvariants(t *testing.T, s idem.Store) {
 		if r := acquire(t, s, key, req("fp", longLease), idem.Replay); string(r.Result) != results[key] {
 			t.Errorf("final replay: got %q, want %q", r.Result, results[key])
 		}
+	}
+}
+
+// testRepeatedCalls repeats each call as a client does after a lost reply:
+// the repeat must report what the first call did, never act twice.
+func testRepeatedCalls(t *testing.T, s idem.Store) {
+	ctx := t.Context()
+	key := newKey(t)
+	r := req("fp", longLease)
+	a := acquire(t, s, key, r, idem.Acquired)
+	again := acquire(t, s, key, r, idem.Acquired)
+	if again.Lease != a.Lease || again.Attempts != 1 {
+		t.Fatalf("repeated Acquire: got %+v attempts %d, want %+v attempts 1", again.Lease, again.Attempts, a.Lease)
+	}
+	if err := s.Release(ctx, key, a.Lease, retention); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Release(ctx, key, a.Lease, retention); err != nil {
+		t.Fatalf("repeated Release: %v", err)
+	}
+	b := acquire(t, s, key, req("fp", longLease), idem.Acquired)
+	if b.Attempts != 2 {
+		t.Fatalf("attempts after a repeated Release: got %d, want 2", b.Attempts)
+	}
+	for i := range 2 {
+		st, err := s.Fail(ctx, key, b.Lease, idem.Failure{Result: []byte("no"), Terminal: true, Retention: retention})
+		if err != nil || st != idem.StateFailed {
+			t.Fatalf("Fail call %d: got %v, %v, want FAILED", i+1, st, err)
+		}
+	}
+	wantLeaseLost(t, "Release of a FAILED record", s.Release(ctx, key, b.Lease, retention))
+	if rec := get(t, s, key); rec.State != idem.StateFailed || string(rec.Result) != "no" {
+		t.Fatalf("record: got %v %q, want FAILED \"no\"", rec.State, rec.Result)
 	}
 }

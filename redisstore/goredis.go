@@ -1,0 +1,162 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// goRedis is the backend for a go-redis *redis.Client.
+type goRedis struct{ c *redis.Client }
+
+func (b *goRedis) run(ctx context.Context, s *script, key string, args []string, w *waitConfig) (any, int64, error) {
+	if w == nil {
+		v, err := s.gr.Run(ctx, b.c, []string{key}, anyArgs(args)...).Result()
+		return v, 0, err
+	}
+	return runWait(ctx, b.c, s, key, args, w)
+}
+
+func (b *goRedis) del(ctx context.Context, key string) error { return b.c.Del(ctx, key).Err() }
+
+func (b *goRedis) publishCommand() string { return "PUBLISH" }
+
+func (b *goRedis) watch(ctx context.Context, channel string) (<-chan struct{}, func(), error) {
+	return watchPubSub(ctx, b.c.Subscribe(ctx, channel))
+}
+
+// goRedisCluster is the backend for a go-redis *redis.ClusterClient.
+type goRedisCluster struct{ c *redis.ClusterClient }
+
+func (b *goRedisCluster) run(ctx context.Context, s *script, key string, args []string, w *waitConfig) (any, int64, error) {
+	if w == nil {
+		v, err := s.gr.Run(ctx, b.c, []string{key}, anyArgs(args)...).Result()
+		return v, 0, err
+	}
+	// WAIT has no key: send it on a connection to the key's primary.
+	node, err := b.c.MasterForKey(ctx, key)
+	if err != nil {
+		return nil, 0, err
+	}
+	return runWait(ctx, node, s, key, args, w)
+}
+
+func (b *goRedisCluster) del(ctx context.Context, key string) error { return b.c.Del(ctx, key).Err() }
+
+func (b *goRedisCluster) publishCommand() string { return "SPUBLISH" }
+
+func (b *goRedisCluster) watch(ctx context.Context, channel string) (<-chan struct{}, func(), error) {
+	return watchPubSub(ctx, b.c.SSubscribe(ctx, channel))
+}
+
+func anyArgs(args []string) []any {
+	out := make([]any, len(args))
+	for i, a := range args {
+		out[i] = a
+	}
+	return out
+}
+
+// runWait sends EVALSHA (EVAL after NOSCRIPT) and WAIT or WAITAOF in one
+// pipeline, which go-redis sends on one connection.
+func runWait(ctx context.Context, c *redis.Client, s *script, key string, args []string, w *waitConfig) (any, int64, error) {
+	a := anyArgs(args)
+	for try := 0; ; try++ {
+		var eval *redis.Cmd
+		var wait redis.Cmder
+		_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			if try == 0 {
+				eval = s.gr.EvalSha(ctx, p, []string{key}, a...)
+			} else {
+				eval = s.gr.Eval(ctx, p, []string{key}, a...)
+			}
+			if w.aof {
+				wait = p.Do(ctx, "WAITAOF", w.local, w.replicas, w.timeoutArg)
+			} else {
+				wait = p.Do(ctx, "WAIT", w.replicas, w.timeoutArg)
+			}
+			return nil
+		})
+		if try == 0 && redis.HasErrorPrefix(eval.Err(), "NOSCRIPT") {
+			continue
+		}
+		if err := eval.Err(); err != nil {
+			return nil, 0, err
+		}
+		if err != nil {
+			return eval.Val(), 0, fmt.Errorf("%s: %w", waitName(w), err)
+		}
+		acks, err := parseAcks(wait.(*redis.Cmd).Val(), w)
+		return eval.Val(), acks, err
+	}
+}
+
+func waitName(w *waitConfig) string {
+	if w.aof {
+		return "WAITAOF"
+	}
+	return "WAIT"
+}
+
+// parseAcks returns the replicas that acknowledged: WAIT replies with a
+// number, WAITAOF with {local fsyncs, replica fsyncs}. A missing local fsync
+// counts as no acknowledgement at all.
+func parseAcks(v any, w *waitConfig) (int64, error) {
+	if !w.aof {
+		n, ok := asInt(v)
+		if !ok {
+			return 0, replyError("WAIT", v)
+		}
+		return n, nil
+	}
+	arr, ok := v.([]any)
+	if !ok || len(arr) != 2 {
+		return 0, replyError("WAITAOF", v)
+	}
+	local, ok1 := asInt(arr[0])
+	replicas, ok2 := asInt(arr[1])
+	if !ok1 || !ok2 {
+		return 0, replyError("WAITAOF", v)
+	}
+	if local < int64(w.local) {
+		return -1, nil
+	}
+	return replicas, nil
+}
+
+// watchPubSub waits for the subscription's confirmation, then closes the
+// returned channel on the first message.
+func watchPubSub(ctx context.Context, ps *redis.PubSub) (<-chan struct{}, func(), error) {
+	if _, err := ps.Receive(ctx); err != nil {
+		ps.Close()
+		return nil, nil, err
+	}
+	changed := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			msg, err := ps.Receive(context.Background())
+			if err != nil {
+				if errors.Is(err, redis.ErrClosed) {
+					return
+				}
+				// The connection broke: wake the waiter so it re-reads the
+				// record and watches again.
+				close(changed)
+				return
+			}
+			if _, ok := msg.(*redis.Message); ok {
+				close(changed)
+				return
+			}
+		}
+	}()
+	stop := func() {
+		ps.Close()
+		<-done
+	}
+	return changed, stop, nil
+}

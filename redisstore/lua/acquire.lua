@@ -1,0 +1,68 @@
+-- acquire.lua: take an idempotency key (DESIGN.md §1).
+--
+-- KEYS[1]  the record hash, <prefix>{<digest>}
+-- ARGV[1]  fingerprint
+-- ARGV[2]  owner token
+-- ARGV[3]  lease, ms
+-- ARGV[4]  retention, ms (for a record that becomes FAILED here)
+-- ARGV[5]  max attempts (0: no limit)
+--
+-- Reply, one of:
+--   {1, fence, attempts}                  Acquired (also when the same owner
+--                                         repeats a call whose reply was lost)
+--   {2, fence, attempts, previous owner}  TakenOver (the lease had expired)
+--   {3, µs left on the lease, attempts}   InProgress
+--   {4, state, attempts, result}          Replay; state is 'c' or 'f'
+--   {5}                                   Mismatch
+--
+-- Fields: s state (p in progress, c completed, r released, f failed),
+-- f fingerprint, o owner, n fence, l lease end (µs), a attempts,
+-- c created (µs), r result. Times are the server's (TIME), in µs.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local lease_ms = tonumber(ARGV[3])
+local until_us = now + lease_ms * 1000
+local rec = redis.call('HMGET', KEYS[1], 's', 'f', 'o', 'n', 'l', 'a', 'r')
+local s = rec[1]
+if not s then
+  -- No record: the fence is seeded from the clock, so that it still grows
+  -- after the record was deleted or expired.
+  redis.call('HSET', KEYS[1], 's', 'p', 'f', ARGV[1], 'o', ARGV[2],
+    'n', string.format('%.0f', now), 'l', string.format('%.0f', until_us),
+    'a', 1, 'c', string.format('%.0f', now))
+  redis.call('PEXPIRE', KEYS[1], 2 * lease_ms)
+  return {1, now, 1}
+end
+if rec[2] ~= ARGV[1] then
+  return {5}
+end
+local attempts = tonumber(rec[6])
+if s == 'c' or s == 'f' then
+  return {4, s, attempts, rec[7] or ''}
+end
+if s == 'p' then
+  if rec[3] == ARGV[2] then
+    return {1, tonumber(rec[4]), attempts}
+  end
+  local left = tonumber(rec[5]) - now
+  if left > 0 then
+    return {3, left, attempts}
+  end
+end
+-- Released, or in progress with an expired lease.
+local max = tonumber(ARGV[5])
+if max > 0 and attempts >= max then
+  redis.call('HSET', KEYS[1], 's', 'f')
+  redis.call('HDEL', KEYS[1], 'o', 'l', 'r')
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+  return {4, 'f', attempts, ''}
+end
+local fence = math.max(tonumber(rec[4]) + 1, now)
+attempts = attempts + 1
+redis.call('HSET', KEYS[1], 's', 'p', 'o', ARGV[2],
+  'n', string.format('%.0f', fence), 'l', string.format('%.0f', until_us), 'a', attempts)
+redis.call('PEXPIRE', KEYS[1], 2 * lease_ms)
+if s == 'p' then
+  return {2, fence, attempts, rec[3]}
+end
+return {1, fence, attempts}

@@ -1,0 +1,335 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
+)
+
+// DefaultPrefix is the default key prefix.
+const DefaultPrefix = "idem:"
+
+// Option configures a Store.
+type Option func(*config)
+
+type config struct {
+	prefix       string
+	notify       bool
+	wait         *waitConfig
+	cluster      bool
+	clusterKnown bool
+}
+
+// waitConfig is a durability requirement checked after acquire and complete.
+type waitConfig struct {
+	aof        bool
+	local      int // WAITAOF numlocal
+	replicas   int
+	timeout    time.Duration
+	timeoutArg string
+}
+
+// WithPrefix sets the prefix of record keys (and notification channels):
+// records are stored at <prefix>{<digest>}. The default is DefaultPrefix
+// ("idem:"). It must not contain '{' or '}', which would change the Cluster
+// hash tag.
+func WithPrefix(p string) Option { return func(c *config) { c.prefix = p } }
+
+// WithNotify sets whether complete, fail and release publish a notification
+// on the record's channel (<prefix>{<digest>}:w, PUBLISH on a standalone
+// server, SPUBLISH on a Cluster) so that Executor.Await is woken across
+// processes. The default is true; turn it off to save the publish when no
+// caller waits.
+func WithNotify(on bool) Option { return func(c *config) { c.notify = on } }
+
+// WithWait makes acquire and complete wait, on the same connection as the
+// script, until numReplicas replicas acknowledged the write (WAIT
+// numReplicas timeout). When fewer acknowledge within timeout, the call
+// returns an error wrapping idem.ErrNotDurable: the transition happened on
+// the primary but may be lost on failover. The default is not to wait.
+func WithWait(numReplicas int, timeout time.Duration) Option {
+	return func(c *config) {
+		c.wait = &waitConfig{replicas: numReplicas, timeout: timeout}
+	}
+}
+
+// WithWaitAOF makes acquire and complete wait until the write was fsynced to
+// the AOF of numLocal (0 or 1) primaries and numReplicas replicas (WAITAOF,
+// Redis 7.2 and later), on the same connection as the script. Errors as for
+// WithWait. The default is not to wait.
+func WithWaitAOF(numLocal, numReplicas int, timeout time.Duration) Option {
+	return func(c *config) {
+		c.wait = &waitConfig{aof: true, local: numLocal, replicas: numReplicas, timeout: timeout}
+	}
+}
+
+func (c *config) validate() error {
+	for _, r := range c.prefix {
+		if r == '{' || r == '}' {
+			return fmt.Errorf("%w: prefix %q contains a brace", idem.ErrInvalid, c.prefix)
+		}
+	}
+	if len(c.prefix) > 64 {
+		return fmt.Errorf("%w: prefix is %d bytes, over the limit of 64", idem.ErrInvalid, len(c.prefix))
+	}
+	if w := c.wait; w != nil {
+		if w.replicas < 0 || w.local < 0 || w.local > 1 {
+			return fmt.Errorf("%w: wait for %d local and %d replicas", idem.ErrInvalid, w.local, w.replicas)
+		}
+		if w.timeout < 0 {
+			return fmt.Errorf("%w: negative wait timeout %v", idem.ErrInvalid, w.timeout)
+		}
+		if w.replicas == 0 && w.local == 0 {
+			return fmt.Errorf("%w: a wait for nothing", idem.ErrInvalid)
+		}
+		w.timeoutArg = strconv.FormatInt(w.timeout.Milliseconds(), 10)
+	}
+	return nil
+}
+
+// backend is the part of a client library the store uses.
+type backend interface {
+	// run runs s on key's node with EVALSHA, falling back to EVAL, and
+	// returns the reply normalized to nil, int64, string and []any. With a
+	// wait config it sends WAIT/WAITAOF on the same connection after the
+	// script and returns the number of acknowledgements too.
+	run(ctx context.Context, s *script, key string, args []string, w *waitConfig) (reply any, acks int64, err error)
+	del(ctx context.Context, key string) error
+	watch(ctx context.Context, channel string) (<-chan struct{}, func(), error)
+	publishCommand() string
+}
+
+// Store is an idem.Store on Redis, Valkey or a Redis Cluster. Every state
+// transition is one Lua script on the record's hash; time is the server's.
+// It is safe for concurrent use.
+type Store struct {
+	b      backend
+	prefix string
+	pub    string // notification command, "" for none
+	wait   *waitConfig
+}
+
+var (
+	_ idem.Store   = (*Store)(nil)
+	_ idem.Watcher = (*Store)(nil)
+)
+
+func newStore(b backend, opts []Option) (*Store, error) {
+	c := config{prefix: DefaultPrefix, notify: true}
+	for _, o := range opts {
+		o(&c)
+	}
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	s := &Store{b: b, prefix: c.prefix, wait: c.wait}
+	if c.notify {
+		s.pub = b.publishCommand()
+	}
+	return s, nil
+}
+
+// New returns a Store on a go-redis client: a *redis.Client (standalone,
+// Sentinel failover client) or a *redis.ClusterClient. The store does not own
+// the client and does not close it. New does no I/O.
+func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
+	var b backend
+	switch c := client.(type) {
+	case *redis.Client:
+		b = &goRedis{c: c}
+	case *redis.ClusterClient:
+		b = &goRedisCluster{c: c}
+	case nil:
+		return nil, fmt.Errorf("%w: nil client", idem.ErrInvalid)
+	default:
+		return nil, fmt.Errorf("%w: unsupported client type %T (use *redis.Client or *redis.ClusterClient)", idem.ErrInvalid, client)
+	}
+	return newStore(b, opts)
+}
+
+// NewRueidis returns a Store on a rueidis client (standalone, Sentinel or
+// Cluster). The store does not own the client and does not close it.
+// NewRueidis does no I/O.
+func NewRueidis(client rueidis.Client, opts ...Option) (*Store, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: nil client", idem.ErrInvalid)
+	}
+	return newStore(&rueidisBackend{c: client}, opts)
+}
+
+// Key returns the Redis key of the record for a store key (a digest).
+func (s *Store) Key(key string) string { return s.prefix + "{" + key + "}" }
+
+func (s *Store) channel(key string) string { return s.prefix + "{" + key + "}:w" }
+
+func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
+
+func (s *Store) run(ctx context.Context, sc *script, key string, args []string, durable bool) (any, error) {
+	var w *waitConfig
+	if durable {
+		w = s.wait
+	}
+	reply, acks, err := s.b.run(ctx, sc, s.Key(key), args, w)
+	if err != nil {
+		return nil, fmt.Errorf("redisstore: %s: %w", sc.name, err)
+	}
+	if w != nil && acks < int64(w.replicas) {
+		return reply, fmt.Errorf("%w: %s acknowledged by %d of %d", idem.ErrNotDurable, sc.name, acks, w.replicas)
+	}
+	return reply, nil
+}
+
+// Acquire implements idem.Store.
+func (s *Store) Acquire(ctx context.Context, key string, req idem.AcquireRequest) (idem.Acquisition, error) {
+	if err := idem.ValidateStoreKey(key); err != nil {
+		return idem.Acquisition{}, err
+	}
+	if err := req.Validate(); err != nil {
+		return idem.Acquisition{}, err
+	}
+	reply, err := s.run(ctx, acquireScript, key, []string{
+		req.Fingerprint, req.Owner, ms(req.Lease), ms(req.Retention), strconv.Itoa(req.MaxAttempts),
+	}, true)
+	if reply == nil {
+		return idem.Acquisition{}, err
+	}
+	a, perr := parseAcquire(reply)
+	if perr != nil {
+		return idem.Acquisition{}, perr
+	}
+	if a.Outcome == idem.Acquired || a.Outcome == idem.TakenOver {
+		a.Lease.Owner = req.Owner
+	}
+	return a, err // err is nil or ErrNotDurable
+}
+
+func checkOwner(key string, lease idem.Lease) error {
+	if err := idem.ValidateStoreKey(key); err != nil {
+		return err
+	}
+	return idem.ValidateLease(lease)
+}
+
+// Complete implements idem.Store. Repeating a Complete that succeeded (same
+// lease and result), for example after its reply was lost, succeeds again.
+func (s *Store) Complete(ctx context.Context, key string, lease idem.Lease, result []byte, retention time.Duration) error {
+	if err := checkOwner(key, lease); err != nil {
+		return err
+	}
+	if err := idem.ValidateDuration("retention", retention); err != nil {
+		return err
+	}
+	reply, err := s.run(ctx, completeScript, key, []string{
+		lease.Owner, strconv.FormatInt(lease.Fence, 10), string(result), ms(retention), s.pub, s.channel(key),
+	}, true)
+	if reply == nil {
+		return err
+	}
+	if perr := parseOK("complete", reply); perr != nil {
+		return perr
+	}
+	return err
+}
+
+// Fail implements idem.Store.
+func (s *Store) Fail(ctx context.Context, key string, lease idem.Lease, f idem.Failure) (idem.State, error) {
+	if err := checkOwner(key, lease); err != nil {
+		return 0, err
+	}
+	if err := f.Validate(); err != nil {
+		return 0, err
+	}
+	terminal := "0"
+	if f.Terminal {
+		terminal = "1"
+	}
+	reply, err := s.run(ctx, failScript, key, []string{
+		lease.Owner, strconv.FormatInt(lease.Fence, 10), string(f.Result), ms(f.Retention), terminal,
+		strconv.Itoa(f.MaxAttempts), s.pub, s.channel(key),
+	}, false)
+	if err != nil {
+		return 0, err
+	}
+	return parseFail(reply)
+}
+
+// Extend implements idem.Store.
+func (s *Store) Extend(ctx context.Context, key string, lease idem.Lease, d time.Duration) error {
+	if err := checkOwner(key, lease); err != nil {
+		return err
+	}
+	if err := idem.ValidateDuration("lease", d); err != nil {
+		return err
+	}
+	reply, err := s.run(ctx, extendScript, key, []string{lease.Owner, strconv.FormatInt(lease.Fence, 10), ms(d)}, false)
+	if err != nil {
+		return err
+	}
+	return parseOK("extend", reply)
+}
+
+// Release implements idem.Store.
+func (s *Store) Release(ctx context.Context, key string, lease idem.Lease, retention time.Duration) error {
+	if err := checkOwner(key, lease); err != nil {
+		return err
+	}
+	if err := idem.ValidateDuration("retention", retention); err != nil {
+		return err
+	}
+	reply, err := s.run(ctx, releaseScript, key, []string{
+		lease.Owner, strconv.FormatInt(lease.Fence, 10), ms(retention), s.pub, s.channel(key),
+	}, false)
+	if err != nil {
+		return err
+	}
+	return parseOK("release", reply)
+}
+
+// Get implements idem.Store.
+func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
+	if err := idem.ValidateStoreKey(key); err != nil {
+		return idem.Record{}, err
+	}
+	reply, err := s.run(ctx, getScript, key, nil, false)
+	if err != nil {
+		return idem.Record{}, err
+	}
+	return parseGet(reply)
+}
+
+// Delete implements idem.Store. It publishes no notification: waiters fall
+// back to the lease's end.
+func (s *Store) Delete(ctx context.Context, key string) error {
+	if err := idem.ValidateStoreKey(key); err != nil {
+		return err
+	}
+	if err := s.b.del(ctx, s.Key(key)); err != nil {
+		return fmt.Errorf("redisstore: delete: %w", err)
+	}
+	return nil
+}
+
+// Watch implements idem.Watcher: it subscribes to the record's channel on a
+// connection of its own and returns once the server confirmed the
+// subscription, so that no notification published after Watch returns is
+// missed.
+func (s *Store) Watch(ctx context.Context, key string) (<-chan struct{}, func(), error) {
+	if err := idem.ValidateStoreKey(key); err != nil {
+		return nil, nil, err
+	}
+	if s.pub == "" {
+		// Notifications are off: nothing will be sent; the caller falls
+		// back to its timer.
+		return nil, func() {}, nil
+	}
+	ch, stop, err := s.b.watch(ctx, s.channel(key))
+	if err != nil {
+		return nil, nil, fmt.Errorf("redisstore: watch: %w", err)
+	}
+	return ch, stop, nil
+}

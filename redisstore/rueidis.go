@@ -1,0 +1,156 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"strconv"
+
+	"github.com/redis/rueidis"
+)
+
+// rueidisBackend is the backend for a rueidis.Client.
+type rueidisBackend struct{ c rueidis.Client }
+
+func (b *rueidisBackend) run(ctx context.Context, s *script, key string, args []string, w *waitConfig) (any, int64, error) {
+	keys := []string{key}
+	if w == nil {
+		return normalize(s.ru.Exec(ctx, b.c, keys, args))
+	}
+	// WAIT must follow the script on the same connection: a dedicated
+	// connection to the key's node (the first command has the key).
+	var reply any
+	var acks int64
+	err := b.c.Dedicated(func(dc rueidis.DedicatedClient) error {
+		waitCmd := dc.B().Wait().Numreplicas(int64(w.replicas)).Timeout(w.timeout.Milliseconds()).Build()
+		if w.aof {
+			waitCmd = dc.B().Waitaof().Numlocal(int64(w.local)).Numreplicas(int64(w.replicas)).Timeout(w.timeout.Milliseconds()).Build()
+		}
+		evalsha := dc.B().Evalsha().Sha1(s.gr.Hash()).Numkeys(1).Key(key).Arg(args...).Build()
+		resps := dc.DoMulti(ctx, evalsha, waitCmd)
+		if rerr, ok := rueidis.IsRedisErr(resps[0].Error()); ok && rerr.IsNoScript() {
+			eval := dc.B().Eval().Script(s.src).Numkeys(1).Key(key).Arg(args...).Build()
+			waitCmd = dc.B().Wait().Numreplicas(int64(w.replicas)).Timeout(w.timeout.Milliseconds()).Build()
+			if w.aof {
+				waitCmd = dc.B().Waitaof().Numlocal(int64(w.local)).Numreplicas(int64(w.replicas)).Timeout(w.timeout.Milliseconds()).Build()
+			}
+			resps = dc.DoMulti(ctx, eval, waitCmd)
+		}
+		var err error
+		reply, _, err = normalize(resps[0])
+		if err != nil {
+			return err
+		}
+		wv, _, err := normalize(resps[1])
+		if err != nil {
+			return err
+		}
+		acks, err = parseAcks(wv, w)
+		return err
+	})
+	return reply, acks, err
+}
+
+func (b *rueidisBackend) del(ctx context.Context, key string) error {
+	return b.c.Do(ctx, b.c.B().Del().Key(key).Build()).Error()
+}
+
+func (b *rueidisBackend) publishCommand() string {
+	if b.c.Mode() == rueidis.ClientModeCluster {
+		return "SPUBLISH"
+	}
+	return "PUBLISH"
+}
+
+func (b *rueidisBackend) watch(ctx context.Context, channel string) (<-chan struct{}, func(), error) {
+	dc, cancel := b.c.Dedicate()
+	subscribed := make(chan struct{})
+	changed := make(chan struct{})
+	var once, subOnce bool
+	hookErr := dc.SetPubSubHooks(rueidis.PubSubHooks{
+		OnSubscription: func(s rueidis.PubSubSubscription) {
+			// Hooks run one at a time on one goroutine.
+			if !subOnce && s.Channel == channel {
+				subOnce = true
+				close(subscribed)
+			}
+		},
+		OnMessage: func(m rueidis.PubSubMessage) {
+			if !once && m.Channel == channel {
+				once = true
+				close(changed)
+			}
+		},
+	})
+	var sub rueidis.Completed
+	if b.c.Mode() == rueidis.ClientModeCluster {
+		sub = dc.B().Ssubscribe().Channel(channel).Build()
+	} else {
+		sub = dc.B().Subscribe().Channel(channel).Build()
+	}
+	if err := dc.Do(ctx, sub).Error(); err != nil {
+		cancel()
+		return nil, nil, err
+	}
+	select {
+	case <-subscribed:
+	case err := <-hookErr:
+		cancel()
+		if err == nil {
+			err = errors.New("subscription closed")
+		}
+		return nil, nil, err
+	case <-ctx.Done():
+		cancel()
+		return nil, nil, ctx.Err()
+	}
+	return changed, cancel, nil
+}
+
+// normalize turns a rueidis reply into the shapes go-redis returns: nil,
+// int64, string and []any.
+func normalize(r rueidis.RedisResult) (any, int64, error) {
+	if err := r.Error(); err != nil {
+		if rueidis.IsRedisNil(err) {
+			return nil, 0, nil
+		}
+		return nil, 0, err
+	}
+	msg, err := r.ToMessage()
+	if err != nil {
+		return nil, 0, err
+	}
+	v, err := normalizeMessage(msg)
+	return v, 0, err
+}
+
+func normalizeMessage(m rueidis.RedisMessage) (any, error) {
+	if m.IsNil() {
+		return nil, nil
+	}
+	if m.IsInt64() {
+		return m.AsInt64()
+	}
+	if m.IsString() {
+		return m.ToString()
+	}
+	if m.IsArray() {
+		items, err := m.ToArray()
+		if err != nil {
+			return nil, err
+		}
+		out := make([]any, len(items))
+		for i, it := range items {
+			if out[i], err = normalizeMessage(it); err != nil {
+				return nil, err
+			}
+		}
+		return out, nil
+	}
+	if s, err := m.ToString(); err == nil {
+		return s, nil
+	}
+	if n, err := m.AsInt64(); err == nil {
+		return strconv.FormatInt(n, 10), nil
+	}
+	return nil, errors.New("unsupported reply type")
+}

@@ -1,0 +1,204 @@
+package redisstore
+
+import (
+	_ "embed"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
+)
+
+// script is one Lua script, ready for both client libraries. Each library's
+// EVALSHA-with-EVAL-fallback helper computes the SHA from the source.
+type script struct {
+	name string
+	src  string
+	gr   *redis.Script
+	ru   *rueidis.Lua
+}
+
+func newScript(name, src string) *script {
+	return &script{name: name, src: src, gr: redis.NewScript(src), ru: rueidis.NewLuaScript(src)}
+}
+
+var (
+	//go:embed lua/acquire.lua
+	acquireSrc string
+	//go:embed lua/complete.lua
+	completeSrc string
+	//go:embed lua/fail.lua
+	failSrc string
+	//go:embed lua/release.lua
+	releaseSrc string
+	//go:embed lua/extend.lua
+	extendSrc string
+	//go:embed lua/get.lua
+	getSrc string
+
+	acquireScript  = newScript("acquire", acquireSrc)
+	completeScript = newScript("complete", completeSrc)
+	failScript     = newScript("fail", failSrc)
+	releaseScript  = newScript("release", releaseSrc)
+	extendScript   = newScript("extend", extendSrc)
+	getScript      = newScript("get", getSrc)
+)
+
+// Replies are normalized by the client adapters to nil, int64, string and
+// []any, the shapes go-redis returns; each script's reply is parsed by one
+// function below.
+
+func replyError(name string, v any) error {
+	return fmt.Errorf("redisstore: unexpected %s reply %#v", name, v)
+}
+
+func asInt(v any) (int64, bool) {
+	switch x := v.(type) {
+	case int64:
+		return x, true
+	case string:
+		n, err := strconv.ParseInt(x, 10, 64)
+		return n, err == nil
+	}
+	return 0, false
+}
+
+func asString(v any) (string, bool) {
+	s, ok := v.(string)
+	return s, ok
+}
+
+func parseState(s string) (idem.State, bool) {
+	switch s {
+	case "p":
+		return idem.StateInProgress, true
+	case "c":
+		return idem.StateCompleted, true
+	case "r":
+		return idem.StateReleased, true
+	case "f":
+		return idem.StateFailed, true
+	}
+	return 0, false
+}
+
+// parseAcquire parses the reply of acquire.lua.
+func parseAcquire(v any) (idem.Acquisition, error) {
+	arr, ok := v.([]any)
+	if !ok || len(arr) == 0 {
+		return idem.Acquisition{}, replyError("acquire", v)
+	}
+	code, ok := asInt(arr[0])
+	if !ok {
+		return idem.Acquisition{}, replyError("acquire", v)
+	}
+	var a idem.Acquisition
+	switch {
+	case code == 5 && len(arr) == 1:
+		a.Outcome = idem.Mismatch
+		return a, nil
+	case (code == 1 && len(arr) == 3) || (code == 2 && len(arr) == 4):
+		fence, ok1 := asInt(arr[1])
+		attempts, ok2 := asInt(arr[2])
+		if !ok1 || !ok2 {
+			break
+		}
+		a.Outcome, a.Lease.Fence, a.Attempts = idem.Acquired, fence, int(attempts)
+		if code == 2 {
+			a.Outcome = idem.TakenOver
+			a.PreviousOwner, _ = asString(arr[3])
+		}
+		return a, nil
+	case code == 3 && len(arr) == 3:
+		left, ok1 := asInt(arr[1])
+		attempts, ok2 := asInt(arr[2])
+		if !ok1 || !ok2 {
+			break
+		}
+		a.Outcome, a.RetryAfter, a.Attempts = idem.InProgress, time.Duration(left)*time.Microsecond, int(attempts)
+		return a, nil
+	case code == 4 && len(arr) == 4:
+		st, ok1 := asString(arr[1])
+		attempts, ok2 := asInt(arr[2])
+		result, ok3 := asString(arr[3])
+		state, ok4 := parseState(st)
+		if !ok1 || !ok2 || !ok3 || !ok4 {
+			break
+		}
+		a.Outcome, a.State, a.Attempts = idem.Replay, state, int(attempts)
+		if result != "" {
+			a.Result = []byte(result)
+		}
+		return a, nil
+	}
+	return idem.Acquisition{}, replyError("acquire", v)
+}
+
+// parseOK parses the 1/0 reply of complete.lua, release.lua and extend.lua.
+func parseOK(name string, v any) error {
+	n, ok := asInt(v)
+	switch {
+	case ok && n == 1:
+		return nil
+	case ok && n == 0:
+		return fmt.Errorf("%w: the record is no longer held by this owner and fence", idem.ErrLeaseLost)
+	}
+	return replyError(name, v)
+}
+
+// parseFail parses the reply of fail.lua.
+func parseFail(v any) (idem.State, error) {
+	if s, ok := v.(string); ok {
+		if st, ok := parseState(s); ok && (st == idem.StateReleased || st == idem.StateFailed) {
+			return st, nil
+		}
+	}
+	if err := parseOK("fail", v); err != nil {
+		return 0, err
+	}
+	return 0, replyError("fail", v)
+}
+
+// parseGet parses the reply of get.lua.
+func parseGet(v any) (idem.Record, error) {
+	arr, ok := v.([]any)
+	if !ok || len(arr) != 10 {
+		return idem.Record{}, replyError("get", v)
+	}
+	now, ok1 := asInt(arr[0])
+	ttl, ok2 := asInt(arr[1])
+	st, ok3 := asString(arr[2])
+	if !ok1 || !ok2 || !ok3 {
+		return idem.Record{}, replyError("get", v)
+	}
+	if st == "" {
+		return idem.Record{}, idem.ErrNotFound
+	}
+	state, ok := parseState(st)
+	if !ok {
+		return idem.Record{}, replyError("get", v)
+	}
+	str := func(i int) string { s, _ := asString(arr[i]); return s }
+	num := func(i int) int64 { n, _ := asInt(arr[i]); return n }
+	rec := idem.Record{
+		State:       state,
+		Fingerprint: str(3),
+		Owner:       str(4),
+		Fence:       num(5),
+		Attempts:    int(num(7)),
+		Created:     time.UnixMicro(num(8)),
+		Now:         time.UnixMicro(now),
+	}
+	if r := str(9); r != "" {
+		rec.Result = []byte(r)
+	}
+	if state == idem.StateInProgress {
+		rec.LeaseUntil = time.UnixMicro(num(6))
+	}
+	if ttl >= 0 {
+		rec.ExpiresAt = rec.Now.Add(time.Duration(ttl) * time.Millisecond)
+	}
+	return rec, nil
+}
