@@ -127,11 +127,44 @@ func (e *Executor) Lease() time.Duration { return e.lease }
 // Retention returns the configured retention.
 func (e *Executor) Retention() time.Duration { return e.retention }
 
-func (e *Executor) newOwner() string {
-	var buf [48]byte
-	b := append(buf[:0], e.ownerPrefix...)
+// keyAndOwner returns key's store key and a new owner token. Both live in
+// one string, to save an allocation on the hot path.
+func (e *Executor) keyAndOwner(key Key) (skey, owner string) {
+	var buf [96]byte
+	b := key.appendDigest(buf[:0])
+	b = append(b, e.ownerPrefix...)
 	b = strconv.AppendUint(b, e.ownerSeq.Add(1), 36)
-	return string(b)
+	s := string(b)
+	return s[:DigestLen], s[DigestLen:]
+}
+
+// beater is a reusable heartbeat timer. Arming a pooled timer instead of
+// calling time.AfterFunc per attempt saves two allocations per call.
+type beater struct {
+	t *time.Timer
+	a atomic.Pointer[Attempt]
+}
+
+var beaters = sync.Pool{New: func() any {
+	b := &beater{}
+	b.t = time.AfterFunc(time.Hour, b.fire)
+	b.t.Stop()
+	return b
+}}
+
+func (b *beater) fire() {
+	if a := b.a.Load(); a != nil {
+		a.heartbeat()
+	}
+}
+
+// withoutCancel returns a context for store calls that must happen even if
+// ctx was cancelled (completing, releasing).
+func withoutCancel(ctx context.Context) context.Context {
+	if ctx.Done() == nil {
+		return ctx
+	}
+	return context.WithoutCancel(ctx)
 }
 
 // Result is what Do returns.
@@ -180,12 +213,12 @@ func (e *Executor) Do(ctx context.Context, key Key, fingerprint string, fn func(
 	ended := false
 	defer func() {
 		if !ended { // fn panicked or called runtime.Goexit
-			_ = a.Release(context.WithoutCancel(ctx))
+			_ = a.Release(withoutCancel(ctx))
 		}
 	}()
 	v, ferr := fn(actx)
 	ended = true
-	sctx := context.WithoutCancel(ctx)
+	sctx := withoutCancel(ctx)
 	res := Result{Value: v, Fence: a.lease.Fence}
 	if ferr != nil {
 		return res, a.Abort(sctx, ferr)
@@ -208,7 +241,8 @@ type Attempt struct {
 	value    []byte
 
 	cancel context.CancelCauseFunc
-	timer  *time.Timer
+	beat   *beater
+	lctx   leaseCtx
 
 	mu       sync.Mutex
 	finished bool
@@ -230,10 +264,10 @@ func (e *Executor) Begin(ctx context.Context, key Key, fingerprint string) (cont
 	if len(fingerprint) > MaxFingerprintLen {
 		return ctx, nil, invalidf("fingerprint is %d bytes, over the limit of %d", len(fingerprint), MaxFingerprintLen)
 	}
-	skey := key.Digest()
+	skey, owner := e.keyAndOwner(key)
 	acq, err := e.store.Acquire(ctx, skey, AcquireRequest{
 		Fingerprint: fingerprint,
-		Owner:       e.newOwner(),
+		Owner:       owner,
 		Lease:       e.lease,
 		Retention:   e.retention,
 		MaxAttempts: e.maxAttempts,
@@ -271,10 +305,11 @@ func (e *Executor) Begin(ctx context.Context, key Key, fingerprint string) (cont
 	}
 	cctx, cancel := context.WithCancelCause(ctx)
 	a.cancel = cancel
-	a.mu.Lock() // the timer may fire before the assignment is visible
-	a.timer = time.AfterFunc(e.lease/3, a.heartbeat)
-	a.mu.Unlock()
-	return &leaseCtx{Context: cctx, lease: acq.Lease}, a, nil
+	a.lctx = leaseCtx{Context: cctx, lease: acq.Lease}
+	a.beat = beaters.Get().(*beater)
+	a.beat.a.Store(a)
+	a.beat.t.Reset(e.lease / 3)
+	return &a.lctx, a, nil
 }
 
 // Replayed reports whether the key was already COMPLETED: Value holds the
@@ -321,7 +356,7 @@ func (a *Attempt) heartbeat() {
 	// On other errors (store unreachable) try again at the next tick: the
 	// lease is only lost once somebody else takes the key over, which the
 	// store reports.
-	a.timer.Reset(interval)
+	a.beat.t.Reset(interval)
 }
 
 // end marks the attempt finished; it reports false if it already was, or if
@@ -336,7 +371,13 @@ func (a *Attempt) end() error {
 		return fmt.Errorf("%w: attempt already ended", ErrLeaseLost)
 	}
 	a.finished = true
-	a.timer.Stop()
+	if a.beat.t.Stop() {
+		// Not firing: the timer can serve another attempt. Otherwise the
+		// firing heartbeat sees finished and returns; the timer is dropped.
+		a.beat.a.Store(nil)
+		beaters.Put(a.beat)
+	}
+	a.beat = nil
 	if a.lost {
 		a.cancel(nil)
 		return fmt.Errorf("%w: lost while the operation ran (fence %d)", ErrLeaseLost, a.lease.Fence)

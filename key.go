@@ -36,6 +36,12 @@ const DigestLen = 22
 // 22 characters of unpadded base64url. Raw keys never reach a store, a log
 // or a metric label; the digest does.
 func (k Key) Digest() string {
+	var out [DigestLen]byte
+	return string(k.appendDigest(out[:0]))
+}
+
+// appendDigest appends k's digest to dst.
+func (k Key) appendDigest(dst []byte) []byte {
 	var stack [512]byte
 	var buf []byte
 	if n := 8 + len(k.Scope) + len(k.ID); n <= len(stack) {
@@ -47,7 +53,5 @@ func (k Key) Digest() string {
 	buf = append(buf, k.Scope...)
 	buf = append(buf, k.ID...)
 	sum := sha256.Sum256(buf)
-	var out [DigestLen]byte
-	base64.RawURLEncoding.Encode(out[:], sum[:16])
-	return string(out[:])
+	return base64.RawURLEncoding.AppendEncode(dst, sum[:16])
 }

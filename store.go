@@ -26,6 +26,12 @@ import (
 // result, Fail and Release repeated with the same lease succeed again. So a
 // retry never executes anything twice.
 //
+// An IN_PROGRESS record is kept one lease plus InProgressGrace after its
+// lease ends, so that an owner whose lease expired without a takeover can
+// still complete; after that it is dropped (a crashed owner's record does not
+// linger). COMPLETED, RELEASED and FAILED records are kept for the retention
+// given with the call that moved them there.
+//
 // The package storetest holds the conformance suite that every Store must
 // pass.
 type Store interface {
@@ -197,6 +203,10 @@ type Record struct {
 	// Result is the stored result blob (COMPLETED and FAILED records).
 	Result []byte
 }
+
+// InProgressGrace is how long, beyond one more lease, a store keeps an
+// IN_PROGRESS record whose lease ended.
+const InProgressGrace = 2 * time.Second
 
 // Limits on what reaches a store.
 const (

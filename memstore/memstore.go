@@ -47,6 +47,9 @@ type record struct {
 	result      []byte
 }
 
+// grace is idem.InProgressGrace in µs.
+var grace = idem.InProgressGrace.Microseconds()
+
 // New returns an empty Store.
 func New(opts ...Option) (*Store, error) {
 	s := &Store{now: time.Now, records: make(map[string]*record), watchers: make(map[string]chan struct{})}
@@ -132,7 +135,7 @@ func (s *Store) Acquire(ctx context.Context, key string, req idem.AcquireRequest
 			attempts:    1,
 			created:     now,
 			leaseUntil:  now + lease,
-			expiresAt:   now + 2*lease,
+			expiresAt:   now + 2*lease + grace,
 		}
 		s.records[key] = r
 		return idem.Acquisition{Outcome: idem.Acquired, Lease: idem.Lease{Owner: r.owner, Fence: r.fence}, Attempts: 1}, nil
@@ -165,7 +168,7 @@ func (s *Store) Acquire(ctx context.Context, key string, req idem.AcquireRequest
 	r.fence = s.nextFence(r.fence, now)
 	r.attempts++
 	r.leaseUntil = now + lease
-	r.expiresAt = now + 2*lease
+	r.expiresAt = now + 2*lease + grace
 	r.result = nil
 	out.Lease = idem.Lease{Owner: r.owner, Fence: r.fence}
 	out.Attempts = r.attempts
@@ -265,7 +268,7 @@ func (s *Store) Extend(ctx context.Context, key string, lease idem.Lease, d time
 		return err
 	}
 	r.leaseUntil = now + d.Microseconds()
-	r.expiresAt = r.leaseUntil + d.Microseconds()
+	r.expiresAt = r.leaseUntil + d.Microseconds() + grace
 	return nil
 }
 

@@ -30,7 +30,7 @@ if not s then
   redis.call('HSET', KEYS[1], 's', 'p', 'f', ARGV[1], 'o', ARGV[2],
     'n', string.format('%.0f', now), 'l', string.format('%.0f', until_us),
     'a', 1, 'c', string.format('%.0f', now))
-  redis.call('PEXPIRE', KEYS[1], 2 * lease_ms)
+  redis.call('PEXPIRE', KEYS[1], 2 * lease_ms + 2000) -- idem.InProgressGrace
   return {1, now, 1}
 end
 if rec[2] ~= ARGV[1] then
@@ -61,7 +61,7 @@ local fence = math.max(tonumber(rec[4]) + 1, now)
 attempts = attempts + 1
 redis.call('HSET', KEYS[1], 's', 'p', 'o', ARGV[2],
   'n', string.format('%.0f', fence), 'l', string.format('%.0f', until_us), 'a', attempts)
-redis.call('PEXPIRE', KEYS[1], 2 * lease_ms)
+redis.call('PEXPIRE', KEYS[1], 2 * lease_ms + 2000) -- idem.InProgressGrace
 if s == 'p' then
   return {2, fence, attempts, rec[3]}
 end

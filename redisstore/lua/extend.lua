@@ -15,5 +15,5 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local lease_ms = tonumber(ARGV[3])
 redis.call('HSET', KEYS[1], 'l', string.format('%.0f', now + lease_ms * 1000))
-redis.call('PEXPIRE', KEYS[1], 2 * lease_ms)
+redis.call('PEXPIRE', KEYS[1], 2 * lease_ms + 2000) -- idem.InProgressGrace
 return 1

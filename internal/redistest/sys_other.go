@@ -1,0 +1,17 @@
+//go:build !linux
+
+package redistest
+
+import (
+	"os"
+	"syscall"
+)
+
+// sysProcAttr returns nil: only Linux can kill the child when the test
+// binary dies, so elsewhere a test binary killed by its -timeout may leave
+// servers behind.
+func sysProcAttr() *syscall.SysProcAttr { return nil }
+
+// waitStopped returns at once: only Linux tells, through /proc, when the
+// stop has taken effect.
+func waitStopped(*os.Process) error { return nil }

@@ -1,0 +1,502 @@
+package redisstore_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/redistest"
+	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/storetest"
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
+)
+
+// client is one way to reach a server: a go-redis or a rueidis client, on a
+// standalone server or a Cluster.
+type client struct {
+	name     string
+	newStore func(t *testing.T, opts ...redisstore.Option) *redisstore.Store
+}
+
+func goRedisClient(t *testing.T, addr string) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func clients(t *testing.T, standalone *redistest.Server, cluster *redistest.Cluster) []client {
+	var out []client
+	if standalone != nil {
+		addr := standalone.Addr()
+		out = append(out,
+			client{"standalone/go-redis", func(t *testing.T, opts ...redisstore.Option) *redisstore.Store {
+				s, err := redisstore.New(goRedisClient(t, addr), opts...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return s
+			}},
+			client{"standalone/rueidis", func(t *testing.T, opts ...redisstore.Option) *redisstore.Store {
+				c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, DisableCache: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(c.Close)
+				s, err := redisstore.NewRueidis(c, opts...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return s
+			}})
+	}
+	if cluster != nil {
+		addrs := cluster.Addrs()
+		out = append(out,
+			client{"cluster/go-redis", func(t *testing.T, opts ...redisstore.Option) *redisstore.Store {
+				c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+				t.Cleanup(func() { c.Close() })
+				s, err := redisstore.New(c, opts...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return s
+			}},
+			client{"cluster/rueidis", func(t *testing.T, opts ...redisstore.Option) *redisstore.Store {
+				c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: addrs, DisableCache: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(c.Close)
+				s, err := redisstore.NewRueidis(c, opts...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return s
+			}})
+	}
+	return out
+}
+
+// TestConformance runs the conformance suite on a real standalone
+// redis-server and a real 3-master Redis Cluster, through both clients.
+func TestConformance(t *testing.T) {
+	t.Parallel()
+	standalone := redistest.Start(t)
+	cluster := redistest.StartCluster(t, 3)
+	for _, c := range clients(t, standalone, cluster) {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			s := c.newStore(t)
+			storetest.Run(t, func(*testing.T) idem.Store { return s })
+		})
+	}
+}
+
+func acquire(t *testing.T, s idem.Store, key string) idem.Acquisition {
+	t.Helper()
+	a, err := s.Acquire(t.Context(), key, idem.AcquireRequest{Fingerprint: "fp", Owner: "o-" + key, Lease: time.Minute, Retention: time.Hour})
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	return a
+}
+
+// TestScriptFlush flushes the server's script cache between calls: every
+// call must go through the EVAL fallback and succeed.
+func TestScriptFlush(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, "--appendonly", "no")
+	redistest.Start(t, "--replicaof", "127.0.0.1", strings.TrimPrefix(srv.Addr(), "127.0.0.1:"))
+	waitReplica(t, srv)
+	for _, c := range clients(t, srv, nil) {
+		for _, durable := range []bool{false, true} {
+			name := c.name
+			var opts []redisstore.Option
+			if durable {
+				name += "/wait"
+				opts = append(opts, redisstore.WithWait(1, 5*time.Second))
+			}
+			t.Run(name, func(t *testing.T) {
+				s := c.newStore(t, opts...)
+				for i := range 5 {
+					key := idem.Key{Scope: name, ID: string(rune('a' + i))}.Digest()
+					if _, err := srv.Command("SCRIPT", "FLUSH"); err != nil {
+						t.Fatal(err)
+					}
+					a := acquire(t, s, key)
+					if a.Outcome != idem.Acquired {
+						t.Fatalf("Acquire after SCRIPT FLUSH: got %v, want Acquired", a.Outcome)
+					}
+					if _, err := srv.Command("SCRIPT", "FLUSH"); err != nil {
+						t.Fatal(err)
+					}
+					if err := s.Complete(t.Context(), key, a.Lease, []byte("r"), time.Hour); err != nil {
+						t.Fatalf("Complete after SCRIPT FLUSH: %v", err)
+					}
+					if _, err := srv.Command("SCRIPT", "FLUSH"); err != nil {
+						t.Fatal(err)
+					}
+					if rec, err := s.Get(t.Context(), key); err != nil || rec.State != idem.StateCompleted {
+						t.Fatalf("Get after SCRIPT FLUSH: got %+v, %v", rec, err)
+					}
+				}
+			})
+		}
+	}
+}
+
+func waitReplica(t *testing.T, primary *redistest.Server) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		info, err := primary.Command("INFO", "replication")
+		if err == nil && strings.Contains(info, "connected_slaves:1") && strings.Contains(info, "state=online") {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("replica did not come online: %s %v", info, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestWait checks the WAIT durability option against a real replica: with
+// the replica up, acquire and complete are acknowledged; with the replica
+// paused they still happen on the primary and report ErrNotDurable.
+func TestWait(t *testing.T) {
+	t.Parallel()
+	primary := redistest.Start(t)
+	replica := redistest.Start(t, "--replicaof", "127.0.0.1", strings.TrimPrefix(primary.Addr(), "127.0.0.1:"))
+	waitReplica(t, primary)
+	for _, c := range clients(t, primary, nil) {
+		t.Run(c.name, func(t *testing.T) {
+			s := c.newStore(t, redisstore.WithWait(1, 2*time.Second))
+			key := idem.Key{Scope: c.name, ID: "durable"}.Digest()
+			a := acquire(t, s, key)
+			if a.Outcome != idem.Acquired {
+				t.Fatalf("Acquire: got %v", a.Outcome)
+			}
+			if err := s.Complete(t.Context(), key, a.Lease, []byte("r"), time.Hour); err != nil {
+				t.Fatalf("Complete with a live replica: %v", err)
+			}
+			// The replica holds the record.
+			if got, err := replica.Command("HGET", s.Key(key), "s"); err != nil || got != "c" {
+				t.Fatalf("replica state: got %q, %v, want \"c\"", got, err)
+			}
+		})
+	}
+	replica.Pause(t)
+	defer replica.Resume(t)
+	for _, c := range clients(t, primary, nil) {
+		t.Run(c.name+"/replica-paused", func(t *testing.T) {
+			s := c.newStore(t, redisstore.WithWait(1, 100*time.Millisecond))
+			key := idem.Key{Scope: c.name, ID: "not durable"}.Digest()
+			a, err := s.Acquire(t.Context(), key, idem.AcquireRequest{Fingerprint: "fp", Owner: "o", Lease: time.Minute, Retention: time.Hour})
+			if !errors.Is(err, idem.ErrNotDurable) {
+				t.Fatalf("Acquire with the replica paused: got %v, want ErrNotDurable", err)
+			}
+			if a.Outcome != idem.Acquired {
+				t.Fatalf("Acquire outcome: got %v, want Acquired (it happened on the primary)", a.Outcome)
+			}
+			err = s.Complete(t.Context(), key, a.Lease, []byte("r"), time.Hour)
+			if !errors.Is(err, idem.ErrNotDurable) {
+				t.Fatalf("Complete with the replica paused: got %v, want ErrNotDurable", err)
+			}
+		})
+	}
+}
+
+// TestWaitAOFNeedsRedis72 checks that WAITAOF on a server that lacks it
+// fails with the server's error, wrapped, instead of pretending.
+func TestWaitAOFUnsupported(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, "--appendonly", "yes")
+	version, _ := srv.Command("INFO", "server")
+	if !strings.Contains(version, "redis_version:7.0") && !strings.Contains(version, "redis_version:6") {
+		// On 7.2 and later WAITAOF works: check it acknowledges.
+		for _, c := range clients(t, srv, nil) {
+			s := c.newStore(t, redisstore.WithWaitAOF(1, 0, time.Second))
+			key := idem.Key{Scope: c.name, ID: "aof"}.Digest()
+			if a := acquire(t, s, key); a.Outcome != idem.Acquired {
+				t.Fatalf("Acquire: got %v", a.Outcome)
+			}
+		}
+		return
+	}
+	for _, c := range clients(t, srv, nil) {
+		s := c.newStore(t, redisstore.WithWaitAOF(1, 0, time.Second))
+		key := idem.Key{Scope: c.name, ID: "aof"}.Digest()
+		_, err := s.Acquire(t.Context(), key, idem.AcquireRequest{Fingerprint: "fp", Owner: "o", Lease: time.Minute, Retention: time.Hour})
+		if err == nil || !strings.Contains(strings.ToLower(err.Error()), "waitaof") && !strings.Contains(strings.ToLower(err.Error()), "unknown command") {
+			t.Fatalf("%s: WAITAOF on Redis 7.0: got %v, want the server's unknown-command error", c.name, err)
+		}
+	}
+}
+
+// TestScriptErrorWritesNothing runs a script with arguments that Go would
+// never send (validation stops them first): the script fails before its
+// first write, so no half-written record is left.
+func TestScriptErrorWritesNothing(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	c := goRedisClient(t, srv.Addr())
+	s, _ := redisstore.New(c)
+	key := idem.Key{ID: "bad"}.Digest()
+	// Lease "abc": acquire.lua fails at tonumber arithmetic.
+	err := c.Eval(t.Context(), redisstore.AcquireSource(), []string{s.Key(key)}, "fp", "owner", "abc", "1000", "0").Err()
+	if err == nil {
+		t.Fatal("acquire.lua with a non-numeric lease succeeded")
+	}
+	if n, _ := c.Exists(t.Context(), s.Key(key)).Result(); n != 0 {
+		t.Fatalf("a failed script left a record: EXISTS = %d", n)
+	}
+	// And the store refuses such input before Redis sees it.
+	calls := commandCalls(t, srv)
+	if _, err := s.Acquire(t.Context(), key, idem.AcquireRequest{Fingerprint: "fp", Owner: "o", Lease: 0, Retention: time.Hour}); !errors.Is(err, idem.ErrInvalid) {
+		t.Fatalf("Acquire with zero lease: got %v, want ErrInvalid", err)
+	}
+	if got := commandCalls(t, srv); got != calls {
+		t.Fatalf("bad input reached Redis: %d commands before, %d after", calls, got)
+	}
+}
+
+// commandCalls returns the number of EVAL and EVALSHA calls the server ran.
+func commandCalls(t *testing.T, srv *redistest.Server) int {
+	t.Helper()
+	info, err := srv.Command("INFO", "commandstats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0
+	for _, line := range strings.Split(info, "\n") {
+		if strings.HasPrefix(line, "cmdstat_eval") {
+			i := strings.Index(line, "calls=")
+			var n int
+			for _, r := range line[i+6:] {
+				if r < '0' || r > '9' {
+					break
+				}
+				n = n*10 + int(r-'0')
+			}
+			total += n
+		}
+	}
+	return total
+}
+
+// TestServerRestart kills redis-server during a run: calls fail with a
+// clear, wrapped error and do not hang; after the restart the store works
+// again and the completed records survived (appendonly); no goroutine is
+// left behind once the clients are closed.
+func TestServerRestart(t *testing.T) {
+	srv := redistest.Start(t, "--appendonly", "yes", "--appendfsync", "always")
+	before := runtime.NumGoroutine()
+	func() {
+		gr := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+		defer gr.Close()
+		ru, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true, Dialer: net.Dialer{Timeout: 200 * time.Millisecond}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ru.Close()
+		s1, _ := redisstore.New(gr)
+		s2, _ := redisstore.NewRueidis(ru)
+		for _, s := range []*redisstore.Store{s1, s2} {
+			exec, _ := idem.New(s)
+			done := idem.Key{ID: "before the crash"}
+			// The two stores share the server: the second replays.
+			if _, err := exec.Do(t.Context(), done, "", func(context.Context) ([]byte, error) { return []byte("kept"), nil }); err != nil {
+				t.Fatal(err)
+			}
+		}
+		srv.Kill(t)
+		for _, s := range []*redisstore.Store{s1, s2} {
+			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+			start := time.Now()
+			_, err := s.Acquire(ctx, idem.Key{ID: "during"}.Digest(), idem.AcquireRequest{Fingerprint: "", Owner: "o", Lease: time.Second, Retention: time.Hour})
+			cancel()
+			if err == nil || !strings.Contains(err.Error(), "redisstore: acquire:") {
+				t.Fatalf("Acquire with the server down: got %v, want a wrapped error", err)
+			}
+			if time.Since(start) > 5*time.Second {
+				t.Fatalf("Acquire with the server down took %v", time.Since(start))
+			}
+		}
+		srv.Restart(t)
+		for _, s := range []*redisstore.Store{s1, s2} {
+			var rec idem.Record
+			var err error
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				rec, err = s.Get(t.Context(), idem.Key{ID: "before the crash"}.Digest())
+				if err == nil || time.Now().After(deadline) {
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			if err != nil || rec.State != idem.StateCompleted {
+				t.Fatalf("after restart: got %+v, %v, want the COMPLETED record", rec, err)
+			}
+			if a := acquire(t, s, idem.Key{ID: "after"}.Digest()); a.Outcome != idem.Acquired && a.Outcome != idem.InProgress {
+				t.Fatalf("Acquire after restart: got %v", a.Outcome)
+			}
+		}
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for runtime.NumGoroutine() > before {
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<16)
+			n := runtime.Stack(buf, true)
+			t.Fatalf("goroutines: %d before, %d after closing the clients\n%s", before, runtime.NumGoroutine(), buf[:n])
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestAwaitIsWokenByNotification holds a key in one process-like executor
+// and awaits it from another store on another connection: the waiter wakes
+// when the owner completes, long before the lease would end.
+func TestAwaitIsWokenByNotification(t *testing.T) {
+	t.Parallel()
+	standalone := redistest.Start(t)
+	cluster := redistest.StartCluster(t, 3)
+	for _, c := range clients(t, standalone, cluster) {
+		t.Run(c.name, func(t *testing.T) {
+			owner, _ := idem.New(c.newStore(t), idem.WithLease(time.Minute))
+			waiter, _ := idem.New(c.newStore(t), idem.WithLease(time.Minute))
+			key := idem.Key{Scope: c.name, ID: "awaited"}
+			_, a, err := owner.Begin(t.Context(), key, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			woke := make(chan time.Duration, 1)
+			var started sync.WaitGroup
+			started.Add(1)
+			go func() {
+				started.Done()
+				start := time.Now()
+				if err := waiter.Await(t.Context(), key); err != nil {
+					t.Error(err)
+				}
+				woke <- time.Since(start)
+			}()
+			started.Wait()
+			// Let the waiter subscribe; Await must return only after the
+			// commit, whenever it subscribed.
+			time.Sleep(50 * time.Millisecond)
+			select {
+			case d := <-woke:
+				t.Fatalf("Await returned after %v while the key was held", d)
+			default:
+			}
+			if err := a.Commit(t.Context(), []byte("done")); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case d := <-woke:
+				if d > 900*time.Millisecond {
+					t.Fatalf("Await took %v: woken by its fallback timer, not the notification", d)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("Await did not return after the commit")
+			}
+			r, err := waiter.Do(t.Context(), key, "", func(context.Context) ([]byte, error) { return nil, errors.New("ran twice") })
+			if err != nil || !r.Replayed || string(r.Value) != "done" {
+				t.Fatalf("Do after Await: got %+v, %v, want the replay", r, err)
+			}
+		})
+	}
+}
+
+// TestRawKeysNeverReachRedis checks the layout: one hash per key at
+// <prefix>{<digest>}, short fixed fields, and no trace of the raw key.
+func TestRawKeysNeverReachRedis(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	c := goRedisClient(t, srv.Addr())
+	s, _ := redisstore.New(c, redisstore.WithPrefix("app:"))
+	exec, _ := idem.New(s)
+	raw := "customer-42/secret-order-id"
+	if _, err := exec.Do(t.Context(), idem.Key{Scope: "charges", ID: raw}, "fp", func(context.Context) ([]byte, error) { return []byte("ok"), nil }); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := c.Keys(t.Context(), "*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "app:{" + idem.Key{Scope: "charges", ID: raw}.Digest() + "}"
+	if len(keys) != 1 || keys[0] != want {
+		t.Fatalf("keys: got %v, want [%s]", keys, want)
+	}
+	fields, _ := c.HGetAll(t.Context(), want).Result()
+	for f, v := range fields {
+		if len(f) != 1 {
+			t.Errorf("field %q is not a short fixed name", f)
+		}
+		if strings.Contains(v, raw) {
+			t.Errorf("field %s holds the raw key", f)
+		}
+	}
+	if ttl, _ := c.PTTL(t.Context(), want).Result(); ttl <= 0 || ttl > idem.DefaultRetention {
+		t.Errorf("TTL of a completed record: got %v, want (0, %v]", ttl, idem.DefaultRetention)
+	}
+	if _, err := redisstore.New(c, redisstore.WithPrefix("bad{")); !errors.Is(err, idem.ErrInvalid) {
+		t.Errorf("prefix with a brace: got %v, want ErrInvalid", err)
+	}
+}
+
+// TestConcurrentExecutors runs many executors on separate connections
+// against one key space: each key's function runs exactly once.
+func TestConcurrentExecutors(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	for _, c := range clients(t, srv, nil) {
+		t.Run(c.name, func(t *testing.T) {
+			var runs [20]atomic.Int32
+			var wg sync.WaitGroup
+			for w := range 8 {
+				exec, _ := idem.New(c.newStore(t))
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := range 20 * 10 {
+						k := i % 20
+						key := idem.Key{Scope: c.name, ID: string(rune('A' + k))}
+						for {
+							_, err := exec.Do(t.Context(), key, "", func(context.Context) ([]byte, error) {
+								runs[k].Add(1)
+								return []byte{byte(w)}, nil
+							})
+							if errors.Is(err, idem.ErrInProgress) {
+								if err := exec.Await(t.Context(), key); err != nil {
+									t.Error(err)
+									return
+								}
+								continue
+							}
+							if err != nil {
+								t.Error(err)
+								return
+							}
+							break
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			for k := range runs {
+				if n := runs[k].Load(); n != 1 {
+					t.Errorf("key %d ran %d times, want 1", k, n)
+				}
+			}
+		})
+	}
+}
