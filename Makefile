@@ -1,0 +1,37 @@
+# idem — make targets. `make test` is what CI runs (see .ci/run).
+GO       ?= go
+FUZZTIME ?= 10s
+# Every module of the repository (the root and the adapters with heavy
+# dependencies, which have go.mod files of their own).
+MODULES  := $(shell find . -name go.mod -not -path './.cache/*' -not -path './bin/*' -exec dirname {} \; | sort)
+
+.PHONY: test vet race fuzz bench check-redis run
+
+## test: formatting, vet and the race-enabled tests of every module.
+test: check-redis vet race
+
+check-redis:
+	@command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 || { \
+	  echo "redis-server and redis-cli are needed by the integration tests (each test starts its own servers)."; \
+	  echo "Install them with: sudo apt-get install -y redis-server"; exit 1; }
+
+vet:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	@for m in $(MODULES); do (cd $$m && $(GO) vet ./...) || exit 1; done
+
+race:
+	@for m in $(MODULES); do (cd $$m && $(GO) test -race -count=1 -timeout 15m ./...) || exit 1; done
+
+## fuzz: every fuzz target for FUZZTIME each (CI runs a short FUZZTIME).
+fuzz:
+	@for pkg in $$($(GO) list ./...); do \
+	  for f in $$($(GO) test -list '^Fuzz' $$pkg 2>/dev/null | grep '^Fuzz'); do \
+	    echo "fuzz $$pkg $$f ($(FUZZTIME))"; \
+	    $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+	  done; \
+	done
+
+## bench: the benchmark table (starts its own redis-server).
+bench: check-redis
+	$(GO) run ./internal/benchcmd

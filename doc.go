@@ -1,0 +1,61 @@
+// Package idem makes a non-idempotent operation (charge a card, create an
+// order, send a notification) take effect once per idempotency key, even
+// when requests are retried, messages are redelivered, consumers crash, or
+// two instances receive the same work at the same moment.
+//
+// A Store holds one record per key and moves it through a small state
+// machine atomically (IN_PROGRESS, COMPLETED, RELEASED, FAILED); the
+// redisstore package does it with one Lua script per transition on Redis,
+// Valkey or a Redis Cluster, memstore in one process. An Executor runs
+// operations on top of a Store:
+//
+//	store, _ := memstore.New() // or redisstore.New(redisClient)
+//	exec, _ := idem.New(store)
+//	res, err := exec.Do(ctx, idem.Key{Scope: "charge", ID: idempotencyKey}, fingerprint,
+//		func(ctx context.Context) ([]byte, error) {
+//			fence, _ := idem.FenceFrom(ctx)
+//			return chargeCard(ctx, fence)
+//		})
+//	// res.Replayed tells a replayed result from a fresh one.
+//
+// # Guarantees
+//
+// Exactly one execution starts per key while the store holds the record,
+// except after a lease expiry: an owner that stops extending its lease (it
+// crashed, or it was paused for longer than the lease) can be taken over,
+// and then two executions may overlap. The fencing token tells them apart:
+// it strictly increases with every acquisition of a key, so a side effect
+// that records the highest fence it has seen ("UPDATE ... WHERE fence < $1")
+// rejects the stale owner. Exactly-once effects therefore need the fence to
+// be checked by the side effect's own system, or the side effect to be
+// idempotent itself.
+//
+// If the store loses a write (a Redis failover without WAIT, eviction, no
+// persistence), a duplicate execution is possible. redisstore offers WAIT
+// and WAITAOF durability options.
+//
+// # Keys and fingerprints
+//
+// A Key is a client's ID within a scope; stores only ever see its digest
+// (Key.Digest), never the raw key. A fingerprint identifies the request's
+// payload: the same key with another fingerprint is refused with
+// ErrMismatch rather than replaying a result that belongs to another
+// request.
+//
+// # Leases and heartbeats
+//
+// An execution holds its key for a lease (30s by default) that the Executor
+// extends every third of it while the operation runs. If an extension finds
+// that the key was taken over, the operation's context is cancelled with
+// cause ErrLeaseLost and nothing is stored. Time is always the store's
+// clock, never the caller's.
+//
+// # Failures
+//
+// An operation that returns an error releases the key, so a retry runs it
+// again, unless the error is terminal (see Terminal and WithFailurePolicy):
+// then the key becomes FAILED and the error's text is replayed. After
+// WithMaxAttempts acquisitions a key that keeps failing, panicking or
+// losing its owner becomes FAILED too. A panic releases the key and
+// continues.
+package idem

@@ -1,0 +1,52 @@
+// Package redisstore is the production idem.Store: Redis, Valkey or a Redis
+// Cluster, through the caller's own go-redis v9 client (*redis.Client,
+// *redis.ClusterClient) or rueidis client.
+//
+//	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+//	store, err := redisstore.New(rdb)
+//	// or: store, err := redisstore.NewRueidis(rueidisClient)
+//	exec, err := idem.New(store)
+//
+// # Layout
+//
+// One hash per idempotency key, at <prefix>{<digest>}: the digest is
+// idem.Key.Digest, so raw keys never reach Redis, and the braces make it a
+// Cluster hash tag, so every script touches one slot. Its fields are short
+// and fixed: s state (p, c, r, f), f fingerprint, o owner, n fence,
+// l lease end (µs), a attempts, c created (µs), r result. The result is an
+// opaque blob made by the Executor; Lua never parses it.
+//
+// Each transition is one Lua script (lua/*.lua, embedded), run with EVALSHA
+// and EVAL after NOSCRIPT through the client library's own helper. Scripts
+// read the server's clock with TIME. Every input is validated in Go before a
+// script runs, and every script does all its checks before its first write,
+// so a script error never leaves a half-written record.
+//
+// An IN_PROGRESS record expires one lease plus idem.InProgressGrace after
+// its lease ends; COMPLETED, RELEASED and FAILED records after the
+// retention. The fence is seeded as max(previous + 1, server time in µs), so
+// it still grows after a record was deleted or expired.
+//
+// # Retries
+//
+// Every script is safe to repeat after a lost reply: acquire with the same
+// owner returns the fence it handed out, complete with the same lease and
+// result succeeds again, fail and release likewise. So a client library
+// that retries on a broken connection never executes anything twice.
+//
+// # Durability
+//
+// WithWait and WithWaitAOF send WAIT or WAITAOF after acquire and complete,
+// on the same connection as the script; too few acknowledgements yield an
+// error wrapping idem.ErrNotDurable. Without them, a failover that loses
+// the last writes can let a key run twice. Run Redis with noeviction and
+// persistence (appendonly yes) for idempotency records.
+//
+// # Notifications
+//
+// Complete, fail and release publish on <prefix>{<digest>}:w (PUBLISH on a
+// standalone server, SPUBLISH on a Cluster), so that idem.Executor.Await
+// wakes across processes; Watch subscribes on a connection of its own and
+// returns after the server confirmed the subscription. WithNotify(false)
+// turns the publish off.
+package redisstore
