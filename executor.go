@@ -453,6 +453,24 @@ func (a *Attempt) Abort(ctx context.Context, cause error) error {
 	return cause
 }
 
+// Abandon ends the attempt without telling the store: the heartbeat stops
+// and the record stays IN_PROGRESS until its lease expires, after which the
+// next caller takes the key over. Use it when the operation's outcome is
+// unknown (for example an upstream timed out after receiving the request):
+// releasing could run it twice at once, storing could replay a result that
+// never was. Abandon makes no store call and cannot fail, except with
+// ErrLeaseLost when the attempt already ended.
+func (a *Attempt) Abandon() error {
+	if a.replayed {
+		return nil
+	}
+	if err := a.end(); err != nil {
+		return err
+	}
+	a.cancel(nil)
+	return nil
+}
+
 // Release gives the key back without storing anything and without counting
 // a failure: the next caller acquires it at once. Use it when the operation
 // did not take effect (for example the request was rejected before it

@@ -369,3 +369,45 @@ func TestConcurrentDo(t *testing.T) {
 		t.Fatalf("fn ran %d times among 64 callers, want 1", n)
 	}
 }
+
+func TestAbandonLeavesTheKeyUntilTheLeaseEnds(t *testing.T) {
+	const lease = 50 * time.Millisecond
+	e, s := newExec(t, idem.WithLease(lease), idem.WithRetention(time.Hour))
+	key := idem.Key{ID: "unknown outcome"}
+	_, a, err := e.Begin(t.Context(), key, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := a.Abandon(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Do(t.Context(), key, "", func(context.Context) ([]byte, error) { return nil, nil }); !errors.Is(err, idem.ErrInProgress) {
+		t.Fatalf("Do right after Abandon: got %v, want ErrInProgress", err)
+	}
+	// No heartbeat extends it: the next caller takes it over after the lease.
+	for {
+		_, b, err := e.Begin(t.Context(), key, "")
+		if errors.Is(err, idem.ErrInProgress) {
+			if time.Since(start) > 5*time.Second {
+				t.Fatal("the abandoned key was never taken over: its lease is still extended")
+			}
+			time.Sleep(5 * time.Millisecond)
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if prev, ok := b.TakenOver(); !ok || prev != a.Lease().Owner {
+			t.Fatalf("TakenOver: got %q, %v, want the abandoned owner", prev, ok)
+		}
+		if el := time.Since(start); el < lease-5*time.Millisecond {
+			t.Fatalf("taken over after %v, before the lease of %v ended", el, lease)
+		}
+		b.Release(t.Context())
+		break
+	}
+	if rec, _ := s.Get(t.Context(), key.Digest()); rec.Attempts != 2 {
+		t.Fatalf("attempts: got %d, want 2", rec.Attempts)
+	}
+}
