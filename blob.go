@@ -5,7 +5,6 @@ import (
 	"compress/flate"
 	"crypto/cipher"
 	"crypto/rand"
-	"errors"
 	"fmt"
 	"io"
 	"sync"
@@ -21,11 +20,6 @@ const (
 	blobEncrypted = 1 << 1
 	blobKnown     = blobDeflate | blobEncrypted
 )
-
-// ErrCorruptResult is returned when a stored result cannot be decoded: it
-// was written by an incompatible version, sealed with another key, or
-// altered.
-var ErrCorruptResult = errors.New("idem: stored result cannot be decoded")
 
 var flateWriters = sync.Pool{New: func() any {
 	w, _ := flate.NewWriter(nil, flate.BestSpeed)

@@ -49,6 +49,11 @@ var (
 	// not acknowledged by as many replicas or AOF fsyncs as required. The
 	// state transition happened; it may be lost on failover.
 	ErrNotDurable = errors.New("idem: write not acknowledged by enough replicas")
+
+	// ErrCorruptResult is returned when a stored result cannot be decoded:
+	// it was written by an incompatible version, sealed with another key, or
+	// altered.
+	ErrCorruptResult = errors.New("idem: stored result cannot be decoded")
 )
 
 // InProgressError is returned when another caller holds the key.

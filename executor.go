@@ -127,6 +127,9 @@ func (e *Executor) Lease() time.Duration { return e.lease }
 // Retention returns the configured retention.
 func (e *Executor) Retention() time.Duration { return e.retention }
 
+// MaxResultSize returns the largest result that is stored (WithMaxResultSize).
+func (e *Executor) MaxResultSize() int { return e.codec.maxSize }
+
 // keyAndOwner returns key's store key and a new owner token. Both live in
 // one string, to save an allocation on the hot path.
 func (e *Executor) keyAndOwner(key Key) (skey, owner string) {
@@ -386,8 +389,9 @@ func (a *Attempt) end() error {
 }
 
 // Commit stores value as the key's result and moves the record to
-// COMPLETED. It returns an error wrapping ErrLeaseLost if the attempt is no
-// longer the owner, and ErrResultTooLarge (after failing the key, since the
+// COMPLETED. Commit does not keep value: the caller may reuse its memory
+// once Commit returns. It returns an error wrapping ErrLeaseLost if the
+// attempt is no longer the owner, and ErrResultTooLarge (after failing the key, since the
 // operation ran) when value is over the size limit. Pass a context that
 // outlives the request (see context.WithoutCancel): a commit that does not
 // reach the store leaves the key IN_PROGRESS until its lease expires.
@@ -400,15 +404,11 @@ func (a *Attempt) Commit(ctx context.Context, value []byte) error {
 	}
 	defer a.cancel(nil)
 	if len(value) > a.e.codec.maxSize {
-		msg := fmt.Sprintf("result of %d bytes is over the limit of %d", len(value), a.e.codec.maxSize)
-		blob, err := a.e.codec.encode(a.key, []byte(msg))
-		if err == nil {
-			_, err = a.e.store.Fail(ctx, a.key, a.lease, Failure{Result: blob, Terminal: true, Retention: a.e.retention})
+		tooLarge := fmt.Errorf("%w: result of %d bytes is over the limit of %d", ErrResultTooLarge, len(value), a.e.codec.maxSize)
+		if err := a.fail(ctx, tooLarge, true); err != nil {
+			return errors.Join(tooLarge, err)
 		}
-		if err != nil {
-			return errors.Join(fmt.Errorf("%w: %s", ErrResultTooLarge, msg), fmt.Errorf("idem: fail: %w", err))
-		}
-		return fmt.Errorf("%w: %s; the key is FAILED", ErrResultTooLarge, msg)
+		return fmt.Errorf("%w; the key is FAILED", tooLarge)
 	}
 	blob, err := a.e.codec.encode(a.key, value)
 	if err != nil {
@@ -433,24 +433,48 @@ func (a *Attempt) Abort(ctx context.Context, cause error) error {
 		return errors.Join(cause, err)
 	}
 	defer a.cancel(nil)
+	if err := a.fail(ctx, cause, cause != nil && a.e.policy(cause)); err != nil {
+		return errors.Join(cause, err)
+	}
+	return cause
+}
+
+// Fail ends the attempt with a terminal failure whatever the failure
+// policy: the key becomes FAILED with cause's text stored, and later calls
+// get a *FailedError. Use it when the operation took effect but its result
+// cannot be stored (for example a response over the size limit). It
+// returns the store's error, if any.
+func (a *Attempt) Fail(ctx context.Context, cause error) error {
+	if a.replayed {
+		return nil
+	}
+	if err := a.end(); err != nil {
+		return err
+	}
+	defer a.cancel(nil)
+	return a.fail(ctx, cause, true)
+}
+
+// fail stores a failure; the attempt has ended.
+func (a *Attempt) fail(ctx context.Context, cause error, terminal bool) error {
 	msg := ""
 	if cause != nil {
 		msg = cause.Error()
 	}
 	blob, err := a.e.codec.encode(a.key, []byte(msg))
 	if err != nil {
-		return errors.Join(cause, err)
+		return err
 	}
 	_, err = a.e.store.Fail(ctx, a.key, a.lease, Failure{
 		Result:      blob,
-		Terminal:    cause != nil && a.e.policy(cause),
+		Terminal:    terminal,
 		Retention:   a.e.retention,
 		MaxAttempts: a.e.maxAttempts,
 	})
 	if err != nil {
-		return errors.Join(cause, fmt.Errorf("idem: fail: %w", err))
+		return fmt.Errorf("idem: fail: %w", err)
 	}
-	return cause
+	return nil
 }
 
 // Abandon ends the attempt without telling the store: the heartbeat stops

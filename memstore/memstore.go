@@ -27,7 +27,7 @@ type Store struct {
 	records   map[string]*record
 	lastFence int64
 	writes    int
-	watchers  map[string]chan struct{}
+	watchers  map[string]*watch
 }
 
 var (
@@ -52,7 +52,7 @@ var grace = idem.InProgressGrace.Microseconds()
 
 // New returns an empty Store.
 func New(opts ...Option) (*Store, error) {
-	s := &Store{now: time.Now, records: make(map[string]*record), watchers: make(map[string]chan struct{})}
+	s := &Store{now: time.Now, records: make(map[string]*record), watchers: make(map[string]*watch)}
 	for _, o := range opts {
 		o(s)
 	}
@@ -348,10 +348,16 @@ func (s *Store) notify(key string) {
 	if len(s.watchers) == 0 {
 		return
 	}
-	if ch, ok := s.watchers[key]; ok {
-		close(ch)
+	if w, ok := s.watchers[key]; ok {
+		close(w.ch)
 		delete(s.watchers, key)
 	}
+}
+
+// watch is the channel the watchers of one key share, and how many they are.
+type watch struct {
+	ch chan struct{}
+	n  int
 }
 
 // Watch implements idem.Watcher.
@@ -361,10 +367,24 @@ func (s *Store) Watch(ctx context.Context, key string) (<-chan struct{}, func(),
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ch, ok := s.watchers[key]
+	w, ok := s.watchers[key]
 	if !ok {
-		ch = make(chan struct{})
-		s.watchers[key] = ch
+		w = &watch{ch: make(chan struct{})}
+		s.watchers[key] = w
 	}
-	return ch, func() {}, nil
+	w.n++
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			// The key's watch may have been notified and replaced since.
+			if cur, ok := s.watchers[key]; ok && cur == w {
+				if w.n--; w.n == 0 {
+					delete(s.watchers, key)
+				}
+			}
+		})
+	}
+	return w.ch, stop, nil
 }

@@ -1,0 +1,492 @@
+package idemhttp
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/idemgo/idem"
+)
+
+// ErrHandlerPanicked is wrapped by Event.Err when the handler panicked; the
+// key was released and the panic goes on.
+var ErrHandlerPanicked = errors.New("idemhttp: handler panicked")
+
+// ErrHijacked is wrapped by Event.Err when the handler hijacked the
+// connection or answered 101 Switching Protocols; the key was released.
+var ErrHijacked = errors.New("idemhttp: handler hijacked the connection")
+
+// Middleware makes handlers (by default those of POST and PATCH requests)
+// safe to retry with the Idempotency-Key field; see the package
+// documentation. Create it with New. It is safe for concurrent use, and one
+// Middleware may wrap many handlers.
+type Middleware struct {
+	exec *idem.Executor
+
+	header        string
+	required      bool
+	methods       []string
+	principal     func(*http.Request) string
+	principalSet  bool
+	route         func(*http.Request) string
+	routeSet      bool
+	fpHeaders     []string
+	canonicalJSON bool
+	maxBody       int64
+	maxResponse   int
+	wait          time.Duration
+	policy        Policy
+	deny          map[string]bool
+	failOpen      bool
+	retryAfter    time.Duration
+	logger        *slog.Logger
+	hooks         []Hook
+	errorHandler  ErrorHandler
+}
+
+// New returns a Middleware that runs requests through exec. It returns an
+// error wrapping idem.ErrInvalid for a nil executor or an invalid option.
+func New(exec *idem.Executor, opts ...Option) (*Middleware, error) {
+	if exec == nil {
+		return nil, fmt.Errorf("%w: idemhttp: nil executor", idem.ErrInvalid)
+	}
+	m := &Middleware{
+		exec:         exec,
+		header:       DefaultHeader,
+		required:     true,
+		methods:      []string{http.MethodPost, http.MethodPatch},
+		maxBody:      DefaultMaxBodySize,
+		maxResponse:  exec.MaxResultSize(),
+		policy:       DefaultPolicy,
+		deny:         map[string]bool{"Set-Cookie": true},
+		retryAfter:   DefaultRetryAfter,
+		errorHandler: WriteProblem,
+	}
+	for _, o := range opts {
+		if o == nil {
+			return nil, invalidf("nil option")
+		}
+		o(m)
+	}
+	if !isToken(m.header) {
+		return nil, invalidf("invalid header name %q", m.header)
+	}
+	m.header = http.CanonicalHeaderKey(m.header)
+	if len(m.methods) == 0 {
+		return nil, invalidf("no methods")
+	}
+	for _, meth := range m.methods {
+		if !isToken(meth) { // a method is a token, as a field name
+			return nil, invalidf("invalid method %q", meth)
+		}
+	}
+	for i, name := range m.fpHeaders {
+		if !isToken(name) {
+			return nil, invalidf("invalid fingerprint header name %q", name)
+		}
+		m.fpHeaders[i] = http.CanonicalHeaderKey(name)
+	}
+	for _, h := range m.hooks {
+		if h == nil {
+			return nil, invalidf("nil hook")
+		}
+	}
+	switch {
+	case m.principalSet && m.principal == nil:
+		return nil, invalidf("nil principal function")
+	case m.routeSet && m.route == nil:
+		return nil, invalidf("nil route function")
+	case m.maxBody <= 0:
+		return nil, invalidf("max body size %d is not positive", m.maxBody)
+	case m.maxResponse <= 0:
+		return nil, invalidf("max response size %d is not positive", m.maxResponse)
+	case m.wait < 0:
+		return nil, invalidf("wait %v is negative", m.wait)
+	case m.retryAfter <= 0:
+		return nil, invalidf("retry-after %v is not positive", m.retryAfter)
+	case m.policy == nil:
+		return nil, invalidf("nil policy")
+	case m.errorHandler == nil:
+		return nil, invalidf("nil error handler")
+	}
+	return m, nil
+}
+
+func invalidf(format string, args ...any) error {
+	return fmt.Errorf("%w: idemhttp: "+format, append([]any{idem.ErrInvalid}, args...)...)
+}
+
+// Handler returns a handler that runs next at most once per key for the
+// requests the middleware covers, and passes other requests to next
+// untouched. It panics if next is nil, as http.Handle does.
+//
+// next runs with a request whose body was read already (it sees all of it)
+// and whose context carries the attempt's lease: see idem.FenceFrom. The
+// context is cancelled if the lease is lost.
+func (m *Middleware) Handler(next http.Handler) http.Handler {
+	if next == nil {
+		panic("idemhttp: nil handler")
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !m.covers(r.Method) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		m.serve(w, r, next)
+	})
+}
+
+func (m *Middleware) covers(method string) bool {
+	for _, c := range m.methods {
+		if c == method {
+			return true
+		}
+	}
+	return false
+}
+
+func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	start := time.Now()
+	vals := r.Header[m.header]
+	if len(vals) == 0 {
+		if !m.required {
+			next.ServeHTTP(w, r)
+			m.emit(r, Event{Outcome: OutcomeNoKey, Duration: time.Since(start)})
+			return
+		}
+		m.problem(w, r, start, OutcomeRejected, &Problem{
+			Type:   TypeKeyMissing,
+			Title:  "Idempotency key missing",
+			Status: http.StatusBadRequest,
+			Detail: fmt.Sprintf("%s requests to this resource need an %s header field.", r.Method, m.header),
+		})
+		return
+	}
+	if len(vals) > 1 {
+		m.problem(w, r, start, OutcomeRejected, &Problem{
+			Type:   TypeKeyInvalid,
+			Title:  "Invalid idempotency key",
+			Status: http.StatusBadRequest,
+			Detail: fmt.Sprintf("The %s header field appears %d times; send it once.", m.header, len(vals)),
+		})
+		return
+	}
+	id, err := ParseKey(vals[0])
+	if err != nil {
+		m.problem(w, r, start, OutcomeRejected, &Problem{
+			Type:   TypeKeyInvalid,
+			Title:  "Invalid idempotency key",
+			Status: http.StatusBadRequest,
+			Detail: fmt.Sprintf("The %s header field is invalid: %s.", m.header, strings.TrimPrefix(err.Error(), ErrInvalidKey.Error()+": ")),
+			Err:    err,
+		})
+		return
+	}
+
+	body, fp, err := m.fingerprint(r)
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.Is(err, errBodyTooLarge) || errors.As(err, &mbe) {
+			m.problem(w, r, start, OutcomeRejected, &Problem{
+				Type:   TypeBodyTooLarge,
+				Title:  "Request body too large",
+				Status: http.StatusRequestEntityTooLarge,
+				Detail: fmt.Sprintf("The request body is over the limit of %d bytes.", m.maxBody),
+				Err:    err,
+			})
+			return
+		}
+		m.problem(w, r, start, OutcomeRejected, &Problem{
+			Type:   TypeBodyUnreadable,
+			Title:  "Request body unreadable",
+			Status: http.StatusBadRequest,
+			Detail: "The request body could not be read.",
+			Err:    err,
+		})
+		return
+	}
+
+	key := idem.Key{Scope: m.scope(r), ID: id}
+	ctx, a, err := m.exec.Begin(r.Context(), key, fp)
+	if err != nil && m.wait > 0 && errors.Is(err, idem.ErrInProgress) {
+		ctx, a, err = m.await(r, key, fp, start, err)
+	}
+	switch {
+	case err != nil:
+		m.fail(w, r, start, err, body, next)
+	case a.Replayed():
+		m.replay(w, r, start, a.Value())
+	default:
+		m.execute(w, r, start, ctx, a, body, next)
+	}
+}
+
+// scope returns the scope of the request's key: the method, the route and,
+// with a principal function, the SHA-256 of the principal. The principal's
+// digest has a fixed length and comes last, so no two (route, principal)
+// pairs share a scope.
+func (m *Middleware) scope(r *http.Request) string {
+	var route string
+	var kind byte
+	switch {
+	case m.route != nil:
+		kind, route = 'r', m.route(r)
+	case r.Pattern != "":
+		kind, route = 'p', r.Pattern
+	default:
+		kind, route = 'u', r.URL.Path
+	}
+	var stack [256]byte
+	b := append(stack[:0], r.Method...)
+	b = append(b, ' ', kind, ':')
+	b = append(b, route...)
+	if m.principal != nil {
+		sum := sha256.Sum256([]byte(m.principal(r)))
+		b = append(b, 0)
+		b = append(b, sum[:]...)
+	}
+	return string(b)
+}
+
+// await waits, up to the configured bound, for the key to leave IN_PROGRESS
+// and calls Begin again, as often as needed. It returns the last Begin's
+// results, or an *idem.InProgressError with the lease left if the wait ran
+// out.
+func (m *Middleware) await(r *http.Request, key idem.Key, fp string, start time.Time, err error) (context.Context, *idem.Attempt, error) {
+	wctx, cancel := context.WithDeadline(r.Context(), start.Add(m.wait))
+	defer cancel()
+	for {
+		ip, ok := errors.AsType[*idem.InProgressError](err)
+		if !ok {
+			return r.Context(), nil, err
+		}
+		asked := time.Now()
+		if werr := m.exec.Await(wctx, key); werr != nil {
+			// The wait ran out, the client went away, or the store failed
+			// while waiting: as far as is known, the key is in progress.
+			if wctx.Err() == nil {
+				m.log(r, slog.LevelWarn, "idemhttp: waiting for the key", werr, "")
+			}
+			return r.Context(), nil, &idem.InProgressError{RetryAfter: ip.RetryAfter - time.Since(asked)}
+		}
+		ctx, a, err2 := m.exec.Begin(r.Context(), key, fp)
+		if !errors.Is(err2, idem.ErrInProgress) {
+			return ctx, a, err2
+		}
+		err = err2
+	}
+}
+
+// fail answers a request for which Begin failed.
+func (m *Middleware) fail(w http.ResponseWriter, r *http.Request, start time.Time, err error, body []byte, next http.Handler) {
+	if ip, ok := errors.AsType[*idem.InProgressError](err); ok {
+		w.Header().Set("Retry-After", retryAfterSeconds(ip.RetryAfter))
+		m.problem(w, r, start, OutcomeConflict, &Problem{
+			Type:       TypeInProgress,
+			Title:      "Request in progress",
+			Status:     http.StatusConflict,
+			Detail:     "A request with the same idempotency key is being processed. Retry after the time given by Retry-After.",
+			RetryAfter: ip.RetryAfter,
+			Err:        err,
+		})
+		return
+	}
+	switch {
+	case errors.Is(err, idem.ErrMismatch):
+		m.problem(w, r, start, OutcomeMismatch, &Problem{
+			Type:   TypeKeyMismatch,
+			Title:  "Idempotency key reused",
+			Status: http.StatusUnprocessableEntity,
+			Detail: "The idempotency key was already used for a different request (method, path, query or body). Use a new key for a new request.",
+			Err:    err,
+		})
+	case errors.Is(err, idem.ErrFailed):
+		m.problem(w, r, start, OutcomeFailed, &Problem{
+			Type:   TypeKeyFailed,
+			Title:  "Idempotent request failed",
+			Status: http.StatusUnprocessableEntity,
+			Detail: "A request with this idempotency key was processed, but its response cannot be replayed. Do not retry with this key.",
+			Err:    err,
+		})
+	case errors.Is(err, idem.ErrCorruptResult):
+		m.log(r, slog.LevelError, "idemhttp: stored response cannot be decoded", err, "")
+		m.problem(w, r, start, OutcomeStoreError, &Problem{
+			Type:   TypeStoredResponseCorrupt,
+			Title:  "Stored response unreadable",
+			Status: http.StatusInternalServerError,
+			Detail: "The stored response for this idempotency key cannot be read.",
+			Err:    err,
+		})
+	case errors.Is(err, idem.ErrInvalid):
+		m.log(r, slog.LevelError, "idemhttp: input rejected", err, "")
+		m.problem(w, r, start, OutcomeStoreError, &Problem{
+			Type:   TypeInternal,
+			Title:  "Internal error",
+			Status: http.StatusInternalServerError,
+			Err:    err,
+		})
+	case m.failOpen && r.Context().Err() == nil:
+		m.log(r, slog.LevelWarn, "idemhttp: store unavailable, running the handler without idempotency protection", err, "")
+		r2 := r.WithContext(r.Context())
+		r2.Body = newBodyReader(body)
+		next.ServeHTTP(w, r2)
+		m.emit(r, Event{Outcome: OutcomeFailedOpen, Duration: time.Since(start), Err: err})
+	default:
+		if r.Context().Err() == nil {
+			m.log(r, slog.LevelWarn, "idemhttp: store unavailable", err, "")
+		}
+		w.Header().Set("Retry-After", retryAfterSeconds(m.retryAfter))
+		m.problem(w, r, start, OutcomeStoreError, &Problem{
+			Type:       TypeStoreUnavailable,
+			Title:      "Idempotency store unavailable",
+			Status:     http.StatusServiceUnavailable,
+			Detail:     "The request could not be checked for duplicates, so it was not processed. Retry with the same idempotency key.",
+			RetryAfter: m.retryAfter,
+			Err:        err,
+		})
+	}
+}
+
+// replay writes a stored response.
+func (m *Middleware) replay(w http.ResponseWriter, r *http.Request, start time.Time, blob []byte) {
+	h := w.Header()
+	res, err := decodeResponse(blob, h)
+	if err != nil {
+		m.fail(w, r, start, err, nil, nil)
+		return
+	}
+	h.Set(ReplayedHeader, "true")
+	w.WriteHeader(res.status)
+	if len(res.body) > 0 {
+		_, _ = w.Write(res.body)
+	}
+	m.emit(r, Event{Outcome: OutcomeReplayed, Status: res.status, Duration: time.Since(start)})
+}
+
+// execute runs next with the key held, then stores the response or
+// releases the key.
+func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, start time.Time, ctx context.Context, a *idem.Attempt, body []byte, next http.Handler) {
+	// One allocation for the writer and the body.
+	x := &struct {
+		cw   captureWriter
+		body bodyReader
+	}{cw: captureWriter{w: w, m: m}}
+	cw := &x.cw
+	x.body.Reset(body)
+	r2 := r.WithContext(ctx)
+	r2.Body = &x.body
+	// The store calls after the handler must not fail because the client
+	// went away, or the key would stay IN_PROGRESS until its lease expires.
+	// They are bounded by the store client's own timeouts.
+	sctx := context.WithoutCancel(r.Context())
+	done := false
+	defer func() {
+		if done {
+			return
+		}
+		// The handler panicked (or called runtime.Goexit): release the key
+		// and let the panic go on, with its stack, to net/http, which
+		// aborts the response (see http.ErrAbortHandler).
+		err := a.Release(sctx)
+		m.log(r, slog.LevelWarn, "idemhttp: handler panicked; key released", err, a.Key())
+		m.emit(r, Event{Outcome: OutcomeReleased, Status: cw.status, Duration: time.Since(start), Err: errors.Join(ErrHandlerPanicked, err)})
+	}()
+	next.ServeHTTP(cw, r2)
+	done = true
+
+	status := cw.finish()
+	var err error
+	switch {
+	case cw.hijacked || status < 200:
+		// A hijacked connection, or 101 Switching Protocols: what was sent
+		// is unknown, and cannot be replayed.
+		err = errors.Join(ErrHijacked, a.Release(sctx))
+		m.emit(r, Event{Outcome: OutcomeReleased, Status: status, Duration: time.Since(start), Err: err})
+		return
+	case m.policy(r, status) == ReleaseKey:
+		if err = a.Release(sctx); err != nil {
+			m.log(r, slog.LevelError, "idemhttp: releasing the key", err, a.Key())
+		}
+		m.emit(r, Event{Outcome: OutcomeReleased, Status: status, Duration: time.Since(start), Err: err})
+		return
+	case cw.overflow:
+		cause := fmt.Errorf("%w: response body over %d bytes", idem.ErrResultTooLarge, m.maxResponse)
+		err = cause
+		if ferr := a.Fail(sctx, cause); ferr != nil {
+			err = errors.Join(cause, ferr)
+		}
+		m.log(r, slog.LevelWarn, "idemhttp: response not stored; the key is FAILED", err, a.Key())
+	default:
+		if err = a.Commit(sctx, cw.buf); err != nil {
+			level := slog.LevelError
+			if errors.Is(err, idem.ErrResultTooLarge) {
+				level = slog.LevelWarn
+			}
+			m.log(r, level, "idemhttp: storing the response", err, a.Key())
+		}
+	}
+	m.emit(r, Event{Outcome: OutcomeExecuted, Status: status, Duration: time.Since(start), Err: err})
+}
+
+// problem writes an error response through the error handler and reports
+// the outcome.
+func (m *Middleware) problem(w http.ResponseWriter, r *http.Request, start time.Time, o Outcome, p *Problem) {
+	m.errorHandler(w, r, p)
+	m.emit(r, Event{Outcome: o, Status: p.Status, Duration: time.Since(start), Err: p.Err})
+}
+
+func (m *Middleware) emit(r *http.Request, e Event) {
+	for _, h := range m.hooks {
+		h(r, e)
+	}
+}
+
+func (m *Middleware) log(r *http.Request, level slog.Level, msg string, err error, storeKey string) {
+	if m.logger == nil || !m.logger.Enabled(r.Context(), level) {
+		return
+	}
+	attrs := []slog.Attr{slog.String("method", r.Method), slog.String("path", r.URL.Path)}
+	if storeKey != "" {
+		attrs = append(attrs, slog.String("store_key", storeKey))
+	}
+	if err != nil {
+		attrs = append(attrs, slog.Any("error", err))
+	}
+	m.logger.LogAttrs(context.WithoutCancel(r.Context()), level, msg, attrs...)
+}
+
+// bodyReader is the request body the handler reads: the bytes the middleware
+// read already.
+type bodyReader struct{ bytes.Reader }
+
+func newBodyReader(b []byte) *bodyReader {
+	br := &bodyReader{}
+	br.Reset(b)
+	return br
+}
+
+func (*bodyReader) Close() error { return nil }
+
+// isToken reports whether s is an RFC 9110 token, the syntax of field names
+// and methods.
+func isToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' {
+			continue
+		}
+		if !strings.ContainsRune("!#$%&'*+-.^_`|~", rune(c)) {
+			return false
+		}
+	}
+	return true
+}

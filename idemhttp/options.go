@@ -1,0 +1,183 @@
+package idemhttp
+
+import (
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/idemgo/idem"
+)
+
+// Defaults of the options.
+const (
+	// DefaultHeader is the field that carries the key.
+	DefaultHeader = "Idempotency-Key"
+	// ReplayedHeader is added, with the value "true", to replayed
+	// responses.
+	ReplayedHeader = "Idempotent-Replayed"
+	// DefaultMaxBodySize is the largest request body read: 1 MiB.
+	DefaultMaxBodySize = 1 << 20
+	// DefaultMaxResponseSize is the largest response body stored: the
+	// Executor's default maximum result size, 1 MiB.
+	DefaultMaxResponseSize = idem.DefaultMaxResultSize
+	// DefaultRetryAfter is the Retry-After of 503 responses when the store
+	// is unreachable.
+	DefaultRetryAfter = time.Second
+)
+
+// Option configures a Middleware.
+type Option func(*Middleware)
+
+// WithHeader sets the name of the field that carries the key. The default
+// is DefaultHeader, "Idempotency-Key".
+func WithHeader(name string) Option {
+	return func(m *Middleware) { m.header = name }
+}
+
+// WithKeyRequired sets whether requests that the middleware covers must carry
+// a key. A request without one is answered with 400 (TypeKeyMissing) when the
+// key is required, and passed to the handler without protection otherwise.
+// The default is true.
+func WithKeyRequired(required bool) Option {
+	return func(m *Middleware) { m.required = required }
+}
+
+// WithMethods sets the request methods the middleware covers; requests with
+// other methods pass through untouched. The default is POST and PATCH (PUT
+// and DELETE are idempotent by definition, but may be added).
+func WithMethods(methods ...string) Option {
+	return func(m *Middleware) { m.methods = append([]string(nil), methods...) }
+}
+
+// WithPrincipal scopes keys by the principal that principal returns for a
+// request, for example the authenticated user or API key taken from the
+// request's context, so that one client can never replay another client's
+// response: two principals that send the same key get two executions. The
+// principal is hashed (SHA-256) into the key's scope; its raw value is
+// neither stored nor logged. An empty string is a principal like any other,
+// shared by every request for which it is returned: authenticate requests
+// before this middleware runs. principal must be safe for concurrent use.
+// The default is no principal: keys are scoped by method and route only.
+func WithPrincipal(principal func(r *http.Request) string) Option {
+	return func(m *Middleware) { m.principal = principal; m.principalSet = true }
+}
+
+// WithRoute sets how the route part of a key's scope is found. The default
+// is the ServeMux pattern that matched the request (Request.Pattern) when it
+// is set, and the request's URL path otherwise. Request.Pattern is set only
+// once ServeMux has routed the request: wrap the handlers registered on the
+// mux, not the mux, or set a route function (for example one that returns
+// chi's route pattern). The scope is always prefixed with the method. route
+// must be safe for concurrent use.
+func WithRoute(route func(r *http.Request) string) Option {
+	return func(m *Middleware) { m.route = route; m.routeSet = true }
+}
+
+// WithFingerprintHeaders adds the named request fields to the fingerprint, so
+// that a retry with the same key and body but another value of one of them
+// is a mismatch (422). The method, path, query and body are always part of
+// it. The default is none.
+func WithFingerprintHeaders(names ...string) Option {
+	return func(m *Middleware) { m.fpHeaders = append([]string(nil), names...) }
+}
+
+// WithCanonicalJSON makes the fingerprint cover the body in a canonical JSON
+// form when the body is one JSON value, so that a retry whose body differs
+// only in member order or whitespace is not a mismatch. Numbers are
+// compared as written, and of duplicate members the last counts. Bodies that
+// are not JSON are fingerprinted as they are. The handler always sees the
+// body as sent. The default is false: the body's bytes count.
+func WithCanonicalJSON(enabled bool) Option {
+	return func(m *Middleware) { m.canonicalJSON = enabled }
+}
+
+// WithMaxBodySize sets the largest request body, in bytes. The middleware
+// reads the body before the handler runs (to fingerprint it); a larger one
+// is answered with 413 (TypeBodyTooLarge) and the handler does not run. The
+// default is DefaultMaxBodySize (1 MiB).
+func WithMaxBodySize(n int64) Option {
+	return func(m *Middleware) { m.maxBody = n }
+}
+
+// WithMaxResponseSize sets the largest response body, in bytes, that is
+// stored. A larger response is still sent to the client in full, but it
+// cannot be replayed: the key becomes FAILED (the handler ran; running it
+// again could repeat its effect) and a retry gets 422 (TypeKeyFailed). The
+// same happens when the encoded response is over the Executor's own limit
+// (idem.WithMaxResultSize). This limit is checked while the response is
+// written, so that a large streamed response is not held in memory. The
+// default is the Executor's MaxResultSize (1 MiB unless configured).
+func WithMaxResponseSize(n int) Option {
+	return func(m *Middleware) { m.maxResponse = n }
+}
+
+// WithWait makes a request whose key is in progress wait, up to d in total,
+// for the first request to finish, and then get its replayed response (or
+// run the handler itself if the first request released the key) instead of
+// an immediate 409. It is woken by the store's notification when the store
+// implements idem.Watcher (memstore and redisstore do), so that waiting does
+// not poll the store. A request still waiting after d gets 409. The default
+// is 0: no waiting.
+func WithWait(d time.Duration) Option {
+	return func(m *Middleware) { m.wait = d }
+}
+
+// WithPolicy sets which responses are stored and which release the key. It
+// may decide per route from the request. The default is DefaultPolicy;
+// ReleaseServerErrors also releases on every 5xx.
+func WithPolicy(p Policy) Option {
+	return func(m *Middleware) { m.policy = p }
+}
+
+// WithDenyHeaders sets the response fields that are never stored or
+// replayed, in addition to the hop-by-hop fields (Connection and the fields
+// it names, Keep-Alive, Proxy-Authenticate, Proxy-Authorization, TE,
+// Trailer, Transfer-Encoding, Upgrade), which never are. It replaces the
+// default, Set-Cookie, so that a session cookie set for the first request is
+// not handed out again; call it with no names to store every field.
+func WithDenyHeaders(names ...string) Option {
+	return func(m *Middleware) {
+		m.deny = make(map[string]bool, len(names))
+		for _, n := range names {
+			m.deny[http.CanonicalHeaderKey(n)] = true
+		}
+	}
+}
+
+// WithFailOpen sets what happens when the store cannot be reached. Failing
+// closed (false) answers 503 (TypeStoreUnavailable) with Retry-After, so that
+// no request runs unprotected. Failing open (true) runs the handler without
+// protection — a retry may then run it twice — and reports
+// OutcomeFailedOpen to the hooks and the logger. The default is false.
+func WithFailOpen(open bool) Option {
+	return func(m *Middleware) { m.failOpen = open }
+}
+
+// WithRetryAfter sets the Retry-After of 503 responses sent when the store
+// cannot be reached. It is sent in whole seconds, rounded up. The default is
+// DefaultRetryAfter (1s).
+func WithRetryAfter(d time.Duration) Option {
+	return func(m *Middleware) { m.retryAfter = d }
+}
+
+// WithLogger sets a logger for events that need an operator's attention:
+// store errors, running unprotected (fail open), responses that could not be
+// stored. Raw keys are never logged; the store key (a digest) is. The
+// default is nil: nothing is logged.
+func WithLogger(l *slog.Logger) Option {
+	return func(m *Middleware) { m.logger = l }
+}
+
+// WithHook adds a hook, called once for every request that the middleware
+// covers with the outcome and its duration; use it for metrics and tracing.
+// Hooks run in the order they were added. The default is none.
+func WithHook(h Hook) Option {
+	return func(m *Middleware) { m.hooks = append(m.hooks, h) }
+}
+
+// WithErrorHandler sets how error responses (400, 409, 413, 422, 500, 503)
+// are written. The default is WriteProblem, which writes RFC 9457 problem
+// details as application/problem+json.
+func WithErrorHandler(h ErrorHandler) Option {
+	return func(m *Middleware) { m.errorHandler = h }
+}

@@ -1,0 +1,47 @@
+package idemhttp
+
+import "net/http"
+
+// Decision is what a Policy decides for a response.
+type Decision uint8
+
+const (
+	// StoreResponse stores the response: a retry with the same key gets it
+	// replayed and the handler does not run again.
+	StoreResponse Decision = iota
+	// ReleaseKey stores nothing and releases the key: a retry with the same
+	// key runs the handler again.
+	ReleaseKey
+)
+
+// Policy decides, from the request and the status of the handler's
+// response, whether the response is stored or the key released. r is the
+// request as the middleware received it: its Pattern, URL or Context may be
+// used to decide per route. A Policy must be safe for concurrent use.
+type Policy func(r *http.Request, status int) Decision
+
+// DefaultPolicy stores every response except those whose status says that
+// the request was not processed and may be retried: 408 Request Timeout, 409
+// Conflict, 425 Too Early, 429 Too Many Requests and 503 Service
+// Unavailable. Other 5xx responses are stored, because a server error may
+// follow a side effect that a retry would repeat (Stripe's API reasons the
+// same way).
+func DefaultPolicy(_ *http.Request, status int) Decision {
+	switch status {
+	case http.StatusRequestTimeout, http.StatusConflict, http.StatusTooEarly,
+		http.StatusTooManyRequests, http.StatusServiceUnavailable:
+		return ReleaseKey
+	}
+	return StoreResponse
+}
+
+// ReleaseServerErrors is DefaultPolicy, and in addition releases the key on
+// every 5xx response. Use it for handlers that do not leave side effects
+// behind when they fail (for example because they run in one database
+// transaction).
+func ReleaseServerErrors(r *http.Request, status int) Decision {
+	if status >= 500 && status <= 599 {
+		return ReleaseKey
+	}
+	return DefaultPolicy(r, status)
+}

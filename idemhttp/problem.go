@@ -1,0 +1,99 @@
+package idemhttp
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// The problem types of the error responses the middleware writes (RFC 9457).
+// Each is a URI that documents the problem: this package's documentation,
+// anchored at the constant.
+const (
+	typeBase = "https://pkg.go.dev/github.com/idemgo/idem/idemhttp#"
+
+	// TypeKeyMissing: 400. The key is required (see WithKeyRequired) and the
+	// request has no Idempotency-Key field.
+	TypeKeyMissing = typeBase + "TypeKeyMissing"
+	// TypeKeyInvalid: 400. The Idempotency-Key field is malformed (see
+	// ParseKey) or appears more than once.
+	TypeKeyInvalid = typeBase + "TypeKeyInvalid"
+	// TypeKeyMismatch: 422. The key was already used with a request that
+	// has another fingerprint (method, path, selected fields or body).
+	TypeKeyMismatch = typeBase + "TypeKeyMismatch"
+	// TypeInProgress: 409, with Retry-After. A request with the same key is
+	// still being processed.
+	TypeInProgress = typeBase + "TypeInProgress"
+	// TypeKeyFailed: 422. The key is FAILED: the first request ran but its
+	// response could not be stored (it was over the size limit), or the
+	// executor's maximum of attempts was reached. The response cannot be
+	// replayed; the client should not retry with this key. 422 rather than
+	// a 5xx because clients retry 5xx with the same key, which would only
+	// get this answer again until the record expires.
+	TypeKeyFailed = typeBase + "TypeKeyFailed"
+	// TypeBodyTooLarge: 413. The request body is over the limit (see
+	// WithMaxBodySize). The handler did not run.
+	TypeBodyTooLarge = typeBase + "TypeBodyTooLarge"
+	// TypeBodyUnreadable: 400. Reading the request body failed.
+	TypeBodyUnreadable = typeBase + "TypeBodyUnreadable"
+	// TypeStoreUnavailable: 503, with Retry-After. The store could not be
+	// reached and the middleware fails closed (the default; see
+	// WithFailOpen).
+	TypeStoreUnavailable = typeBase + "TypeStoreUnavailable"
+	// TypeStoredResponseCorrupt: 500. The stored response could not be
+	// decoded (it was written by an incompatible version or sealed with
+	// another key).
+	TypeStoredResponseCorrupt = typeBase + "TypeStoredResponseCorrupt"
+	// TypeInternal: 500. An unexpected error, for example a store that
+	// rejected the middleware's input.
+	TypeInternal = typeBase + "TypeInternal"
+)
+
+// Problem is an error response, rendered by default as an RFC 9457 problem
+// details object with the media type application/problem+json.
+type Problem struct {
+	// Type is a URI that identifies the kind of problem: one of the Type
+	// constants.
+	Type string `json:"type"`
+	// Title is a short summary of the kind of problem; it is the same for
+	// every occurrence of Type.
+	Title string `json:"title"`
+	// Status is the HTTP status code.
+	Status int `json:"status"`
+	// Detail explains this occurrence to the client.
+	Detail string `json:"detail,omitempty"`
+
+	// RetryAfter is set for 409 and 503 responses; the middleware has set
+	// the Retry-After field from it already.
+	RetryAfter time.Duration `json:"-"`
+	// Err is the underlying error, if any, for logging. It is not sent to
+	// the client.
+	Err error `json:"-"`
+}
+
+// ErrorHandler writes an error response for p. The Retry-After field, when
+// p.RetryAfter is set, is already in w.Header().
+type ErrorHandler func(w http.ResponseWriter, r *http.Request, p *Problem)
+
+// WriteProblem is the default ErrorHandler: it writes p as JSON with the
+// media type application/problem+json and status p.Status.
+func WriteProblem(w http.ResponseWriter, r *http.Request, p *Problem) {
+	body, err := json.Marshal(p)
+	if err != nil { // cannot happen for strings and an int
+		body = []byte(`{"type":"about:blank","status":` + strconv.Itoa(p.Status) + `}`)
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/problem+json")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(p.Status)
+	_, _ = w.Write(body)
+}
+
+// retryAfterSeconds renders d as the delay-seconds of Retry-After: whole
+// seconds, rounded up, at least 1.
+func retryAfterSeconds(d time.Duration) string {
+	s := (d + time.Second - 1) / time.Second
+	return strconv.FormatInt(max(int64(s), 1), 10)
+}
