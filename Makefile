@@ -5,7 +5,7 @@ FUZZTIME ?= 10s
 # dependencies, which have go.mod files of their own).
 MODULES  := $(shell find . -name go.mod -not -path './.cache/*' -not -path './bin/*' -exec dirname {} \; | sort)
 
-.PHONY: test vet race fuzz bench check-redis run
+.PHONY: test vet race fuzz bench bench-http check-redis
 
 ## test: formatting, vet and the race-enabled tests of every module.
 test: check-redis vet race
@@ -35,3 +35,8 @@ fuzz:
 ## bench: the benchmark table (starts its own redis-server).
 bench: check-redis
 	$(GO) run ./internal/benchcmd
+
+## bench-http: idemhttp against the bare handler under wrk (needs wrk).
+bench-http: check-redis
+	@command -v wrk >/dev/null 2>&1 || { echo "wrk is needed: sudo apt-get install -y wrk"; exit 1; }
+	$(GO) run ./internal/httpbench
