@@ -439,10 +439,10 @@ func testRetentionExpiry(t *testing.T, s idem.Store) {
 	ctx := t.Context()
 	key := newKey(t)
 	a := acquire(t, s, key, idem.AcquireRequest{Fingerprint: "fp", Owner: newOwner(), Lease: 100 * time.Millisecond, Retention: shortLease}, idem.Acquired)
+	done := time.Now() // before the call: the store's clock starts the retention during it
 	if err := s.Complete(ctx, key, a.Lease, []byte("r"), shortLease); err != nil {
 		t.Fatal(err)
 	}
-	done := time.Now()
 	acquire(t, s, key, req("fp", longLease), idem.Replay)
 	waitFor(t, "the record to expire", func() bool {
 		_, err := s.Get(ctx, key)

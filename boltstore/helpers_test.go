@@ -1,0 +1,61 @@
+package boltstore
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// openTest opens a store at path and closes it when the test ends.
+func openTest(t testing.TB, path string, opts ...Option) *Store {
+	t.Helper()
+	s, err := Open(path, opts...)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	return s
+}
+
+// fakeClock is a clock that moves only when told to.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newFakeClock() *fakeClock {
+	return &fakeClock{t: time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)}
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) Add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+// onDisk counts the records and expiry index entries in the file, expired
+// or not.
+func onDisk(t testing.TB, s *Store) (records, index int) {
+	t.Helper()
+	err := s.db.View(func(tx *bolt.Tx) error {
+		records = tx.Bucket(bucketRecords).Stats().KeyN
+		index = tx.Bucket(bucketExpiry).Stats().KeyN
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return records, index
+}
