@@ -130,6 +130,17 @@ func (e *Executor) Retention() time.Duration { return e.retention }
 // MaxResultSize returns the largest result that is stored (WithMaxResultSize).
 func (e *Executor) MaxResultSize() int { return e.codec.maxSize }
 
+// DecodeResult returns the value held by blob, a stored result as
+// Store.Get returns it in Record.Result for the store key storeKey. blob must
+// have been written by an Executor with a compatible configuration: the same
+// encryption key, and a maximum result size no larger than this one's. It is
+// for tools that inspect records (the idem binary's get command); Do and
+// Begin decode replays themselves. The value may share memory with blob.
+// Errors wrap ErrCorruptResult. It is safe for concurrent use.
+func (e *Executor) DecodeResult(storeKey string, blob []byte) ([]byte, error) {
+	return e.codec.decode(storeKey, blob)
+}
+
 // keyAndOwner returns key's store key and a new owner token. Both live in
 // one string, to save an allocation on the hot path.
 func (e *Executor) keyAndOwner(key Key) (skey, owner string) {

@@ -411,3 +411,47 @@ func TestAbandonLeavesTheKeyUntilTheLeaseEnds(t *testing.T) {
 		t.Fatalf("attempts: got %d, want 2", rec.Attempts)
 	}
 }
+
+// TestDecodeResult reads stored results back as an admin tool does: plain,
+// compressed and encrypted blobs decode to the value Do stored, and a blob
+// that was altered is refused.
+func TestDecodeResult(t *testing.T) {
+	block, err := aes.NewCipher(make([]byte, 16))
+	if err != nil {
+		t.Fatal(err)
+	}
+	aead, err := cipher.NewGCM(block)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name  string
+		opts  []idem.Option
+		value string
+	}{
+		{"plain", nil, "small result"},
+		{"compressed", nil, strings.Repeat("compressible ", 1000)},
+		{"encrypted", []idem.Option{idem.WithEncryption(aead)}, "secret result"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e, s := newExec(t, tt.opts...)
+			key := idem.Key{Scope: "s", ID: "k"}
+			if _, err := e.Do(t.Context(), key, "", func(context.Context) ([]byte, error) { return []byte(tt.value), nil }); err != nil {
+				t.Fatal(err)
+			}
+			rec, err := s.Get(t.Context(), key.Digest())
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := e.DecodeResult(key.Digest(), rec.Result)
+			if err != nil || string(got) != tt.value {
+				t.Fatalf("DecodeResult: got %.20q, %v, want %.20q, nil", got, err, tt.value)
+			}
+			altered := append([]byte{0xff}, rec.Result[1:]...)
+			if _, err := e.DecodeResult(key.Digest(), altered); !errors.Is(err, idem.ErrCorruptResult) {
+				t.Errorf("DecodeResult of an altered blob: got %v, want ErrCorruptResult", err)
+			}
+		})
+	}
+}

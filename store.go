@@ -24,7 +24,13 @@ import (
 // connection): Acquire repeated with the same owner token returns Acquired
 // with the fence it handed out; Complete repeated with the same lease and
 // result, Fail and Release repeated with the same lease succeed again. So a
-// retry never executes anything twice.
+// retry never executes anything twice. (A repeated Acquire reports
+// Acquired even if the first call took the key over, and does not extend the
+// lease.)
+//
+// An error other than ErrLeaseLost, ErrNotFound and ErrInvalid (a network
+// error, a timeout, a server error) leaves the outcome unknown: the
+// transition may or may not have happened. Repeating the call resolves it.
 //
 // An IN_PROGRESS record is kept one lease plus InProgressGrace after its
 // lease ends, so that an owner whose lease expired without a takeover can

@@ -34,7 +34,10 @@
 //     and recorded; when the handler returns it is stored, or the key is
 //     released, as the Policy says: by default everything is stored except
 //     408, 409, 425, 429 and 503, which say the request was not processed.
-//     A 500 is stored, since it may follow a side effect.
+//     A 500 is stored, since it may follow a side effect. A Policy may also
+//     say AbandonKey when the outcome is unknown (a proxy whose upstream
+//     timed out): nothing is stored and the key stays in progress until its
+//     lease expires.
 //   - A completed key replays the stored status, fields and body, byte for
 //     byte, with Idempotent-Replayed: true added.
 //   - A key in progress is answered with 409 (TypeInProgress) and a

@@ -44,9 +44,13 @@ const (
 	// OutcomeNoKey: the key is optional (WithKeyRequired(false)), the
 	// request had none, and the handler ran without protection.
 	OutcomeNoKey
+	// OutcomeAbandoned: the handler ran, and the Policy said AbandonKey:
+	// nothing was stored and the key stays IN_PROGRESS until its lease
+	// expires, because the outcome is unknown.
+	OutcomeAbandoned
 )
 
-var outcomeNames = [...]string{"invalid", "executed", "released", "replayed", "conflict", "mismatch", "failed", "rejected", "store-error", "failed-open", "no-key"}
+var outcomeNames = [...]string{"invalid", "executed", "released", "replayed", "conflict", "mismatch", "failed", "rejected", "store-error", "failed-open", "no-key", "abandoned"}
 
 // String returns a short lower-case name, suitable as a metric label.
 func (o Outcome) String() string {

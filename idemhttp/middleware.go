@@ -243,15 +243,44 @@ func (m *Middleware) scope(r *http.Request) string {
 		kind, route = 'u', r.URL.Path
 	}
 	var stack [256]byte
-	b := append(stack[:0], r.Method...)
-	b = append(b, ' ', kind, ':')
-	b = append(b, route...)
+	b := appendScope(stack[:0], r.Method, kind, route)
 	if m.principal != nil {
-		sum := sha256.Sum256([]byte(m.principal(r)))
-		b = append(b, 0)
-		b = append(b, sum[:]...)
+		b = appendPrincipal(b, m.principal(r))
 	}
 	return string(b)
+}
+
+// appendScope appends the method and route part of a scope: kind says
+// where the route comes from ('r' a route function, 'p' a ServeMux
+// pattern, 'u' the URL path).
+func appendScope(b []byte, method string, kind byte, route string) []byte {
+	b = append(b, method...)
+	b = append(b, ' ', kind, ':')
+	return append(b, route...)
+}
+
+// appendPrincipal appends the principal part of a scope.
+func appendPrincipal(b []byte, principal string) []byte {
+	sum := sha256.Sum256([]byte(principal))
+	b = append(b, 0)
+	return append(b, sum[:]...)
+}
+
+// PathKey returns the key under which a Middleware keeps the record of a
+// request whose Idempotency-Key is id (as ParseKey returns it), when the
+// scope's route is the URL path: the middleware has no route function
+// (WithRoute) and no ServeMux pattern routed the request, as for the
+// requests of a reverse proxy. It is for a middleware without WithPrincipal;
+// see PrincipalPathKey. The key's Digest is the store key. Tools use it to
+// find a request's record (the idem binary's get and rm commands).
+func PathKey(method, path, id string) idem.Key {
+	return idem.Key{Scope: string(appendScope(nil, method, 'u', path)), ID: id}
+}
+
+// PrincipalPathKey is PathKey for a Middleware with a principal function
+// (WithPrincipal): principal is what that function returns for the request.
+func PrincipalPathKey(method, path, principal, id string) idem.Key {
+	return idem.Key{Scope: string(appendPrincipal(appendScope(nil, method, 'u', path), principal)), ID: id}
 }
 
 // await waits, up to the configured bound, for the key to leave IN_PROGRESS
@@ -401,19 +430,25 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, start time.
 	done = true
 
 	status := cw.finish()
-	var err error
-	switch {
-	case cw.hijacked || status < 200:
+	if cw.hijacked || status < 200 {
 		// A hijacked connection, or 101 Switching Protocols: what was sent
 		// is unknown, and cannot be replayed.
-		err = errors.Join(ErrHijacked, a.Release(sctx))
+		err := errors.Join(ErrHijacked, a.Release(sctx))
 		m.emit(r, Event{Outcome: OutcomeReleased, Status: status, Duration: time.Since(start), Err: err})
 		return
-	case m.policy(r, status) == ReleaseKey:
+	}
+	var err error
+	switch decision := m.policy(r, status); {
+	case decision == ReleaseKey:
 		if err = a.Release(sctx); err != nil {
 			m.log(r, slog.LevelError, "idemhttp: releasing the key", err, a.Key())
 		}
 		m.emit(r, Event{Outcome: OutcomeReleased, Status: status, Duration: time.Since(start), Err: err})
+		return
+	case decision == AbandonKey:
+		err = a.Abandon()
+		m.log(r, slog.LevelWarn, "idemhttp: outcome unknown; the key stays in progress until its lease expires", err, a.Key())
+		m.emit(r, Event{Outcome: OutcomeAbandoned, Status: status, Duration: time.Since(start), Err: err})
 		return
 	case cw.overflow:
 		cause := fmt.Errorf("%w: response body over %d bytes", idem.ErrResultTooLarge, m.maxResponse)

@@ -66,6 +66,8 @@ func runSuite(t *testing.T, newStore func(t *testing.T) idem.Store) {
 		{"Hooks", testHooks},
 		{"ErrorHandler", testErrorHandler},
 		{"Fence", testFence},
+		{"Abandon", testAbandon},
+		{"PathKey", testPathKey},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { tt.fn(t, newStore) })
@@ -1298,3 +1300,117 @@ func TestReadBodyError(t *testing.T) {
 type iotestErrReader struct{}
 
 func (iotestErrReader) Read([]byte) (int, error) { return 0, errors.New("read failed") }
+
+// testAbandon checks AbandonKey: nothing is stored, the key stays
+// IN_PROGRESS (retries get 409) until its lease expires, and then the
+// handler runs again.
+func testAbandon(t *testing.T, newStore func(t *testing.T) idem.Store) {
+	store := newStore(t)
+	exec := newExecutor(t, store, idem.WithLease(300*time.Millisecond))
+	var events eventLog
+	var n atomic.Int64
+	policy := func(r *http.Request, status int) idemhttp.Decision {
+		if status == http.StatusGatewayTimeout {
+			return idemhttp.AbandonKey
+		}
+		return idemhttp.DefaultPolicy(r, status)
+	}
+	h := newMiddleware(t, exec, idemhttp.WithPolicy(policy), idemhttp.WithHook(events.hook)).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n.Add(1) == 1 {
+			w.WriteHeader(http.StatusGatewayTimeout)
+			io.WriteString(w, "timed out")
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "done")
+	}))
+	start := time.Now()
+	if res := post(h, "k", "x"); res.status != 504 || res.body != "timed out" {
+		t.Fatalf("first: got %d %q, want 504 \"timed out\"", res.status, res.body)
+	}
+	if e := events.get(0); e.Outcome != idemhttp.OutcomeAbandoned || e.Status != 504 || e.Err != nil {
+		t.Errorf("event: got %v %d %v, want abandoned 504 <nil>", e.Outcome, e.Status, e.Err)
+	}
+	if got := idemhttp.OutcomeAbandoned.String(); got != "abandoned" {
+		t.Errorf("OutcomeAbandoned.String(): got %q, want \"abandoned\"", got)
+	}
+	rec, err := store.Get(t.Context(), idemhttp.PathKey("POST", "/payments", "k").Digest())
+	if err != nil || rec.State != idem.StateInProgress {
+		t.Fatalf("record: got %v, %v, want IN_PROGRESS", rec.State, err)
+	}
+	res := post(h, "k", "x")
+	if time.Since(start) < 250*time.Millisecond {
+		checkProblem(t, res, 409, idemhttp.TypeInProgress)
+		checkRetryAfter(t, res, 1, 1)
+	}
+	// No heartbeat extends an abandoned lease: after it, the key is taken
+	// over and the handler runs again.
+	time.Sleep(time.Until(start.Add(350 * time.Millisecond)))
+	if res := post(h, "k", "x"); res.status != 201 || res.body != "done" || n.Load() != 2 {
+		t.Fatalf("after the lease: got %d %q after %d executions, want 201 \"done\" after 2", res.status, res.body, n.Load())
+	}
+	if res := post(h, "k", "x"); res.header.Get(idemhttp.ReplayedHeader) != "true" || res.body != "done" {
+		t.Errorf("retry: got %d %q replayed=%q, want the replay of \"done\"", res.status, res.body, res.header.Get(idemhttp.ReplayedHeader))
+	}
+}
+
+// testPathKey checks that PathKey and PrincipalPathKey name the record the
+// middleware writes for a request routed by URL path, and that the stored
+// response decodes with DecodeStoredResponse.
+func testPathKey(t *testing.T, newStore func(t *testing.T) idem.Store) {
+	tests := []struct {
+		name string
+		opts []idemhttp.Option
+		key  idem.Key
+	}{
+		{"no principal", nil, idemhttp.PathKey("POST", "/payments/7", "k 1")},
+		{"principal", []idemhttp.Option{idemhttp.WithPrincipal(func(r *http.Request) string { return r.Header.Get("X-User") })},
+			idemhttp.PrincipalPathKey("POST", "/payments/7", "alice", "k 1")},
+		{"empty principal", []idemhttp.Option{idemhttp.WithPrincipal(func(r *http.Request) string { return r.Header.Get("X-Nobody") })},
+			idemhttp.PrincipalPathKey("POST", "/payments/7", "", "k 1")},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			store := newStore(t)
+			exec := newExecutor(t, store)
+			var c counter
+			h := newMiddleware(t, exec, tt.opts...).Handler(&c)
+			r := request("POST", "/payments/7?x=1", `"k 1"`, "body")
+			r.Header.Set("X-User", "alice")
+			if res := serve(h, r); res.status != 201 {
+				t.Fatalf("got %d, want 201", res.status)
+			}
+			rec, err := store.Get(t.Context(), tt.key.Digest())
+			if err != nil {
+				t.Fatalf("Get(%s): %v", tt.key.Digest(), err)
+			}
+			value, err := exec.DecodeResult(tt.key.Digest(), rec.Result)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res, err := idemhttp.DecodeStoredResponse(value)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Status != 201 || string(res.Body) != "execution 1: body" || res.Header.Get("Content-Type") != "text/plain; charset=utf-8" {
+				t.Errorf("stored response: got %d %q %v, want 201 \"execution 1: body\" with its Content-Type", res.Status, res.Body, res.Header)
+			}
+			// Another principal, method or path is another key.
+			for _, other := range []idem.Key{
+				idemhttp.PrincipalPathKey("POST", "/payments/7", "bob", "k 1"),
+				idemhttp.PathKey("PATCH", "/payments/7", "k 1"),
+				idemhttp.PathKey("POST", "/payments/8", "k 1"),
+			} {
+				if other == tt.key {
+					continue
+				}
+				if _, err := store.Get(t.Context(), other.Digest()); !errors.Is(err, idem.ErrNotFound) {
+					t.Errorf("Get(%q): got %v, want ErrNotFound", other.Scope, err)
+				}
+			}
+		})
+	}
+	if _, err := idemhttp.DecodeStoredResponse([]byte("garbage")); !errors.Is(err, idem.ErrCorruptResult) {
+		t.Errorf("DecodeStoredResponse(garbage): got %v, want ErrCorruptResult", err)
+	}
+}

@@ -12,10 +12,19 @@ const (
 	// ReleaseKey stores nothing and releases the key: a retry with the same
 	// key runs the handler again.
 	ReleaseKey
+	// AbandonKey stores nothing and leaves the key IN_PROGRESS until its
+	// lease expires (see idem.Attempt.Abandon): until then a retry with the
+	// same key gets 409 (or waits, with WithWait), and after that it runs
+	// the handler again. Use it when the outcome is unknown, for example
+	// when a proxy's upstream timed out after it received the request:
+	// releasing could run the operation twice at the same time, and storing
+	// would replay a response that does not say what happened.
+	AbandonKey
 )
 
 // Policy decides, from the request and the status of the handler's
-// response, whether the response is stored or the key released. r is the
+// response, whether the response is stored, the key released or the key
+// abandoned to its lease. r is the
 // request as the middleware received it: its Pattern, URL or Context may be
 // used to decide per route. A Policy must be safe for concurrent use.
 type Policy func(r *http.Request, status int) Decision

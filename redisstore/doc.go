@@ -49,4 +49,10 @@
 // wakes across processes; Watch subscribes on a connection of its own and
 // returns after the server confirmed the subscription. WithNotify(false)
 // turns the publish off.
+//
+// # Listing
+//
+// List, for admin tools (idem ls), walks the key space with SCAN MATCH
+// <prefix>{*} TYPE hash, on every primary of a Cluster; it never sends
+// KEYS.
 package redisstore

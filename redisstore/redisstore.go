@@ -100,6 +100,10 @@ type backend interface {
 	// script and returns the number of acknowledgements too.
 	run(ctx context.Context, s *script, key string, args []string, w *waitConfig) (reply any, acks int64, err error)
 	del(ctx context.Context, key string) error
+	// scan calls fn with the name of every hash whose name matches the
+	// SCAN pattern match, on every node that holds keys, until fn returns
+	// false.
+	scan(ctx context.Context, match string, fn func(name string) bool) error
 	watch(ctx context.Context, channel string) (<-chan struct{}, func(), error)
 	publishCommand() string
 }

@@ -500,3 +500,58 @@ func TestConcurrentExecutors(t *testing.T) {
 		})
 	}
 }
+
+// TestList lists records with SCAN on a standalone server and a Cluster,
+// through both clients: every record of the store's prefix and nothing
+// else, up to the limit.
+func TestList(t *testing.T) {
+	t.Parallel()
+	standalone := redistest.Start(t)
+	cluster := redistest.StartCluster(t, 3)
+	for _, c := range clients(t, standalone, cluster) {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			// A prefix with glob characters: unescaped, its pattern would
+			// also match the neighbour's records.
+			prefix := "ls*" + c.name + ":"
+			s := c.newStore(t, redisstore.WithPrefix(prefix))
+			neighbour := c.newStore(t, redisstore.WithPrefix("lsX"+c.name+":"))
+			want := map[string]idem.State{}
+			for i := range 25 {
+				key := idem.Key{Scope: "list", ID: string(rune('a' + i))}.Digest()
+				a := acquire(t, s, key)
+				want[key] = idem.StateInProgress
+				if i%2 == 0 {
+					if err := s.Complete(t.Context(), key, a.Lease, []byte("r"), time.Hour); err != nil {
+						t.Fatal(err)
+					}
+					want[key] = idem.StateCompleted
+				}
+				acquire(t, neighbour, key)
+			}
+			if _, err := s.List(t.Context(), 0); !errors.Is(err, idem.ErrInvalid) {
+				t.Errorf("List(0): got %v, want ErrInvalid", err)
+			}
+			all, err := s.List(t.Context(), 1000)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(all) != len(want) {
+				t.Fatalf("List: got %d entries, want %d", len(all), len(want))
+			}
+			for _, e := range all {
+				st, ok := want[e.Key]
+				if !ok || e.Record.State != st || e.Record.Fence <= 0 {
+					t.Errorf("entry %s: got %v fence %d, want %v (listed: %v)", e.Key, e.Record.State, e.Record.Fence, st, ok)
+				}
+				if st == idem.StateCompleted && string(e.Record.Result) != "r" {
+					t.Errorf("entry %s: got result %q, want \"r\"", e.Key, e.Record.Result)
+				}
+			}
+			some, err := s.List(t.Context(), 3)
+			if err != nil || len(some) != 3 {
+				t.Errorf("List(3): got %d entries, %v, want 3", len(some), err)
+			}
+		})
+	}
+}
