@@ -95,8 +95,8 @@ func FuzzFingerprint(f *testing.F) {
 		if !bytes.Equal(got, body) {
 			t.Fatalf("body: got %q, want %q", got, body)
 		}
-		if len(fp) != 32 || len(fp) > idem.MaxFingerprintLen {
-			t.Fatalf("fingerprint length %d, want 32", len(fp))
+		if len(fp) != fingerprintLen || len(fp) > idem.MaxFingerprintLen {
+			t.Fatalf("fingerprint length %d, want %d", len(fp), fingerprintLen)
 		}
 		// Streamed in small reads, the fingerprint is the same.
 		got2, fp2, err := m.fingerprint(req(body, true))

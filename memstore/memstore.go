@@ -18,10 +18,15 @@ type Option func(*Store)
 // it. The default is time.Now.
 func WithClock(now func() time.Time) Option { return func(s *Store) { s.now = now } }
 
+// WithCapacity sizes the store for n records up front, so that filling it
+// does not grow (and rehash) its map step by step. The default is 0.
+func WithCapacity(n int) Option { return func(s *Store) { s.capacity = n } }
+
 // Store is an in-process idem.Store: a map guarded by a mutex. The zero value
 // is not usable; call New. It is safe for concurrent use.
 type Store struct {
-	now func() time.Time
+	now      func() time.Time
+	capacity int
 
 	mu        sync.Mutex
 	records   map[string]*record
@@ -52,13 +57,17 @@ var grace = idem.InProgressGrace.Microseconds()
 
 // New returns an empty Store.
 func New(opts ...Option) (*Store, error) {
-	s := &Store{now: time.Now, records: make(map[string]*record), watchers: make(map[string]*watch)}
+	s := &Store{now: time.Now, watchers: make(map[string]*watch)}
 	for _, o := range opts {
 		o(s)
 	}
 	if s.now == nil {
 		return nil, fmt.Errorf("%w: nil clock", idem.ErrInvalid)
 	}
+	if s.capacity < 0 {
+		return nil, fmt.Errorf("%w: negative capacity %d", idem.ErrInvalid, s.capacity)
+	}
+	s.records = make(map[string]*record, s.capacity)
 	return s, nil
 }
 
@@ -175,10 +184,8 @@ func (s *Store) Acquire(ctx context.Context, key string, req idem.AcquireRequest
 	return out, nil
 }
 
-// owned returns the record if lease still owns it. It is called with s.mu
-// held.
-func (s *Store) owned(key string, lease idem.Lease, now int64) (*record, error) {
-	r := s.lookup(key, now)
+// owned returns r if lease still owns it. It is called with s.mu held.
+func owned(r *record, lease idem.Lease) (*record, error) {
 	if r == nil {
 		return nil, fmt.Errorf("%w: no record", idem.ErrLeaseLost)
 	}
@@ -210,10 +217,11 @@ func (s *Store) Complete(ctx context.Context, key string, lease idem.Lease, resu
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.micros()
-	if r := s.lookup(key, now); r != nil && r.state == idem.StateCompleted && r.fence == lease.Fence && bytes.Equal(r.result, result) {
+	r := s.lookup(key, now)
+	if r != nil && r.state == idem.StateCompleted && r.fence == lease.Fence && bytes.Equal(r.result, result) {
 		return nil // a repeated call whose reply was lost
 	}
-	r, err := s.owned(key, lease, now)
+	r, err := owned(r, lease)
 	if err != nil {
 		return err
 	}
@@ -234,10 +242,11 @@ func (s *Store) Fail(ctx context.Context, key string, lease idem.Lease, f idem.F
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.micros()
-	if r := s.lookup(key, now); r != nil && (r.state == idem.StateReleased || r.state == idem.StateFailed) && r.fence == lease.Fence {
+	r := s.lookup(key, now)
+	if r != nil && (r.state == idem.StateReleased || r.state == idem.StateFailed) && r.fence == lease.Fence {
 		return r.state, nil // a repeated call whose reply was lost
 	}
-	r, err := s.owned(key, lease, now)
+	r, err := owned(r, lease)
 	if err != nil {
 		return 0, err
 	}
@@ -263,7 +272,7 @@ func (s *Store) Extend(ctx context.Context, key string, lease idem.Lease, d time
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.micros()
-	r, err := s.owned(key, lease, now)
+	r, err := owned(s.lookup(key, now), lease)
 	if err != nil {
 		return err
 	}
@@ -283,10 +292,11 @@ func (s *Store) Release(ctx context.Context, key string, lease idem.Lease, reten
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.micros()
-	if r := s.lookup(key, now); r != nil && r.state == idem.StateReleased && r.fence == lease.Fence {
+	r := s.lookup(key, now)
+	if r != nil && r.state == idem.StateReleased && r.fence == lease.Fence {
 		return nil // a repeated call whose reply was lost
 	}
-	r, err := s.owned(key, lease, now)
+	r, err := owned(r, lease)
 	if err != nil {
 		return err
 	}

@@ -173,6 +173,10 @@ func (s *Store) channel(key string) string { return s.prefix + "{" + key + "}:w"
 
 func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
 
+// inProgressTTL is the time to live of an IN_PROGRESS record with lease d:
+// the lease, one more lease, and idem.InProgressGrace.
+func inProgressTTL(d time.Duration) string { return ms(2*d + idem.InProgressGrace) }
+
 func (s *Store) run(ctx context.Context, sc *script, key string, args []string, durable bool) (any, error) {
 	var w *waitConfig
 	if durable {
@@ -197,7 +201,7 @@ func (s *Store) Acquire(ctx context.Context, key string, req idem.AcquireRequest
 		return idem.Acquisition{}, err
 	}
 	reply, err := s.run(ctx, acquireScript, key, []string{
-		req.Fingerprint, req.Owner, ms(req.Lease), ms(req.Retention), strconv.Itoa(req.MaxAttempts),
+		req.Fingerprint, req.Owner, ms(req.Lease), ms(req.Retention), strconv.Itoa(req.MaxAttempts), inProgressTTL(req.Lease),
 	}, true)
 	if reply == nil {
 		return idem.Acquisition{}, err
@@ -270,7 +274,7 @@ func (s *Store) Extend(ctx context.Context, key string, lease idem.Lease, d time
 	if err := idem.ValidateDuration("lease", d); err != nil {
 		return err
 	}
-	reply, err := s.run(ctx, extendScript, key, []string{lease.Owner, strconv.FormatInt(lease.Fence, 10), ms(d)}, false)
+	reply, err := s.run(ctx, extendScript, key, []string{lease.Owner, strconv.FormatInt(lease.Fence, 10), ms(d), inProgressTTL(d)}, false)
 	if err != nil {
 		return err
 	}

@@ -188,8 +188,10 @@ func parseGet(v any) (idem.Record, error) {
 		Owner:       str(4),
 		Fence:       num(5),
 		Attempts:    int(num(7)),
-		Created:     time.UnixMicro(num(8)),
 		Now:         time.UnixMicro(now),
+	}
+	if c := num(8); c != 0 { // dropped once the record completed
+		rec.Created = time.UnixMicro(c)
 	}
 	if r := str(9); r != "" {
 		rec.Result = []byte(r)

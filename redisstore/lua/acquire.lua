@@ -6,6 +6,8 @@
 -- ARGV[3]  lease, ms
 -- ARGV[4]  retention, ms (for a record that becomes FAILED here)
 -- ARGV[5]  max attempts (0: no limit)
+-- ARGV[6]  time to live of an IN_PROGRESS record, ms: two leases plus
+--          idem.InProgressGrace (computed in Go)
 --
 -- Reply, one of:
 --   {1, fence, attempts}                  Acquired (also when the same owner
@@ -17,7 +19,9 @@
 --
 -- Fields: s state (p in progress, c completed, r released, f failed),
 -- f fingerprint, o owner, n fence, l lease end (µs), a attempts,
--- c created (µs), r result. Times are the server's (TIME), in µs.
+-- c created (µs; dropped on completion to save memory), r result. Times are
+-- the server's (TIME), in µs. Numbers are formatted with %d: Lua numbers are
+-- doubles, exact for integers below 2^53, which µs timestamps are.
 local rec = redis.call('HMGET', KEYS[1], 's', 'f', 'o', 'n', 'l', 'a', 'r')
 local s = rec[1]
 if s and rec[2] ~= ARGV[1] then
@@ -33,14 +37,14 @@ end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local lease_ms = tonumber(ARGV[3])
-local until_us = string.format('%.0f', now + lease_ms * 1000)
+local until_us = string.format('%d', now + lease_ms * 1000)
 if not s then
   -- No record: the fence is seeded from the clock, so that it still grows
   -- after the record was deleted or expired.
-  local fence = string.format('%.0f', now)
+  local fence = string.format('%d', now)
   redis.call('HSET', KEYS[1], 's', 'p', 'f', ARGV[1], 'o', ARGV[2],
-    'n', fence, 'l', until_us, 'a', 1, 'c', fence)
-  redis.call('PEXPIRE', KEYS[1], 2 * lease_ms + 2000) -- idem.InProgressGrace
+    'n', fence, 'l', until_us, 'a', '1', 'c', fence)
+  redis.call('PEXPIRE', KEYS[1], ARGV[6])
   return {1, now, 1}
 end
 local attempts = tonumber(rec[6])
@@ -61,8 +65,8 @@ end
 local fence = math.max(tonumber(rec[4]) + 1, now)
 attempts = attempts + 1
 redis.call('HSET', KEYS[1], 's', 'p', 'o', ARGV[2],
-  'n', string.format('%.0f', fence), 'l', until_us, 'a', attempts)
-redis.call('PEXPIRE', KEYS[1], 2 * lease_ms + 2000) -- idem.InProgressGrace
+  'n', string.format('%d', fence), 'l', until_us, 'a', string.format('%d', attempts))
+redis.call('PEXPIRE', KEYS[1], ARGV[6])
 if s == 'p' then
   return {2, fence, attempts, rec[3]}
 end

@@ -4,6 +4,7 @@
 -- ARGV[1]  owner token
 -- ARGV[2]  fence
 -- ARGV[3]  lease, ms
+-- ARGV[4]  time to live of the record, ms (two leases plus the grace)
 --
 -- Reply: 1 extended, 0 lease lost. Expiry alone does not lose a lease: an
 -- expired lease that nobody took over is extended.
@@ -14,6 +15,6 @@ end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local lease_ms = tonumber(ARGV[3])
-redis.call('HSET', KEYS[1], 'l', string.format('%.0f', now + lease_ms * 1000))
-redis.call('PEXPIRE', KEYS[1], 2 * lease_ms + 2000) -- idem.InProgressGrace
+redis.call('HSET', KEYS[1], 'l', string.format('%d', now + lease_ms * 1000))
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
 return 1

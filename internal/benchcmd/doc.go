@@ -1,0 +1,29 @@
+// Command benchcmd measures idem's stores and prints one table:
+//
+//   - lifecycles (acquire, run, complete on a new key) and replays (Do on a
+//     completed key) per second through Executor.Do, on memstore and on
+//     Redis through go-redis and rueidis, at concurrency 1 and 64, with a
+//     50-byte result;
+//   - the ceiling redis-benchmark reaches with the same scripts pipelined
+//     (-c 64 -P 16), and each client's ratio to it;
+//   - the Redis time per script call (usec_per_call in INFO commandstats),
+//     the CPU of the server's main thread and of this process per call;
+//   - the Redis memory per completed record, with a 2-byte fingerprint and
+//     with a 32-byte one as idemhttp makes;
+//   - Do on memstore under testing.Benchmark (ns/op, allocs/op).
+//
+// It ends with the project's performance targets, each marked PASS or MISS.
+// It is a report, not a test: it exits 0 whether the targets are met or
+// not, and non-zero only when it could not measure.
+//
+// It starts its own redis-server (without persistence, on a free loopback
+// port) and kills it when it ends, also on error or interrupt. It needs
+// redis-server and redis-benchmark on PATH. Progress goes to stderr, the
+// report to stdout.
+//
+//	go run ./internal/benchcmd [-duration 2s] [-runs 3] [-json]
+//
+// Every figure is the median of -runs runs; the runs are interleaved (run 1
+// of everything, then run 2, …) so that a burst of load from other processes
+// does not land on a single figure.
+package main

@@ -1,0 +1,593 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/memstore"
+	"github.com/idemgo/idem/redisstore"
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
+)
+
+// value is the operation's result in every measurement: 50 bytes, stored as
+// a 51-byte blob (a flags byte, then the value).
+var value = []byte(`{"id":"ch_001","amount":4200,"status":"succeeded"}`)
+
+// blobLen is the size of value's stored blob.
+var blobLen = len(value) + 1
+
+// Executor settings of every measurement, repeated in the ceiling's script
+// arguments.
+const (
+	lease     = 30 * time.Second
+	retention = 24 * time.Hour
+)
+
+// memoryRecords is how many records the memory measurement completes.
+const memoryRecords = 100_000
+
+// concurrencies are the numbers of goroutines calling Do at once.
+var concurrencies = []int{1, 64}
+
+type options struct {
+	duration time.Duration
+	warmup   time.Duration
+	runs     int
+	json     bool
+}
+
+func main() {
+	var o options
+	flag.DurationVar(&o.duration, "duration", 2*time.Second, "length of each throughput measurement")
+	flag.IntVar(&o.runs, "runs", 3, "number of runs; every figure is their median")
+	flag.BoolVar(&o.json, "json", false, "print the results as JSON instead of a table")
+	flag.Parse()
+	if o.duration <= 0 || o.runs < 1 {
+		fmt.Fprintln(os.Stderr, "benchcmd: -duration must be positive and -runs at least 1")
+		os.Exit(2)
+	}
+	o.warmup = min(o.duration/8, 250*time.Millisecond)
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-ctx.Done()
+		stop() // a second interrupt kills at once
+	}()
+	err := run(ctx, o)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "benchcmd:", err)
+		os.Exit(1)
+	}
+}
+
+// bench holds the clients, executors and samples of one invocation.
+type bench struct {
+	o     options
+	srv   *server
+	admin admin
+	gr    *redis.Client
+	ru    rueidis.Client
+	execs map[string]*idem.Executor // by client name
+	keyOf func(digest string) string
+
+	acquireSHA, completeSHA string
+	requests                map[string]int // redis-benchmark -n by phase
+	completeKeyspace        int
+
+	samples map[string][]float64
+}
+
+func (b *bench) add(name string, v float64) { b.samples[name] = append(b.samples[name], v) }
+
+func (b *bench) med(name string) float64 { return median(b.samples[name]) }
+
+// started is when the command started, for the progress lines.
+var started = time.Now()
+
+// progress reports on stderr what the command is measuring; stdout carries
+// only the report.
+func progress(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "benchcmd [%5.1fs]: "+format+"\n", append([]any{time.Since(started).Seconds()}, args...)...)
+}
+
+func run(ctx context.Context, o options) error {
+	for _, bin := range []string{"redis-server", "redis-benchmark"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			return fmt.Errorf("%s not found on PATH (apt-get install -y redis-server redis-tools): %w", bin, err)
+		}
+	}
+	srv, err := startServer(ctx)
+	if err != nil {
+		return err
+	}
+	defer srv.remove()
+	defer srv.stop()
+	b := &bench{o: o, srv: srv, samples: make(map[string][]float64), requests: make(map[string]int)}
+	if err := b.connect(); err != nil {
+		return err
+	}
+	defer b.close()
+
+	load0 := loadAverage()
+	if err := b.captureScripts(ctx); err != nil {
+		return err
+	}
+	if err := b.calibrate(ctx); err != nil {
+		return err
+	}
+	for r := range o.runs {
+		for _, name := range []string{"memstore", "go-redis", "rueidis"} {
+			for _, kind := range []string{"lifecycle", "replay"} {
+				for _, c := range concurrencies {
+					progress("run %d/%d: %s %s c=%d", r+1, o.runs, name, kind, c)
+					if err := b.measureStore(ctx, r, name, kind, c); err != nil {
+						return fmt.Errorf("%s %s c=%d: %w", name, kind, c, err)
+					}
+				}
+			}
+		}
+		progress("run %d/%d: redis-benchmark ceilings", r+1, o.runs)
+		if err := b.ceiling(ctx); err != nil {
+			return err
+		}
+		progress("run %d/%d: memstore Do under testing.Benchmark", r+1, o.runs)
+		b.memstoreDo()
+	}
+	var mem []memoryResult
+	for _, fp := range []string{"fp", httpFingerprint} {
+		progress("memory per completed record, %d-byte fingerprint", len(fp))
+		m, err := b.memory(ctx, fp)
+		if err != nil {
+			return err
+		}
+		mem = append(mem, m)
+	}
+	rep := b.report(mem)
+	rep.RedisVersion = b.admin.version(ctx)
+	rep.LoadBefore, rep.LoadAfter = load0, loadAverage()
+	rep.Elapsed = time.Since(started).Round(time.Second).String()
+	if o.json {
+		return rep.writeJSON(os.Stdout)
+	}
+	rep.writeText(os.Stdout)
+	return nil
+}
+
+func (b *bench) connect() error {
+	addr := b.srv.addr()
+	b.admin = admin{redis.NewClient(&redis.Options{Addr: addr, PoolSize: 2})}
+	// One connection per concurrent caller: go-redis does not pipeline
+	// concurrent calls, so a smaller pool would make callers queue.
+	b.gr = redis.NewClient(&redis.Options{Addr: addr, PoolSize: 64})
+	ru, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, DisableCache: true})
+	if err != nil {
+		return fmt.Errorf("rueidis: %w", err)
+	}
+	b.ru = ru
+	grs, err := redisstore.New(b.gr)
+	if err != nil {
+		return err
+	}
+	rus, err := redisstore.NewRueidis(b.ru)
+	if err != nil {
+		return err
+	}
+	b.keyOf = rus.Key
+	b.execs = map[string]*idem.Executor{}
+	for name, s := range map[string]idem.Store{"go-redis": grs, "rueidis": rus} {
+		e, err := newExecutor(s)
+		if err != nil {
+			return err
+		}
+		b.execs[name] = e
+	}
+	return nil
+}
+
+func (b *bench) close() {
+	b.ru.Close()
+	b.gr.Close()
+	b.admin.c.Close()
+}
+
+func newExecutor(s idem.Store) (*idem.Executor, error) {
+	return idem.New(s, idem.WithLease(lease), idem.WithRetention(retention))
+}
+
+func fn(context.Context) ([]byte, error) { return value, nil }
+
+// replayKey is the key every replay measurement repeats.
+var replayKey = idem.Key{Scope: "bench", ID: "replay"}
+
+// measureStore measures one row: kind "lifecycle" (Do on a new key each
+// call) or "replay" (Do on one completed key) at concurrency c. For Redis
+// it starts from an empty database and records the Redis CPU time per
+// script call.
+func (b *bench) measureStore(ctx context.Context, run int, name, kind string, c int) error {
+	var e *idem.Executor
+	redisRow := name != "memstore"
+	if redisRow {
+		e = b.execs[name]
+		if err := b.admin.flush(ctx); err != nil {
+			return err
+		}
+	} else {
+		// A fresh store per row, so that the records of one row (millions
+		// for memstore) are garbage before the next starts.
+		s, err := memstore.New()
+		if err != nil {
+			return err
+		}
+		if e, err = newExecutor(s); err != nil {
+			return err
+		}
+		runtime.GC()
+	}
+	var op func(ctx context.Context, w, i int) error
+	switch kind {
+	case "lifecycle":
+		prefix := fmt.Sprintf("r%d-c%d-", run, c)
+		bufs := make([][]byte, c)
+		op = func(ctx context.Context, w, i int) error {
+			buf := append(bufs[w][:0], prefix...)
+			buf = strconv.AppendInt(buf, int64(w), 10)
+			buf = append(buf, '-')
+			buf = strconv.AppendInt(buf, int64(i), 10)
+			bufs[w] = buf
+			r, err := e.Do(ctx, idem.Key{Scope: "bench", ID: string(buf)}, "fp", fn)
+			if err == nil && r.Replayed {
+				err = errors.New("a new key was replayed")
+			}
+			return err
+		}
+	case "replay":
+		if _, err := e.Do(ctx, replayKey, "fp", fn); err != nil {
+			return err
+		}
+		op = func(ctx context.Context, w, i int) error {
+			r, err := e.Do(ctx, replayKey, "fp", fn)
+			if err == nil && !r.Replayed {
+				err = errors.New("the completed key was not replayed")
+			}
+			return err
+		}
+	}
+	if redisRow {
+		if err := b.admin.resetStats(ctx); err != nil {
+			return err
+		}
+	}
+	cpu := func() (t cpuTimes, err error) {
+		t.client = processCPU()
+		if redisRow {
+			t.redis, err = b.admin.cpu(ctx)
+		}
+		return t, err
+	}
+	win, err := throughput(ctx, c, b.o.warmup, b.o.duration, op, cpu)
+	if err != nil {
+		return err
+	}
+	row := fmt.Sprintf("%s/%s/%d", name, kind, c)
+	b.add(row, win.ops)
+	b.add(row+"/client", 1e6*win.cpu.client/float64(win.n))
+	if redisRow {
+		st, err := b.admin.commandStats(ctx)
+		if err != nil {
+			return err
+		}
+		b.add(row+"/us", st["evalsha"].perCall())
+		b.add(row+"/cpu", 1e6*win.cpu.redis/float64(win.n))
+		b.add(row+"/busy", win.cpu.redis/win.wall.Seconds())
+	}
+	return nil
+}
+
+// captureScripts runs one acquire and one complete through a go-redis store
+// on an empty script cache and records the scripts it sends, so that the
+// ceiling runs exactly the store's scripts.
+func (b *bench) captureScripts(ctx context.Context) error {
+	hook := &scriptCapture{}
+	c := redis.NewClient(&redis.Options{Addr: b.srv.addr(), PoolSize: 1})
+	defer c.Close()
+	c.AddHook(hook)
+	s, err := redisstore.New(c)
+	if err != nil {
+		return err
+	}
+	if err := b.admin.c.ScriptFlush(ctx).Err(); err != nil {
+		return err
+	}
+	key := idem.Key{Scope: "bench", ID: "probe"}.Digest()
+	load := func(what string) (string, error) {
+		sha, src, ok := hook.take()
+		if !ok || sha == "" {
+			return "", fmt.Errorf("no EVALSHA seen for %s", what)
+		}
+		if src != "" {
+			loaded, err := b.admin.c.ScriptLoad(ctx, src).Result()
+			if err != nil {
+				return "", err
+			}
+			if loaded != sha {
+				return "", fmt.Errorf("SCRIPT LOAD of %s returned %s, the store sends %s", what, loaded, sha)
+			}
+		}
+		return sha, nil
+	}
+	a, err := s.Acquire(ctx, key, idem.AcquireRequest{Fingerprint: "fp", Owner: "probe", Lease: lease, Retention: retention})
+	if err != nil {
+		return err
+	}
+	if b.acquireSHA, err = load("acquire"); err != nil {
+		return err
+	}
+	if err := s.Complete(ctx, key, a.Lease, append([]byte{0}, value...), retention); err != nil {
+		return err
+	}
+	if b.completeSHA, err = load("complete"); err != nil {
+		return err
+	}
+	return nil
+}
+
+// acquireArgs returns the redis-benchmark command of an acquire on key,
+// with the arguments Executor.Do sends (lease 30s, retention 24h, no
+// attempt limit).
+func (b *bench) acquireArgs(key string) []string {
+	return []string{"EVALSHA", b.acquireSHA, "1", key, "fp", "owner",
+		strconv.FormatInt(lease.Milliseconds(), 10), strconv.FormatInt(retention.Milliseconds(), 10), "0"}
+}
+
+// ceilingResult is a 51-byte stand-in for the stored blob (redis-benchmark
+// cannot pass the blob's leading zero byte in argv).
+var ceilingResult = "0" + string(value)
+
+func (b *bench) completeArgs() []string {
+	return []string{"EVALSHA", b.completeSHA, "1", ceilingKey, "owner", "1", ceilingResult,
+		strconv.FormatInt(retention.Milliseconds(), 10), "PUBLISH", ceilingKey + ":w"}
+}
+
+// calibrate sizes the redis-benchmark runs (-n) so that each lasts about
+// -duration.
+func (b *bench) calibrate(ctx context.Context) error {
+	progress("calibrating redis-benchmark")
+	if err := b.admin.flush(ctx); err != nil {
+		return err
+	}
+	acq, err := benchmark(ctx, b.srv.addr(), minRequests, freshKeyspace, b.acquireArgs(ceilingKey)...)
+	if err != nil {
+		return err
+	}
+	b.requests["acquire"] = requestsFor(acq, b.o.duration)
+	// The complete ceiling draws n = R/10 keys from R preloaded records, so
+	// that most calls complete a record for the first time. Its rate is
+	// close to acquire's; R is capped because preloading it takes longer
+	// than the run itself.
+	n := requestsFor(acq, b.o.duration)
+	b.completeKeyspace = min(max(10*n, 200_000), 500_000)
+	b.requests["complete"] = b.completeKeyspace / 10
+	if err := b.setupReplay(ctx); err != nil {
+		return err
+	}
+	rep, err := benchmark(ctx, b.srv.addr(), minRequests, 0, b.acquireArgs(b.keyOf(replayKey.Digest()))...)
+	if err != nil {
+		return err
+	}
+	b.requests["replay"] = requestsFor(rep, b.o.duration)
+	return nil
+}
+
+// setupReplay empties the database and completes replayKey through the
+// rueidis store.
+func (b *bench) setupReplay(ctx context.Context) error {
+	if err := b.admin.flush(ctx); err != nil {
+		return err
+	}
+	_, err := b.execs["rueidis"].Do(ctx, replayKey, "fp", fn)
+	return err
+}
+
+// ceiling runs redis-benchmark with the store's scripts, each phase on its
+// own after CONFIG RESETSTAT so that cmdstat_evalsha holds that script only.
+func (b *bench) ceiling(ctx context.Context) error {
+	addr := b.srv.addr()
+	// phase returns the requests per second, the command stats and the
+	// server's CPU µs per request.
+	phase := func(name string, n, keyspace int, args []string) (rps float64, st map[string]cmdstat, cpu float64, err error) {
+		if err := b.admin.resetStats(ctx); err != nil {
+			return 0, nil, 0, err
+		}
+		c0, err := b.admin.cpu(ctx)
+		if err != nil {
+			return 0, nil, 0, err
+		}
+		if rps, err = benchmark(ctx, addr, n, keyspace, args...); err != nil {
+			return 0, nil, 0, err
+		}
+		c1, err := b.admin.cpu(ctx)
+		if err != nil {
+			return 0, nil, 0, err
+		}
+		if st, err = b.admin.commandStats(ctx); err != nil {
+			return 0, nil, 0, err
+		}
+		cpu = 1e6 * (c1 - c0) / float64(n)
+		b.add("ceiling/"+name, rps)
+		b.add("ceiling/"+name+"/us", st["evalsha"].perCall())
+		b.add("ceiling/"+name+"/cpu", cpu)
+		// redis-benchmark's rate covers its requests only, not its
+		// start and end: the busy share is the CPU over n/rps.
+		b.add("ceiling/"+name+"/busy", (c1-c0)/(float64(n)/rps))
+		return rps, st, cpu, nil
+	}
+
+	// Acquire: a new key every call.
+	if err := b.admin.flush(ctx); err != nil {
+		return err
+	}
+	acq, acqSt, acqCPU, err := phase("acquire", b.requests["acquire"], freshKeyspace, b.acquireArgs(ceilingKey))
+	if err != nil {
+		return err
+	}
+	if ev := acqSt["evalsha"].calls; ev > 0 {
+		b.add("ceiling/acquire/new", acqSt["hset"].calls/ev)
+	}
+
+	// Complete: records IN_PROGRESS for owner "owner", fence 1.
+	if err := b.admin.flush(ctx); err != nil {
+		return err
+	}
+	progress("preloading %d IN_PROGRESS records for the complete ceiling", b.completeKeyspace)
+	if err := preload(ctx, b.ru, b.completeKeyspace); err != nil {
+		return err
+	}
+	cmp, cmpSt, cmpCPU, err := phase("complete", b.requests["complete"], b.completeKeyspace, b.completeArgs())
+	if err != nil {
+		return err
+	}
+	// Only a first completion deletes fields (HDEL); a repeated key is
+	// answered from the HMGET alone.
+	if ev := cmpSt["evalsha"].calls; ev > 0 {
+		b.add("ceiling/complete/first", cmpSt["hdel"].calls/ev)
+	}
+	// A lifecycle is one acquire and one complete.
+	b.add("ceiling/lifecycle", 1/(1/acq+1/cmp))
+	b.add("ceiling/lifecycle/us", (acqSt["evalsha"].perCall()+cmpSt["evalsha"].perCall())/2)
+	b.add("ceiling/lifecycle/cpu", acqCPU+cmpCPU)
+
+	// Replay: the acquire script on one completed key.
+	if err := b.setupReplay(ctx); err != nil {
+		return err
+	}
+	_, _, _, err = phase("replay", b.requests["replay"], 0, b.acquireArgs(b.keyOf(replayKey.Digest())))
+	return err
+}
+
+// memstoreDo runs Do on memstore under testing.Benchmark, as the root
+// package's BenchmarkDo does (with the store sized for the run).
+func (b *bench) memstoreDo() {
+	r := testing.Benchmark(func(tb *testing.B) {
+		s, _ := memstore.New(memstore.WithCapacity(tb.N))
+		e, _ := newExecutor(s)
+		keys := make([]idem.Key, tb.N)
+		for i := range keys {
+			keys[i] = idem.Key{Scope: "bench", ID: "order-" + strconv.Itoa(i)}
+		}
+		ctx := context.Background()
+		tb.ReportAllocs()
+		tb.ResetTimer()
+		for i := range tb.N {
+			if _, err := e.Do(ctx, keys[i], "fp", fn); err != nil {
+				tb.Fatal(err)
+			}
+		}
+	})
+	b.add("memstore/do/ns", float64(r.NsPerOp()))
+	b.add("memstore/do/allocs", float64(r.AllocsPerOp()))
+	b.add("memstore/do/bytes", float64(r.AllocedBytesPerOp()))
+}
+
+// httpFingerprint stands for the fingerprints idemhttp makes: a raw
+// 32-byte SHA-256 digest.
+var httpFingerprint = string(make([]byte, 32))
+
+// memoryResult is the Redis memory per completed record.
+type memoryResult struct {
+	Fingerprint int     `json:"fingerprint_bytes"`
+	PerRecord   float64 `json:"bytes_per_record"`
+	BeyondBlob  float64 `json:"bytes_beyond_result"`
+	BlobLen     int     `json:"result_blob_bytes"`
+	MemoryUsage int64   `json:"memory_usage_one_record"`
+	Records     int     `json:"records"`
+}
+
+// memory completes memoryRecords records with fingerprint fp through the
+// rueidis store on an empty database and divides the growth of used_memory
+// among them.
+func (b *bench) memory(ctx context.Context, fp string) (memoryResult, error) {
+	if err := b.admin.flush(ctx); err != nil {
+		return memoryResult{}, err
+	}
+	e := b.execs["rueidis"]
+	m0, err := b.admin.usedMemory(ctx)
+	if err != nil {
+		return memoryResult{}, err
+	}
+	key := func(i int) idem.Key { return idem.Key{Scope: "bench", ID: "mem-" + strconv.Itoa(i)} }
+	if err := forEach(ctx, 64, memoryRecords, func(ctx context.Context, i int) error {
+		_, err := e.Do(ctx, key(i), fp, fn)
+		return err
+	}); err != nil {
+		return memoryResult{}, err
+	}
+	m1, err := b.admin.usedMemory(ctx)
+	if err != nil {
+		return memoryResult{}, err
+	}
+	usage, err := b.admin.c.MemoryUsage(ctx, b.keyOf(key(0).Digest()), 0).Result()
+	if err != nil {
+		return memoryResult{}, err
+	}
+	per := float64(m1-m0) / memoryRecords
+	return memoryResult{
+		Fingerprint: len(fp),
+		PerRecord:   per,
+		BeyondBlob:  per - float64(blobLen),
+		BlobLen:     blobLen,
+		MemoryUsage: usage,
+		Records:     memoryRecords,
+	}, nil
+}
+
+// forEach calls op for i in [0, n) on conc goroutines.
+func forEach(ctx context.Context, conc, n int, op func(ctx context.Context, i int) error) error {
+	per := (n + conc - 1) / conc
+	errs := make(chan error, conc)
+	for w := range conc {
+		go func() {
+			for i := w * per; i < min((w+1)*per, n); i++ {
+				if err := op(ctx, i); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	var first error
+	for range conc {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// loadAverage returns the 1-minute load average, or "" where /proc is
+// missing.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return ""
+	}
+	return f[0]
+}

@@ -1,0 +1,159 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// admin wraps the client used for INFO, CONFIG RESETSTAT and FLUSHALL.
+type admin struct{ c *redis.Client }
+
+func (a admin) flush(ctx context.Context) error { return a.c.FlushAll(ctx).Err() }
+
+func (a admin) resetStats(ctx context.Context) error { return a.c.ConfigResetStat(ctx).Err() }
+
+// cmdstat is one line of INFO commandstats.
+type cmdstat struct {
+	calls, usec float64
+}
+
+func (s cmdstat) perCall() float64 {
+	if s.calls == 0 {
+		return 0
+	}
+	return s.usec / s.calls
+}
+
+// commandStats returns INFO commandstats by command name ("evalsha",
+// "hdel", …).
+func (a admin) commandStats(ctx context.Context) (map[string]cmdstat, error) {
+	info, err := a.c.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]cmdstat)
+	for line := range strings.Lines(info) {
+		name, fields, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		var st cmdstat
+		for f := range strings.SplitSeq(fields, ",") {
+			k, v, _ := strings.Cut(f, "=")
+			n, _ := strconv.ParseFloat(v, 64)
+			switch k {
+			case "calls":
+				st.calls = n
+			case "usec":
+				st.usec = n
+			}
+		}
+		out[strings.TrimPrefix(name, "cmdstat_")] = st
+	}
+	return out, nil
+}
+
+// usedMemory returns INFO memory's used_memory.
+func (a admin) usedMemory(ctx context.Context) (int64, error) {
+	info, err := a.c.Info(ctx, "memory").Result()
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.Lines(info) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "used_memory:"); ok {
+			return strconv.ParseInt(v, 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("no used_memory in INFO memory")
+}
+
+// cpu returns the CPU time, in seconds, of the server's main thread, the
+// one that runs commands and scripts (INFO cpu; the whole process where
+// the server does not report its main thread).
+func (a admin) cpu(ctx context.Context) (float64, error) {
+	info, err := a.c.Info(ctx, "cpu").Result()
+	if err != nil {
+		return 0, err
+	}
+	fields := map[string]float64{}
+	for line := range strings.Lines(info) {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok {
+			continue
+		}
+		if n, err := strconv.ParseFloat(v, 64); err == nil {
+			fields[k] = n
+		}
+	}
+	if u, ok := fields["used_cpu_user_main_thread"]; ok {
+		return u + fields["used_cpu_sys_main_thread"], nil
+	}
+	u, ok := fields["used_cpu_user"]
+	if !ok {
+		return 0, fmt.Errorf("no used_cpu_user in INFO cpu")
+	}
+	return u + fields["used_cpu_sys"], nil
+}
+
+// version returns the server's redis_version.
+func (a admin) version(ctx context.Context) string {
+	info, err := a.c.Info(ctx, "server").Result()
+	if err != nil {
+		return "?"
+	}
+	for line := range strings.Lines(info) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
+			return v
+		}
+	}
+	return "?"
+}
+
+// scriptCapture is a go-redis hook that records the EVALSHA digests and
+// EVAL sources the store sends, so that redis-benchmark runs exactly the
+// store's scripts without this command reading their files.
+type scriptCapture struct {
+	mu   sync.Mutex
+	sha  string // of the last EVALSHA
+	src  string // of the last EVAL
+	seen bool
+}
+
+func (h *scriptCapture) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *scriptCapture) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (h *scriptCapture) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		args := cmd.Args()
+		if len(args) > 1 {
+			h.mu.Lock()
+			switch strings.ToLower(cmd.Name()) {
+			case "evalsha":
+				h.sha, _ = args[1].(string)
+				h.seen = true
+			case "eval":
+				h.src, _ = args[1].(string)
+				h.seen = true
+			}
+			h.mu.Unlock()
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// take returns what was captured since the last take and forgets it.
+func (h *scriptCapture) take() (sha, src string, ok bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	sha, src, ok = h.sha, h.src, h.seen
+	h.sha, h.src, h.seen = "", "", false
+	return sha, src, ok
+}

@@ -1,0 +1,138 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// server is the throwaway redis-server the command measures against.
+type server struct {
+	cmd  *exec.Cmd
+	port int
+	dir  string
+	done chan struct{} // closed once the process has exited
+}
+
+// startServer starts redis-server on a free loopback port, without
+// persistence, and waits until it answers PING. If another process takes
+// the port first, it tries another one.
+func startServer(ctx context.Context) (*server, error) {
+	dir, err := os.MkdirTemp("", "idem-bench-")
+	if err != nil {
+		return nil, err
+	}
+	var lastErr error
+	for range 5 {
+		port, err := freePort()
+		if err != nil {
+			os.RemoveAll(dir)
+			return nil, err
+		}
+		s := &server{port: port, dir: dir, done: make(chan struct{})}
+		err = s.launch(ctx)
+		if err == nil {
+			return s, nil
+		}
+		lastErr = err
+		if !strings.Contains(err.Error(), "Address already in use") {
+			break
+		}
+	}
+	os.RemoveAll(dir)
+	return nil, lastErr
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("find a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func (s *server) launch(ctx context.Context) error {
+	logPath := filepath.Join(s.dir, "redis.log")
+	s.cmd = exec.Command("redis-server",
+		"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no",
+		"--dir", s.dir, "--logfile", logPath)
+	s.cmd.SysProcAttr = sysProcAttr()
+	if err := s.cmd.Start(); err != nil {
+		return fmt.Errorf("start redis-server: %w", err)
+	}
+	go func() {
+		s.cmd.Wait()
+		close(s.done)
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if err := ping(s.addr()); err == nil {
+			return nil
+		}
+		select {
+		case <-s.done:
+			log, _ := os.ReadFile(logPath)
+			return fmt.Errorf("redis-server exited at start: %s", tail(log, 10))
+		case <-ctx.Done():
+			s.stop()
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			s.stop()
+			return errors.New("redis-server did not answer PING within 10s")
+		}
+	}
+}
+
+func (s *server) addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
+
+// stop kills the server by its PID, waits for it to exit and removes its
+// directory.
+func (s *server) stop() {
+	if s.cmd != nil && s.cmd.Process != nil {
+		s.cmd.Process.Kill()
+		<-s.done
+	}
+}
+
+func (s *server) remove() { os.RemoveAll(s.dir) }
+
+func ping(addr string) error {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := c.Write([]byte("PING\r\n")); err != nil {
+		return err
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return err
+	}
+	if line != "+PONG\r\n" {
+		return fmt.Errorf("PING answered %q", line)
+	}
+	return nil
+}
+
+func tail(b []byte, n int) string {
+	lines := bytes.Split(bytes.TrimSpace(b), []byte("\n"))
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return string(bytes.Join(lines, []byte("\n")))
+}

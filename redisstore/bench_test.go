@@ -1,0 +1,172 @@
+package redisstore_test
+
+import (
+	"context"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/redistest"
+	"github.com/idemgo/idem/redisstore"
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
+)
+
+// benchResult is the operation's result in the benchmarks: 50 bytes, as in
+// internal/benchcmd.
+var benchResult = []byte(`{"id":"ch_001","amount":4200,"status":"succeeded"}`)
+
+func benchFn(context.Context) ([]byte, error) { return benchResult, nil }
+
+// benchConcurrency is the number of concurrent callers of the parallel
+// sub-benchmarks.
+const benchConcurrency = 64
+
+// benchExecutor is an Executor on one client library.
+type benchExecutor struct {
+	name string
+	e    *idem.Executor
+}
+
+// benchExecutors starts a redis-server for the benchmark and returns an
+// Executor on it through each client library.
+func benchExecutors(b *testing.B) (*redistest.Server, []benchExecutor) {
+	srv := redistest.Start(b)
+	gr := redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: benchConcurrency})
+	b.Cleanup(func() { gr.Close() })
+	ru, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(ru.Close)
+	grs, err := redisstore.New(gr)
+	if err != nil {
+		b.Fatal(err)
+	}
+	rus, err := redisstore.NewRueidis(ru)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var out []benchExecutor
+	for _, s := range []struct {
+		name  string
+		store idem.Store
+	}{{"go-redis", grs}, {"rueidis", rus}} {
+		e, err := idem.New(s.store)
+		if err != nil {
+			b.Fatal(err)
+		}
+		out = append(out, benchExecutor{s.name, e})
+	}
+	return srv, out
+}
+
+// benchSeq numbers the keys of the lifecycle benchmarks, so that every call
+// of every run gets a new key.
+var benchSeq atomic.Uint64
+
+func newBenchKey() idem.Key {
+	return idem.Key{Scope: "bench", ID: strconv.FormatUint(benchSeq.Add(1), 36)}
+}
+
+// runConcurrent runs op b.N times, on one goroutine for c=1 and on
+// benchConcurrency goroutines (b.RunParallel) for c=64, and reports the
+// Redis CPU time per script call.
+func runConcurrent(b *testing.B, srv *redistest.Server, op func(ctx context.Context) error) {
+	for _, c := range []int{1, benchConcurrency} {
+		b.Run("c="+strconv.Itoa(c), func(b *testing.B) {
+			ctx := context.Background()
+			resetStats(b, srv)
+			b.ReportAllocs()
+			b.ResetTimer()
+			if c == 1 {
+				for b.Loop() {
+					if err := op(ctx); err != nil {
+						b.Fatal(err)
+					}
+				}
+			} else {
+				// RunParallel starts parallelism × GOMAXPROCS goroutines.
+				procs := runtime.GOMAXPROCS(0)
+				b.SetParallelism((c + procs - 1) / procs)
+				b.RunParallel(func(pb *testing.PB) {
+					for pb.Next() {
+						if err := op(ctx); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
+			}
+			b.StopTimer()
+			b.ReportMetric(evalshaUsecPerCall(b, srv), "redis-µs/call")
+		})
+	}
+}
+
+// BenchmarkLifecycle measures Executor.Do on a new key: acquire, run,
+// complete.
+func BenchmarkLifecycle(b *testing.B) {
+	srv, execs := benchExecutors(b)
+	for _, x := range execs {
+		b.Run(x.name, func(b *testing.B) {
+			runConcurrent(b, srv, func(ctx context.Context) error {
+				_, err := x.e.Do(ctx, newBenchKey(), "fp", benchFn)
+				return err
+			})
+		})
+	}
+}
+
+// BenchmarkReplay measures Executor.Do on a completed key.
+func BenchmarkReplay(b *testing.B) {
+	srv, execs := benchExecutors(b)
+	for _, x := range execs {
+		key := idem.Key{Scope: "bench", ID: "replay-" + x.name}
+		if _, err := x.e.Do(context.Background(), key, "fp", benchFn); err != nil {
+			b.Fatal(err)
+		}
+		b.Run(x.name, func(b *testing.B) {
+			runConcurrent(b, srv, func(ctx context.Context) error {
+				r, err := x.e.Do(ctx, key, "fp", benchFn)
+				if err == nil && !r.Replayed {
+					b.Error("the completed key was not replayed")
+				}
+				return err
+			})
+		})
+	}
+}
+
+func resetStats(b *testing.B, srv *redistest.Server) {
+	b.Helper()
+	if _, err := srv.Command("CONFIG", "RESETSTAT"); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// evalshaUsecPerCall returns usec_per_call of EVALSHA from INFO
+// commandstats.
+func evalshaUsecPerCall(b *testing.B, srv *redistest.Server) float64 {
+	b.Helper()
+	info, err := srv.Command("INFO", "commandstats")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for line := range strings.Lines(info) {
+		fields, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_evalsha:")
+		if !ok {
+			continue
+		}
+		for f := range strings.SplitSeq(fields, ",") {
+			if v, ok := strings.CutPrefix(f, "usec_per_call="); ok {
+				n, _ := strconv.ParseFloat(v, 64)
+				return n
+			}
+		}
+	}
+	return 0
+}
