@@ -1,0 +1,357 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemhttp"
+)
+
+// adminFlags are the flags of get, ls and rm: the store, and what the proxy
+// used to compute a key's digest.
+type adminFlags struct {
+	store       storeFlags
+	method      string
+	path        string
+	principal   string
+	scopeHeader string
+	digest      string
+	maxResponse int64
+	fs          *flagSet
+}
+
+const adminScopeDoc = `
+
+KEY is the Idempotency-Key value a client sent. The record's address also
+depends on the request's method (--method) and path (--path), and, when the
+proxy runs with --scope-header, on that header's value (--principal): give
+the same values as the request. Or address a record by its digest, as logged
+by the proxy and printed by ls, with --digest.
+
+The store flags are the proxy's. The embedded store can only be opened while
+no proxy uses it; Redis can be inspected while proxies run.`
+
+func (a *adminFlags) register(fs *flagSet, scope bool) {
+	a.fs = fs
+	a.store.register(fs)
+	a.maxResponse = idem.DefaultMaxResultSize
+	if scope {
+		fs.String(&a.method, "method", "METHOD", "POST", "method of the request")
+		fs.String(&a.path, "path", "PATH", "/", "URL path of the request, e.g. /payments (without the query)")
+		fs.String(&a.principal, "principal", "VALUE", "", "value of the proxy's --scope-header in the request")
+		fs.String(&a.scopeHeader, "scope-header", "NAME", "", "the proxy's --scope-header; when set, keys are scoped by --principal (even empty)")
+		fs.String(&a.digest, "digest", "DIGEST", "", "address the record by its digest instead of KEY and the scope flags")
+	}
+	fs.Var(sizeValue{&a.maxResponse}, "max-response", "SIZE", "the proxy's --max-response, to decode stored responses")
+}
+
+// storeKey returns the store key (digest) that args and the flags address.
+func (a *adminFlags) storeKey(cmd string, args []string) (string, error) {
+	if a.digest != "" {
+		if len(args) > 0 {
+			return "", usagef("%s: give KEY or --digest, not both", cmd)
+		}
+		if err := idem.ValidateStoreKey(a.digest); err != nil {
+			return "", usagef("%s: invalid --digest: %v", cmd, err)
+		}
+		return a.digest, nil
+	}
+	switch len(args) {
+	case 0:
+		return "", usagef("%s: missing KEY (the Idempotency-Key value), or give --digest", cmd)
+	case 1:
+	default:
+		return "", usagef("%s: one KEY at a time; got %d arguments", cmd, len(args))
+	}
+	id, err := idemhttp.ParseKey(args[0])
+	if err != nil {
+		return "", usagef("%s: %v", cmd, err)
+	}
+	method := strings.ToUpper(a.method)
+	if !strings.HasPrefix(a.path, "/") {
+		return "", usagef("%s: --path %q must start with /", cmd, a.path)
+	}
+	if a.scopeHeader != "" || a.fs.isSet("principal") {
+		return idemhttp.PrincipalPathKey(method, a.path, a.principal, id).Digest(), nil
+	}
+	return idemhttp.PathKey(method, a.path, id).Digest(), nil
+}
+
+func (a *adminFlags) open(ctx context.Context) (*openedStore, *idem.Executor, error) {
+	if err := a.store.validate(); err != nil {
+		return nil, nil, err
+	}
+	if a.maxResponse > 1<<30 {
+		return nil, nil, usagef("--max-response %s is over the limit of 1GiB", formatSize(a.maxResponse))
+	}
+	st, err := a.store.open(ctx, false)
+	if err != nil {
+		return nil, nil, err
+	}
+	// The executor only decodes results; it never runs anything.
+	exec, err := idem.New(st.store, idem.WithMaxResultSize(int(a.maxResponse)))
+	if err != nil {
+		st.close()
+		return nil, nil, err
+	}
+	return st, exec, nil
+}
+
+// stored describes a record's stored result: for a COMPLETED record the
+// response's status and body size, for a FAILED one its failure.
+type stored struct {
+	status  int
+	resp    *idemhttp.StoredResponse
+	failure string
+	err     error
+}
+
+func decodeStored(exec *idem.Executor, key string, rec idem.Record) stored {
+	if len(rec.Result) == 0 {
+		return stored{}
+	}
+	v, err := exec.DecodeResult(key, rec.Result)
+	if err != nil {
+		return stored{err: err}
+	}
+	if rec.State == idem.StateFailed {
+		return stored{failure: string(v)}
+	}
+	resp, err := idemhttp.DecodeStoredResponse(v)
+	if err != nil {
+		return stored{err: err}
+	}
+	return stored{status: resp.Status, resp: &resp}
+}
+
+// age renders a duration for people: 1h2m3s, 4.5s, 120ms.
+func age(d time.Duration) string {
+	switch {
+	case d <= 0:
+		return "0s"
+	case d >= time.Minute:
+		return d.Round(time.Second).String()
+	case d >= time.Second:
+		return d.Round(100 * time.Millisecond).String()
+	}
+	return d.Round(time.Millisecond).String()
+}
+
+func getCommand() *command {
+	return &command{
+		name:    "get",
+		args:    "KEY [flags]",
+		summary: "show the record of an idempotency key",
+		doc: `
+Shows the record of KEY: its state, fence, attempts, the lease left on an
+in-progress record, when it expires, and the stored response's status and
+size. The body is shown only with --show-body.` + adminScopeDoc,
+		flags: func(fs *flagSet) func(context.Context, *env, []string) error {
+			var a adminFlags
+			var showBody bool
+			a.register(fs, true)
+			fs.Bool(&showBody, "show-body", false, "also print the stored response's header fields and body")
+			return func(ctx context.Context, e *env, args []string) error {
+				key, err := a.storeKey("get", args)
+				if err != nil {
+					return err
+				}
+				st, exec, err := a.open(ctx)
+				if err != nil {
+					return err
+				}
+				defer st.close()
+				rec, err := st.store.Get(ctx, key)
+				if errors.Is(err, idem.ErrNotFound) {
+					return fmt.Errorf("no record for digest %s in the %s", key, st.describe)
+				}
+				if err != nil {
+					return fmt.Errorf("reading %s: %v", key, err)
+				}
+				return printRecord(e.stdout, st, exec, key, rec, showBody)
+			}
+		},
+	}
+}
+
+func printRecord(w io.Writer, st *openedStore, exec *idem.Executor, key string, rec idem.Record, showBody bool) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	line := func(k, format string, args ...any) { fmt.Fprintf(tw, "%s\t%s\n", k, fmt.Sprintf(format, args...)) }
+	line("digest", "%s", key)
+	if st.redisKey != nil {
+		line("redis key", "%s", st.redisKey(key))
+	}
+	line("state", "%s", rec.State)
+	line("fence", "%d", rec.Fence)
+	line("attempts", "%d", rec.Attempts)
+	if !rec.Created.IsZero() {
+		line("created", "%s (%s ago)", rec.Created.UTC().Format(time.RFC3339), age(rec.Now.Sub(rec.Created)))
+	}
+	if rec.State == idem.StateInProgress {
+		if left := rec.LeaseUntil.Sub(rec.Now); left > 0 {
+			line("lease left", "%s", age(left))
+		} else {
+			line("lease left", "none: expired %s ago; the next request takes the key over", age(-left))
+		}
+	}
+	if !rec.ExpiresAt.IsZero() {
+		line("expires in", "%s", age(rec.ExpiresAt.Sub(rec.Now)))
+	}
+	s := decodeStored(exec, key, rec)
+	switch {
+	case s.err != nil:
+		line("stored", "%d bytes, cannot be decoded: %v", len(rec.Result), s.err)
+	case s.resp != nil:
+		line("status", "%d", s.status)
+		line("stored", "%d bytes (response body %d bytes)", len(rec.Result), len(s.resp.Body))
+	case s.failure != "":
+		line("failure", "%s", s.failure)
+	case rec.State == idem.StateFailed:
+		line("failure", "attempts exhausted")
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if showBody && s.resp != nil {
+		fmt.Fprintf(w, "\nHTTP %d %s\n", s.status, http.StatusText(s.status))
+		names := make([]string, 0, len(s.resp.Header))
+		for k := range s.resp.Header {
+			names = append(names, k)
+		}
+		slices.Sort(names)
+		for _, k := range names {
+			for _, v := range s.resp.Header[k] {
+				fmt.Fprintf(w, "%s: %s\n", k, v)
+			}
+		}
+		fmt.Fprintln(w)
+		w.Write(s.resp.Body)
+		if n := len(s.resp.Body); n > 0 && s.resp.Body[n-1] != '\n' {
+			fmt.Fprintln(w)
+		}
+	}
+	return nil
+}
+
+func lsCommand() *command {
+	return &command{
+		name:    "ls",
+		args:    "[flags]",
+		summary: "list records",
+		doc: `
+Lists up to --limit records: digest, state, fence, attempts, age, time to
+expiry, and the stored status and size. On Redis it walks the keys with SCAN
+(never KEYS), on every primary of a Cluster, in no particular order; the
+embedded store lists in digest order. Use a digest with get --digest or
+rm --digest.
+
+The store flags are the proxy's. The embedded store can only be opened while
+no proxy uses it; Redis can be listed while proxies run.`,
+		flags: func(fs *flagSet) func(context.Context, *env, []string) error {
+			var a adminFlags
+			limit := 100
+			a.register(fs, false)
+			fs.Int(&limit, "limit", "N", 100, "list at most N records")
+			return func(ctx context.Context, e *env, args []string) error {
+				if len(args) > 0 {
+					return usagef("ls: unexpected argument %q", args[0])
+				}
+				if limit <= 0 {
+					return usagef("ls: --limit must be positive")
+				}
+				st, exec, err := a.open(ctx)
+				if err != nil {
+					return err
+				}
+				defer st.close()
+				entries, err := st.list(ctx, limit)
+				if err != nil {
+					return fmt.Errorf("listing the %s: %v", st.describe, err)
+				}
+				tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+				fmt.Fprintln(tw, "DIGEST\tSTATE\tFENCE\tATTEMPTS\tAGE\tEXPIRES IN\tSTATUS\tSIZE")
+				for _, en := range entries {
+					rec := en.record
+					status, size := "-", "-"
+					s := decodeStored(exec, en.key, rec)
+					switch {
+					case s.err != nil:
+						status = "corrupt"
+					case s.resp != nil:
+						status = strconv.Itoa(s.status)
+					case rec.State == idem.StateFailed:
+						status = "failed"
+					}
+					if len(rec.Result) > 0 {
+						size = strconv.Itoa(len(rec.Result))
+					}
+					created, expires := "-", "-"
+					if !rec.Created.IsZero() { // a store may drop it once the record completed
+						created = age(rec.Now.Sub(rec.Created))
+					}
+					if !rec.ExpiresAt.IsZero() {
+						expires = age(rec.ExpiresAt.Sub(rec.Now))
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\n", en.key, rec.State, rec.Fence, rec.Attempts,
+						created, expires, status, size)
+				}
+				if err := tw.Flush(); err != nil {
+					return err
+				}
+				if len(entries) == limit {
+					fmt.Fprintf(e.stderr, "(showing the first %d records; raise --limit for more)\n", limit)
+				}
+				return nil
+			}
+		},
+	}
+}
+
+func rmCommand() *command {
+	return &command{
+		name:    "rm",
+		args:    "KEY [flags]",
+		summary: "delete the record of an idempotency key",
+		doc: `
+Deletes the record of KEY whatever its state, so that the next request with
+the key runs again. A request still running with the key can no longer store
+its response. Use it to repair a key stuck in progress or FAILED.` + adminScopeDoc,
+		flags: func(fs *flagSet) func(context.Context, *env, []string) error {
+			var a adminFlags
+			a.register(fs, true)
+			return func(ctx context.Context, e *env, args []string) error {
+				key, err := a.storeKey("rm", args)
+				if err != nil {
+					return err
+				}
+				st, _, err := a.open(ctx)
+				if err != nil {
+					return err
+				}
+				defer st.close()
+				rec, err := st.store.Get(ctx, key)
+				if errors.Is(err, idem.ErrNotFound) {
+					fmt.Fprintf(e.stdout, "no record for digest %s; nothing to delete\n", key)
+					return nil
+				}
+				if err != nil {
+					return fmt.Errorf("reading %s: %v", key, err)
+				}
+				if err := st.store.Delete(ctx, key); err != nil {
+					return fmt.Errorf("deleting %s: %v", key, err)
+				}
+				fmt.Fprintf(e.stdout, "deleted %s (was %s, fence %d)\n", key, rec.State, rec.Fence)
+				return nil
+			}
+		},
+	}
+}

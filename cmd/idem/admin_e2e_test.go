@@ -1,0 +1,197 @@
+package main
+
+import (
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/idemgo/idem/internal/redistest"
+)
+
+// TestAdmin runs get, ls and rm against both stores, for a proxy that
+// scopes keys by a header. The embedded store is inspected while no proxy
+// runs (it is locked while one does); Redis while the proxy runs.
+func TestAdmin(t *testing.T) {
+	forEachStore(t, func(t *testing.T, sk storeKind) {
+		storeArgs := sk.args(t)
+		up := newUpstream(t)
+		p := startProxy(t, up.url(), storeArgs, "--scope-header", "X-Tenant")
+		if res := post(t, p.url("/payments"), "adm", "pay 1", "X-Tenant", "acme"); res.status != 201 {
+			t.Fatalf("POST: got %d", res.status)
+		}
+		post(t, p.url("/payments"), "other", "pay 2", "X-Tenant", "acme")
+		if sk.name == "embedded" {
+			code, _, stderr := runIdem(t, append([]string{"get", "adm", "--path", "/payments", "--principal", "acme"}, storeArgs...)...)
+			if code != 1 || !strings.Contains(stderr, "in use by another process") {
+				t.Errorf("get while the proxy runs: got %d %q, want 1 and a message that the store is in use", code, stderr)
+			}
+			p.terminate()
+			p.wait()
+		}
+		admin := func(args ...string) (int, string, string) {
+			t.Helper()
+			return runIdem(t, append(args, storeArgs...)...)
+		}
+		scope := []string{"--path", "/payments", "--principal", "acme"}
+
+		code, out, stderr := admin(append([]string{"get", "adm"}, scope...)...)
+		if code != 0 {
+			t.Fatalf("get: exit %d: %s", code, stderr)
+		}
+		for _, want := range []string{"state       COMPLETED", "attempts    1", "status      201", "response body 25 bytes"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("get: got\n%s\nwant it to contain %q", out, want)
+			}
+		}
+		if !regexp.MustCompile(`expires in  (23h59m|24h0m0s)`).MatchString(out) {
+			t.Errorf("get: got\n%s\nwant it to expire in about 24h", out)
+		}
+		if strings.Contains(out, "pay 1") {
+			t.Errorf("get: got\n%s\nwant no body without --show-body", out)
+		}
+		digest := regexp.MustCompile(`digest\s+(\S+)`).FindStringSubmatch(out)
+		if digest == nil {
+			t.Fatalf("get: no digest in\n%s", out)
+		}
+		if sk.name == "redis" && !strings.Contains(out, "redis key   idem:{"+digest[1]+"}") {
+			t.Errorf("get: got\n%s\nwant the Redis key", out)
+		}
+
+		_, out, _ = admin(append([]string{"get", "adm", "--show-body"}, scope...)...)
+		if !strings.Contains(out, "HTTP 201 Created") || !strings.Contains(out, "X-Upstream: yes") || !strings.Contains(out, "execution 1 of adm: pay 1") {
+			t.Errorf("get --show-body: got\n%s\nwant the status line, fields and body", out)
+		}
+		// The same key in another scope has no record.
+		for _, args := range [][]string{
+			{"get", "adm", "--path", "/payments"},
+			{"get", "adm", "--path", "/payments", "--principal", "other"},
+			{"get", "adm", "--path", "/orders", "--principal", "acme"},
+			{"get", "adm", "--path", "/payments", "--principal", "acme", "--method", "PATCH"},
+		} {
+			if code, _, stderr := admin(args...); code != 1 || !strings.Contains(stderr, "no record") {
+				t.Errorf("%q: got %d %q, want 1 and no record", args, code, stderr)
+			}
+		}
+
+		code, out, _ = admin("ls")
+		if code != 0 || !strings.Contains(out, digest[1]) || strings.Count(out, "COMPLETED") != 2 || !strings.HasPrefix(out, "DIGEST") {
+			t.Errorf("ls: got %d\n%s\nwant a header and the 2 records", code, out)
+		}
+		if code, out, _ := admin("ls", "--limit", "1"); code != 0 || strings.Count(out, "COMPLETED") != 1 {
+			t.Errorf("ls --limit 1: got %d\n%s\nwant 1 record", code, out)
+		}
+		if code, out, _ := admin("get", "--digest", digest[1]); code != 0 || !strings.Contains(out, "COMPLETED") {
+			t.Errorf("get --digest: got %d\n%s", code, out)
+		}
+
+		code, out, stderr = admin(append([]string{"rm", "adm", "--scope-header", "X-Tenant"}, scope...)...)
+		if code != 0 || !strings.Contains(out, "deleted "+digest[1]+" (was COMPLETED") {
+			t.Errorf("rm: got %d %q %q, want the record deleted", code, out, stderr)
+		}
+		if code, _, _ := admin(append([]string{"get", "adm"}, scope...)...); code != 1 {
+			t.Errorf("get after rm: got %d, want 1", code)
+		}
+		if code, out, _ := admin(append([]string{"rm", "adm"}, scope...)...); code != 0 || !strings.Contains(out, "nothing to delete") {
+			t.Errorf("rm again: got %d %q, want 0 and nothing to delete", code, out)
+		}
+
+		if sk.name == "embedded" {
+			p = p.restart()
+		}
+		res := post(t, p.url("/payments"), "adm", "pay 1", "X-Tenant", "acme")
+		if res.status != 201 || res.replayed() || up.executions("adm") != 2 {
+			t.Errorf("after rm: got %d replayed=%v after %d executions, want a second execution", res.status, res.replayed(), up.executions("adm"))
+		}
+	})
+}
+
+// TestDoctor runs doctor against a correctly and a wrongly configured
+// redis-server, a Cluster and the embedded store.
+func TestDoctor(t *testing.T) {
+	t.Parallel()
+	t.Run("good", func(t *testing.T) {
+		t.Parallel()
+		srv := redistest.Start(t, "--appendonly", "yes", "--maxmemory-policy", "noeviction")
+		code, out, stderr := runIdem(t, "doctor", "--redis", "redis://"+srv.Addr())
+		if code != 0 || strings.Contains(out, "FAIL ") {
+			t.Errorf("exit %d, stdout:\n%s\nstderr: %s\nwant 0 and no FAIL", code, out, stderr)
+		}
+		for _, want := range []string{"OK    version: redis 7", "OK    maxmemory-policy: noeviction", "OK    persistence: appendonly yes", "OK    lua: EVAL works", "OK    round trip: median PING"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("stdout:\n%s\nwant %q", out, want)
+			}
+		}
+	})
+	t.Run("bad", func(t *testing.T) {
+		t.Parallel()
+		srv := redistest.Start(t, "--maxmemory-policy", "allkeys-lru")
+		code, out, _ := runIdem(t, "doctor", "--redis", "redis://"+srv.Addr())
+		if code != 1 {
+			t.Errorf("exit code: got %d, want 1", code)
+		}
+		for _, want := range []string{"FAIL  maxmemory-policy: allkeys-lru", "FAIL  persistence: off", "2 FAIL"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("stdout:\n%s\nwant %q", out, want)
+			}
+		}
+	})
+	t.Run("rdb only", func(t *testing.T) {
+		t.Parallel()
+		srv := redistest.Start(t, "--save", "900 1")
+		code, out, _ := runIdem(t, "doctor", "--redis", "redis://"+srv.Addr())
+		if code != 0 || !strings.Contains(out, "WARN  persistence: RDB snapshots only") {
+			t.Errorf("got %d\n%s\nwant 0 and a WARN for RDB only", code, out)
+		}
+	})
+	t.Run("unreachable", func(t *testing.T) {
+		t.Parallel()
+		code, out, _ := runIdem(t, "doctor", "--redis", "redis://"+freeAddr(t))
+		if code != 1 || !strings.Contains(out, "FAIL  connect") {
+			t.Errorf("got %d\n%s\nwant 1 and FAIL connect", code, out)
+		}
+	})
+	t.Run("embedded", func(t *testing.T) {
+		t.Parallel()
+		dir := t.TempDir()
+		code, out, _ := runIdem(t, "doctor", "--data", dir)
+		if code != 0 || !strings.Contains(out, "WARN  embedded store") {
+			t.Errorf("no file yet: got %d\n%s", code, out)
+		}
+		up := newUpstream(t)
+		p := startProxy(t, up.url(), []string{"--data", dir})
+		code, out, _ = runIdem(t, "doctor", "--data", dir)
+		if code != 0 || !strings.Contains(out, "in use by a running proxy") {
+			t.Errorf("proxy running: got %d\n%s", code, out)
+		}
+		p.terminate()
+		p.wait()
+		code, out, _ = runIdem(t, "doctor", "--data", dir)
+		if code != 0 || !strings.Contains(out, "OK    embedded store") || !strings.Contains(out, "opens") {
+			t.Errorf("proxy stopped: got %d\n%s", code, out)
+		}
+	})
+}
+
+// TestCluster runs doctor, the proxy and ls on a Redis Cluster.
+func TestCluster(t *testing.T) {
+	t.Parallel()
+	c := redistest.StartCluster(t, 3, "--appendonly", "yes")
+	storeArgs := []string{"--redis-cluster", strings.Join(c.Addrs(), ",")}
+	code, out, stderr := runIdem(t, append([]string{"doctor"}, storeArgs...)...)
+	if code != 0 || !strings.Contains(out, "OK    cluster: state ok, all 16384 slots assigned") || strings.Count(out, "maxmemory-policy: noeviction") != 3 {
+		t.Errorf("doctor: got %d\n%s%s\nwant 0, the slots OK and every primary checked", code, out, stderr)
+	}
+	up := newUpstream(t)
+	p := startProxy(t, up.url(), storeArgs)
+	for i := range 10 {
+		key := string(rune('a' + i))
+		post(t, p.url("/payments"), key, "x")
+		if res := post(t, p.url("/payments"), key, "x"); !res.replayed() || up.executions(key) != 1 {
+			t.Errorf("key %s: got %d replayed=%v after %d executions, want a replay after 1", key, res.status, res.replayed(), up.executions(key))
+		}
+	}
+	code, out, _ = runIdem(t, append([]string{"ls"}, storeArgs...)...)
+	if code != 0 || strings.Count(out, "COMPLETED") != 10 {
+		t.Errorf("ls: got %d\n%s\nwant the 10 records of the 3 primaries", code, out)
+	}
+}

@@ -1,0 +1,311 @@
+package main
+
+import (
+	"context"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestBadInput starts the binary with bad flags, environment and
+// surroundings: each must end with one line on stderr, prefixed "idem: ",
+// and the exit code of its kind, never a stack trace.
+func TestBadInput(t *testing.T) {
+	t.Parallel()
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	up := newUpstream(t)
+	closed := "http://" + freeAddr(t)
+	tests := []struct {
+		name string
+		env  []string
+		args []string
+		code int
+		want string
+	}{
+		{"no command", nil, nil, exitUsage, ""},
+		{"unknown command", nil, []string{"serve"}, exitUsage, `unknown command "serve"`},
+		{"unknown flag", nil, []string{"proxy", "--upstream", up.url(), "--bogus"}, exitUsage, "unknown flag -bogus"},
+		{"flag without value", nil, []string{"proxy", "--upstream"}, exitUsage, "flag -upstream needs a value"},
+		{"missing upstream", nil, []string{"proxy"}, exitUsage, "--upstream is required"},
+		{"bad upstream URL", nil, []string{"proxy", "--upstream", "localhost:9000"}, exitUsage, "invalid --upstream"},
+		{"unreachable upstream", nil, []string{"proxy", "--upstream", closed}, exitRuntime, "is not reachable"},
+		{"bad redis URL", nil, []string{"proxy", "--upstream", up.url(), "--redis", "localhost:6379"}, exitUsage, "invalid --redis URL"},
+		{"unreachable redis", nil, []string{"proxy", "--upstream", up.url(), "--redis", "redis://" + freeAddr(t)}, exitRuntime, "is not reachable"},
+		{"redis and cluster", nil, []string{"proxy", "--upstream", up.url(), "--redis", "redis://x:1", "--redis-cluster", "x:1"}, exitUsage, "exclude each other"},
+		{"bad cluster address", nil, []string{"proxy", "--upstream", up.url(), "--redis-cluster", "x"}, exitUsage, "want host:port"},
+		{"unwritable data dir", nil, []string{"proxy", "--upstream", up.url(), "--data", filepath.Join(file, "sub")}, exitRuntime, "cannot use data directory"},
+		{"bad size", nil, []string{"proxy", "--upstream", up.url(), "--max-body", "12XB"}, exitUsage, "not a positive size"},
+		{"bad duration", nil, []string{"proxy", "--upstream", up.url(), "--lease", "soon"}, exitUsage, "not a duration"},
+		{"retention under lease", nil, []string{"proxy", "--upstream", up.url(), "--lease", "1h", "--retention", "1m"}, exitUsage, "shorter than --lease"},
+		{"bad log format", nil, []string{"proxy", "--upstream", up.url(), "--log-format", "xml"}, exitUsage, "invalid --log-format"},
+		{"bad method", nil, []string{"proxy", "--upstream", up.url(), "--methods", "PO ST"}, exitUsage, "invalid method"},
+		{"stray argument", nil, []string{"proxy", "--upstream", up.url(), "--fail-open", "true"}, exitUsage, `unexpected argument "true"`},
+		{"bad env value", []string{"IDEM_LEASE=abc"}, []string{"proxy", "--upstream", up.url()}, exitUsage, "in IDEM_LEASE"},
+		{"listen in use", nil, []string{"proxy", "--upstream", up.url(), "--listen", up.srv.Listener.Addr().String(), "--data", t.TempDir()}, exitRuntime, "cannot listen"},
+		{"get without key", nil, []string{"get", "--data", t.TempDir()}, exitUsage, "missing KEY"},
+		{"get without store", nil, []string{"get", "k", "--data", t.TempDir()}, exitRuntime, "no embedded store"},
+		{"get bad key", nil, []string{"get", "k\x01"}, exitUsage, "invalid idempotency key"},
+		{"ls bad limit", nil, []string{"ls", "--limit", "0"}, exitUsage, "--limit must be positive"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			p := startIdemEnv(t, tt.env, tt.args...)
+			code, stderr := p.wait(), p.stderr.String()
+			if code != tt.code {
+				t.Errorf("exit code: got %d, want %d (stderr %q)", code, tt.code, stderr)
+			}
+			if strings.Contains(stderr, "goroutine") || strings.Contains(stderr, "panic") {
+				t.Errorf("stderr has a stack trace:\n%s", stderr)
+			}
+			if tt.want == "" {
+				return
+			}
+			if lines := strings.Count(stderr, "\n"); lines != 1 || !strings.HasPrefix(stderr, "idem: ") || !strings.Contains(stderr, tt.want) {
+				t.Errorf("stderr: got %q (%d lines), want one line starting \"idem: \" with %q", stderr, lines, tt.want)
+			}
+		})
+	}
+}
+
+func TestHelp(t *testing.T) {
+	t.Parallel()
+	var out, errOut strings.Builder
+	if code := run(t.Context(), []string{"proxy", "--help"}, &out, &errOut, noEnv); code != 0 {
+		t.Fatalf("proxy --help: exit %d, stderr %q", code, errOut.String())
+	}
+	help := out.String()
+	if !strings.HasPrefix(help, "Usage: idem proxy --upstream URL [flags]\n") {
+		t.Errorf("help starts with %q, want the usage line", strings.SplitN(help, "\n", 2)[0])
+	}
+	flagLines := 0
+	for line := range strings.Lines(help) {
+		if strings.HasPrefix(line, "  --") {
+			flagLines++
+			if !strings.Contains(line, "(") || !strings.Contains(line, "IDEM_") {
+				t.Errorf("flag line %q: want its environment variable", line)
+			}
+		}
+	}
+	if flagLines < 20 {
+		t.Errorf("got %d flag lines, want every flag", flagLines)
+	}
+	for _, want := range []string{"--listen ADDR", "(default 127.0.0.1:8080, IDEM_LISTEN)", "--max-body SIZE", "(default 1MiB, IDEM_MAX_BODY)", "(default 24h, IDEM_RETENTION)", "--fail-open  "} {
+		if !strings.Contains(help, want) {
+			t.Errorf("help: want %q in\n%s", want, help)
+		}
+	}
+	var again strings.Builder
+	run(t.Context(), []string{"help", "proxy"}, &again, &errOut, noEnv)
+	if again.String() != help {
+		t.Errorf("help proxy differs from proxy --help")
+	}
+	out.Reset()
+	if code := run(t.Context(), []string{"help"}, &out, &errOut, noEnv); code != 0 || !strings.Contains(out.String(), "  doctor ") {
+		t.Errorf("help: got %d %q, want the command list", code, out.String())
+	}
+	out.Reset()
+	if code := run(t.Context(), []string{"version"}, &out, &errOut, noEnv); code != 0 || !strings.HasPrefix(out.String(), "idem ") {
+		t.Errorf("version: got %d %q", code, out.String())
+	}
+}
+
+func noEnv(string) string { return "" }
+
+// TestFlagsFromEnv: every flag has an IDEM_* variable, and the command line
+// wins over it.
+func TestFlagsFromEnv(t *testing.T) {
+	t.Parallel()
+	vars := map[string]string{
+		"IDEM_LISTEN":       "0.0.0.0:1",
+		"IDEM_UPSTREAM":     "http://up:9000",
+		"IDEM_MAX_BODY":     "512KiB",
+		"IDEM_METHODS":      "post, put",
+		"IDEM_FAIL_OPEN":    "true",
+		"IDEM_LEASE":        "5s",
+		"IDEM_REQUIRE_KEY":  "true",
+		"IDEM_SCOPE_HEADER": "Authorization",
+	}
+	fs := newFlagSet(proxyCommand())
+	c := registerProxyFlags(fs)
+	pos, err := fs.parse([]string{"--listen", "127.0.0.1:2", "--require-key=false"}, &env{getenv: func(k string) string { return vars[k] }})
+	if err != nil || len(pos) != 0 {
+		t.Fatalf("parse: %v %q", err, pos)
+	}
+	if c.listen != "127.0.0.1:2" || c.requireKey {
+		t.Errorf("flags: got listen %q require-key %v, want the command line's 127.0.0.1:2 and false", c.listen, c.requireKey)
+	}
+	if c.upstream != "http://up:9000" || c.maxBody != 512<<10 || !slices.Equal(c.methods, []string{"POST", "PUT"}) || !c.failOpen || c.lease != 5*time.Second || c.scopeHeader != "Authorization" {
+		t.Errorf("env: got upstream %q max-body %d methods %q fail-open %v lease %v scope %q", c.upstream, c.maxBody, c.methods, c.failOpen, c.lease, c.scopeHeader)
+	}
+	if c.retention != 24*time.Hour || c.shutdownTimeout != 30*time.Second {
+		t.Errorf("defaults: got retention %v shutdown-timeout %v", c.retention, c.shutdownTimeout)
+	}
+	for _, m := range fs.metas {
+		if want := "IDEM_" + strings.ToUpper(strings.ReplaceAll(m.name, "-", "_")); envName(m.name) != want {
+			t.Errorf("envName(%q): got %q, want %q", m.name, envName(m.name), want)
+		}
+	}
+}
+
+func TestParseSize(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]int64{
+		"1048576": 1 << 20, "1MiB": 1 << 20, "512KiB": 512 << 10, "512kib": 512 << 10, "2GiB": 2 << 30,
+		"1MB": 1000000, "1KB": 1000, "100B": 100, "1m": 1 << 20, " 4 KiB ": 4 << 10,
+	} {
+		if got, err := parseSize(in); err != nil || got != want {
+			t.Errorf("parseSize(%q): got %d, %v, want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "0", "-1", "1XB", "MiB", "1.5MiB", "99999999999GiB"} {
+		if _, err := parseSize(in); err == nil {
+			t.Errorf("parseSize(%q): got no error", in)
+		}
+	}
+	for n, want := range map[int64]string{1 << 20: "1MiB", 512 << 10: "512KiB", 1000: "1000", 3 << 30: "3GiB"} {
+		if got := formatSize(n); got != want {
+			t.Errorf("formatSize(%d): got %q, want %q", n, got, want)
+		}
+	}
+}
+
+// TestProxyInProcess runs the proxy inside the test process, so that the
+// race detector sees its code: concurrent requests, a client that goes
+// away, an upstream that answers 502 itself, a response that breaks off,
+// and a shutdown by context.
+func TestProxyInProcess(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t)
+	addr, admin := freeAddr(t), freeAddr(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var stdout, stderr syncBuffer
+	exited := make(chan int, 1)
+	go func() {
+		exited <- run(ctx, []string{"proxy", "--listen", addr, "--admin-listen", admin, "--upstream", up.url(),
+			"--data", t.TempDir(), "--lease", "600ms", "--log-format", "json"}, &stdout, &stderr, noEnv)
+	}()
+	deadline := time.Now().Add(readyTimeout)
+	for {
+		res, err := http.Get("http://" + admin + "/readyz")
+		if err == nil {
+			res.Body.Close()
+			if res.StatusCode == 200 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("proxy not ready: %v\n%s", err, stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond) // poll until the proxy serves
+	}
+	url := "http://" + addr + "/items"
+
+	t.Run("concurrent", func(t *testing.T) {
+		done := make(chan int, 30)
+		for range 30 {
+			go func() { done <- post(t, url, "c", "x", "X-Test-Sleep", "200ms").status }()
+		}
+		for range 30 {
+			if s := <-done; s != 201 && s != 409 {
+				t.Errorf("got %d, want 201 or 409", s)
+			}
+		}
+		if n := up.executions("c"); n != 1 {
+			t.Errorf("executions: got %d, want 1", n)
+		}
+	})
+
+	t.Run("client gone", func(t *testing.T) {
+		// The client gives up before the upstream answers; the upstream
+		// call goes on and its response is stored for the retry.
+		rctx, rcancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+		defer rcancel()
+		req, _ := http.NewRequestWithContext(rctx, http.MethodPost, url, strings.NewReader("x"))
+		req.Header.Set("Idempotency-Key", "gone")
+		req.Header.Set("X-Test-Sleep", "400ms")
+		if res, err := client.Do(req); err == nil {
+			res.Body.Close()
+			t.Fatalf("got %d, want the client to time out", res.StatusCode)
+		}
+		time.Sleep(500 * time.Millisecond) // the upstream finishes
+		res := post(t, url, "gone", "x")
+		if !res.replayed() || res.body != "execution 1 of gone: x" {
+			t.Errorf("retry: got %d %q replayed=%v, want the stored response", res.status, res.body, res.replayed())
+		}
+	})
+
+	t.Run("no body", func(t *testing.T) {
+		// The key reaches the upstream (under a lower-case name, so that
+		// the transport never resends the request).
+		first := post(t, url, "nobody", "")
+		second := post(t, url, "nobody", "")
+		if first.body != "execution 1 of nobody: " || !second.replayed() || up.executions("nobody") != 1 {
+			t.Errorf("got %q then replayed=%v after %d executions, want execution 1 replayed", first.body, second.replayed(), up.executions("nobody"))
+		}
+	})
+
+	t.Run("upstream 502", func(t *testing.T) {
+		// A 502 from the upstream itself is an answer: stored, replayed.
+		first := post(t, url, "u502", "x", "X-Test-Status", "502")
+		second := post(t, url, "u502", "x")
+		if first.status != 502 || second.status != 502 || !second.replayed() || up.executions("u502") != 1 {
+			t.Errorf("got %d then %d replayed=%v after %d executions, want 502 replayed after 1", first.status, second.status, second.replayed(), up.executions("u502"))
+		}
+	})
+
+	t.Run("hang-up", func(t *testing.T) {
+		// The upstream read the request and closed the connection without
+		// an answer: it may have acted, so 502 and the key is left to its
+		// lease.
+		res := post(t, url, "hangup", "x", "X-Test-Hangup", "1")
+		if res.status != 502 || res.header.Get("Retry-After") != "1" || !strings.Contains(res.body, "after the request was sent") {
+			t.Errorf("got %d Retry-After %q %q, want 502 with Retry-After 1", res.status, res.header.Get("Retry-After"), res.body)
+		}
+		if res := post(t, url, "hangup", "x"); res.status != 409 {
+			t.Errorf("retry during the lease: got %d, want 409", res.status)
+		}
+	})
+
+	t.Run("broken response", func(t *testing.T) {
+		// The upstream acted and its response broke off: the client's
+		// connection is aborted, and the key is left to its lease.
+		req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader("x"))
+		req.Header.Set("Idempotency-Key", "broken")
+		req.Header.Set("X-Test-Break", "1")
+		if res, err := client.Do(req); err == nil {
+			_, rerr := readAll(res)
+			if rerr == nil {
+				t.Errorf("got a whole %d response, want it cut off", res.StatusCode)
+			}
+		}
+		if res := post(t, url, "broken", "x"); res.status != 409 {
+			t.Errorf("retry during the lease: got %d, want 409", res.status)
+		}
+		time.Sleep(700 * time.Millisecond) // the lease ends
+		if res := post(t, url, "broken", "x"); res.status != 201 || res.body != "execution 2 of broken: x" {
+			t.Errorf("retry after the lease: got %d %q, want execution 2", res.status, res.body)
+		}
+	})
+
+	cancel()
+	select {
+	case code := <-exited:
+		if code != 0 {
+			t.Errorf("exit code: got %d, want 0\n%s", code, stderr.String())
+		}
+	case <-time.After(exitTimeout):
+		t.Fatal("the proxy did not stop")
+	}
+	if !strings.Contains(stderr.String(), `"msg":"idem proxy stopped"`) {
+		t.Errorf("log: got %s, want a JSON stop line", stderr.String())
+	}
+}

@@ -1,0 +1,299 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/idemgo/idem/boltstore"
+	"github.com/redis/go-redis/v9"
+)
+
+// verdict is the result of one doctor check.
+type verdict uint8
+
+const (
+	vOK verdict = iota
+	vWarn
+	vFail
+)
+
+var verdictNames = [...]string{"OK", "WARN", "FAIL"}
+
+// report prints one line per check and counts them.
+type report struct {
+	w      io.Writer
+	counts [3]int
+}
+
+func (r *report) add(v verdict, check, format string, args ...any) {
+	r.counts[v]++
+	fmt.Fprintf(r.w, "%-4s  %s: %s\n", verdictNames[v], check, fmt.Sprintf(format, args...))
+}
+
+// rttWarn is the median PING time above which doctor warns: each request
+// makes two or three store round trips.
+const rttWarn = 5 * time.Millisecond
+
+func doctorCommand() *command {
+	return &command{
+		name:    "doctor",
+		args:    "[flags]",
+		summary: "check that the store is fit for idempotency records",
+		doc: `
+Checks the store and prints one line per check: OK, WARN or FAIL with the
+reason. Exits with status 1 if any check FAILs.
+
+For Redis (on a Cluster, on every primary):
+  version           6.2 or later (FAIL below); WARN below 7.0 (no SPUBLISH, so
+                    no wake-ups across a Cluster's nodes; no WAITAOF)
+  maxmemory-policy  must be noeviction (FAIL otherwise): an evicted record lets
+                    a retried request run again
+  persistence       OK with appendonly yes; WARN with RDB snapshots only (the
+                    writes since the last snapshot are lost on a crash); FAIL
+                    when both are off (a restart loses every record)
+  lua               EVAL must run (the store's transitions are Lua scripts)
+  cluster           every one of the 16384 slots assigned, cluster_state ok
+  round trip        median of 10 PINGs; WARN above 5ms
+
+For the embedded store: the file opens (or is in use by a running proxy).`,
+		flags: func(fs *flagSet) func(context.Context, *env, []string) error {
+			var s storeFlags
+			s.register(fs)
+			return func(ctx context.Context, e *env, args []string) error {
+				if len(args) > 0 {
+					return usagef("doctor: unexpected argument %q", args[0])
+				}
+				if err := s.validate(); err != nil {
+					return err
+				}
+				r := &report{w: e.stdout}
+				if s.redisURL == "" && s.cluster == "" {
+					doctorBolt(r, &s)
+				} else {
+					doctorRedis(ctx, r, &s)
+				}
+				fmt.Fprintf(e.stdout, "%d OK, %d WARN, %d FAIL\n", r.counts[vOK], r.counts[vWarn], r.counts[vFail])
+				if r.counts[vFail] > 0 {
+					return &exitError{code: exitRuntime}
+				}
+				return nil
+			}
+		},
+	}
+}
+
+func doctorBolt(r *report, s *storeFlags) {
+	path := s.dataPath()
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		r.add(vWarn, "embedded store", "%s does not exist yet; the proxy creates it (Redis checks do not apply)", path)
+		return
+	}
+	st, err := boltstore.Open(path, boltstore.WithSweepInterval(0))
+	switch {
+	case errors.Is(err, boltstore.ErrLocked):
+		r.add(vOK, "embedded store", "%s is in use by a running proxy (Redis checks do not apply)", path)
+	case err != nil:
+		r.add(vFail, "embedded store", "%s does not open: %v", path, err)
+	default:
+		st.Close()
+		r.add(vOK, "embedded store", "%s opens (Redis checks do not apply)", path)
+	}
+}
+
+func doctorRedis(ctx context.Context, r *report, s *storeFlags) {
+	var c redis.UniversalClient
+	var nodes []*redis.Client
+	if s.redisURL != "" {
+		opt, err := redis.ParseURL(s.redisURL)
+		if err != nil {
+			r.add(vFail, "connect", "invalid --redis URL: %v", err)
+			return
+		}
+		rc := redis.NewClient(opt)
+		c, nodes = rc, []*redis.Client{rc}
+	} else {
+		opt, err := s.clusterOptions()
+		if err != nil {
+			r.add(vFail, "connect", "%v", err)
+			return
+		}
+		cc := redis.NewClusterClient(opt)
+		c = cc
+		var mu sync.Mutex
+		cctx, cancel := context.WithTimeout(ctx, connectTimeout)
+		err = cc.ForEachMaster(cctx, func(_ context.Context, n *redis.Client) error {
+			mu.Lock()
+			nodes = append(nodes, n)
+			mu.Unlock()
+			return nil
+		})
+		cancel()
+		if err != nil {
+			cc.Close()
+			r.add(vFail, "connect", "cannot reach the cluster: %v", err)
+			return
+		}
+		slices.SortFunc(nodes, func(a, b *redis.Client) int { return strings.Compare(a.Options().Addr, b.Options().Addr) })
+	}
+	defer c.Close()
+	cluster := s.cluster != ""
+	for _, n := range nodes {
+		prefix := ""
+		if cluster {
+			prefix = n.Options().Addr + " "
+		}
+		doctorNode(ctx, r, n, prefix)
+	}
+	if cluster {
+		doctorClusterSlots(ctx, r, nodes[0])
+	}
+}
+
+// doctorNode runs the checks of one server.
+func doctorNode(ctx context.Context, r *report, n *redis.Client, prefix string) {
+	cctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	info, err := n.Info(cctx).Result() // the default sections; several section names need Redis 7
+	if err != nil {
+		r.add(vFail, prefix+"connect", "%s: %v", n.Options().Addr, err)
+		return
+	}
+	fields := parseInfo(info)
+
+	// Version.
+	name, v := "redis", fields["redis_version"]
+	if vv := fields["valkey_version"]; vv != "" {
+		name, v = "valkey", vv
+	}
+	major, minor := parseVersion(fields["redis_version"])
+	switch {
+	case major == 0:
+		r.add(vWarn, prefix+"version", "cannot read the server version")
+	case major < 6 || major == 6 && minor < 2:
+		r.add(vFail, prefix+"version", "%s %s is older than 6.2; idem needs 6.2 or later", name, v)
+	case major < 7:
+		r.add(vWarn, prefix+"version", "%s %s works, but 7.0 or later is better: SPUBLISH (wake-ups across a Cluster) and WAITAOF are missing", name, v)
+	default:
+		r.add(vOK, prefix+"version", "%s %s", name, v)
+	}
+
+	// Eviction.
+	switch policy := fields["maxmemory_policy"]; policy {
+	case "noeviction":
+		r.add(vOK, prefix+"maxmemory-policy", "noeviction")
+	case "":
+		r.add(vWarn, prefix+"maxmemory-policy", "cannot read it from INFO memory; it must be noeviction")
+	default:
+		r.add(vFail, prefix+"maxmemory-policy", "%s: Redis may evict idempotency records, and a retried request then runs again; set maxmemory-policy noeviction (use a separate Redis for caches)", policy)
+	}
+
+	// Persistence.
+	aof := fields["aof_enabled"] == "1"
+	var save string
+	saveKnown := true
+	if cfg, err := n.ConfigGet(cctx, "save").Result(); err == nil {
+		save = strings.TrimSpace(cfg["save"])
+	} else {
+		saveKnown = false
+	}
+	switch {
+	case aof:
+		fsync := "everysec"
+		if cfg, err := n.ConfigGet(cctx, "appendfsync").Result(); err == nil && cfg["appendfsync"] != "" {
+			fsync = cfg["appendfsync"]
+		}
+		r.add(vOK, prefix+"persistence", "appendonly yes (appendfsync %s)", fsync)
+	case !saveKnown:
+		r.add(vWarn, prefix+"persistence", "appendonly is off and the RDB save rules cannot be read (CONFIG GET refused); turn appendonly on")
+	case save != "":
+		r.add(vWarn, prefix+"persistence", "RDB snapshots only (save %q): records written since the last snapshot are lost on a crash; turn appendonly on", save)
+	default:
+		r.add(vFail, prefix+"persistence", "off (appendonly no, no RDB save rules): a restart loses every record, and retried requests run again; set appendonly yes")
+	}
+
+	// Lua.
+	if v, err := n.Eval(cctx, "return 1", nil).Int(); err != nil || v != 1 {
+		r.add(vFail, prefix+"lua", "EVAL 'return 1' failed (%v); the store needs Lua scripting", err)
+	} else {
+		r.add(vOK, prefix+"lua", "EVAL works")
+	}
+
+	// Round trip.
+	var rtts []time.Duration
+	for range 10 {
+		start := time.Now()
+		if err := n.Ping(cctx).Err(); err != nil {
+			r.add(vFail, prefix+"round trip", "PING failed: %v", err)
+			return
+		}
+		rtts = append(rtts, time.Since(start))
+	}
+	slices.Sort(rtts)
+	med := (rtts[4] + rtts[5]) / 2
+	if med > rttWarn {
+		r.add(vWarn, prefix+"round trip", "median PING %s over 10; each request makes 2-3 round trips to the store", med.Round(time.Microsecond))
+	} else {
+		r.add(vOK, prefix+"round trip", "median PING %s over 10", med.Round(time.Microsecond))
+	}
+}
+
+func doctorClusterSlots(ctx context.Context, r *report, n *redis.Client) {
+	cctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	info, err := n.ClusterInfo(cctx).Result()
+	if err != nil {
+		r.add(vFail, "cluster", "CLUSTER INFO failed: %v", err)
+		return
+	}
+	f := parseInfo(info)
+	assigned, _ := strconv.Atoi(f["cluster_slots_assigned"])
+	failing, _ := strconv.Atoi(f["cluster_slots_fail"])
+	switch {
+	case f["cluster_state"] != "ok":
+		r.add(vFail, "cluster", "cluster_state is %q, not ok", f["cluster_state"])
+	case assigned != 16384:
+		r.add(vFail, "cluster", "%d of 16384 slots assigned: keys of the other slots cannot be stored", assigned)
+	case failing > 0:
+		r.add(vFail, "cluster", "%d slots are failing", failing)
+	default:
+		r.add(vOK, "cluster", "state ok, all 16384 slots assigned, %s known nodes", f["cluster_known_nodes"])
+	}
+}
+
+// parseInfo parses the reply of INFO or CLUSTER INFO.
+func parseInfo(s string) map[string]string {
+	out := make(map[string]string)
+	for line := range strings.Lines(s) {
+		line = strings.TrimSpace(line)
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		if k, v, ok := strings.Cut(line, ":"); ok {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// parseVersion returns the major and minor numbers of a version such as
+// 7.0.15; zeros if it cannot.
+func parseVersion(v string) (major, minor int) {
+	parts := strings.SplitN(v, ".", 3)
+	if len(parts) < 2 {
+		return 0, 0
+	}
+	major, err1 := strconv.Atoi(parts[0])
+	minor, err2 := strconv.Atoi(parts[1])
+	if err1 != nil || err2 != nil {
+		return 0, 0
+	}
+	return major, minor
+}

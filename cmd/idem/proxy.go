@@ -1,0 +1,369 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemhttp"
+)
+
+// proxyConfig is the configuration of `idem proxy`.
+type proxyConfig struct {
+	listen          string
+	upstream        string
+	store           storeFlags
+	methods         []string
+	requireKey      bool
+	lease           time.Duration
+	retention       time.Duration
+	maxBody         int64
+	maxResponse     int64
+	scopeHeader     string
+	wait            time.Duration
+	failOpen        bool
+	adminListen     string
+	logFormat       string
+	logLevel        string
+	upstreamTimeout time.Duration
+	shutdownTimeout time.Duration
+	checkUpstream   bool
+}
+
+const readyProbeKey = "idem-readyz-probe"
+
+func proxyCommand() *command {
+	return &command{
+		name:    "proxy",
+		args:    "--upstream URL [flags]",
+		summary: "run the idempotency proxy in front of an HTTP API",
+		doc: `
+Runs a reverse proxy in front of --upstream. A request whose method is
+covered (--methods) and that carries an Idempotency-Key header runs at most
+once per key: the upstream's response is stored, and a retry with the same
+key gets it again with Idempotent-Replayed: true. A retry while the first
+request is still running gets 409 (or waits, with --wait); the same key with
+another method, path, query or body gets 422. Other requests pass through.
+
+Keys are scoped by method and path, and by the value of --scope-header when
+it is set (for example Authorization), so that one client never gets
+another's response. Raw keys are never stored or logged; their digests are.
+
+If the upstream cannot be reached, the request was not sent: 502 and the key
+is released. If the upstream does not answer after it got the request (a
+timeout: 504), the key stays in progress until its lease ends, since the
+upstream may have acted. On SIGTERM or SIGINT the proxy stops accepting
+connections, lets the requests in flight finish and stores their responses
+(up to --shutdown-timeout), then exits.
+
+Records are kept in the embedded store under --data, or in Redis with
+--redis or --redis-cluster (which several proxies can share).`,
+		flags: func(fs *flagSet) func(context.Context, *env, []string) error {
+			c := registerProxyFlags(fs)
+			return func(ctx context.Context, e *env, args []string) error {
+				if len(args) > 0 {
+					return usagef("proxy: unexpected argument %q (boolean flags take the form --fail-open=true)", args[0])
+				}
+				return runProxy(ctx, e, c)
+			}
+		},
+	}
+}
+
+// registerProxyFlags defines the proxy's flags on fs and returns the
+// configuration they fill.
+func registerProxyFlags(fs *flagSet) *proxyConfig {
+	// The defaults of the Var flags are the values they hold when defined.
+	c := &proxyConfig{
+		methods:         []string{http.MethodPost, http.MethodPatch},
+		lease:           idem.DefaultLease,
+		retention:       idem.DefaultRetention,
+		maxBody:         idemhttp.DefaultMaxBodySize,
+		maxResponse:     idem.DefaultMaxResultSize,
+		upstreamTimeout: 30 * time.Second,
+		shutdownTimeout: 30 * time.Second,
+	}
+	fs.String(&c.listen, "listen", "ADDR", "127.0.0.1:8080", "address the proxy serves on")
+	fs.String(&c.upstream, "upstream", "URL", "", "URL of the API behind the proxy, e.g. http://127.0.0.1:9000; required")
+	c.store.register(fs)
+	fs.Var(listValue{p: &c.methods, upper: true}, "methods", "LIST", "request methods made idempotent; others pass through")
+	fs.Bool(&c.requireKey, "require-key", true, "answer 400 to a covered request without Idempotency-Key (=false: pass it through unprotected)")
+	fs.Var(durationValue{&c.lease}, "lease", "DURATION", "how long a request holds its key before another may take it over; extended while the upstream works")
+	fs.Var(durationValue{&c.retention}, "retention", "DURATION", "how long responses are kept and replayed")
+	fs.Var(sizeValue{&c.maxBody}, "max-body", "SIZE", "largest request body (larger: 413), e.g. 1MiB, 512KiB, 1048576")
+	fs.Var(sizeValue{&c.maxResponse}, "max-response", "SIZE", "largest response body stored (larger: sent once, then the key is FAILED and retries get 422)")
+	fs.String(&c.scopeHeader, "scope-header", "NAME", "", "scope keys by the value of this request header (hashed), e.g. Authorization")
+	fs.Var(durationValue{&c.wait}, "wait", "DURATION", "how long a retry waits for the first request to finish before 409 (0: answer 409 at once)")
+	fs.Bool(&c.failOpen, "fail-open", false, "when the store is unreachable, forward requests unprotected instead of answering 503")
+	fs.Var(durationValue{&c.upstreamTimeout}, "upstream-timeout", "DURATION", "how long to wait for the upstream's response header (0: no limit); then 504")
+	fs.Var(durationValue{&c.shutdownTimeout}, "shutdown-timeout", "DURATION", "how long a shutdown waits for requests in flight")
+	fs.String(&c.adminListen, "admin-listen", "ADDR", "", "address for /metrics, /healthz and /readyz (empty: off)")
+	fs.String(&c.logFormat, "log-format", "FORMAT", "text", "log format: text or json")
+	fs.String(&c.logLevel, "log-level", "LEVEL", "info", "log level: debug, info, warn or error")
+	fs.Bool(&c.checkUpstream, "check-upstream", true, "refuse to start when the upstream does not accept TCP connections")
+	return c
+}
+
+// validate checks the configuration without I/O and returns the upstream
+// URL.
+func (c *proxyConfig) validate() (*url.URL, error) {
+	if c.upstream == "" {
+		return nil, usagef("proxy: --upstream is required (the URL of the API behind the proxy, e.g. --upstream http://127.0.0.1:9000)")
+	}
+	u, err := url.Parse(c.upstream)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, usagef("invalid --upstream %q: want an http:// or https:// URL with a host", c.upstream)
+	}
+	if err := c.store.validate(); err != nil {
+		return nil, err
+	}
+	if _, _, err := net.SplitHostPort(c.listen); err != nil {
+		return nil, usagef("invalid --listen %q: want host:port", c.listen)
+	}
+	if c.adminListen != "" {
+		if _, _, err := net.SplitHostPort(c.adminListen); err != nil {
+			return nil, usagef("invalid --admin-listen %q: want host:port", c.adminListen)
+		}
+	}
+	switch {
+	case c.lease < time.Millisecond:
+		return nil, usagef("--lease %v is too short", c.lease)
+	case c.retention < c.lease:
+		return nil, usagef("--retention %v is shorter than --lease %v", c.retention, c.lease)
+	case c.maxResponse > 1<<30:
+		return nil, usagef("--max-response %s is over the limit of 1GiB", formatSize(c.maxResponse))
+	case c.shutdownTimeout <= 0:
+		return nil, usagef("--shutdown-timeout must be positive")
+	case c.logFormat != "text" && c.logFormat != "json":
+		return nil, usagef("invalid --log-format %q: want text or json", c.logFormat)
+	}
+	if c.scopeHeader != "" && !validToken(c.scopeHeader) {
+		return nil, usagef("invalid --scope-header %q: not a header name", c.scopeHeader)
+	}
+	for _, m := range c.methods {
+		if !validToken(m) {
+			return nil, usagef("invalid method %q in --methods", m)
+		}
+	}
+	if _, err := parseLevel(c.logLevel); err != nil {
+		return nil, err
+	}
+	return u, nil
+}
+
+func validToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0 {
+			continue
+		}
+		return false
+	}
+	return true
+}
+
+func parseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return 0, usagef("invalid --log-level %q: want debug, info, warn or error", s)
+	}
+	return l, nil
+}
+
+func newLogger(e *env, format, level string) *slog.Logger {
+	l, _ := parseLevel(level)
+	opts := &slog.HandlerOptions{Level: l}
+	if format == "json" {
+		return slog.New(slog.NewJSONHandler(e.stderr, opts))
+	}
+	return slog.New(slog.NewTextHandler(e.stderr, opts))
+}
+
+// checkReachable dials the upstream's TCP address.
+func checkReachable(ctx context.Context, u *url.URL) error {
+	host := u.Host
+	if u.Port() == "" {
+		port := "80"
+		if u.Scheme == "https" {
+			port = "443"
+		}
+		host = net.JoinHostPort(u.Hostname(), port)
+	}
+	d := net.Dialer{Timeout: connectTimeout}
+	conn, err := d.DialContext(ctx, "tcp", host)
+	if err != nil {
+		return fmt.Errorf("upstream %s is not reachable: %v (start it first, or pass --check-upstream=false)", u.Redacted(), cause(err))
+	}
+	conn.Close()
+	return nil
+}
+
+func newTransport(timeout time.Duration) *http.Transport {
+	return &http.Transport{
+		Proxy:                 http.ProxyFromEnvironment,
+		DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		ForceAttemptHTTP2:     true,
+		MaxIdleConns:          1024,
+		MaxIdleConnsPerHost:   1024, // the default of 2 would open a connection per request under load
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   10 * time.Second,
+		ResponseHeaderTimeout: timeout,
+		ExpectContinueTimeout: time.Second,
+	}
+}
+
+func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
+	target, err := c.validate()
+	if err != nil {
+		return err
+	}
+	log := newLogger(e, c.logFormat, c.logLevel)
+	redisLog.l.Store(log)
+	if c.checkUpstream {
+		if err := checkReachable(ctx, target); err != nil {
+			return err
+		}
+	}
+	opened, err := c.store.open(ctx, true)
+	if err != nil {
+		return err
+	}
+	storeClosed := false
+	closeStore := func() {
+		if !storeClosed {
+			storeClosed = true
+			if err := opened.close(); err != nil {
+				log.Error("closing the store", "store", opened.describe, "error", err)
+			}
+		}
+	}
+	defer closeStore()
+
+	obs := newObserver()
+	exec, err := idem.New(obs.instrument(opened.store),
+		idem.WithLease(c.lease), idem.WithRetention(c.retention), idem.WithMaxResultSize(int(c.maxResponse)))
+	if err != nil {
+		return usagef("%v", err)
+	}
+	opts := []idemhttp.Option{
+		idemhttp.WithMethods(c.methods...),
+		idemhttp.WithKeyRequired(c.requireKey),
+		idemhttp.WithMaxBodySize(c.maxBody),
+		idemhttp.WithWait(c.wait),
+		idemhttp.WithFailOpen(c.failOpen),
+		idemhttp.WithLogger(log),
+		idemhttp.WithHook(obs.hook),
+		idemhttp.WithPolicy(proxyPolicy),
+	}
+	if c.scopeHeader != "" {
+		name := http.CanonicalHeaderKey(c.scopeHeader)
+		opts = append(opts, idemhttp.WithPrincipal(func(r *http.Request) string {
+			if v := r.Header[name]; len(v) > 0 {
+				return v[0]
+			}
+			return ""
+		}))
+	}
+	mw, err := idemhttp.New(exec, opts...)
+	if err != nil {
+		return usagef("%v", err)
+	}
+	gw := newGateway(target, newTransport(c.upstreamTimeout), mw, c.methods, c.lease, obs, log)
+
+	ln, err := net.Listen("tcp", c.listen)
+	if err != nil {
+		return fmt.Errorf("cannot listen on %s: %v", c.listen, cause(err))
+	}
+	srv := &http.Server{
+		Handler:           gw,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	var draining atomic.Bool
+	var admin *http.Server
+	var adminLn net.Listener
+	if c.adminListen != "" {
+		adminLn, err = net.Listen("tcp", c.adminListen)
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("cannot listen on %s (--admin-listen): %v", c.adminListen, cause(err))
+		}
+		admin = &http.Server{Handler: adminHandler(obs, opened.store, &draining), ReadHeaderTimeout: 10 * time.Second}
+		go admin.Serve(adminLn)
+	}
+
+	attrs := []any{"listen", ln.Addr().String(), "upstream", target.Redacted(), "store", opened.describe,
+		"methods", strings.Join(c.methods, ","), "lease", formatDuration(c.lease), "retention", formatDuration(c.retention)}
+	if adminLn != nil {
+		attrs = append(attrs, "admin", adminLn.Addr().String())
+	}
+	log.Info("idem proxy started", attrs...)
+
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	select {
+	case err := <-serveErr:
+		return fmt.Errorf("serving on %s: %v", c.listen, err)
+	case <-ctx.Done():
+	}
+
+	log.Info("idem proxy shutting down: finishing requests in flight", "in_flight", obs.inFlight.Load(), "timeout", formatDuration(c.shutdownTimeout))
+	draining.Store(true)
+	sctx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
+	defer cancel()
+	clean := true
+	if err := srv.Shutdown(sctx); err != nil {
+		clean = false
+		log.Warn("requests still in flight after the shutdown timeout; their keys stay in progress until their leases end",
+			"in_flight", obs.inFlight.Load(), "error", err)
+		srv.Close()
+	}
+	if admin != nil {
+		actx, acancel := context.WithTimeout(context.Background(), time.Second)
+		_ = admin.Shutdown(actx)
+		acancel()
+	}
+	closeStore()
+	log.Info("idem proxy stopped", "clean", clean)
+	return nil
+}
+
+// adminHandler serves /metrics, /healthz (the process runs) and /readyz
+// (the store answers, and the proxy is not shutting down).
+func adminHandler(obs *observer, store idem.Store, draining *atomic.Bool) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", obs.reg.Handler())
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if draining.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintln(w, "not ready: shutting down")
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if _, err := store.Get(ctx, readyProbeKey); err != nil && !errors.Is(err, idem.ErrNotFound) {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintf(w, "not ready: store: %v\n", err)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	return mux
+}

@@ -1,0 +1,226 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/boltstore"
+	"github.com/idemgo/idem/redisstore"
+	"github.com/redis/go-redis/v9"
+)
+
+// storeFlags choose the store: Redis, a Redis Cluster, or the embedded
+// store (the default).
+type storeFlags struct {
+	redisURL    string
+	cluster     string
+	prefix      string
+	data        string
+	dataDefault string
+}
+
+const (
+	defaultDataDir = "./idem-data"
+	dataFile       = "idem.db"
+	// connectTimeout bounds the checks made at start (dialling the
+	// upstream, pinging Redis).
+	connectTimeout = 3 * time.Second
+)
+
+func (s *storeFlags) register(fs *flagSet) {
+	fs.String(&s.redisURL, "redis", "URL", "", "Redis server for the records, e.g. redis://:password@host:6379/0 (rediss:// for TLS); several proxies may share it")
+	fs.String(&s.cluster, "redis-cluster", "ADDRS", "", "Redis Cluster for the records: host:port,host:port,... or a redis:// URL with addr= parameters")
+	fs.String(&s.prefix, "redis-prefix", "PREFIX", redisstore.DefaultPrefix, "prefix of the record keys in Redis")
+	fs.String(&s.data, "data", "DIR", defaultDataDir, "directory of the embedded store (file DIR/"+dataFile+"), used when no Redis is given")
+}
+
+// validate checks the flags without I/O.
+func (s *storeFlags) validate() error {
+	if s.redisURL != "" && s.cluster != "" {
+		return usagef("--redis and --redis-cluster exclude each other; give one")
+	}
+	if s.redisURL != "" {
+		if _, err := redis.ParseURL(s.redisURL); err != nil {
+			return usagef("invalid --redis URL %q: %v", redactURL(s.redisURL), err)
+		}
+	}
+	if s.cluster != "" {
+		if _, err := s.clusterOptions(); err != nil {
+			return err
+		}
+	}
+	if strings.ContainsAny(s.prefix, "{}") {
+		return usagef("invalid --redis-prefix %q: it must not contain { or }", s.prefix)
+	}
+	if s.redisURL == "" && s.cluster == "" && s.data == "" {
+		return usagef("--data is empty; give a directory for the embedded store")
+	}
+	return nil
+}
+
+func (s *storeFlags) clusterOptions() (*redis.ClusterOptions, error) {
+	if strings.Contains(s.cluster, "://") {
+		o, err := redis.ParseClusterURL(s.cluster)
+		if err != nil {
+			return nil, usagef("invalid --redis-cluster URL %q: %v", redactURL(s.cluster), err)
+		}
+		return o, nil
+	}
+	var addrs []string
+	for a := range strings.SplitSeq(s.cluster, ",") {
+		a = strings.TrimSpace(a)
+		if a == "" {
+			continue
+		}
+		if _, port, ok := strings.Cut(a, ":"); !ok || port == "" {
+			return nil, usagef("invalid --redis-cluster address %q: want host:port", a)
+		}
+		addrs = append(addrs, a)
+	}
+	if len(addrs) == 0 {
+		return nil, usagef("--redis-cluster has no address")
+	}
+	return &redis.ClusterOptions{Addrs: addrs}, nil
+}
+
+// redactURL hides the password of a URL for messages and logs.
+func redactURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil || u.User == nil {
+		if err != nil && strings.Contains(s, "@") {
+			return "(unparsable URL)"
+		}
+		return s
+	}
+	return u.Redacted()
+}
+
+// openedStore is a store opened by a command, with what admin commands
+// need beyond idem.Store.
+type openedStore struct {
+	store    idem.Store
+	describe string // for logs and messages, without secrets
+	list     func(ctx context.Context, limit int) ([]listEntry, error)
+	redisKey func(digest string) string // nil for the embedded store
+	redis    redis.UniversalClient      // nil for the embedded store
+	close    func() error
+}
+
+// listEntry is one record listed by ls.
+type listEntry struct {
+	key    string
+	record idem.Record
+}
+
+// openStore opens the store the flags choose. create says whether the
+// embedded store may be created (the proxy) or must exist (admin commands).
+// Redis is pinged, so that a wrong address is reported at once.
+func (s *storeFlags) open(ctx context.Context, create bool) (*openedStore, error) {
+	switch {
+	case s.redisURL != "":
+		opt, err := redis.ParseURL(s.redisURL)
+		if err != nil {
+			return nil, usagef("invalid --redis URL %q: %v", redactURL(s.redisURL), err)
+		}
+		c := redis.NewClient(opt)
+		return s.openRedis(ctx, c, fmt.Sprintf("redis %s db %d", opt.Addr, opt.DB))
+	case s.cluster != "":
+		opt, err := s.clusterOptions()
+		if err != nil {
+			return nil, err
+		}
+		c := redis.NewClusterClient(opt)
+		return s.openRedis(ctx, c, "redis cluster "+strings.Join(opt.Addrs, ","))
+	}
+	return s.openBolt(create)
+}
+
+func (s *storeFlags) openRedis(ctx context.Context, c redis.UniversalClient, describe string) (*openedStore, error) {
+	pctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	if err := c.Ping(pctx).Err(); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("%s is not reachable: %v", describe, err)
+	}
+	st, err := redisstore.New(c, redisstore.WithPrefix(s.prefix))
+	if err != nil {
+		c.Close()
+		return nil, usagef("%v", err)
+	}
+	return &openedStore{
+		store:    st,
+		describe: describe,
+		list: func(ctx context.Context, limit int) ([]listEntry, error) {
+			es, err := st.List(ctx, limit)
+			out := make([]listEntry, len(es))
+			for i, e := range es {
+				out[i] = listEntry{key: e.Key, record: e.Record}
+			}
+			return out, err
+		},
+		redisKey: st.Key,
+		redis:    c,
+		close:    c.Close,
+	}, nil
+}
+
+// dataPath returns the embedded store's file.
+func (s *storeFlags) dataPath() string { return filepath.Join(s.data, dataFile) }
+
+func (s *storeFlags) openBolt(create bool) (*openedStore, error) {
+	path := s.dataPath()
+	if create {
+		if err := os.MkdirAll(s.data, 0o700); err != nil {
+			return nil, fmt.Errorf("cannot use data directory %s: %v", s.data, cause(err))
+		}
+	} else if _, err := os.Stat(path); err != nil {
+		return nil, fmt.Errorf("no embedded store at %s (%v); give --data, or --redis for a Redis store", path, cause(err))
+	}
+	st, err := boltstore.Open(path)
+	if errors.Is(err, boltstore.ErrLocked) {
+		return nil, fmt.Errorf("the embedded store %s is in use by another process (a running proxy?); stop it first", path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("cannot open the embedded store in %s: %v", s.data, err)
+	}
+	return &openedStore{
+		store:    st,
+		describe: "embedded store " + path,
+		list: func(ctx context.Context, limit int) ([]listEntry, error) {
+			es, err := st.List(ctx, limit)
+			out := make([]listEntry, len(es))
+			for i, e := range es {
+				out[i] = listEntry{key: e.Key, record: e.Record}
+			}
+			return out, err
+		},
+		close: st.Close,
+	}, nil
+}
+
+// redisLogger receives go-redis's own log lines (dial failures, pool
+// errors). The proxy passes them to its logger at debug level; other
+// commands drop them: printed as they are, they would break the one-line
+// error contract, and the errors reach the commands anyway.
+type redisLogger struct{ l atomic.Pointer[slog.Logger] }
+
+func (r *redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	if l := r.l.Load(); l != nil {
+		l.Debug("redis client: " + fmt.Sprintf(format, v...))
+	}
+}
+
+var (
+	redisLog     = &redisLogger{}
+	redisLogOnce sync.Once
+)

@@ -1,0 +1,287 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemgo/idem/idemhttp"
+)
+
+// How the proxy handles a covered request (one whose method the middleware
+// covers):
+//
+//	gateway.ServeHTTP         creates the request's exchange
+//	  idemhttp middleware     key, fingerprint, acquire; store or release after
+//	    gateway.forward       httputil.ReverseProxy to the upstream
+//
+// The exchange is the request's context (without the client's
+// cancellation: see exchange) and carries what the upstream call found out
+// to the middleware's Policy, which decides what happens to the key:
+//
+//   - The upstream answered: DefaultPolicy (every status is stored except
+//     408, 409, 425, 429 and 503, which release the key), also when the
+//     upstream itself answered 502 or 504.
+//   - The request never reached the upstream (no connection, DNS failure,
+//     TLS handshake failure: nothing was written to it): 502, key released,
+//     a retry runs at once.
+//   - The request was sent and no response came (timeout: 504; broken
+//     connection: 502), or the response broke off half way: the upstream may
+//     have acted, so the key is abandoned to its lease (idemhttp.AbandonKey)
+//     and retries get 409 until the lease ends.
+
+// upstreamFailure is what went wrong with an upstream call.
+type upstreamFailure uint8
+
+const (
+	failUnreachable upstreamFailure = iota // nothing was sent
+	failTimeout                            // sent, no response in time
+	failBroken                             // sent, the connection failed
+	upstreamFailureKinds
+)
+
+var upstreamFailureNames = [upstreamFailureKinds]string{"unreachable", "timeout", "broken"}
+
+type exchangeKey struct{}
+
+// exchange is the state of one covered request, and its context: it holds
+// the values of the request's context but not its cancellation (as
+// context.WithoutCancel), so that a client that goes away does not cancel
+// the upstream call. The call then runs to its end and its response is
+// stored, for the client's retry; otherwise the outcome would be unknown and
+// the key stuck until its lease ends. One allocation holds it all.
+type exchange struct {
+	parent context.Context
+	trace  httptrace.ClientTrace
+	w      clientWriter
+
+	// sent is set once the request's header was written to an upstream
+	// connection, by the transport's goroutine.
+	sent atomic.Bool
+
+	// Set on the request's goroutine, read by the Policy and the hook
+	// after the upstream call returned.
+	failed       bool
+	failure      upstreamFailure
+	broke        bool          // the response broke off after its header
+	upstreamTime time.Duration // the upstream call, body included
+}
+
+func (x *exchange) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (x *exchange) Done() <-chan struct{}       { return nil }
+func (x *exchange) Err() error                  { return nil }
+func (x *exchange) Value(key any) any {
+	if key == (exchangeKey{}) {
+		return x
+	}
+	return x.parent.Value(key)
+}
+
+func (x *exchange) wroteHeaders() { x.sent.Store(true) }
+
+func exchangeFrom(ctx context.Context) *exchange {
+	x, _ := ctx.Value(exchangeKey{}).(*exchange)
+	return x
+}
+
+// clientWriter is what the reverse proxy writes the upstream's response to.
+// It hides write errors (the client went away), so that the proxy reads the
+// whole response and the middleware stores it for the client's retry.
+type clientWriter struct {
+	http.ResponseWriter
+}
+
+func (c *clientWriter) Write(p []byte) (int, error) {
+	_, _ = c.ResponseWriter.Write(p)
+	return len(p), nil
+}
+
+// Unwrap returns the middleware's writer, for http.ResponseController
+// (flushes, and the hijack of a protocol upgrade).
+func (c *clientWriter) Unwrap() http.ResponseWriter { return c.ResponseWriter }
+
+// gateway is the proxy's handler.
+type gateway struct {
+	protected http.Handler // the middleware around forward
+	rp        *httputil.ReverseProxy
+	covered   map[string]bool
+	lease     time.Duration
+	obs       *observer
+	log       *slog.Logger
+}
+
+func newGateway(target *url.URL, transport http.RoundTripper, mw *idemhttp.Middleware, methods []string, lease time.Duration, obs *observer, log *slog.Logger) *gateway {
+	g := &gateway{covered: make(map[string]bool), lease: lease, obs: obs, log: log}
+	for _, m := range methods {
+		g.covered[m] = true
+	}
+	g.rp = &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(target)
+			pr.SetXForwarded()
+			if pr.Out.Body == nil && g.covered[pr.Out.Method] {
+				hideIdempotencyKey(pr.Out.Header)
+			}
+		},
+		Transport:    transport,
+		BufferPool:   copyBuffers{},
+		ErrorHandler: g.upstreamError,
+		ErrorLog:     slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	g.protected = mw.Handler(http.HandlerFunc(g.forward))
+	return g
+}
+
+// copyBufferSize is the size of the buffers that copy response bodies, as
+// ReverseProxy's own.
+const copyBufferSize = 32 << 10
+
+var copyBufferPool = sync.Pool{New: func() any { return new([copyBufferSize]byte) }}
+
+// copyBuffers is the ReverseProxy's BufferPool: without one, it allocates
+// 32 KiB per response. Arrays are pooled by pointer, so that Put does not
+// allocate either.
+type copyBuffers struct{}
+
+func (copyBuffers) Get() []byte { return copyBufferPool.Get().(*[copyBufferSize]byte)[:] }
+
+func (copyBuffers) Put(b []byte) {
+	if len(b) == copyBufferSize {
+		copyBufferPool.Put((*[copyBufferSize]byte)(b))
+	}
+}
+
+// hideIdempotencyKey stores the Idempotency-Key and X-Idempotency-Key
+// fields of an outgoing request without a body under lower-case names.
+// net/http's transport takes a body-less request that carries one of them
+// for replayable, and sends it again when a reused connection breaks after
+// the request was written, when the upstream may have acted on it already.
+// The upstream is not idempotent (that is why the proxy is in front of it),
+// so it must not. Field names are case-insensitive: the upstream sees the
+// same fields (HTTP/2 lower-cases every name anyway).
+func hideIdempotencyKey(h http.Header) {
+	for _, n := range [...]struct{ canonical, lower string }{
+		{"Idempotency-Key", "idempotency-key"},
+		{"X-Idempotency-Key", "x-idempotency-key"},
+	} {
+		if v, ok := h[n.canonical]; ok {
+			delete(h, n.canonical)
+			h[n.lower] = v
+		}
+	}
+}
+
+func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	g.obs.inFlight.Add(1)
+	defer g.obs.inFlight.Add(-1)
+	if !g.covered[r.Method] {
+		g.obs.passed.Inc()
+		g.rp.ServeHTTP(w, r)
+		return
+	}
+	x := &exchange{parent: r.Context()}
+	x.trace.WroteHeaders = x.wroteHeaders
+	r = r.WithContext(httptrace.WithClientTrace(x, &x.trace))
+	g.protected.ServeHTTP(w, r)
+	if x.broke {
+		// The client got a truncated response: abort the connection so
+		// that it does not take it for a whole one (as ReverseProxy does).
+		panic(http.ErrAbortHandler)
+	}
+}
+
+// forward runs the reverse proxy for a request the middleware let through.
+func (g *gateway) forward(w http.ResponseWriter, r *http.Request) {
+	x := exchangeFrom(r.Context())
+	if x == nil { // not covered: cannot happen, but harmless
+		g.rp.ServeHTTP(w, r)
+		return
+	}
+	x.w.ResponseWriter = w
+	start := time.Now()
+	defer func() {
+		x.upstreamTime = time.Since(start)
+		if v := recover(); v != nil {
+			if v != http.ErrAbortHandler {
+				panic(v)
+			}
+			// Reading the upstream's response failed after its header
+			// was sent on: it acted, and what it answered is lost.
+			x.broke = true
+		}
+	}()
+	g.rp.ServeHTTP(&x.w, r)
+}
+
+// proxyPolicy is the middleware's Policy: see the comment at the top.
+func proxyPolicy(r *http.Request, status int) idemhttp.Decision {
+	if x := exchangeFrom(r.Context()); x != nil {
+		switch {
+		case x.broke:
+			return idemhttp.AbandonKey
+		case x.failed && x.failure == failUnreachable:
+			return idemhttp.ReleaseKey
+		case x.failed:
+			return idemhttp.AbandonKey
+		}
+	}
+	return idemhttp.DefaultPolicy(r, status)
+}
+
+// upstreamError is the ReverseProxy's ErrorHandler: the upstream call
+// failed without a response.
+func (g *gateway) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
+	x := exchangeFrom(r.Context())
+	kind := failBroken
+	switch {
+	case x != nil && !x.sent.Load():
+		kind = failUnreachable
+	case isTimeout(err):
+		kind = failTimeout
+	}
+	if x != nil {
+		x.failed, x.failure = true, kind
+	}
+	g.obs.upstreamErrors[kind].Inc()
+	g.log.LogAttrs(context.WithoutCancel(r.Context()), slog.LevelWarn, "upstream call failed",
+		slog.String("method", r.Method), slog.String("path", r.URL.Path),
+		slog.String("failure", upstreamFailureNames[kind]), slog.Any("error", err))
+
+	p := &idemhttp.Problem{Type: "about:blank", Status: http.StatusBadGateway, Title: http.StatusText(http.StatusBadGateway)}
+	switch {
+	case x == nil:
+		if isTimeout(err) {
+			p.Status, p.Title = http.StatusGatewayTimeout, http.StatusText(http.StatusGatewayTimeout)
+		}
+		p.Detail = "The upstream server did not answer."
+	case kind == failUnreachable:
+		p.Detail = "The upstream server could not be reached; the request was not sent to it. Retry with the same idempotency key."
+	default:
+		if kind == failTimeout {
+			p.Status, p.Title = http.StatusGatewayTimeout, http.StatusText(http.StatusGatewayTimeout)
+			p.Detail = "The upstream server did not answer in time."
+		} else {
+			p.Detail = "The connection to the upstream server failed after the request was sent."
+		}
+		p.Detail += " It may have processed the request, so the idempotency key stays in progress until its lease ends (see Retry-After); a retry with the same key after that runs the request again."
+		w.Header().Set("Retry-After", strconv.FormatInt(int64((g.lease+time.Second-1)/time.Second), 10))
+	}
+	idemhttp.WriteProblem(w, r, p)
+}
+
+func isTimeout(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
