@@ -1,11 +1,12 @@
 # idem — make targets. `make test` is what CI runs (see .ci/run).
+SHELL    := /bin/bash
 GO       ?= go
 FUZZTIME ?= 10s
 # Every module of the repository (the root and the adapters with heavy
 # dependencies, which have go.mod files of their own).
 MODULES  := $(shell find . -name go.mod -not -path './.cache/*' -not -path './bin/*' -exec dirname {} \; | sort)
 
-.PHONY: test vet race fuzz bench bench-http check-redis
+.PHONY: test vet race fuzz bench bench-http check-redis demo
 
 ## test: formatting, vet and the race-enabled tests of every module.
 test: check-redis vet race
@@ -40,3 +41,13 @@ bench: check-redis
 bench-http: check-redis
 	@command -v wrk >/dev/null 2>&1 || { echo "wrk is needed: sudo apt-get install -y wrk"; exit 1; }
 	$(GO) run ./internal/httpbench
+
+## demo: the proxy on its embedded store in front of a toy API (no Redis).
+## Then, in another terminal, send the same request twice:
+##   curl -si -X POST localhost:8080/payments -H 'Idempotency-Key: k1' -d '{"amount":100}'
+demo:
+	$(GO) build -o bin/idem ./cmd/idem
+	@./bin/idem upstream-demo --listen 127.0.0.1:9000 & demo=$$!; \
+	  trap 'kill $$demo 2>/dev/null' EXIT; \
+	  for i in $$(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/9000) 2>/dev/null && break; sleep 0.05; done; \
+	  ./bin/idem proxy --listen 127.0.0.1:8080 --upstream http://127.0.0.1:9000 --data ./idem-data
