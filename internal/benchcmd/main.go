@@ -347,10 +347,11 @@ func (b *bench) captureScripts(ctx context.Context) error {
 
 // acquireArgs returns the redis-benchmark command of an acquire on key,
 // with the arguments Executor.Do sends (lease 30s, retention 24h, no
-// attempt limit).
+// attempt limit, the IN_PROGRESS time to live; see acquire.lua).
 func (b *bench) acquireArgs(key string) []string {
 	return []string{"EVALSHA", b.acquireSHA, "1", key, "fp", "owner",
-		strconv.FormatInt(lease.Milliseconds(), 10), strconv.FormatInt(retention.Milliseconds(), 10), "0"}
+		strconv.FormatInt(lease.Milliseconds(), 10), strconv.FormatInt(retention.Milliseconds(), 10), "0",
+		strconv.FormatInt((2*lease + idem.InProgressGrace).Milliseconds(), 10)}
 }
 
 // ceilingResult is a 51-byte stand-in for the stored blob (redis-benchmark
