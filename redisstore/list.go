@@ -23,7 +23,7 @@ type Entry struct {
 }
 
 // List returns up to limit records, for admin tools. It walks the key space
-// with SCAN MATCH <prefix>{*} TYPE hash, never KEYS, so it does not block
+// with SCAN MATCH <prefix>{*} TYPE string, never KEYS, so it does not block
 // the server; on a Cluster it scans every primary in turn. Each record is
 // then read with the same script as Get (one round trip per record). The
 // order is SCAN's, which is unspecified; a record that expires or is
@@ -83,13 +83,13 @@ func globEscape(s string) string {
 	return b.String()
 }
 
-// scanGoRedis runs SCAN MATCH match TYPE hash over one node's key space, calling
+// scanGoRedis runs SCAN MATCH match TYPE string over one node's key space, calling
 // fn for each key until fn returns false. It reports whether fn asked to
 // stop.
 func scanGoRedis(ctx context.Context, c *redis.Client, match string, fn func(string) bool) (stopped bool, err error) {
 	var cursor uint64
 	for {
-		keys, next, err := c.ScanType(ctx, cursor, match, scanCount, "hash").Result()
+		keys, next, err := c.ScanType(ctx, cursor, match, scanCount, "string").Result()
 		if err != nil {
 			return false, err
 		}
@@ -151,7 +151,7 @@ func (b *rueidisBackend) scan(ctx context.Context, match string, fn func(string)
 		c := nodes[addr]
 		var cursor uint64
 		for {
-			e, err := c.Do(ctx, c.B().Scan().Cursor(cursor).Match(match).Count(scanCount).Type("hash").Build()).AsScanEntry()
+			e, err := c.Do(ctx, c.B().Scan().Cursor(cursor).Match(match).Count(scanCount).Type("string").Build()).AsScanEntry()
 			if err != nil {
 				return fmt.Errorf("%s: %w", addr, err)
 			}

@@ -187,9 +187,10 @@ func TestWait(t *testing.T) {
 			if err := s.Complete(t.Context(), key, a.Lease, []byte("r"), time.Hour); err != nil {
 				t.Fatalf("Complete with a live replica: %v", err)
 			}
-			// The replica holds the record.
-			if got, err := replica.Command("HGET", s.Key(key), "s"); err != nil || got != "c" {
-				t.Fatalf("replica state: got %q, %v, want \"c\"", got, err)
+			// The replica holds the completed record: read it there.
+			onReplica, _ := redisstore.New(goRedisClient(t, replica.Addr()))
+			if rec, err := onReplica.Get(t.Context(), key); err != nil || rec.State != idem.StateCompleted || string(rec.Result) != "r" {
+				t.Fatalf("record on the replica: got %+v, %v, want COMPLETED \"r\"", rec, err)
 			}
 		})
 	}
@@ -258,6 +259,18 @@ func TestScriptErrorWritesNothing(t *testing.T) {
 	if n, _ := c.Exists(t.Context(), s.Key(key)).Result(); n != 0 {
 		t.Fatalf("a failed script left a record: EXISTS = %d", n)
 	}
+	// A value in another format is refused, not misread or overwritten.
+	if err := c.Set(t.Context(), s.Key(key), "garbage", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Acquire(t.Context(), key, idem.AcquireRequest{Fingerprint: "fp", Owner: "o", Lease: time.Minute, Retention: time.Hour})
+	if err == nil || !strings.Contains(err.Error(), "unknown record format") {
+		t.Fatalf("Acquire over a foreign value: got %v, want an unknown-format error", err)
+	}
+	if v, _ := c.Get(t.Context(), s.Key(key)).Result(); v != "garbage" {
+		t.Fatalf("the foreign value was overwritten: %q", v)
+	}
+	c.Del(t.Context(), s.Key(key))
 	// And the store refuses such input before Redis sees it.
 	calls := commandCalls(t, srv)
 	if _, err := s.Acquire(t.Context(), key, idem.AcquireRequest{Fingerprint: "fp", Owner: "o", Lease: 0, Retention: time.Hour}); !errors.Is(err, idem.ErrInvalid) {
@@ -436,14 +449,18 @@ func TestRawKeysNeverReachRedis(t *testing.T) {
 	if len(keys) != 1 || keys[0] != want {
 		t.Fatalf("keys: got %v, want [%s]", keys, want)
 	}
-	fields, _ := c.HGetAll(t.Context(), want).Result()
-	for f, v := range fields {
-		if len(f) != 1 {
-			t.Errorf("field %q is not a short fixed name", f)
-		}
-		if strings.Contains(v, raw) {
-			t.Errorf("field %s holds the raw key", f)
-		}
+	if typ, err := c.Type(t.Context(), want).Result(); err != nil || typ != "string" {
+		t.Fatalf("record type: got %q, %v, want a string", typ, err)
+	}
+	value, err := c.Get(t.Context(), want).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(value, raw) || strings.Contains(value, "charges") {
+		t.Errorf("the record holds the raw key or scope: %q", value)
+	}
+	if len(value) > 120 {
+		t.Errorf("a completed record with a 2-byte result takes %d bytes, want a compact record", len(value))
 	}
 	if ttl, _ := c.PTTL(t.Context(), want).Result(); ttl <= 0 || ttl > idem.DefaultRetention {
 		t.Errorf("TTL of a completed record: got %v, want (0, %v]", ttl, idem.DefaultRetention)

@@ -4,6 +4,8 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/idemgo/idem/internal/redistest"
 )
 
 // TestCeilingArgsMatchScripts checks that the redis-benchmark commands pass
@@ -26,5 +28,22 @@ func TestCeilingArgsMatchScripts(t *testing.T) {
 		if got := len(tc.args) - 4; got != want { // EVALSHA sha numkeys key
 			t.Errorf("%s: the ceiling passes %d arguments, the script declares %d", tc.script, got, want)
 		}
+	}
+}
+
+// TestPreloadedRecordCompletes checks that the records preload writes are
+// records complete.lua accepts from owner "owner" with fence 1.
+func TestPreloadedRecordCompletes(t *testing.T) {
+	srv := redistest.Start(t)
+	src, err := os.ReadFile("../../redisstore/lua/complete.lua")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.Command("SET", "idem:{k}", inProgressRecord); err != nil {
+		t.Fatal(err)
+	}
+	got, err := srv.Command("EVAL", string(src), "1", "idem:{k}", "owner", "1", "result", "60000", "", "")
+	if err != nil || got != "1" {
+		t.Fatalf("complete.lua on a preloaded record: got %q, %v, want 1", got, err)
 	}
 }

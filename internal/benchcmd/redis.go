@@ -30,7 +30,7 @@ func (s cmdstat) perCall() float64 {
 }
 
 // commandStats returns INFO commandstats by command name ("evalsha",
-// "hdel", …).
+// "set", …).
 func (a admin) commandStats(ctx context.Context) (map[string]cmdstat, error) {
 	info, err := a.c.Info(ctx, "commandstats").Result()
 	if err != nil {

@@ -1,6 +1,6 @@
 -- acquire.lua: take an idempotency key (DESIGN.md §1).
 --
--- KEYS[1]  the record hash, <prefix>{<digest>}
+-- KEYS[1]  the record, <prefix>{<digest>}
 -- ARGV[1]  fingerprint
 -- ARGV[2]  owner token
 -- ARGV[3]  lease, ms
@@ -17,57 +17,52 @@
 --   {4, state, attempts, result}          Replay; state is 'c' or 'f'
 --   {5}                                   Mismatch
 --
--- Fields: s state (p in progress, c completed, r released, f failed),
--- f fingerprint, o owner, n fence, l lease end (µs), a attempts,
--- c created (µs; dropped on completion to save memory), r result. Times are
--- the server's (TIME), in µs. Numbers are formatted with %d: Lua numbers are
--- doubles, exact for integers below 2^53, which µs timestamps are.
-local rec = redis.call('HMGET', KEYS[1], 's', 'f', 'o', 'n', 'l', 'a', 'r')
-local s = rec[1]
-if s and rec[2] ~= ARGV[1] then
-  return {5}
-end
-if s == 'c' or s == 'f' then
-  -- Replays, the most frequent duplicate, need neither the clock nor a write.
-  return {4, s, tonumber(rec[6]), rec[7] or ''}
-end
-if s == 'p' and rec[3] == ARGV[2] then
-  return {1, tonumber(rec[4]), tonumber(rec[6])}
+-- The record is a string: the MessagePack values format version (1), state
+-- (p in progress, c completed, r released, f failed), fingerprint, owner,
+-- fence, lease end (µs), attempts, created (µs), result; absent values are
+-- '' or 0. SET ... PX writes it and its expiry in one call. Times are the
+-- server's (TIME), in µs; Lua numbers are doubles, exact for integers below
+-- 2^53, which µs timestamps are.
+local v = redis.call('GET', KEYS[1])
+local ver, s, f, o, n, l, a, c, r
+if v then
+  ver, s, f, o, n, l, a, c, r = cmsgpack.unpack(v)
+  if ver ~= 1 then
+    return redis.error_reply('idem: unknown record format')
+  end
+  if f ~= ARGV[1] then
+    return {5}
+  end
+  if s == 'c' or s == 'f' then
+    -- Replays, the most frequent duplicate, need neither the clock nor a
+    -- write.
+    return {4, s, a, r}
+  end
+  if s == 'p' and o == ARGV[2] then
+    return {1, n, a}
+  end
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local lease_ms = tonumber(ARGV[3])
-local until_us = string.format('%d', now + lease_ms * 1000)
-if not s then
+local lease_end = now + tonumber(ARGV[3]) * 1000
+if not v then
   -- No record: the fence is seeded from the clock, so that it still grows
   -- after the record was deleted or expired.
-  local fence = string.format('%d', now)
-  redis.call('HSET', KEYS[1], 's', 'p', 'f', ARGV[1], 'o', ARGV[2],
-    'n', fence, 'l', until_us, 'a', '1', 'c', fence)
-  redis.call('PEXPIRE', KEYS[1], ARGV[6])
+  redis.call('SET', KEYS[1], cmsgpack.pack(1, 'p', ARGV[1], ARGV[2], now, lease_end, 1, now, ''), 'PX', ARGV[6])
   return {1, now, 1}
 end
-local attempts = tonumber(rec[6])
-if s == 'p' then
-  local left = tonumber(rec[5]) - now
-  if left > 0 then
-    return {3, left, attempts}
-  end
+if s == 'p' and l > now then
+  return {3, l - now, a}
 end
 -- Released, or in progress with an expired lease.
 local max = tonumber(ARGV[5])
-if max > 0 and attempts >= max then
-  redis.call('HSET', KEYS[1], 's', 'f')
-  redis.call('HDEL', KEYS[1], 'o', 'l', 'r')
-  redis.call('PEXPIRE', KEYS[1], ARGV[4])
-  return {4, 'f', attempts, ''}
+if max > 0 and a >= max then
+  redis.call('SET', KEYS[1], cmsgpack.pack(1, 'f', f, '', n, 0, a, c, ''), 'PX', ARGV[4])
+  return {4, 'f', a, ''}
 end
-local fence = math.max(tonumber(rec[4]) + 1, now)
-attempts = attempts + 1
-redis.call('HSET', KEYS[1], 's', 'p', 'o', ARGV[2],
-  'n', string.format('%d', fence), 'l', until_us, 'a', string.format('%d', attempts))
-redis.call('PEXPIRE', KEYS[1], ARGV[6])
+local fence = math.max(n + 1, now)
+redis.call('SET', KEYS[1], cmsgpack.pack(1, 'p', f, ARGV[2], fence, lease_end, a + 1, c, ''), 'PX', ARGV[6])
 if s == 'p' then
-  return {2, fence, attempts, rec[3]}
+  return {2, fence, a + 1, o}
 end
-return {1, fence, attempts}
+return {1, fence, a + 1}

@@ -1,6 +1,6 @@
 -- complete.lua: store the result and move the record to COMPLETED.
 --
--- KEYS[1]  the record hash
+-- KEYS[1]  the record (format: see acquire.lua)
 -- ARGV[1]  owner token
 -- ARGV[2]  fence
 -- ARGV[3]  result blob
@@ -13,16 +13,22 @@
 --
 -- Reply: 1 done (also when the same complete is repeated after a lost
 -- reply), 0 lease lost.
-local rec = redis.call('HMGET', KEYS[1], 's', 'o', 'n', 'r')
-if rec[1] == 'c' and rec[3] == ARGV[2] and rec[4] == ARGV[3] then
-  return 1
-end
-if rec[1] ~= 'p' or rec[2] ~= ARGV[1] or rec[3] ~= ARGV[2] then
+local v = redis.call('GET', KEYS[1])
+if not v then
   return 0
 end
-redis.call('HSET', KEYS[1], 's', 'c', 'r', ARGV[3])
-redis.call('HDEL', KEYS[1], 'o', 'l', 'c')
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
+local ver, s, f, o, n, l, a, c, r = cmsgpack.unpack(v)
+if ver ~= 1 then
+  return redis.error_reply('idem: unknown record format')
+end
+local fence = tonumber(ARGV[2])
+if s == 'c' and n == fence and r == ARGV[3] then
+  return 1
+end
+if s ~= 'p' or o ~= ARGV[1] or n ~= fence then
+  return 0
+end
+redis.call('SET', KEYS[1], cmsgpack.pack(1, 'c', f, '', n, 0, a, 0, ARGV[3]), 'PX', ARGV[4])
 if ARGV[5] ~= '' then
   redis.call(ARGV[5], ARGV[6], 'c')
 end

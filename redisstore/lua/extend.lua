@@ -1,6 +1,6 @@
 -- extend.lua: extend the owner's lease to end a given time from now.
 --
--- KEYS[1]  the record hash
+-- KEYS[1]  the record (format: see acquire.lua)
 -- ARGV[1]  owner token
 -- ARGV[2]  fence
 -- ARGV[3]  lease, ms
@@ -8,13 +8,18 @@
 --
 -- Reply: 1 extended, 0 lease lost. Expiry alone does not lose a lease: an
 -- expired lease that nobody took over is extended.
-local rec = redis.call('HMGET', KEYS[1], 's', 'o', 'n')
-if rec[1] ~= 'p' or rec[2] ~= ARGV[1] or rec[3] ~= ARGV[2] then
+local v = redis.call('GET', KEYS[1])
+if not v then
+  return 0
+end
+local ver, s, f, o, n, l, a, c, r = cmsgpack.unpack(v)
+if ver ~= 1 then
+  return redis.error_reply('idem: unknown record format')
+end
+if s ~= 'p' or o ~= ARGV[1] or n ~= tonumber(ARGV[2]) then
   return 0
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local lease_ms = tonumber(ARGV[3])
-redis.call('HSET', KEYS[1], 'l', string.format('%d', now + lease_ms * 1000))
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
+redis.call('SET', KEYS[1], cmsgpack.pack(1, s, f, o, n, now + tonumber(ARGV[3]) * 1000, a, c, r), 'PX', ARGV[4])
 return 1
