@@ -446,7 +446,7 @@ func (b *bench) ceiling(ctx context.Context) error {
 		return err
 	}
 	if ev := acqSt["evalsha"].calls; ev > 0 {
-		b.add("ceiling/acquire/new", acqSt["hset"].calls/ev)
+		b.add("ceiling/acquire/new", acqSt["set"].calls/ev)
 	}
 
 	// Complete: records IN_PROGRESS for owner "owner", fence 1.
