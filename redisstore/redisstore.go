@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/idemgo/idem"
 	"github.com/redis/go-redis/v9"
@@ -171,7 +173,30 @@ func (s *Store) Key(key string) string { return s.prefix + "{" + key + "}" }
 
 func (s *Store) channel(key string) string { return s.prefix + "{" + key + "}:w" }
 
-func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
+// ms formats d in milliseconds. The Executor passes the same few durations
+// on every call, so the last ones formatted are kept.
+func ms(d time.Duration) string {
+	n := d.Milliseconds()
+	slot := &msCache[uint64(n)%uint64(len(msCache))]
+	if c := slot.Load(); c != nil && c.n == n {
+		return c.s
+	}
+	c := &msString{n: n, s: strconv.FormatInt(n, 10)}
+	slot.Store(c)
+	return c.s
+}
+
+type msString struct {
+	n int64
+	s string
+}
+
+var msCache [16]atomic.Pointer[msString]
+
+// bytesArg passes b to the client library without a copy. The library has
+// written it to the connection when the call returns, and the store's
+// callers do not modify a result during the call.
+func bytesArg(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 
 // inProgressTTL is the time to live of an IN_PROGRESS record with lease d:
 // the lease, one more lease, and idem.InProgressGrace.
@@ -225,6 +250,7 @@ func checkOwner(key string, lease idem.Lease) error {
 
 // Complete implements idem.Store. Repeating a Complete that succeeded (same
 // lease and result), for example after its reply was lost, succeeds again.
+// result must not be modified during the call.
 func (s *Store) Complete(ctx context.Context, key string, lease idem.Lease, result []byte, retention time.Duration) error {
 	if err := checkOwner(key, lease); err != nil {
 		return err
@@ -233,7 +259,7 @@ func (s *Store) Complete(ctx context.Context, key string, lease idem.Lease, resu
 		return err
 	}
 	reply, err := s.run(ctx, completeScript, key, []string{
-		lease.Owner, strconv.FormatInt(lease.Fence, 10), string(result), ms(retention), s.pub, s.channel(key),
+		lease.Owner, strconv.FormatInt(lease.Fence, 10), bytesArg(result), ms(retention), s.pub, s.channel(key),
 	}, true)
 	if reply == nil {
 		return err
@@ -257,7 +283,7 @@ func (s *Store) Fail(ctx context.Context, key string, lease idem.Lease, f idem.F
 		terminal = "1"
 	}
 	reply, err := s.run(ctx, failScript, key, []string{
-		lease.Owner, strconv.FormatInt(lease.Fence, 10), string(f.Result), ms(f.Retention), terminal,
+		lease.Owner, strconv.FormatInt(lease.Fence, 10), bytesArg(f.Result), ms(f.Retention), terminal,
 		strconv.Itoa(f.MaxAttempts), s.pub, s.channel(key),
 	}, false)
 	if err != nil {
