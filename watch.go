@@ -23,8 +23,8 @@ type Watcher interface {
 // was released, was deleted, or its lease expired) or ctx is done, and
 // returns nil or ctx's error. Callers then call Begin or Do again to get the
 // replay or the key. On a store that implements Watcher, Await is woken by
-// the store's notification; otherwise it polls, at most every 50ms, and
-// never later than the lease's end.
+// the store's notification (and looks again every second in case one was
+// lost); otherwise it polls every 50ms. It never waits past the lease's end.
 func (e *Executor) Await(ctx context.Context, key Key) error {
 	if err := key.Validate(); err != nil {
 		return err
@@ -57,6 +57,10 @@ func (e *Executor) Await(ctx context.Context, key Key) error {
 		}
 		if w == nil {
 			left = min(left, 50*time.Millisecond)
+		} else {
+			// A notification can be lost (a reconnect, a Delete that
+			// publishes nothing): look again at least every second.
+			left = min(left, time.Second)
 		}
 		t := time.NewTimer(left)
 		select {
