@@ -46,7 +46,7 @@ bench-http: check-redis
 ## Then, in another terminal, send the same request twice:
 ##   curl -si -X POST localhost:8080/payments -H 'Idempotency-Key: k1' -d '{"amount":100}'
 demo:
-	$(GO) build -o bin/idem ./cmd/idem
+	cd cmd/idem && $(GO) build -o ../../bin/idem .
 	@./bin/idem upstream-demo --listen 127.0.0.1:9000 & demo=$$!; \
 	  trap 'kill $$demo 2>/dev/null' EXIT; \
 	  for i in $$(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/9000) 2>/dev/null && break; sleep 0.05; done; \

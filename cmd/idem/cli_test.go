@@ -46,6 +46,9 @@ func TestBadInput(t *testing.T) {
 		{"retention under lease", nil, []string{"proxy", "--upstream", up.url(), "--lease", "1h", "--retention", "1m"}, exitUsage, "shorter than --lease"},
 		{"bad log format", nil, []string{"proxy", "--upstream", up.url(), "--log-format", "xml"}, exitUsage, "invalid --log-format"},
 		{"bad method", nil, []string{"proxy", "--upstream", up.url(), "--methods", "PO ST"}, exitUsage, "invalid method"},
+		{"bad otel endpoint", nil, []string{"proxy", "--upstream", up.url(), "--otel-endpoint", "collector:4318"}, exitUsage, "invalid --otel-endpoint"},
+		{"bad otel endpoint in env", []string{"IDEM_OTEL_ENDPOINT=ftp://collector"}, []string{"proxy", "--upstream", up.url()}, exitUsage, "invalid --otel-endpoint"},
+		{"empty otel service name", nil, []string{"proxy", "--upstream", up.url(), "--otel-endpoint", "http://127.0.0.1:4318", "--otel-service-name", ""}, exitUsage, "--otel-service-name is empty"},
 		{"stray argument", nil, []string{"proxy", "--upstream", up.url(), "--fail-open", "true"}, exitUsage, `unexpected argument "true"`},
 		{"bad env value", []string{"IDEM_LEASE=abc"}, []string{"proxy", "--upstream", up.url()}, exitUsage, "in IDEM_LEASE"},
 		{"listen in use", nil, []string{"proxy", "--upstream", up.url(), "--listen", up.srv.Listener.Addr().String(), "--data", t.TempDir()}, exitRuntime, "cannot listen"},
@@ -124,14 +127,15 @@ func noEnv(string) string { return "" }
 func TestFlagsFromEnv(t *testing.T) {
 	t.Parallel()
 	vars := map[string]string{
-		"IDEM_LISTEN":       "0.0.0.0:1",
-		"IDEM_UPSTREAM":     "http://up:9000",
-		"IDEM_MAX_BODY":     "512KiB",
-		"IDEM_METHODS":      "post, put",
-		"IDEM_FAIL_OPEN":    "true",
-		"IDEM_LEASE":        "5s",
-		"IDEM_REQUIRE_KEY":  "true",
-		"IDEM_SCOPE_HEADER": "Authorization",
+		"IDEM_LISTEN":        "0.0.0.0:1",
+		"IDEM_UPSTREAM":      "http://up:9000",
+		"IDEM_MAX_BODY":      "512KiB",
+		"IDEM_METHODS":       "post, put",
+		"IDEM_FAIL_OPEN":     "true",
+		"IDEM_LEASE":         "5s",
+		"IDEM_REQUIRE_KEY":   "true",
+		"IDEM_SCOPE_HEADER":  "Authorization",
+		"IDEM_OTEL_ENDPOINT": "http://collector:4318",
 	}
 	fs := newFlagSet(proxyCommand())
 	c := registerProxyFlags(fs)
@@ -144,6 +148,12 @@ func TestFlagsFromEnv(t *testing.T) {
 	}
 	if c.upstream != "http://up:9000" || c.maxBody != 512<<10 || !slices.Equal(c.methods, []string{"POST", "PUT"}) || !c.failOpen || c.lease != 5*time.Second || c.scopeHeader != "Authorization" {
 		t.Errorf("env: got upstream %q max-body %d methods %q fail-open %v lease %v scope %q", c.upstream, c.maxBody, c.methods, c.failOpen, c.lease, c.scopeHeader)
+	}
+	if c.tracing.endpoint != "http://collector:4318" || c.tracing.serviceName != "idem" {
+		t.Errorf("tracing: got otel-endpoint %q otel-service-name %q, want http://collector:4318 and idem", c.tracing.endpoint, c.tracing.serviceName)
+	}
+	if u, err := c.tracing.exportURL(); err != nil || u != "http://collector:4318/v1/traces" {
+		t.Errorf("export URL: got %q, %v, want http://collector:4318/v1/traces", u, err)
 	}
 	if c.retention != 24*time.Hour || c.shutdownTimeout != 30*time.Second {
 		t.Errorf("defaults: got retention %v shutdown-timeout %v", c.retention, c.shutdownTimeout)

@@ -17,6 +17,8 @@ import (
 // proxy starts, so that recording takes no lock and allocates nothing.
 type observer struct {
 	reg *metrics.Registry
+	// traced says that requests have spans, which get the outcome too.
+	traced bool
 
 	requests  []*metrics.Counter   // by idemhttp.Outcome
 	durations []*metrics.Histogram // by idemhttp.Outcome
@@ -111,6 +113,9 @@ func (o *observer) hook(r *http.Request, ev idemhttp.Event) {
 	}
 	o.requests[i].Inc()
 	o.durations[i].ObserveDuration(ev.Duration)
+	if o.traced {
+		setOutcome(r.Context(), ev.Outcome.String())
+	}
 	if x := exchangeFrom(r.Context()); x != nil && x.upstreamTime > 0 {
 		o.upstream.ObserveDuration(x.upstreamTime)
 		o.overhead.ObserveDuration(max(ev.Duration-x.upstreamTime, 0))

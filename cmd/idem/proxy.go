@@ -36,6 +36,7 @@ type proxyConfig struct {
 	upstreamTimeout time.Duration
 	shutdownTimeout time.Duration
 	checkUpstream   bool
+	tracing         tracingFlags
 }
 
 const readyProbeKey = "idem-readyz-probe"
@@ -65,7 +66,12 @@ connections, lets the requests in flight finish and stores their responses
 (up to --shutdown-timeout), then exits.
 
 Records are kept in the embedded store under --data, or in Redis with
---redis or --redis-cluster (which several proxies can share).`,
+--redis or --redis-cluster (which several proxies can share).
+
+With --otel-endpoint the proxy sends OpenTelemetry traces over OTLP/HTTP: a
+server span per request (a child of the client's W3C traceparent, if any)
+and a client span per store call; the upstream gets the proxy's span as its
+traceparent.`,
 		flags: func(fs *flagSet) func(context.Context, *env, []string) error {
 			c := registerProxyFlags(fs)
 			return func(ctx context.Context, e *env, args []string) error {
@@ -109,6 +115,7 @@ func registerProxyFlags(fs *flagSet) *proxyConfig {
 	fs.String(&c.logFormat, "log-format", "FORMAT", "text", "log format: text or json")
 	fs.String(&c.logLevel, "log-level", "LEVEL", "info", "log level: debug, info, warn or error")
 	fs.Bool(&c.checkUpstream, "check-upstream", true, "refuse to start when the upstream does not accept TCP connections")
+	c.tracing.register(fs)
 	return c
 }
 
@@ -154,6 +161,9 @@ func (c *proxyConfig) validate() (*url.URL, error) {
 		}
 	}
 	if _, err := parseLevel(c.logLevel); err != nil {
+		return nil, err
+	}
+	if err := c.tracing.validate(); err != nil {
 		return nil, err
 	}
 	return u, nil
@@ -251,7 +261,31 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 	defer closeStore()
 
 	obs := newObserver()
-	exec, err := idem.New(obs.instrument(opened.store),
+	store := opened.store
+	var tr *tracing
+	shutdownTracing := func() {}
+	if c.tracing.endpoint != "" {
+		tr, err = c.tracing.start(ctx, log)
+		if err != nil {
+			return err
+		}
+		tracingStopped := false
+		stopTracing := func() {
+			if !tracingStopped {
+				tracingStopped = true
+				if err := tr.shutdown(); err != nil {
+					log.Warn("tracing: flushing the last spans failed", "error", err)
+				}
+			}
+		}
+		defer stopTracing()
+		shutdownTracing = stopTracing
+		obs.traced = true
+		// Under the metrics decorator: the spans time the store alone.
+		// Both keep idem.Watcher.
+		store = tr.store(store)
+	}
+	exec, err := idem.New(obs.instrument(store),
 		idem.WithLease(c.lease), idem.WithRetention(c.retention), idem.WithMaxResultSize(int(c.maxResponse)))
 	if err != nil {
 		return usagef("%v", err)
@@ -280,6 +314,7 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 		return usagef("%v", err)
 	}
 	gw := newGateway(target, newTransport(c.upstreamTimeout), mw, c.methods, c.lease, obs, log)
+	gw.tracing = tr
 
 	ln, err := net.Listen("tcp", c.listen)
 	if err != nil {
@@ -309,6 +344,10 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 	if adminLn != nil {
 		attrs = append(attrs, "admin", adminLn.Addr().String())
 	}
+	if tr != nil {
+		u, _ := c.tracing.exportURL()
+		attrs = append(attrs, "otel_endpoint", redactURL(u))
+	}
 	log.Info("idem proxy started", attrs...)
 
 	serveErr := make(chan error, 1)
@@ -335,6 +374,7 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 		_ = admin.Shutdown(actx)
 		acancel()
 	}
+	shutdownTracing()
 	closeStore()
 	log.Info("idem proxy stopped", "clean", clean)
 	return nil

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem/idemhttp"
+	"go.opentelemetry.io/otel/propagation"
 )
 
 // How the proxy handles a covered request (one whose method the middleware
@@ -117,6 +118,7 @@ type gateway struct {
 	lease     time.Duration
 	obs       *observer
 	log       *slog.Logger
+	tracing   *tracing // nil: tracing off
 }
 
 func newGateway(target *url.URL, transport http.RoundTripper, mw *idemhttp.Middleware, methods []string, lease time.Duration, obs *observer, log *slog.Logger) *gateway {
@@ -130,6 +132,12 @@ func newGateway(target *url.URL, transport http.RoundTripper, mw *idemhttp.Middl
 			pr.SetXForwarded()
 			if pr.Out.Body == nil && g.covered[pr.Out.Method] {
 				hideIdempotencyKey(pr.Out.Header)
+			}
+			if g.tracing != nil {
+				// The upstream's spans become children of the proxy's
+				// (without tracing, the client's traceparent passes
+				// through as it is).
+				g.tracing.prop.Inject(pr.Out.Context(), propagation.HeaderCarrier(pr.Out.Header))
 			}
 		},
 		Transport:    transport,
@@ -183,8 +191,23 @@ func hideIdempotencyKey(h http.Header) {
 func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	g.obs.inFlight.Add(1)
 	defer g.obs.inFlight.Add(-1)
+	if g.tracing != nil {
+		sw, r2, span := g.tracing.startSpan(w, r)
+		aborted := true
+		defer func() { endSpan(span, sw, aborted) }()
+		g.serve(sw, r2)
+		aborted = false
+		return
+	}
+	g.serve(w, r)
+}
+
+func (g *gateway) serve(w http.ResponseWriter, r *http.Request) {
 	if !g.covered[r.Method] {
 		g.obs.passed.Inc()
+		if g.tracing != nil {
+			setOutcome(r.Context(), "passthrough")
+		}
 		g.rp.ServeHTTP(w, r)
 		return
 	}

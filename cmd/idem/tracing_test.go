@@ -1,0 +1,63 @@
+package main
+
+import (
+	"context"
+	"testing"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/memstore"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+)
+
+// TestTracedStoreKeepsWatcher: the store the proxy runs on, traced and
+// then instrumented, is still an idem.Watcher, and its calls have spans.
+func TestTracedStoreKeepsWatcher(t *testing.T) {
+	ms, err := memstore.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	tr := &tracing{tp: tp}
+	store := newObserver().instrument(tr.store(ms))
+	w, ok := store.(idem.Watcher)
+	if !ok {
+		t.Fatal("the traced, instrumented store is not an idem.Watcher, want one")
+	}
+	_, stop, err := w.Watch(t.Context(), "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	if _, err := store.Get(t.Context(), "k"); err == nil {
+		t.Fatal("Get: got a record, want ErrNotFound")
+	}
+	var names []string
+	for _, s := range rec.Ended() {
+		names = append(names, s.Name())
+	}
+	if len(names) != 2 || names[0] != "idem.watch" || names[1] != "idem.get" {
+		t.Errorf("got spans %q, want idem.watch and idem.get", names)
+	}
+}
+
+func TestExportURL(t *testing.T) {
+	for _, tt := range []struct{ endpoint, want string }{
+		{"http://127.0.0.1:4318", "http://127.0.0.1:4318/v1/traces"},
+		{"http://127.0.0.1:4318/", "http://127.0.0.1:4318/v1/traces"},
+		{"https://collector.example:443/otlp/v1/traces", "https://collector.example:443/otlp/v1/traces"},
+	} {
+		f := tracingFlags{endpoint: tt.endpoint, serviceName: "idem"}
+		if got, err := f.exportURL(); err != nil || got != tt.want {
+			t.Errorf("exportURL(%q): got %q, %v, want %q", tt.endpoint, got, err, tt.want)
+		}
+	}
+	for _, bad := range []string{"127.0.0.1:4318", "ftp://x", "http://", "::"} {
+		f := tracingFlags{endpoint: bad, serviceName: "idem"}
+		if err := f.validate(); err == nil {
+			t.Errorf("validate(%q): got nil, want an error", bad)
+		}
+	}
+}

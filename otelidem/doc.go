@@ -1,0 +1,20 @@
+// Package otelidem traces the calls of an idem.Store with OpenTelemetry: a
+// decorator starts one client span per call ("idem.acquire",
+// "idem.complete", "idem.fail", "idem.extend", "idem.release", "idem.get",
+// "idem.delete", and "idem.watch" on a store that watches) carrying the
+// store key (a digest, never the raw idempotency key) and what the call
+// found out: Acquire's outcome, the fence, the attempts, the state a Fail
+// moved the record to.
+//
+// It is a module of its own, so that users of idem who do not trace do not
+// download OpenTelemetry.
+//
+// Wrap the store before handing it to the Executor; the spans are children
+// of the span in the context of each call:
+//
+//	store, _ := redisstore.New(client)
+//	exec, err := idem.New(otelidem.Store(store, otelidem.WithTracerProvider(tp)))
+//
+// The decorated store keeps idem.Watcher when the store has it, so that
+// Executor.Await is still woken by the store's notifications.
+package otelidem

@@ -1,0 +1,365 @@
+package otelidem_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/memstore"
+	"github.com/idemgo/idem/otelidem"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// newTraced returns a memstore decorated with otelidem and the recorder of
+// its spans.
+func newTraced(t *testing.T, opts ...otelidem.Option) (idem.Store, *tracetest.SpanRecorder) {
+	t.Helper()
+	ms, err := memstore.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	return otelidem.Store(ms, append([]otelidem.Option{otelidem.WithTracerProvider(tp)}, opts...)...), rec
+}
+
+func attrs(s sdktrace.ReadOnlySpan) map[attribute.Key]attribute.Value {
+	m := make(map[attribute.Key]attribute.Value)
+	for _, kv := range s.Attributes() {
+		m[kv.Key] = kv.Value
+	}
+	return m
+}
+
+// lastSpan returns the last ended span, which must be named name.
+func lastSpan(t *testing.T, rec *tracetest.SpanRecorder, name string) sdktrace.ReadOnlySpan {
+	t.Helper()
+	ended := rec.Ended()
+	if len(ended) == 0 {
+		t.Fatalf("no span ended, want %s", name)
+	}
+	s := ended[len(ended)-1]
+	if s.Name() != name {
+		t.Fatalf("got span %q, want %q", s.Name(), name)
+	}
+	if s.SpanKind() != trace.SpanKindClient {
+		t.Errorf("span %s: got kind %v, want client", name, s.SpanKind())
+	}
+	return s
+}
+
+func wantAttr(t *testing.T, s sdktrace.ReadOnlySpan, key attribute.Key, want attribute.Value) {
+	t.Helper()
+	got, ok := attrs(s)[key]
+	if !ok {
+		t.Errorf("span %s: no attribute %s, want %s", s.Name(), key, want.Emit())
+		return
+	}
+	if got != want {
+		t.Errorf("span %s: got %s=%s, want %s", s.Name(), key, got.Emit(), want.Emit())
+	}
+}
+
+func wantNoError(t *testing.T, s sdktrace.ReadOnlySpan) {
+	t.Helper()
+	if s.Status().Code == codes.Error {
+		t.Errorf("span %s: got status Error (%s), want unset", s.Name(), s.Status().Description)
+	}
+	for _, ev := range s.Events() {
+		if ev.Name == "exception" {
+			t.Errorf("span %s: got an exception event, want none", s.Name())
+		}
+	}
+}
+
+func wantError(t *testing.T, s sdktrace.ReadOnlySpan, target error) {
+	t.Helper()
+	if s.Status().Code != codes.Error {
+		t.Errorf("span %s: got status %v, want Error", s.Name(), s.Status().Code)
+	}
+	if s.Status().Description != target.Error() && !errors.Is(target, idem.ErrInvalid) {
+		t.Errorf("span %s: got status description %q, want %q", s.Name(), s.Status().Description, target.Error())
+	}
+	var found bool
+	for _, ev := range s.Events() {
+		if ev.Name == "exception" {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("span %s: no exception event, want RecordError's", s.Name())
+	}
+}
+
+func acquireReq(owner string) idem.AcquireRequest {
+	return idem.AcquireRequest{Fingerprint: "fp", Owner: owner, Lease: time.Minute, Retention: time.Hour}
+}
+
+func TestSpans(t *testing.T) {
+	ctx := t.Context()
+	st, rec := newTraced(t, otelidem.WithAttributes(attribute.String("service", "test")))
+	key := idem.Key{Scope: "s", ID: "k1"}.Digest()
+
+	a, err := st.Acquire(ctx, key, acquireReq("o1"))
+	if err != nil || a.Outcome != idem.Acquired {
+		t.Fatalf("Acquire: got %v, %v, want acquired", a.Outcome, err)
+	}
+	s := lastSpan(t, rec, "idem.acquire")
+	wantAttr(t, s, otelidem.KeyDigest, attribute.StringValue(key))
+	wantAttr(t, s, otelidem.KeyOutcome, attribute.StringValue("acquired"))
+	wantAttr(t, s, otelidem.KeyFence, attribute.Int64Value(a.Lease.Fence))
+	wantAttr(t, s, otelidem.KeyAttempts, attribute.IntValue(1))
+	wantAttr(t, s, "service", attribute.StringValue("test"))
+	wantNoError(t, s)
+
+	// The same key from another owner while it is held.
+	if a2, err := st.Acquire(ctx, key, acquireReq("o2")); err != nil || a2.Outcome != idem.InProgress {
+		t.Fatalf("Acquire: got %v, %v, want in-progress", a2.Outcome, err)
+	}
+	wantAttr(t, lastSpan(t, rec, "idem.acquire"), otelidem.KeyOutcome, attribute.StringValue("in-progress"))
+
+	if err := st.Extend(ctx, key, a.Lease, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	s = lastSpan(t, rec, "idem.extend")
+	wantAttr(t, s, otelidem.KeyFence, attribute.Int64Value(a.Lease.Fence))
+	wantNoError(t, s)
+
+	if err := st.Complete(ctx, key, a.Lease, []byte("result"), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	s = lastSpan(t, rec, "idem.complete")
+	wantAttr(t, s, otelidem.KeyDigest, attribute.StringValue(key))
+	wantAttr(t, s, otelidem.KeyFence, attribute.Int64Value(a.Lease.Fence))
+	wantNoError(t, s)
+
+	if a3, err := st.Acquire(ctx, key, acquireReq("o3")); err != nil || a3.Outcome != idem.Replay {
+		t.Fatalf("Acquire: got %v, %v, want replay", a3.Outcome, err)
+	}
+	s = lastSpan(t, rec, "idem.acquire")
+	wantAttr(t, s, otelidem.KeyOutcome, attribute.StringValue("replay"))
+	wantAttr(t, s, otelidem.KeyState, attribute.StringValue("COMPLETED"))
+
+	mm := acquireReq("o4")
+	mm.Fingerprint = "other"
+	if a4, err := st.Acquire(ctx, key, mm); err != nil || a4.Outcome != idem.Mismatch {
+		t.Fatalf("Acquire: got %v, %v, want mismatch", a4.Outcome, err)
+	}
+	wantAttr(t, lastSpan(t, rec, "idem.acquire"), otelidem.KeyOutcome, attribute.StringValue("mismatch"))
+
+	r, err := st.Get(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s = lastSpan(t, rec, "idem.get")
+	wantAttr(t, s, otelidem.KeyFound, attribute.BoolValue(true))
+	wantAttr(t, s, otelidem.KeyState, attribute.StringValue("COMPLETED"))
+	wantAttr(t, s, otelidem.KeyFence, attribute.Int64Value(r.Fence))
+	wantNoError(t, s)
+
+	if err := st.Delete(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	s = lastSpan(t, rec, "idem.delete")
+	wantAttr(t, s, otelidem.KeyDigest, attribute.StringValue(key))
+	wantNoError(t, s)
+
+	// Get of an absent record: ErrNotFound is an answer, not an error.
+	if _, err := st.Get(ctx, key); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("Get: got %v, want ErrNotFound", err)
+	}
+	s = lastSpan(t, rec, "idem.get")
+	wantAttr(t, s, otelidem.KeyFound, attribute.BoolValue(false))
+	wantNoError(t, s)
+}
+
+func TestFailAndRelease(t *testing.T) {
+	ctx := t.Context()
+	st, rec := newTraced(t)
+	for _, tc := range []struct {
+		name     string
+		terminal bool
+		want     string
+	}{
+		{"retryable", false, "RELEASED"},
+		{"terminal", true, "FAILED"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			key := idem.Key{ID: tc.name}.Digest()
+			a, err := st.Acquire(ctx, key, acquireReq("o1"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			state, err := st.Fail(ctx, key, a.Lease, idem.Failure{Terminal: tc.terminal, Retention: time.Hour})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if state.String() != tc.want {
+				t.Fatalf("Fail: got %v, want %s", state, tc.want)
+			}
+			s := lastSpan(t, rec, "idem.fail")
+			wantAttr(t, s, otelidem.KeyState, attribute.StringValue(tc.want))
+			wantAttr(t, s, otelidem.KeyFence, attribute.Int64Value(a.Lease.Fence))
+			wantNoError(t, s)
+		})
+	}
+
+	key := idem.Key{ID: "release"}.Digest()
+	a, err := st.Acquire(ctx, key, acquireReq("o1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Release(ctx, key, a.Lease, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	s := lastSpan(t, rec, "idem.release")
+	wantAttr(t, s, otelidem.KeyFence, attribute.Int64Value(a.Lease.Fence))
+	wantNoError(t, s)
+
+	a2, err := st.Acquire(ctx, key, acquireReq("o2"))
+	if err != nil || a2.Outcome != idem.Acquired {
+		t.Fatalf("Acquire after Release: got %v, %v, want acquired", a2.Outcome, err)
+	}
+}
+
+func TestErrors(t *testing.T) {
+	ctx := t.Context()
+	st, rec := newTraced(t)
+	key := idem.Key{ID: "k"}.Digest()
+	a, err := st.Acquire(ctx, key, acquireReq("o1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale := idem.Lease{Owner: "someone-else", Fence: a.Lease.Fence}
+
+	for _, tc := range []struct {
+		name string
+		call func() error
+		span string
+	}{
+		{"complete", func() error { return st.Complete(ctx, key, stale, nil, time.Hour) }, "idem.complete"},
+		{"extend", func() error { return st.Extend(ctx, key, stale, time.Minute) }, "idem.extend"},
+		{"release", func() error { return st.Release(ctx, key, stale, time.Hour) }, "idem.release"},
+		{"fail", func() error {
+			_, err := st.Fail(ctx, key, stale, idem.Failure{Retention: time.Hour})
+			return err
+		}, "idem.fail"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.call()
+			if !errors.Is(err, idem.ErrLeaseLost) {
+				t.Fatalf("got %v, want ErrLeaseLost", err)
+			}
+			wantError(t, lastSpan(t, rec, tc.span), err)
+		})
+	}
+
+	t.Run("invalid", func(t *testing.T) {
+		_, err := st.Acquire(ctx, key, idem.AcquireRequest{Owner: "o"}) // no lease
+		if !errors.Is(err, idem.ErrInvalid) {
+			t.Fatalf("got %v, want ErrInvalid", err)
+		}
+		s := lastSpan(t, rec, "idem.acquire")
+		wantError(t, s, err)
+		if _, ok := attrs(s)[otelidem.KeyOutcome]; ok {
+			t.Errorf("got an outcome on a failed Acquire, want none")
+		}
+	})
+}
+
+// plainStore hides the Watcher of the store it holds.
+type plainStore struct{ idem.Store }
+
+func TestWatcherPreserved(t *testing.T) {
+	ctx := t.Context()
+	st, rec := newTraced(t)
+	w, ok := st.(idem.Watcher)
+	if !ok {
+		t.Fatal("the decorated memstore is not an idem.Watcher, want one")
+	}
+	key := idem.Key{ID: "w"}.Digest()
+	a, err := st.Acquire(ctx, key, acquireReq("o1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	changed, stop, err := w.Watch(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	lastSpan(t, rec, "idem.watch")
+	if err := st.Complete(ctx, key, a.Lease, []byte("x"), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-changed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Watch was not woken by Complete")
+	}
+
+	ms, err := memstore.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := otelidem.Store(plainStore{ms}).(idem.Watcher); ok {
+		t.Error("the decorated store without Watch is an idem.Watcher, want not")
+	}
+}
+
+// TestExecutorParent checks that the spans of an Executor's calls are
+// children of the caller's span, and that Await still uses the watch.
+func TestExecutorParent(t *testing.T) {
+	ms, err := memstore.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	defer tp.Shutdown(context.Background())
+	exec, err := idem.New(otelidem.Store(ms, otelidem.WithTracerProvider(tp)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, parent := tp.Tracer("test").Start(t.Context(), "handler")
+	for range 2 {
+		if _, err := exec.Do(ctx, idem.Key{ID: "pay-1"}, "fp", func(context.Context) ([]byte, error) {
+			return []byte("ok"), nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := exec.Await(ctx, idem.Key{ID: "pay-1"}); err != nil {
+		t.Fatal(err)
+	}
+	parent.End()
+
+	var names []string
+	for _, s := range rec.Ended() {
+		if s.Name() == "handler" {
+			continue
+		}
+		names = append(names, s.Name())
+		if s.Parent().SpanID() != parent.SpanContext().SpanID() {
+			t.Errorf("span %s: got parent %v, want the handler's span %v", s.Name(), s.Parent().SpanID(), parent.SpanContext().SpanID())
+		}
+		if got := attrs(s)[otelidem.KeyDigest].AsString(); got != (idem.Key{ID: "pay-1"}).Digest() {
+			t.Errorf("span %s: got key digest %q, want the key's digest", s.Name(), got)
+		}
+	}
+	want := []string{"idem.acquire", "idem.complete", "idem.acquire", "idem.watch", "idem.get"}
+	if len(names) != len(want) {
+		t.Fatalf("got spans %q, want %q", names, want)
+	}
+	for i := range want {
+		if names[i] != want[i] {
+			t.Fatalf("got spans %q, want %q", names, want)
+		}
+	}
+}
