@@ -289,6 +289,11 @@ func (e *Executor) Begin(ctx context.Context, key Key, fingerprint string) (cont
 	if err != nil {
 		return ctx, nil, fmt.Errorf("idem: acquire: %w", err)
 	}
+	return e.begun(ctx, skey, acq)
+}
+
+// begun turns an acquisition of skey into Begin's results.
+func (e *Executor) begun(ctx context.Context, skey string, acq Acquisition) (context.Context, *Attempt, error) {
 	switch acq.Outcome {
 	case Acquired, TakenOver:
 	case Replay:

@@ -167,19 +167,28 @@ func (p *Processor) Process(ctx context.Context, msgs []Message, h Handler) []Re
 			}
 		}
 	}()
+	// Acquire every keyed message at once: one pipeline on a BatchStore.
+	keys := make([]idem.Key, 0, len(msgs))
+	fps := make([]string, 0, len(msgs))
+	idx := make([]int, 0, len(msgs))
 	for i, m := range msgs {
 		if m.Key == "" {
 			results[i] = Result{Action: DeadLetter, Err: ErrNoKey}
 			continue
 		}
-		actx, a, err := p.exec.Begin(ctx, p.Key(m.Key), m.Fingerprint)
+		keys = append(keys, p.Key(m.Key))
+		fps = append(fps, m.Fingerprint)
+		idx = append(idx, i)
+	}
+	for j, b := range p.exec.BeginBatch(ctx, keys, fps) {
+		i := idx[j]
 		switch {
-		case err == nil && a.Replayed():
+		case b.Err == nil && b.Attempt.Replayed():
 			results[i] = Result{Action: Ack, Replayed: true}
-		case err == nil:
-			attempts[i] = held{actx, a}
+		case b.Err == nil:
+			attempts[i] = held{b.Ctx, b.Attempt}
 		default:
-			results[i] = p.refused(err)
+			results[i] = p.refused(b.Err)
 		}
 	}
 	sctx := context.WithoutCancel(ctx)
@@ -206,19 +215,24 @@ func (p *Processor) Process(ctx context.Context, msgs []Message, h Handler) []Re
 		rerr := at.a.Release(sctx)
 		results[i] = Result{Action: Retry, Delay: p.retryDelay, Err: errors.Join(err, rerr)}
 	}
+	// Complete every handled message at once: one pipeline on a BatchStore.
+	commit := make([]*idem.Attempt, len(msgs))
 	for i := range msgs {
-		at := attempts[i]
-		if at.a == nil || !done[i] {
-			continue
+		if attempts[i].a != nil && done[i] {
+			commit[i] = attempts[i].a
+			attempts[i].a = nil
 		}
-		attempts[i].a = nil
-		if err := at.a.Commit(sctx, nil); err != nil {
+	}
+	for i, err := range p.exec.CommitBatch(sctx, commit, make([][]byte, len(msgs))) {
+		switch {
+		case commit[i] == nil:
+		case err != nil:
 			// Not completed (lease lost, store down): the message must come
 			// back; the record decides then.
 			results[i] = Result{Action: Retry, Delay: p.retryDelay, Err: err}
-			continue
+		default:
+			results[i] = Result{Action: Ack}
 		}
-		results[i] = Result{Action: Ack}
 	}
 	return results
 }
