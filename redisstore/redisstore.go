@@ -25,6 +25,7 @@ type config struct {
 	wait         *waitConfig
 	cluster      bool
 	clusterKnown bool
+	hashTag      string // WithHashTag, in hashtag.go
 }
 
 // waitConfig is a durability requirement checked after acquire and complete.
@@ -118,6 +119,7 @@ type Store struct {
 	prefix string
 	pub    string // notification command, "" for none
 	wait   *waitConfig
+	tag    string // WithHashTag; prefix already ends with {tag}
 }
 
 var (
@@ -133,7 +135,10 @@ func newStore(b backend, opts []Option) (*Store, error) {
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	s := &Store{b: b, prefix: c.prefix, wait: c.wait}
+	if err := validateHashTag(c.hashTag); err != nil {
+		return nil, err
+	}
+	s := &Store{b: b, prefix: c.prefix + hashTagPart(c.hashTag), tag: c.hashTag, wait: c.wait}
 	if c.notify {
 		s.pub = b.publishCommand()
 	}

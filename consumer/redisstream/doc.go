@@ -1,0 +1,78 @@
+// Package redisstream consumes a Redis stream in a consumer group and runs a
+// handler at most once per idempotency key, with idempotency records in a
+// redisstore.Store on the same Redis (or Cluster).
+//
+//	store, _ := redisstore.New(rdb, redisstore.WithHashTag("orders"))
+//	c, _ := redisstream.New(rdb, store, "{orders}:created", "billing", "billing-1",
+//		redisstream.WithExecutorOptions(idem.WithLease(time.Minute)))
+//	err := c.Run(ctx, func(ctx context.Context, msg redis.XMessage) error {
+//		fence, _ := idem.FenceFrom(ctx)
+//		return charge(ctx, msg.Values["key"], fence)
+//	})
+//
+// # The loop
+//
+// Run fetches batches: first entries idle for longer than the claim idle
+// time (XAUTOCLAIM: entries of crashed consumers, and entries left pending
+// for a retry), then new entries (XREADGROUP … COUNT batch BLOCK block).
+// For each batch it follows the semantics of consumer.Processor:
+//
+//   - every key is acquired before any handler runs, with Executor.Begin
+//     called concurrently on the consumer's own Executor, whose store
+//     sends concurrent acquisitions in one pipeline
+//     (redisstore.Store.AcquireBatch), so a batch costs about two round
+//     trips; a key repeated within the batch follows its first occurrence
+//     instead of being acquired again;
+//   - handlers run in stream order, with the lease and fence in their
+//     context (idem.FenceFrom), cancelled if the lease is lost;
+//   - the successful ones are completed and acknowledged in one pipelined
+//     round of one Lua script per entry (redisstore.Store.CompleteAndAck):
+//     the record becomes COMPLETED and the entry is XACKed in the same
+//     script, so no crash can fall between the two;
+//   - a duplicate whose key is COMPLETED is acknowledged (one XACK for the
+//     batch) without running the handler;
+//   - a duplicate whose key is IN_PROGRESS elsewhere, a handler error, a
+//     store error or a lost lease leave the entry pending, never
+//     acknowledged: it is claimed again once idle for the claim idle time;
+//   - after WithMaxDeliveries deliveries (the group's delivery counter), or
+//     for an error marked idem.Terminal, the key becomes FAILED and the entry
+//     is copied to the dead-letter stream ("<stream>:dlq", with "dlq-error",
+//     "dlq-id" and "dlq-deliveries" fields) and acknowledged, in one script;
+//   - an entry without a key (WithKey) is dead-lettered and counted in
+//     Stats.NoKey, as are keys the store refuses (too long) and fingerprint
+//     mismatches.
+//
+// While handlers run, the lease heartbeat of the Executor extends each
+// record, and the consumer touches its batch's pending entries (XCLAIM …
+// JUSTID to itself, which resets their idle time without counting a
+// delivery) every third of the claim idle time, so that other consumers do
+// not claim entries whose handler is still running.
+//
+// # Shutdown
+//
+// When Run's context is cancelled it stops fetching, lets the batch in
+// flight finish for up to WithShutdownTimeout, then cancels the handlers'
+// contexts; their keys are released and their entries stay pending for
+// another consumer.
+//
+// # Redis Cluster
+//
+// A Lua script touches one slot, so the stream, its dead-letter stream and
+// the records must share a hash tag: create the store with
+// redisstore.WithHashTag(tag) and name the streams "{tag}…". All records of
+// that store then live in one slot, on one primary: a stream's idempotency
+// records do not spread over the Cluster. Use one store (tag) per stream to
+// spread several streams. New refuses a configuration whose names cannot
+// share a script.
+//
+// # Guarantees and limits
+//
+// One execution per key while the store holds the record (its retention),
+// except after a lease expiry, which the fence tells apart. A crash after a
+// handler's side effect but before its batch's complete-and-ack runs the
+// handler again (with a higher fence) when the entry is claimed: exactly
+// once effects need the side effect's own system to be idempotent or to
+// record the key. Retried entries come back after max(delay, claim idle),
+// not at the exact delay. Stores with WithWait or WithWaitAOF cannot be
+// used (the pipelined script calls do not wait for replicas).
+package redisstream

@@ -1,0 +1,730 @@
+package redisstream
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/consumer"
+	"github.com/idemgo/idem/redisstore"
+	"github.com/redis/go-redis/v9"
+)
+
+// Defaults of the Consumer's options.
+const (
+	DefaultBatchSize       = 100
+	DefaultBlock           = time.Second
+	DefaultKeyField        = "key"
+	DefaultMaxDeliveries   = 5
+	DefaultRetryDelay      = time.Second
+	DefaultShutdownTimeout = 10 * time.Second
+)
+
+// Handler processes one stream entry. ctx carries the idempotency lease
+// (idem.FenceFrom, idem.LeaseFrom) and is cancelled, with cause
+// idem.ErrLeaseLost, when the lease is lost. A nil error completes the key
+// and acknowledges the entry; an error releases the key and leaves the entry
+// pending (redelivered), or dead-letters it after the maximum of
+// deliveries or when marked with idem.Terminal.
+type Handler func(ctx context.Context, msg redis.XMessage) error
+
+// KeyFunc returns the idempotency key of an entry; "" means none (the entry
+// is dead-lettered with consumer.ErrNoKey).
+type KeyFunc func(msg redis.XMessage) string
+
+// KeyField returns a KeyFunc that reads the key from the entry's field name.
+func KeyField(name string) KeyFunc {
+	return func(msg redis.XMessage) string {
+		v, _ := msg.Values[name].(string)
+		return v
+	}
+}
+
+// KeyHash returns a KeyFunc that hashes the named fields (SHA-256 over each
+// field's length and value, base64url): for payloads that carry no key but
+// whose listed fields identify them. A missing field hashes as empty; if
+// all are missing there is no key.
+func KeyHash(fields ...string) KeyFunc {
+	return func(msg redis.XMessage) string {
+		h := sha256.New()
+		found := false
+		for _, f := range fields {
+			v, ok := msg.Values[f].(string)
+			found = found || ok
+			h.Write(strconv.AppendInt(nil, int64(len(v)), 10))
+			h.Write([]byte{':'})
+			h.Write([]byte(v))
+		}
+		if !found {
+			return ""
+		}
+		return base64.RawURLEncoding.EncodeToString(h.Sum(nil))
+	}
+}
+
+// Option configures a Consumer.
+type Option func(*Consumer)
+
+// WithBatchSize sets how many entries one XREADGROUP (COUNT) or XAUTOCLAIM
+// fetches and one pipelined round of acquisitions and completions handles.
+// The default is DefaultBatchSize (100); it must be 1 to 10,000.
+func WithBatchSize(n int) Option { return func(c *Consumer) { c.batch = n } }
+
+// WithBlock sets how long XREADGROUP blocks waiting for new entries (BLOCK).
+// It bounds how fast Run notices its context's cancellation. The default is
+// DefaultBlock (1s); it must be at least 1ms.
+func WithBlock(d time.Duration) Option { return func(c *Consumer) { c.block = d } }
+
+// WithKey sets how an entry's idempotency key is found. The default is
+// KeyField(DefaultKeyField), the field "key".
+func WithKey(f KeyFunc) Option { return func(c *Consumer) { c.keyFn = f } }
+
+// WithFingerprint sets a function returning an entry's payload fingerprint
+// (at most idem.MaxFingerprintLen bytes): a key reused with another
+// fingerprint is dead-lettered with idem.ErrMismatch. The default is none.
+func WithFingerprint(f func(msg redis.XMessage) string) Option {
+	return func(c *Consumer) { c.fpFn = f }
+}
+
+// WithScope sets the scope of idempotency keys. The default is the stream
+// name.
+func WithScope(scope string) Option { return func(c *Consumer) { c.scope = scope; c.scopeSet = true } }
+
+// WithMaxDeliveries sets after how many deliveries (the group's delivery
+// counter) an entry whose handler keeps failing is dead-lettered and its
+// key becomes FAILED. The default is DefaultMaxDeliveries (5); 0 means
+// never.
+func WithMaxDeliveries(n int) Option { return func(c *Consumer) { c.maxDeliveries = n } }
+
+// WithRetryDelay sets the delay the consumer.Processor semantics attach to
+// a retry after a handler or store error. A Redis Streams entry that is
+// retried is left pending and is claimed again once idle for the claim
+// idle time, so the effective delay is max(retry delay, claim idle). The
+// default is DefaultRetryDelay (1s).
+func WithRetryDelay(d time.Duration) Option { return func(c *Consumer) { c.retryDelay = d } }
+
+// WithClaimIdle sets after how long without activity a pending entry is
+// claimed (XAUTOCLAIM) from its consumer: a crashed consumer's entries, and
+// entries left pending for a retry. While a handler runs, its batch's
+// entries are touched (XCLAIM … JUSTID to the same consumer) every third of
+// it, so a live consumer keeps them. The default is the executor's lease;
+// it must be at least 3ms.
+func WithClaimIdle(d time.Duration) Option { return func(c *Consumer) { c.claimIdle = d } }
+
+// WithDeadLetterStream sets the stream that dead-lettered entries are
+// added to, with their fields plus "dlq-error", "dlq-id" and
+// "dlq-deliveries". The default is "<stream>:dlq", which shares the
+// stream's hash tag.
+func WithDeadLetterStream(name string) Option { return func(c *Consumer) { c.dlq = name } }
+
+// WithShutdownTimeout bounds how long Run, once its context is cancelled,
+// lets the batch in flight finish before it cancels the handlers' contexts
+// and releases the keys not completed. The default is
+// DefaultShutdownTimeout (10s).
+func WithShutdownTimeout(d time.Duration) Option { return func(c *Consumer) { c.shutdown = d } }
+
+// WithExecutorOptions sets the options of the consumer's idem.Executor
+// (lease, retention, maximum attempts, failure policy, encryption, …). The
+// default is none: idem's defaults (30s lease, 24h retention).
+func WithExecutorOptions(opts ...idem.Option) Option {
+	return func(c *Consumer) { c.execOpts = append(c.execOpts, opts...) }
+}
+
+// WithGroupStart sets the ID from which a consumer group created by Run
+// (XGROUP CREATE … MKSTREAM) starts: "0" for the whole stream, "$" for new
+// entries only. An existing group is left as it is. The default is "0".
+func WithGroupStart(id string) Option { return func(c *Consumer) { c.groupStart = id } }
+
+// Stats are a Consumer's counters since New. Each counts entries.
+type Stats struct {
+	// Processed: the handler ran and the key was completed and the entry
+	// acknowledged in one script.
+	Processed int64
+	// Replayed: the key was already COMPLETED; acknowledged without running
+	// the handler.
+	Replayed int64
+	// Retried: left pending for redelivery (key in progress elsewhere,
+	// handler error, store error, lease lost).
+	Retried int64
+	// DeadLettered: moved to the dead-letter stream (including NoKey).
+	DeadLettered int64
+	// NoKey: entries without an idempotency key, dead-lettered (also
+	// counted in DeadLettered).
+	NoKey int64
+	// Claimed: entries taken over with XAUTOCLAIM after they were idle for
+	// the claim idle time.
+	Claimed int64
+	// Errors: failed broker or store calls of the loop (reads, claims,
+	// acknowledgements), retried by the loop.
+	Errors int64
+}
+
+// Consumer reads a Redis stream in a consumer group and runs a Handler at
+// most once per idempotency key (see the package documentation). Run it
+// once; its methods are safe for concurrent use.
+type Consumer struct {
+	rdb    redis.UniversalClient
+	store  *redisstore.Store
+	exec   *idem.Executor
+	stream string
+	group  string
+	name   string
+
+	batch         int
+	block         time.Duration
+	keyFn         KeyFunc
+	fpFn          func(redis.XMessage) string
+	scope         string
+	scopeSet      bool
+	maxDeliveries int
+	retryDelay    time.Duration
+	claimIdle     time.Duration
+	dlq           string
+	shutdown      time.Duration
+	groupStart    string
+	execOpts      []idem.Option
+
+	running atomic.Bool
+	stats   struct {
+		processed, replayed, retried, dead, noKey, claimed, errors atomic.Int64
+	}
+
+	// crashAt, for tests, is called before each handler with the entry's
+	// position in its batch; when it returns true the consumer stops at
+	// once as a crashed process would: nothing more is completed, released
+	// or acknowledged.
+	crashAt func(i int, msg redis.XMessage) bool
+	// plain, for the benchmark, turns idempotency off: the same loop runs
+	// the handlers and acknowledges with one XACK per batch.
+	plain bool
+}
+
+// New returns a Consumer of stream in group, as consumer name, that reads
+// entries with rdb and keeps idempotency records in store, through an
+// idem.Executor of its own (WithExecutorOptions) whose acquisitions of a
+// batch are sent in pipelines (see Executor). Records are compatible with
+// any other Executor on store. The completion of a key and the XACK of its
+// entry happen in one script on store, so stream, its dead-letter stream
+// and store's records must be able to share a script: on a Cluster, create
+// the store with redisstore.WithHashTag(tag) and name the streams "{tag}…"
+// (see redisstore.Store.CheckStream). New does no I/O. Errors wrap
+// idem.ErrInvalid.
+func New(rdb redis.UniversalClient, store *redisstore.Store, stream, group, name string, opts ...Option) (*Consumer, error) {
+	switch {
+	case rdb == nil:
+		return nil, fmt.Errorf("%w: redisstream: nil client", idem.ErrInvalid)
+	case store == nil:
+		return nil, fmt.Errorf("%w: redisstream: nil store", idem.ErrInvalid)
+	case stream == "" || group == "" || name == "":
+		return nil, fmt.Errorf("%w: redisstream: empty stream, group or consumer name", idem.ErrInvalid)
+	}
+	c := &Consumer{
+		rdb: rdb, store: store, stream: stream, group: group, name: name,
+		batch: DefaultBatchSize, block: DefaultBlock, keyFn: KeyField(DefaultKeyField),
+		maxDeliveries: DefaultMaxDeliveries, retryDelay: DefaultRetryDelay,
+		dlq: stream + ":dlq", shutdown: DefaultShutdownTimeout, groupStart: "0",
+	}
+	for _, o := range opts {
+		o(c)
+	}
+	exec, err := idem.New(&pipeliner{Store: store}, c.execOpts...)
+	if err != nil {
+		return nil, fmt.Errorf("redisstream: %w", err)
+	}
+	c.exec = exec
+	if c.claimIdle == 0 {
+		c.claimIdle = exec.Lease()
+	}
+	if !c.scopeSet {
+		c.scope = stream
+	}
+	switch {
+	case c.batch < 1 || c.batch > 10000:
+		return nil, fmt.Errorf("%w: redisstream: batch size %d is not in 1..10000", idem.ErrInvalid, c.batch)
+	case c.block < time.Millisecond:
+		return nil, fmt.Errorf("%w: redisstream: block %v is shorter than 1ms", idem.ErrInvalid, c.block)
+	case c.keyFn == nil:
+		return nil, fmt.Errorf("%w: redisstream: nil key function", idem.ErrInvalid)
+	case c.maxDeliveries < 0:
+		return nil, fmt.Errorf("%w: redisstream: max deliveries %d is negative", idem.ErrInvalid, c.maxDeliveries)
+	case c.retryDelay < 0:
+		return nil, fmt.Errorf("%w: redisstream: retry delay %v is negative", idem.ErrInvalid, c.retryDelay)
+	case c.claimIdle < 3*time.Millisecond:
+		return nil, fmt.Errorf("%w: redisstream: claim idle %v is shorter than 3ms", idem.ErrInvalid, c.claimIdle)
+	case c.dlq == "" || c.dlq == stream:
+		return nil, fmt.Errorf("%w: redisstream: the dead-letter stream %q must be named and differ from the stream", idem.ErrInvalid, c.dlq)
+	case c.shutdown < 0:
+		return nil, fmt.Errorf("%w: redisstream: shutdown timeout %v is negative", idem.ErrInvalid, c.shutdown)
+	case c.groupStart == "":
+		return nil, fmt.Errorf("%w: redisstream: empty group start ID", idem.ErrInvalid)
+	}
+	if err := store.CheckStream(stream, c.dlq); err != nil {
+		return nil, fmt.Errorf("redisstream: %w", err)
+	}
+	return c, nil
+}
+
+// Executor returns the consumer's executor: its store pipelines
+// concurrent acquisitions, its other calls go to the store given to New.
+func (c *Consumer) Executor() *idem.Executor { return c.exec }
+
+// Stats returns a snapshot of the counters.
+func (c *Consumer) Stats() Stats {
+	return Stats{
+		Processed:    c.stats.processed.Load(),
+		Replayed:     c.stats.replayed.Load(),
+		Retried:      c.stats.retried.Load(),
+		DeadLettered: c.stats.dead.Load(),
+		NoKey:        c.stats.noKey.Load(),
+		Claimed:      c.stats.claimed.Load(),
+		Errors:       c.stats.errors.Load(),
+	}
+}
+
+// errCrashed ends Run after a simulated crash (tests).
+var errCrashed = errors.New("redisstream: crashed")
+
+// Run creates the consumer group if it does not exist, then reads and
+// processes batches until ctx is cancelled: first entries idle for longer
+// than the claim idle time (XAUTOCLAIM, from crashed consumers or left for
+// a retry), then new ones (XREADGROUP … COUNT batch BLOCK block). Failed
+// reads are retried after a short pause and counted in Stats.Errors.
+//
+// When ctx is cancelled Run stops fetching, lets the batch in flight finish
+// for up to the shutdown timeout, then cancels the handlers still running
+// and releases their keys (their entries stay pending and are claimed by
+// another consumer), and returns nil. Run returns an error for a nil
+// handler, for a second concurrent Run, or when the group cannot be
+// created.
+func (c *Consumer) Run(ctx context.Context, h Handler) error {
+	if h == nil {
+		return fmt.Errorf("%w: redisstream: nil handler", idem.ErrInvalid)
+	}
+	if !c.running.CompareAndSwap(false, true) {
+		return errors.New("redisstream: Run is already running")
+	}
+	defer c.running.Store(false)
+	err := c.rdb.XGroupCreateMkStream(ctx, c.stream, c.group, c.groupStart).Err()
+	if err != nil && !redis.HasErrorPrefix(err, "BUSYGROUP") {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("redisstream: creating group %q of %q: %w", c.group, c.stream, err)
+	}
+	// Handlers and store calls run on work, which outlives ctx by the
+	// shutdown timeout.
+	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWork()
+	stopAfter := context.AfterFunc(ctx, func() {
+		t := time.AfterFunc(c.shutdown, cancelWork)
+		context.AfterFunc(work, func() { t.Stop() })
+	})
+	defer stopAfter()
+
+	claimStart := "0-0"
+	nextClaim := time.Time{}
+	for ctx.Err() == nil {
+		var msgs []redis.XMessage
+		claimed := false
+		if now := time.Now(); !now.Before(nextClaim) {
+			res, start, err := c.rdb.XAutoClaim(ctx, &redis.XAutoClaimArgs{
+				Stream: c.stream, Group: c.group, Consumer: c.name,
+				MinIdle: c.claimIdle, Start: claimStart, Count: int64(c.batch),
+			}).Result()
+			if err != nil {
+				if ctx.Err() != nil {
+					break
+				}
+				c.pause(ctx, err)
+				continue
+			}
+			msgs, claimed = res, true
+			claimStart = start
+			if start == "0-0" {
+				// Whole pending list scanned: look again in a while.
+				nextClaim = now.Add(c.claimIdle / 4)
+			}
+		}
+		if len(msgs) == 0 {
+			claimed = false
+			streams, err := c.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{
+				Group: c.group, Consumer: c.name, Streams: []string{c.stream, ">"},
+				Count: int64(c.batch), Block: c.block,
+			}).Result()
+			if err != nil {
+				if errors.Is(err, redis.Nil) || ctx.Err() != nil {
+					continue
+				}
+				c.pause(ctx, err)
+				continue
+			}
+			for _, s := range streams {
+				msgs = append(msgs, s.Messages...)
+			}
+		}
+		if len(msgs) == 0 {
+			continue
+		}
+		deliveries, err := c.deliveries(work, msgs, claimed)
+		if err != nil {
+			c.pause(ctx, err)
+			continue
+		}
+		if claimed {
+			c.stats.claimed.Add(int64(len(msgs)))
+		}
+		if c.process(work, msgs, deliveries, h) {
+			return errCrashed
+		}
+	}
+	return nil
+}
+
+// pause counts a failed call and waits a little before the next.
+func (c *Consumer) pause(ctx context.Context, err error) {
+	_ = err
+	c.stats.errors.Add(1)
+	t := time.NewTimer(50 * time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// deliveries returns the delivery count of each entry: 1 for entries read
+// with ">", the group's counter (XPENDING) for claimed ones.
+func (c *Consumer) deliveries(ctx context.Context, msgs []redis.XMessage, claimed bool) ([]int, error) {
+	out := make([]int, len(msgs))
+	if !claimed {
+		for i := range out {
+			out[i] = 1
+		}
+		return out, nil
+	}
+	// One XPENDING per entry, in one pipeline: a range query could be
+	// crowded out by this consumer's other pending entries.
+	cmds := make([]*redis.XPendingExtCmd, len(msgs))
+	_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, m := range msgs {
+			cmds[i] = p.XPendingExt(ctx, &redis.XPendingExtArgs{
+				Stream: c.stream, Group: c.group, Start: m.ID, End: m.ID, Count: 1,
+			})
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("redisstream: XPENDING: %w", err)
+	}
+	for i, cmd := range cmds {
+		out[i] = 1
+		if p := cmd.Val(); len(p) == 1 {
+			out[i] = max(int(p[0].RetryCount), 1)
+		}
+	}
+	return out, nil
+}
+
+// held is a message whose key this consumer acquired.
+type held struct {
+	ctx context.Context
+	a   *idem.Attempt
+}
+
+// process handles one batch, with the semantics of consumer.Processor:
+// acquire every key, run the handlers in order, then complete and
+// acknowledge the successful ones in one pipelined round of
+// complete-and-ack scripts. It reports whether a simulated crash happened.
+func (c *Consumer) process(ctx context.Context, msgs []redis.XMessage, deliveries []int, h Handler) (crashed bool) {
+	if c.plain {
+		c.processPlain(ctx, msgs, h)
+		return false
+	}
+	n := len(msgs)
+	results := make([]consumer.Result, n)
+	attempts := make([]held, n)
+	keys := make([]string, n)
+	for i, m := range msgs {
+		keys[i] = c.keyFn(m)
+	}
+
+	// Acquire: one Begin per key, concurrently; the executor's store
+	// (pipeliner) sends the concurrent acquisitions in pipelines, so the
+	// batch costs about two round trips.
+	// A key repeated in the batch with the same fingerprint follows its
+	// first occurrence (follow[i] is that index + 1): acknowledged as a
+	// replay once the first is completed, retried otherwise. Acquiring it
+	// would only find the key IN_PROGRESS.
+	follow := make([]int, n)
+	type first struct {
+		i  int
+		fp string
+	}
+	firsts := make(map[string]first, n)
+	var wg sync.WaitGroup
+	for i := range msgs {
+		if keys[i] == "" {
+			results[i] = consumer.Result{Action: consumer.DeadLetter, Err: consumer.ErrNoKey}
+			continue
+		}
+		fp := ""
+		if c.fpFn != nil {
+			fp = c.fpFn(msgs[i])
+		}
+		if f, ok := firsts[keys[i]]; ok && f.fp == fp {
+			follow[i] = f.i + 1
+			continue
+		} else if !ok {
+			firsts[keys[i]] = first{i, fp}
+		}
+		wg.Add(1)
+		go func(i int, fp string) {
+			defer wg.Done()
+			actx, a, err := c.exec.Begin(ctx, idem.Key{Scope: c.scope, ID: keys[i]}, fp)
+			switch {
+			case err == nil && a.Replayed():
+				results[i] = consumer.Result{Action: consumer.Ack, Replayed: true}
+			case err == nil:
+				attempts[i] = held{actx, a}
+			default:
+				results[i] = c.refused(err)
+			}
+		}(i, fp)
+	}
+	wg.Wait()
+
+	// Keep the batch's entries from being claimed while handlers run.
+	stopTouch := c.touch(ctx, msgs, attempts)
+
+	sctx := context.WithoutCancel(ctx)
+	done := make([]bool, n)
+	for i, m := range msgs {
+		at := attempts[i]
+		if at.a == nil {
+			continue
+		}
+		if c.crashAt != nil && c.crashAt(i, m) {
+			stopTouch()
+			for _, x := range attempts {
+				if x.a != nil {
+					_ = x.a.Abandon() // stop heartbeats; the records stay IN_PROGRESS
+				}
+			}
+			return true
+		}
+		var err error
+		if ctx.Err() != nil {
+			err = fmt.Errorf("redisstream: shutting down: %w", ctx.Err())
+		} else {
+			err = c.call(at.ctx, h, m)
+		}
+		if err == nil {
+			done[i] = true
+			continue
+		}
+		attempts[i].a = nil
+		if idem.IsTerminal(err) || (c.maxDeliveries > 0 && deliveries[i] >= c.maxDeliveries) {
+			ferr := at.a.Fail(sctx, err)
+			results[i] = consumer.Result{Action: consumer.DeadLetter, Err: errors.Join(err, ferr)}
+			if ferr != nil && !errors.Is(ferr, idem.ErrLeaseLost) {
+				results[i] = consumer.Result{Action: consumer.Retry, Delay: c.retryDelay, Err: errors.Join(err, ferr)}
+			}
+			continue
+		}
+		rerr := at.a.Release(sctx)
+		results[i] = consumer.Result{Action: consumer.Retry, Delay: c.retryDelay, Err: errors.Join(err, rerr)}
+	}
+	stopTouch()
+
+	// Complete and acknowledge in one pipelined round.
+	var acks []redisstore.StreamAck
+	var ackIdx []int
+	for i := range msgs {
+		at := attempts[i]
+		if at.a == nil || !done[i] {
+			continue
+		}
+		// Stop the heartbeat without a store call; the complete below
+		// checks owner and fence, so only a takeover can refuse it.
+		if err := at.a.Abandon(); err != nil {
+			results[i] = consumer.Result{Action: consumer.Retry, Delay: c.retryDelay, Err: err}
+			continue
+		}
+		acks = append(acks, redisstore.StreamAck{Key: at.a.Key(), Lease: at.a.Lease(), Result: emptyResult, ID: msgs[i].ID})
+		ackIdx = append(ackIdx, i)
+	}
+	if len(acks) > 0 {
+		errs := c.store.CompleteAndAckBatch(sctx, c.stream, c.group, c.exec.Retention(), acks)
+		for j, i := range ackIdx {
+			if errs[j] != nil {
+				// Not completed (lease lost, store down): the entry stays
+				// pending and comes back; the record decides then.
+				results[i] = consumer.Result{Action: consumer.Retry, Delay: c.retryDelay, Err: errs[j]}
+				continue
+			}
+			results[i] = consumer.Result{Action: consumer.Ack}
+		}
+	}
+
+	for i, f := range follow {
+		switch {
+		case f == 0:
+		case results[f-1].Action == consumer.Ack:
+			results[i] = consumer.Result{Action: consumer.Ack, Replayed: true}
+		default:
+			results[i] = consumer.Result{Action: consumer.Retry, Delay: c.retryDelay,
+				Err: fmt.Errorf("redisstream: an earlier entry of the batch with the same key was not completed: %w", results[f-1].Err)}
+		}
+	}
+
+	// Replays: one XACK for all of them.
+	var replayIDs []string
+	for i, r := range results {
+		switch r.Action {
+		case consumer.Ack:
+			if r.Replayed {
+				replayIDs = append(replayIDs, msgs[i].ID)
+				c.stats.replayed.Add(1)
+			} else {
+				c.stats.processed.Add(1)
+			}
+		case consumer.Retry:
+			c.stats.retried.Add(1)
+		case consumer.DeadLetter:
+			c.deadLetter(sctx, msgs[i], deliveries[i], r.Err)
+		}
+	}
+	if len(replayIDs) > 0 {
+		if err := c.rdb.XAck(sctx, c.stream, c.group, replayIDs...).Err(); err != nil {
+			c.stats.errors.Add(1) // left pending: claimed and replayed again
+		}
+	}
+	return false
+}
+
+// emptyResult is the stored result of a processed message: the Executor's
+// encoding of an empty value (a zero flags byte), which any Executor
+// decodes, whatever its compression or encryption settings.
+var emptyResult = []byte{0}
+
+// call runs h, turning a panic into an error so that the key is released
+// and the entry retried.
+func (c *Consumer) call(ctx context.Context, h Handler, m redis.XMessage) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("redisstream: handler panicked: %v", r)
+		}
+	}()
+	return h(ctx, m)
+}
+
+// refused maps a Begin error to a Result, as consumer.Processor does.
+func (c *Consumer) refused(err error) consumer.Result {
+	var ip *idem.InProgressError
+	var failed *idem.FailedError
+	switch {
+	case errors.As(err, &ip):
+		return consumer.Result{Action: consumer.Retry, Delay: max(ip.RetryAfter, time.Millisecond), Err: err}
+	case errors.As(err, &failed), errors.Is(err, idem.ErrMismatch), errors.Is(err, idem.ErrInvalid):
+		return consumer.Result{Action: consumer.DeadLetter, Err: err}
+	default:
+		return consumer.Result{Action: consumer.Retry, Delay: c.retryDelay, Err: err}
+	}
+}
+
+// deadLetter copies m to the dead-letter stream and acknowledges it in one
+// script; if that fails the entry stays pending and is dead-lettered again
+// when claimed (its key is FAILED by then, or it has no key).
+func (c *Consumer) deadLetter(ctx context.Context, m redis.XMessage, deliveries int, cause error) {
+	fields := make([]string, 0, 2*len(m.Values)+6)
+	for k, v := range m.Values {
+		fields = append(fields, k, fmt.Sprint(v))
+	}
+	msg := "unknown"
+	if cause != nil {
+		msg = cause.Error()
+	}
+	fields = append(fields, "dlq-error", msg, "dlq-id", m.ID, "dlq-deliveries", strconv.Itoa(deliveries))
+	ok, err := c.store.DeadLetter(ctx, c.stream, c.group, m.ID, c.dlq, fields)
+	if err != nil {
+		c.stats.errors.Add(1)
+		c.stats.retried.Add(1)
+		return
+	}
+	if !ok {
+		return // no longer pending: another consumer dealt with it
+	}
+	c.stats.dead.Add(1)
+	if errors.Is(cause, consumer.ErrNoKey) {
+		c.stats.noKey.Add(1)
+	}
+}
+
+// touch resets the idle time of the batch's acquired entries every third of
+// the claim idle time (XCLAIM … JUSTID to this consumer, which does not
+// count a delivery), so that other consumers do not claim entries whose
+// handler is still running: the broker-side counterpart of the lease
+// heartbeat. It returns a function that stops it.
+func (c *Consumer) touch(ctx context.Context, msgs []redis.XMessage, attempts []held) func() {
+	var ids []string
+	for i, at := range attempts {
+		if at.a != nil {
+			ids = append(ids, msgs[i].ID)
+		}
+	}
+	if len(ids) == 0 {
+		return func() {}
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(c.claimIdle / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				err := c.rdb.XClaimJustID(ctx, &redis.XClaimArgs{
+					Stream: c.stream, Group: c.group, Consumer: c.name, MinIdle: 0, Messages: ids,
+				}).Err()
+				if err != nil {
+					c.stats.errors.Add(1)
+				}
+			}
+		}
+	}()
+	var once sync.Once
+	return func() { once.Do(func() { close(stop); wg.Wait() }) }
+}
+
+// processPlain is process without idempotency, for the benchmark's
+// baseline: run the handlers, acknowledge the successful entries.
+func (c *Consumer) processPlain(ctx context.Context, msgs []redis.XMessage, h Handler) {
+	ids := make([]string, 0, len(msgs))
+	for _, m := range msgs {
+		if c.call(ctx, h, m) == nil {
+			ids = append(ids, m.ID)
+		} else {
+			c.stats.retried.Add(1)
+		}
+	}
+	if len(ids) > 0 {
+		if err := c.rdb.XAck(context.WithoutCancel(ctx), c.stream, c.group, ids...).Err(); err != nil {
+			c.stats.errors.Add(1)
+			return
+		}
+		c.stats.processed.Add(int64(len(ids)))
+	}
+}

@@ -1,0 +1,447 @@
+package redisstream
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/redistest"
+	"github.com/idemgo/idem/redisstore"
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
+)
+
+// env is one consumer on a real Redis, with a client for the test's own
+// commands.
+type env struct {
+	t      *testing.T
+	rdb    redis.UniversalClient
+	store  *redisstore.Store
+	exec   *idem.Executor
+	stream string
+	group  string
+	lease  time.Duration
+}
+
+func newEnv(t *testing.T, rdb redis.UniversalClient, tag string, lease time.Duration) *env {
+	t.Helper()
+	var opts []redisstore.Option
+	stream := "orders"
+	if tag != "" {
+		opts = append(opts, redisstore.WithHashTag(tag))
+		stream = "{" + tag + "}:orders"
+	}
+	store, err := redisstore.New(rdb, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exec, err := idem.New(store, idem.WithLease(lease), idem.WithRetention(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &env{t: t, rdb: rdb, store: store, exec: exec, stream: stream, group: "g", lease: lease}
+}
+
+func standalone(t *testing.T) redis.UniversalClient {
+	t.Helper()
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	return rdb
+}
+
+func (e *env) consumer(name string, opts ...Option) *Consumer {
+	e.t.Helper()
+	opts = append([]Option{WithBlock(20 * time.Millisecond),
+		WithExecutorOptions(idem.WithLease(e.lease), idem.WithRetention(time.Hour))}, opts...)
+	c, err := New(e.rdb, e.store, e.stream, e.group, name, opts...)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return c
+}
+
+func (e *env) add(values ...any) string {
+	e.t.Helper()
+	id, err := e.rdb.XAdd(e.t.Context(), &redis.XAddArgs{Stream: e.stream, Values: values}).Result()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return id
+}
+
+// run runs c until cond holds (checked every 10ms, at most 10s), then stops
+// it and returns Run's error.
+func (e *env) run(c *Consumer, h Handler, cond func() bool) error {
+	e.t.Helper()
+	ctx, cancel := context.WithCancel(e.t.Context())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx, h) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			cancel()
+			<-done
+			e.t.Fatalf("condition not met in time; stats %+v", c.Stats())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	return <-done
+}
+
+func (e *env) pending() int64 {
+	p, err := e.rdb.XPending(e.t.Context(), e.stream, e.group).Result()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return p.Count
+}
+
+func (e *env) dlq() []redis.XMessage {
+	msgs, err := e.rdb.XRange(e.t.Context(), e.stream+":dlq", "-", "+").Result()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return msgs
+}
+
+func TestProcessReplayAndNoKey(t *testing.T) {
+	e := newEnv(t, standalone(t), "", time.Second)
+	e.add("key", "a", "n", "1")
+	e.add("key", "b")
+	e.add("key", "a", "n", "2") // duplicate
+	e.add("body", "no key here")
+	var mu sync.Mutex
+	seen := map[string]int{}
+	c := e.consumer("c1")
+	err := e.run(c, func(ctx context.Context, m redis.XMessage) error {
+		if _, ok := idem.FenceFrom(ctx); !ok {
+			t.Error("no fence in the handler's context")
+		}
+		mu.Lock()
+		seen[m.Values["key"].(string)]++
+		mu.Unlock()
+		return nil
+	}, func() bool { s := c.Stats(); return s.Processed+s.Replayed+s.DeadLettered == 4 })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if seen["a"] != 1 || seen["b"] != 1 {
+		t.Errorf("handler runs %v, want a:1 b:1", seen)
+	}
+	want := Stats{Processed: 2, Replayed: 1, DeadLettered: 1, NoKey: 1}
+	if got := c.Stats(); got != want {
+		t.Errorf("stats %+v, want %+v", got, want)
+	}
+	if p := e.pending(); p != 0 {
+		t.Errorf("pending %d, want 0", p)
+	}
+	d := e.dlq()
+	if len(d) != 1 || !strings.Contains(d[0].Values["dlq-error"].(string), "no idempotency key") || d[0].Values["body"] != "no key here" {
+		t.Errorf("dead-letter stream %v, want the keyless entry with its error", d)
+	}
+}
+
+func TestRetryThenDeadLetter(t *testing.T) {
+	e := newEnv(t, standalone(t), "", 30*time.Millisecond)
+	e.add("key", "bad")
+	var runs atomic.Int32
+	c := e.consumer("c1", WithMaxDeliveries(3), WithClaimIdle(30*time.Millisecond))
+	err := e.run(c, func(ctx context.Context, m redis.XMessage) error {
+		runs.Add(1)
+		return errors.New("downstream refused")
+	}, func() bool { return c.Stats().DeadLettered == 1 })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := runs.Load(); got != 3 {
+		t.Errorf("handler ran %d times, want 3 (max deliveries)", got)
+	}
+	s := c.Stats()
+	if s.Retried != 2 || s.Claimed != 2 {
+		t.Errorf("stats %+v, want 2 retries and 2 claims", s)
+	}
+	d := e.dlq()
+	if len(d) != 1 || d[0].Values["dlq-deliveries"] != "3" || !strings.Contains(d[0].Values["dlq-error"].(string), "downstream refused") {
+		t.Errorf("dead-letter stream %v", d)
+	}
+	rec, err := e.store.Get(t.Context(), idem.Key{Scope: e.stream, ID: "bad"}.Digest())
+	if err != nil || rec.State != idem.StateFailed {
+		t.Errorf("record %v %v, want FAILED", rec.State, err)
+	}
+	// A later duplicate of the failed key is dead-lettered without a run.
+	e.add("key", "bad")
+	if err := e.run(c, func(context.Context, redis.XMessage) error { runs.Add(1); return nil },
+		func() bool { return c.Stats().DeadLettered == 2 }); err != nil {
+		t.Fatal(err)
+	}
+	if got := runs.Load(); got != 3 {
+		t.Errorf("handler ran %d times, want still 3", got)
+	}
+	if p := e.pending(); p != 0 {
+		t.Errorf("pending %d, want 0", p)
+	}
+}
+
+func TestTerminalErrorDeadLettersAtOnce(t *testing.T) {
+	e := newEnv(t, standalone(t), "", time.Second)
+	e.add("key", "x")
+	c := e.consumer("c1")
+	if err := e.run(c, func(context.Context, redis.XMessage) error {
+		return idem.Terminal(errors.New("invalid order"))
+	}, func() bool { return c.Stats().DeadLettered == 1 }); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(e.dlq()); n != 1 {
+		t.Errorf("dead-letter stream has %d entries, want 1", n)
+	}
+}
+
+// TestInProgressDuplicateIsNotAcked holds a key with another owner: the
+// entry stays pending, unacknowledged, until the key is completed; then it
+// is claimed and replayed.
+func TestInProgressDuplicateIsNotAcked(t *testing.T) {
+	e := newEnv(t, standalone(t), "", 200*time.Millisecond)
+	_, other, err := e.exec.Begin(t.Context(), idem.Key{Scope: e.stream, ID: "k"}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.add("key", "k")
+	var runs atomic.Int32
+	c := e.consumer("c1", WithClaimIdle(30*time.Millisecond))
+	h := func(context.Context, redis.XMessage) error { runs.Add(1); return nil }
+	if err := e.run(c, h, func() bool { return c.Stats().Retried >= 2 }); err != nil {
+		t.Fatal(err)
+	}
+	if p := e.pending(); p != 1 {
+		t.Fatalf("pending %d while the key is held elsewhere, want 1", p)
+	}
+	if err := other.Commit(t.Context(), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.run(c, h, func() bool { return c.Stats().Replayed == 1 }); err != nil {
+		t.Fatal(err)
+	}
+	if runs.Load() != 0 || e.pending() != 0 {
+		t.Errorf("runs %d, pending %d; want 0 and 0", runs.Load(), e.pending())
+	}
+}
+
+// TestLongHandlerKeepsEntry runs a handler for several claim idle times:
+// the lease heartbeat and the XCLAIM touch keep a second consumer from
+// claiming the entry, and it is processed once.
+func TestLongHandlerKeepsEntry(t *testing.T) {
+	// Generous margins: ticks every third of 400ms on a loaded machine.
+	e := newEnv(t, standalone(t), "", 400*time.Millisecond)
+	e.add("key", "slow")
+	var runs atomic.Int32
+	h := func(ctx context.Context, m redis.XMessage) error {
+		runs.Add(1)
+		select {
+		case <-time.After(1500 * time.Millisecond):
+			return nil
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	}
+	c1 := e.consumer("c1")
+	c2 := e.consumer("c2")
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	go c2.Run(ctx, h) //nolint:errcheck // stopped by cancel
+	if err := e.run(c1, h, func() bool { return c1.Stats().Processed+c2.Stats().Processed == 1 }); err != nil {
+		t.Fatal(err)
+	}
+	if got := runs.Load(); got != 1 {
+		t.Errorf("handler ran %d times, want 1", got)
+	}
+	if s := c2.Stats(); s.Claimed != 0 {
+		t.Errorf("second consumer claimed %d entries, want 0", s.Claimed)
+	}
+}
+
+// TestLeaseLostIsNotAcked deletes the record while the handler runs (as a
+// takeover would): the handler's context is cancelled, the entry is not
+// acknowledged.
+func TestLeaseLostIsNotAcked(t *testing.T) {
+	e := newEnv(t, standalone(t), "", 60*time.Millisecond)
+	e.add("key", "k")
+	var cause atomic.Value
+	c := e.consumer("c1", WithClaimIdle(time.Minute))
+	err := e.run(c, func(ctx context.Context, m redis.XMessage) error {
+		if err := e.store.Delete(ctx, idem.Key{Scope: e.stream, ID: "k"}.Digest()); err != nil {
+			return err
+		}
+		<-ctx.Done()
+		cause.Store(context.Cause(ctx))
+		return nil // even a nil error must not lead to an ack
+	}, func() bool { return c.Stats().Retried == 1 })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err, _ := cause.Load().(error); !errors.Is(err, idem.ErrLeaseLost) {
+		t.Errorf("handler context cause %v, want ErrLeaseLost", err)
+	}
+	if p := e.pending(); p != 1 {
+		t.Errorf("pending %d, want 1", p)
+	}
+}
+
+// TestShutdownReleasesInFlight cancels Run while a handler blocks: after
+// the shutdown timeout the handler's context is cancelled, the key is
+// released and the entry stays pending for another consumer.
+func TestShutdownReleasesInFlight(t *testing.T) {
+	e := newEnv(t, standalone(t), "", time.Second)
+	e.add("key", "k")
+	started := make(chan struct{})
+	c := e.consumer("c1", WithShutdownTimeout(50*time.Millisecond))
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() {
+		done <- c.Run(ctx, func(ctx context.Context, m redis.XMessage) error {
+			close(started)
+			<-ctx.Done()
+			return ctx.Err()
+		})
+	}()
+	<-started
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return after the shutdown timeout")
+	}
+	rec, err := e.store.Get(t.Context(), idem.Key{Scope: e.stream, ID: "k"}.Digest())
+	if err != nil || rec.State != idem.StateReleased {
+		t.Errorf("record %v %v, want RELEASED", rec.State, err)
+	}
+	if p := e.pending(); p != 1 {
+		t.Errorf("pending %d, want 1", p)
+	}
+}
+
+func TestCluster(t *testing.T) {
+	cl := redistest.StartCluster(t, 3)
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
+	t.Cleanup(func() { rdb.Close() })
+
+	// Without a hash tag the consumer refuses to start.
+	plain := newEnv(t, rdb, "", time.Second)
+	if _, err := New(rdb, plain.store, "orders", "g", "c"); !errors.Is(err, idem.ErrInvalid) {
+		t.Errorf("New on a Cluster without hash tag: %v, want ErrInvalid", err)
+	}
+
+	e := newEnv(t, rdb, "orders", 50*time.Millisecond)
+	for _, k := range []string{"a", "b", "a", "c", "b"} {
+		e.add("key", k)
+	}
+	e.add("x", "no key")
+	var runs atomic.Int32
+	c1 := e.consumer("c1", WithBatchSize(3))
+	c2 := e.consumer("c2", WithBatchSize(3))
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	go c2.Run(ctx, func(context.Context, redis.XMessage) error { runs.Add(1); return nil }) //nolint:errcheck
+	done := func() bool {
+		s1, s2 := c1.Stats(), c2.Stats()
+		return s1.Processed+s2.Processed == 3 && s1.Replayed+s2.Replayed == 2 && s1.DeadLettered+s2.DeadLettered == 1 && e.pending() == 0
+	}
+	if err := e.run(c1, func(context.Context, redis.XMessage) error { runs.Add(1); return nil }, done); err != nil {
+		t.Fatal(err)
+	}
+	if got := runs.Load(); got != 3 {
+		t.Errorf("handler ran %d times, want 3", got)
+	}
+	if n := len(e.dlq()); n != 1 {
+		t.Errorf("dead-letter stream has %d entries, want 1", n)
+	}
+}
+
+func TestNewValidates(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
+	t.Cleanup(func() { rdb.Close() })
+	store, _ := redisstore.New(rdb)
+	tagged, _ := redisstore.New(rdb, redisstore.WithHashTag("t"))
+	cases := []struct {
+		name  string
+		store *redisstore.Store
+		strm  string
+		opts  []Option
+	}{
+		{"nil store", nil, "s", nil},
+		{"empty stream", store, "", nil},
+		{"batch 0", store, "s", []Option{WithBatchSize(0)}},
+		{"block 0", store, "s", []Option{WithBlock(0)}},
+		{"nil key", store, "s", []Option{WithKey(nil)}},
+		{"negative deliveries", store, "s", []Option{WithMaxDeliveries(-1)}},
+		{"negative retry", store, "s", []Option{WithRetryDelay(-1)}},
+		{"claim idle", store, "s", []Option{WithClaimIdle(time.Millisecond)}},
+		{"dlq is stream", store, "s", []Option{WithDeadLetterStream("s")}},
+		{"group start", store, "s", []Option{WithGroupStart("")}},
+		{"executor option", store, "s", []Option{WithExecutorOptions(idem.WithLease(0))}},
+		{"tag mismatch", tagged, "{u}:s", nil},
+		{"dlq tag mismatch", tagged, "{t}:s", []Option{WithDeadLetterStream("dlq")}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := New(rdb, tc.store, tc.strm, "g", "c", tc.opts...); !errors.Is(err, idem.ErrInvalid) {
+				t.Errorf("got %v, want ErrInvalid", err)
+			}
+		})
+	}
+	if _, err := New(rdb, tagged, "{t}:s", "g", "c"); err != nil {
+		t.Errorf("valid tagged consumer: %v", err)
+	}
+}
+
+func TestKeyHash(t *testing.T) {
+	f := KeyHash("order", "line")
+	a := f(redis.XMessage{Values: map[string]any{"order": "1", "line": "2", "ts": "x"}})
+	b := f(redis.XMessage{Values: map[string]any{"order": "1", "line": "2", "ts": "y"}})
+	c := f(redis.XMessage{Values: map[string]any{"order": "12", "line": ""}})
+	if a == "" || a != b || a == c {
+		t.Errorf("KeyHash: %q %q %q; want equal for equal fields, different otherwise", a, b, c)
+	}
+	if got := f(redis.XMessage{Values: map[string]any{"other": "1"}}); got != "" {
+		t.Errorf("KeyHash without the fields = %q, want no key", got)
+	}
+}
+
+// TestRueidisStore runs the consumer with the store on a rueidis client
+// (the stream is still read with go-redis).
+func TestRueidisStore(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	rc, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rc.Close)
+	store, err := redisstore.NewRueidis(rc, redisstore.WithHashTag("r"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, rdb: rdb, store: store, stream: "{r}:orders", group: "g", lease: time.Second}
+	for _, k := range []string{"a", "b", "a", "c"} {
+		e.add("key", k)
+	}
+	var runs atomic.Int32
+	c := e.consumer("c1")
+	if err := e.run(c, func(context.Context, redis.XMessage) error { runs.Add(1); return nil },
+		func() bool { s := c.Stats(); return s.Processed == 3 && s.Replayed == 1 }); err != nil {
+		t.Fatal(err)
+	}
+	if runs.Load() != 3 || e.pending() != 0 {
+		t.Errorf("runs %d, pending %d; want 3 and 0", runs.Load(), e.pending())
+	}
+}

@@ -1,0 +1,62 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/idemgo/idem"
+)
+
+var _ idem.BatchStore = (*Store)(nil)
+
+// CompleteBatch runs Complete for every keys[i] with leases[i] and
+// results[i], in one pipeline (on a Cluster, one per node), and returns one
+// error per key with Complete's meaning. A store configured with WithWait
+// or WithWaitAOF refuses batches (every error wraps idem.ErrInvalid): use
+// Complete. The results must not be modified during the call.
+func (s *Store) CompleteBatch(ctx context.Context, keys []string, leases []idem.Lease, results [][]byte, retention time.Duration) []error {
+	errs := make([]error, len(keys))
+	if len(leases) != len(keys) || len(results) != len(keys) {
+		for i := range errs {
+			errs[i] = fmt.Errorf("%w: %d keys, %d leases and %d results", idem.ErrInvalid, len(keys), len(leases), len(results))
+		}
+		return errs
+	}
+	if err := idem.ValidateDuration("retention", retention); err != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+		return errs
+	}
+	calls := make([]evalCall, 0, len(keys))
+	idx := make([]int, 0, len(keys))
+	for i, key := range keys {
+		if s.wait != nil {
+			errs[i] = errBatchWait
+			continue
+		}
+		if err := checkOwner(key, leases[i]); err != nil {
+			errs[i] = err
+			continue
+		}
+		calls = append(calls, evalCall{
+			keys: []string{s.Key(key)},
+			args: []string{leases[i].Owner, strconv.FormatInt(leases[i].Fence, 10), bytesArg(results[i]), ms(retention), s.pub, s.channel(key)},
+		})
+		idx = append(idx, i)
+	}
+	if len(calls) == 0 {
+		return errs
+	}
+	replies, rerrs := s.runMulti(ctx, completeScript, calls)
+	for j, i := range idx {
+		if rerrs[j] != nil {
+			errs[i] = rerrs[j]
+			continue
+		}
+		errs[i] = parseOK("complete", replies[j])
+	}
+	return errs
+}

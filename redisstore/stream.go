@@ -1,0 +1,283 @@
+package redisstore
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
+)
+
+var (
+	//go:embed lua/complete_ack.lua
+	completeAckSrc string
+	//go:embed lua/dead_letter.lua
+	deadLetterSrc string
+
+	completeAckScript = newScript("complete_ack", completeAckSrc)
+	deadLetterScript  = newScript("dead_letter", deadLetterSrc)
+)
+
+// errBatchWait is returned by the pipelined calls of a store configured
+// with WithWait or WithWaitAOF.
+var errBatchWait = fmt.Errorf("%w: pipelined calls do not support WithWait or WithWaitAOF", idem.ErrInvalid)
+
+// evalCall is one script call of a pipeline.
+type evalCall struct {
+	keys []string
+	args []string
+}
+
+// multiRunner runs many calls of one script in one pipeline and returns one
+// normalized reply or error per call. All three backends implement it.
+type multiRunner interface {
+	runMulti(ctx context.Context, s *script, calls []evalCall) ([]any, []error)
+}
+
+func (b *goRedis) runMulti(ctx context.Context, s *script, calls []evalCall) ([]any, []error) {
+	return pipelineGoRedis(ctx, b.c, s, calls)
+}
+
+func (b *goRedisCluster) runMulti(ctx context.Context, s *script, calls []evalCall) ([]any, []error) {
+	// The cluster client splits the pipeline by node.
+	return pipelineGoRedis(ctx, b.c, s, calls)
+}
+
+// pipelineGoRedis sends EVALSHA for every call in one pipeline, then EVAL,
+// in a second pipeline, for those that got NOSCRIPT.
+func pipelineGoRedis(ctx context.Context, c redis.UniversalClient, s *script, calls []evalCall) ([]any, []error) {
+	cmds := make([]*redis.Cmd, len(calls))
+	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, cl := range calls {
+			cmds[i] = s.gr.EvalSha(ctx, p, cl.keys, anyArgs(cl.args)...)
+		}
+		return nil
+	})
+	var again []int
+	for i, cmd := range cmds {
+		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+			again = append(again, i)
+		}
+	}
+	if len(again) > 0 {
+		_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, i := range again {
+				cmds[i] = s.gr.Eval(ctx, p, calls[i].keys, anyArgs(calls[i].args)...)
+			}
+			return nil
+		})
+	}
+	replies := make([]any, len(calls))
+	errs := make([]error, len(calls))
+	for i, cmd := range cmds {
+		v, err := cmd.Result()
+		if errors.Is(err, redis.Nil) {
+			v, err = nil, nil
+		}
+		replies[i], errs[i] = v, err
+	}
+	return replies, errs
+}
+
+func (b *rueidisBackend) runMulti(ctx context.Context, s *script, calls []evalCall) ([]any, []error) {
+	execs := make([]rueidis.LuaExec, len(calls))
+	for i, cl := range calls {
+		execs[i] = rueidis.LuaExec{Keys: cl.keys, Args: cl.args}
+	}
+	// ExecMulti sends EVALSHA in one pipeline and falls back to EVAL.
+	results := s.ru.ExecMulti(ctx, b.c, execs...)
+	replies := make([]any, len(calls))
+	errs := make([]error, len(calls))
+	for i, r := range results {
+		replies[i], _, errs[i] = normalize(r)
+	}
+	return replies, errs
+}
+
+func (s *Store) runMulti(ctx context.Context, sc *script, calls []evalCall) ([]any, []error) {
+	m, ok := s.b.(multiRunner)
+	if !ok { // every backend implements it; kept for a future one
+		replies := make([]any, len(calls))
+		errs := make([]error, len(calls))
+		for i := range calls {
+			errs[i] = fmt.Errorf("redisstore: %s: backend %T cannot pipeline", sc.name, s.b)
+		}
+		return replies, errs
+	}
+	replies, errs := m.runMulti(ctx, sc, calls)
+	for i, err := range errs {
+		if err != nil {
+			errs[i] = fmt.Errorf("redisstore: %s: %w", sc.name, err)
+		}
+	}
+	return replies, errs
+}
+
+// AcquireBatch runs Acquire for every keys[i] with reqs[i], in one pipeline
+// (on a Cluster, one per node), and returns one Acquisition and one error
+// per key, with the same meaning as Acquire's. Keys may repeat: their calls
+// run in order. Invalid input fails that key only, before anything is
+// sent. A store configured with WithWait or WithWaitAOF refuses batches
+// (every error wraps idem.ErrInvalid): use Acquire. It is safe for
+// concurrent use.
+func (s *Store) AcquireBatch(ctx context.Context, keys []string, reqs []idem.AcquireRequest) ([]idem.Acquisition, []error) {
+	out := make([]idem.Acquisition, len(keys))
+	errs := make([]error, len(keys))
+	if len(reqs) != len(keys) {
+		for i := range errs {
+			errs[i] = fmt.Errorf("%w: %d keys and %d requests", idem.ErrInvalid, len(keys), len(reqs))
+		}
+		return out, errs
+	}
+	calls := make([]evalCall, 0, len(keys))
+	idx := make([]int, 0, len(keys))
+	for i, key := range keys {
+		if s.wait != nil {
+			errs[i] = errBatchWait
+			continue
+		}
+		if err := idem.ValidateStoreKey(key); err != nil {
+			errs[i] = err
+			continue
+		}
+		req := reqs[i]
+		if err := req.Validate(); err != nil {
+			errs[i] = err
+			continue
+		}
+		calls = append(calls, evalCall{
+			keys: []string{s.Key(key)},
+			args: []string{req.Fingerprint, req.Owner, ms(req.Lease), ms(req.Retention), strconv.Itoa(req.MaxAttempts), inProgressTTL(req.Lease)},
+		})
+		idx = append(idx, i)
+	}
+	if len(calls) == 0 {
+		return out, errs
+	}
+	replies, rerrs := s.runMulti(ctx, acquireScript, calls)
+	for j, i := range idx {
+		if rerrs[j] != nil {
+			errs[i] = rerrs[j]
+			continue
+		}
+		a, err := parseAcquire(replies[j])
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		if a.Outcome == idem.Acquired || a.Outcome == idem.TakenOver {
+			a.Lease.Owner = reqs[i].Owner
+		}
+		out[i] = a
+	}
+	return out, errs
+}
+
+// StreamAck is one message of CompleteAndAckBatch: the record to complete
+// and the stream entry to acknowledge with it.
+type StreamAck struct {
+	// Key is the store key (the digest of the idempotency key).
+	Key string
+	// Lease is the acquisition being completed.
+	Lease idem.Lease
+	// Result is the result blob to store, as the Executor encodes it.
+	Result []byte
+	// ID is the stream entry ID.
+	ID string
+}
+
+// CompleteAndAck does what Complete does and, in the same Lua script,
+// acknowledges the entry id of stream in the consumer group (XACK): either
+// both happen or neither does, so no crash can fall between completing a
+// key and acknowledging its message. stream must share the store's hash tag
+// (see WithHashTag and CheckStream). It returns an error wrapping
+// idem.ErrLeaseLost, and acknowledges nothing, when the caller no longer
+// owns the record. Repeating a call that succeeded succeeds again. A store
+// configured with WithWait or WithWaitAOF refuses it (idem.ErrInvalid). It
+// is safe for concurrent use.
+func (s *Store) CompleteAndAck(ctx context.Context, key string, lease idem.Lease, result []byte, retention time.Duration, stream, group, id string) error {
+	return s.CompleteAndAckBatch(ctx, stream, group, retention, []StreamAck{{Key: key, Lease: lease, Result: result, ID: id}})[0]
+}
+
+// CompleteAndAckBatch runs CompleteAndAck for every element of acks, in one
+// pipeline, and returns one error per element (nil: completed and
+// acknowledged). It is safe for concurrent use.
+func (s *Store) CompleteAndAckBatch(ctx context.Context, stream, group string, retention time.Duration, acks []StreamAck) []error {
+	errs := make([]error, len(acks))
+	calls := make([]evalCall, 0, len(acks))
+	idx := make([]int, 0, len(acks))
+	for i, a := range acks {
+		if s.wait != nil {
+			errs[i] = errBatchWait
+			continue
+		}
+		if err := s.checkStreamArgs(stream, group, a.ID); err != nil {
+			errs[i] = err
+			continue
+		}
+		if err := checkOwner(a.Key, a.Lease); err != nil {
+			errs[i] = err
+			continue
+		}
+		if err := idem.ValidateDuration("retention", retention); err != nil {
+			errs[i] = err
+			continue
+		}
+		calls = append(calls, evalCall{
+			keys: []string{s.Key(a.Key), stream},
+			args: []string{a.Lease.Owner, strconv.FormatInt(a.Lease.Fence, 10), string(a.Result), ms(retention), s.pub, s.channel(a.Key), group, a.ID},
+		})
+		idx = append(idx, i)
+	}
+	if len(calls) == 0 {
+		return errs
+	}
+	replies, rerrs := s.runMulti(ctx, completeAckScript, calls)
+	for j, i := range idx {
+		if rerrs[j] != nil {
+			errs[i] = rerrs[j]
+			continue
+		}
+		errs[i] = parseOK("complete_ack", replies[j])
+	}
+	return errs
+}
+
+// DeadLetter copies the pending entry id of stream to the stream dlq, with
+// the given fields (field, value, …), and acknowledges it in the consumer
+// group, in one Lua script. An entry that is no longer pending (another
+// consumer acknowledged or dead-lettered it) is left alone and DeadLetter
+// reports false. dlq must share the stream's hash tag on a Cluster. It is
+// safe for concurrent use.
+func (s *Store) DeadLetter(ctx context.Context, stream, group, id, dlq string, fields []string) (bool, error) {
+	if err := s.checkStreamArgs(stream, group, id); err != nil {
+		return false, err
+	}
+	if dlq == "" || len(fields) == 0 || len(fields)%2 != 0 {
+		return false, fmt.Errorf("%w: dead letter needs a stream and field, value pairs", idem.ErrInvalid)
+	}
+	args := make([]string, 0, 2+len(fields))
+	args = append(args, group, id)
+	args = append(args, fields...)
+	replies, errs := s.runMulti(ctx, deadLetterScript, []evalCall{{keys: []string{stream, dlq}, args: args}})
+	if errs[0] != nil {
+		return false, errs[0]
+	}
+	n, ok := asInt(replies[0])
+	if !ok || (n != 0 && n != 1) {
+		return false, replyError("dead_letter", replies[0])
+	}
+	return n == 1, nil
+}
+
+func (s *Store) checkStreamArgs(stream, group, id string) error {
+	if stream == "" || group == "" || id == "" {
+		return fmt.Errorf("%w: empty stream, group or entry ID", idem.ErrInvalid)
+	}
+	return nil
+}
