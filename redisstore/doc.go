@@ -11,7 +11,10 @@
 //
 // One record per idempotency key, at <prefix>{<digest>}: the digest is
 // idem.Key.Digest, so raw keys never reach Redis, and the braces make it a
-// Cluster hash tag, so every script touches one slot. The record is a
+// Cluster hash tag, so every script touches one slot. With WithHashTag(tag)
+// the key is <prefix>{<tag>}{<digest>}: every record of that store shares
+// the tag's slot, which a Redis Streams consumer needs on a Cluster so that
+// one script can complete a record and XACK the stream entry. The record is a
 // string holding a few MessagePack values, packed and unpacked by the
 // scripts with Redis's built-in cmsgpack: a format version, the state,
 // fingerprint, owner, fence, lease end (µs), attempts, creation time (µs)
