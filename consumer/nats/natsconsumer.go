@@ -1,0 +1,573 @@
+package natsconsumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/consumer"
+)
+
+// Defaults of the Consumer's options.
+const (
+	DefaultKeyHeader       = jetstream.MsgIDHeader // "Nats-Msg-Id"
+	DefaultBatchSize       = 100
+	DefaultFetchMaxWait    = time.Second
+	DefaultShutdownTimeout = 10 * time.Second
+	DefaultDeadLetterWait  = 5 * time.Second
+	// DefaultDeadLetterPrefix is put before the original subject to form the
+	// dead-letter subject unless WithDeadLetterSubject is given.
+	DefaultDeadLetterPrefix = "dlq."
+)
+
+// Headers set on a dead-lettered message, in addition to the original
+// message's headers (its Nats-Msg-Id is moved to HeaderOriginalMsgID).
+const (
+	HeaderReason           = "Idem-Dead-Letter-Reason"
+	HeaderOriginalSubject  = "Idem-Original-Subject"
+	HeaderOriginalStream   = "Idem-Original-Stream"
+	HeaderOriginalSequence = "Idem-Original-Sequence"
+	HeaderOriginalMsgID    = "Idem-Original-Msg-Id"
+	HeaderDeliveries       = "Idem-Deliveries"
+)
+
+// ErrStopped is returned by Run when it was stopped by its context: the
+// loop drained or released its in-flight messages.
+var ErrStopped = errors.New("natsconsumer: stopped")
+
+// errShutdown is the cause given to handlers cancelled by the shutdown
+// timeout.
+var errShutdown = errors.New("natsconsumer: shutdown timeout reached")
+
+// Handler processes one message. ctx carries the idempotency lease
+// (idem.FenceFrom, idem.OwnerFrom) and is cancelled when the lease is lost
+// or the shutdown timeout is reached. A nil error completes the message's
+// key and acknowledges the message; an error releases the key and has the
+// message redelivered (an error marked with idem.Terminal dead-letters it at
+// once). A panic is recovered and treated as an error. Handlers of one Run
+// loop are called one at a time.
+type Handler func(ctx context.Context, msg jetstream.Msg) error
+
+// KeyFunc returns the idempotency key of a message; "" means the message has
+// none (it is dead-lettered and counted in Stats.NoKey).
+type KeyFunc func(msg jetstream.Msg) string
+
+// Option configures a Consumer.
+type Option func(*config)
+
+type config struct {
+	key             KeyFunc
+	fingerprint     func(jetstream.Msg) string
+	batch           int
+	maxWait         time.Duration
+	shutdownTimeout time.Duration
+	dlqSubject      string
+	dlqWait         time.Duration
+	heartbeat       time.Duration
+	onResult        func(jetstream.Msg, consumer.Result)
+}
+
+// WithKeyHeader takes the idempotency key from the header name. The
+// default is the Nats-Msg-Id header (DefaultKeyHeader), JetStream's own
+// publish deduplication ID: the adapter then extends JetStream's duplicate
+// window (2 minutes by default) to the idempotency record's retention and to
+// redeliveries, which the server-side window does not cover.
+func WithKeyHeader(name string) Option {
+	return func(c *config) {
+		c.key = func(m jetstream.Msg) string { return m.Headers().Get(name) }
+		if name == "" {
+			c.key = nil
+		}
+	}
+}
+
+// WithKeyFunc takes the idempotency key from f, for example a field of the
+// payload or a hash of a stable part of it. It replaces WithKeyHeader.
+func WithKeyFunc(f KeyFunc) Option { return func(c *config) { c.key = f } }
+
+// WithFingerprint sets a function returning a fingerprint of the message's
+// payload: a message whose key was seen with another fingerprint is
+// dead-lettered with idem.ErrMismatch. The default is no fingerprint (any
+// payload matches).
+func WithFingerprint(f func(msg jetstream.Msg) string) Option {
+	return func(c *config) { c.fingerprint = f }
+}
+
+// WithBatchSize sets how many messages one Fetch asks for; a fetched batch
+// is processed by one consumer.Processor.Process call, so its keys are
+// acquired and completed together. The default is DefaultBatchSize (100).
+func WithBatchSize(n int) Option { return func(c *config) { c.batch = n } }
+
+// WithFetchMaxWait sets how long one Fetch waits for a full batch. The
+// default is DefaultFetchMaxWait (1s).
+func WithFetchMaxWait(d time.Duration) Option { return func(c *config) { c.maxWait = d } }
+
+// WithShutdownTimeout sets how long Run, once its context is done, lets the
+// handlers of the in-flight batch finish before their context is cancelled
+// (they are then released and redelivered). The default is
+// DefaultShutdownTimeout (10s).
+func WithShutdownTimeout(d time.Duration) Option {
+	return func(c *config) { c.shutdownTimeout = d }
+}
+
+// WithDeadLetterSubject publishes every dead-lettered message to subject.
+// The default is DefaultDeadLetterPrefix + the message's subject ("dlq.orders.created"
+// for "orders.created"). A stream must capture the subject: the publish
+// waits for the stream's acknowledgement before the original is
+// terminated, and fails (the message is redelivered) otherwise.
+func WithDeadLetterSubject(subject string) Option {
+	return func(c *config) { c.dlqSubject = subject }
+}
+
+// WithDeadLetterTimeout bounds the wait for the dead-letter publish
+// acknowledgement. The default is DefaultDeadLetterWait (5s).
+func WithDeadLetterTimeout(d time.Duration) Option { return func(c *config) { c.dlqWait = d } }
+
+// WithProgressInterval sets how often the messages of the in-flight batch
+// are marked in progress (msg.InProgress) while their handlers run, which
+// resets the server's AckWait timer. The default is a third of the
+// consumer's AckWait.
+func WithProgressInterval(d time.Duration) Option { return func(c *config) { c.heartbeat = d } }
+
+// WithResultHook calls f after each message was settled with the broker,
+// with the action taken (a dead letter whose publish failed is reported as
+// the Retry it became) and the reasons, joined with the broker call's
+// error if it failed: a place for logs and metrics. f is called from the
+// Run goroutines, one message at a time per goroutine, and must not block
+// for long. The default is none.
+func WithResultHook(f func(msg jetstream.Msg, r consumer.Result)) Option {
+	return func(c *config) { c.onResult = f }
+}
+
+// Stats are the counters of a Consumer, since it was created.
+type Stats struct {
+	// Processed counts messages whose handler ran and succeeded and whose
+	// key was completed; they were then acked (a failed ack also counts in
+	// AckErrors: the message comes back and is replayed).
+	Processed uint64
+	// Replayed counts duplicates of COMPLETED keys, acknowledged without
+	// running the handler.
+	Replayed uint64
+	// Retried counts messages negatively acknowledged for redelivery: an
+	// IN_PROGRESS duplicate, a handler error, a store error, or a shutdown.
+	Retried uint64
+	// DeadLettered counts messages published to the dead-letter subject
+	// and terminated (NoKey included).
+	DeadLettered uint64
+	// NoKey counts messages without an idempotency key (all dead-lettered).
+	NoKey uint64
+	// AckErrors counts failed Ack, Nak, InProgress, Term or dead-letter
+	// publishes; the message is redelivered by the server after AckWait.
+	AckErrors uint64
+}
+
+// Consumer consumes a JetStream pull consumer through a consumer.Processor:
+// one handler execution per message key, acknowledgement only after the key
+// is COMPLETED. Its methods are safe for concurrent use; Run may be called
+// from several goroutines (each runs its own fetch loop).
+type Consumer struct {
+	js    jetstream.JetStream
+	cons  jetstream.Consumer
+	proc  *consumer.Processor
+	h     Handler
+	cfg   config
+	maxDl int // the server's MaxDeliver, or 0
+
+	processed, replayed, retried, deadLettered, noKey, ackErrors atomic.Uint64
+}
+
+// New returns a Consumer of cons, a pull consumer with explicit
+// acknowledgement, running h through proc. js publishes dead letters.
+//
+// cons should have MaxDeliver -1 (unlimited): proc's WithMaxDeliveries
+// decides when a failing message is dead-lettered. If cons has a MaxDeliver
+// limit, a message on its last delivery that would be retried is
+// dead-lettered instead, because the server would never deliver it again.
+//
+// It returns an error wrapping idem.ErrInvalid for a nil argument, an
+// invalid option or a consumer without explicit acknowledgement.
+func New(js jetstream.JetStream, cons jetstream.Consumer, proc *consumer.Processor, h Handler, opts ...Option) (*Consumer, error) {
+	switch {
+	case js == nil:
+		return nil, fmt.Errorf("%w: natsconsumer: nil JetStream", idem.ErrInvalid)
+	case cons == nil:
+		return nil, fmt.Errorf("%w: natsconsumer: nil consumer", idem.ErrInvalid)
+	case proc == nil:
+		return nil, fmt.Errorf("%w: natsconsumer: nil processor", idem.ErrInvalid)
+	case h == nil:
+		return nil, fmt.Errorf("%w: natsconsumer: nil handler", idem.ErrInvalid)
+	}
+	cfg := config{
+		batch:           DefaultBatchSize,
+		maxWait:         DefaultFetchMaxWait,
+		shutdownTimeout: DefaultShutdownTimeout,
+		dlqWait:         DefaultDeadLetterWait,
+	}
+	WithKeyHeader(DefaultKeyHeader)(&cfg)
+	for _, o := range opts {
+		o(&cfg)
+	}
+	info := cons.CachedInfo()
+	if info == nil {
+		return nil, fmt.Errorf("%w: natsconsumer: consumer has no cached info", idem.ErrInvalid)
+	}
+	ackWait := info.Config.AckWait
+	if ackWait <= 0 {
+		ackWait = 30 * time.Second // the server's default
+	}
+	if cfg.heartbeat == 0 {
+		cfg.heartbeat = ackWait / 3
+	}
+	switch {
+	case info.Config.AckPolicy != jetstream.AckExplicitPolicy:
+		return nil, fmt.Errorf("%w: natsconsumer: consumer %q has ack policy %v, want explicit", idem.ErrInvalid, info.Name, info.Config.AckPolicy)
+	case cfg.key == nil:
+		return nil, fmt.Errorf("%w: natsconsumer: nil key function or empty key header", idem.ErrInvalid)
+	case cfg.batch < 1:
+		return nil, fmt.Errorf("%w: natsconsumer: batch size %d is below 1", idem.ErrInvalid, cfg.batch)
+	case cfg.maxWait < 10*time.Millisecond:
+		return nil, fmt.Errorf("%w: natsconsumer: fetch max wait %v is below 10ms", idem.ErrInvalid, cfg.maxWait)
+	case cfg.shutdownTimeout < 0:
+		return nil, fmt.Errorf("%w: natsconsumer: shutdown timeout %v is negative", idem.ErrInvalid, cfg.shutdownTimeout)
+	case cfg.dlqWait <= 0:
+		return nil, fmt.Errorf("%w: natsconsumer: dead-letter timeout %v is not positive", idem.ErrInvalid, cfg.dlqWait)
+	case cfg.heartbeat <= 0 || cfg.heartbeat >= ackWait:
+		return nil, fmt.Errorf("%w: natsconsumer: progress interval %v must be positive and below AckWait %v", idem.ErrInvalid, cfg.heartbeat, ackWait)
+	}
+	c := &Consumer{js: js, cons: cons, proc: proc, h: h, cfg: cfg}
+	if info.Config.MaxDeliver > 0 {
+		c.maxDl = info.Config.MaxDeliver
+	}
+	return c, nil
+}
+
+// Stats returns a snapshot of the counters.
+func (c *Consumer) Stats() Stats {
+	return Stats{
+		Processed:    c.processed.Load(),
+		Replayed:     c.replayed.Load(),
+		Retried:      c.retried.Load(),
+		DeadLettered: c.deadLettered.Load(),
+		NoKey:        c.noKey.Load(),
+		AckErrors:    c.ackErrors.Load(),
+	}
+}
+
+// Run fetches batches and processes them until ctx is done, then lets the
+// in-flight batch finish (its handlers are cancelled after the shutdown
+// timeout, and their keys released), negatively acknowledges messages
+// whose fetch was still under way, and returns ErrStopped. It returns
+// another error only when fetching fails for good (the consumer or stream
+// was deleted, the connection closed). Fetch errors that can heal (a
+// timeout, a leader change) are retried.
+func (c *Consumer) Run(ctx context.Context) error {
+	for {
+		if ctx.Err() != nil {
+			return ErrStopped
+		}
+		msgs, err := c.fetch(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				c.nakAll(msgs)
+				return ErrStopped
+			}
+			if fatal(err) {
+				c.nakAll(msgs)
+				return fmt.Errorf("natsconsumer: fetch: %w", err)
+			}
+		}
+		if len(msgs) == 0 {
+			if err != nil {
+				// Do not spin on a failing server.
+				select {
+				case <-ctx.Done():
+				case <-time.After(100 * time.Millisecond):
+				}
+			}
+			continue
+		}
+		if ctx.Err() != nil {
+			c.nakAll(msgs)
+			return ErrStopped
+		}
+		c.ProcessBatch(ctx, msgs)
+	}
+}
+
+// fatal reports whether a fetch error will not heal by retrying.
+func fatal(err error) bool {
+	return errors.Is(err, jetstream.ErrConsumerDeleted) ||
+		errors.Is(err, jetstream.ErrConsumerNotFound) ||
+		errors.Is(err, jetstream.ErrStreamNotFound) ||
+		errors.Is(err, nats.ErrConnectionClosed) ||
+		errors.Is(err, jetstream.ErrMsgIteratorClosed)
+}
+
+// fetch returns one batch; on an error it may also return messages that
+// were received before it.
+func (c *Consumer) fetch(ctx context.Context) ([]jetstream.Msg, error) {
+	fctx, cancel := context.WithTimeout(ctx, c.cfg.maxWait)
+	defer cancel()
+	batch, err := c.cons.Fetch(c.cfg.batch, jetstream.FetchContext(fctx))
+	if err != nil {
+		return nil, err
+	}
+	msgs := make([]jetstream.Msg, 0, c.cfg.batch)
+	for m := range batch.Messages() {
+		msgs = append(msgs, m)
+	}
+	err = batch.Error()
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) {
+		err = nil
+	}
+	return msgs, err
+}
+
+// nakAll has msgs, fetched as Run stopped, redelivered at once.
+func (c *Consumer) nakAll(msgs []jetstream.Msg) {
+	for _, m := range msgs {
+		c.retried.Add(1)
+		r := consumer.Result{Action: consumer.Retry, Err: ErrStopped}
+		if err := m.Nak(); err != nil {
+			c.ackErrors.Add(1)
+			r.Err = errors.Join(r.Err, fmt.Errorf("natsconsumer: %v: %w", r.Action, err))
+		}
+		if c.cfg.onResult != nil {
+			c.cfg.onResult(m, r)
+		}
+	}
+}
+
+// ProcessBatch processes msgs, fetched by the caller from the consumer
+// given to New, with one consumer.Processor.Process call, and acknowledges,
+// negatively acknowledges (with the Result's delay) or dead-letters each.
+// While it runs, every message of the batch is marked in progress at the
+// progress interval. Once ctx is done the handlers still get the shutdown
+// timeout to finish. Run calls it; it is exported for callers with their
+// own fetch loop.
+func (c *Consumer) ProcessBatch(ctx context.Context, msgs []jetstream.Msg) {
+	if len(msgs) == 0 {
+		return
+	}
+	in := make([]consumer.Message, len(msgs))
+	var invalid []error // why a message is dead-lettered before Process
+	for i, m := range msgs {
+		key := c.cfg.key(m)
+		var bad error
+		if len(key) > idem.MaxKeyLen {
+			bad = fmt.Errorf("%w: key is %d bytes, over the limit of %d", consumer.ErrNoKey, len(key), idem.MaxKeyLen)
+		}
+		if c.cfg.fingerprint != nil {
+			in[i].Fingerprint = c.cfg.fingerprint(m)
+			if len(in[i].Fingerprint) > idem.MaxFingerprintLen {
+				bad = fmt.Errorf("%w: natsconsumer: fingerprint is %d bytes, over the limit of %d", idem.ErrInvalid, len(in[i].Fingerprint), idem.MaxFingerprintLen)
+			}
+		}
+		if bad != nil {
+			// Process dead-letters a message without a key; the reason is
+			// put back below.
+			if invalid == nil {
+				invalid = make([]error, len(msgs))
+			}
+			invalid[i] = bad
+			key, in[i].Fingerprint = "", ""
+		}
+		in[i].Key = key
+		if md, err := m.Metadata(); err == nil {
+			in[i].Deliveries = int(min(md.NumDelivered, 1<<31-1))
+		}
+	}
+
+	// Handlers run on a context that survives ctx by the shutdown timeout.
+	hctx, hcancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer hcancel(nil)
+	stopShutdown := context.AfterFunc(ctx, func() {
+		t := time.AfterFunc(c.cfg.shutdownTimeout, func() { hcancel(errShutdown) })
+		context.AfterFunc(hctx, func() { t.Stop() })
+	})
+	defer stopShutdown()
+
+	// Keep the server's AckWait timer from expiring while the batch runs.
+	var wg sync.WaitGroup
+	done := make(chan struct{})
+	wg.Go(func() {
+		t := time.NewTicker(c.cfg.heartbeat)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				for _, m := range msgs {
+					if err := m.InProgress(); err != nil {
+						c.ackErrors.Add(1)
+					}
+				}
+			}
+		}
+	})
+	// A key repeated within the batch (same fingerprint) is processed once:
+	// its copies share the first one's outcome. Given to Process, a copy
+	// would find the key held by this very batch.
+	uniq, from, dupOf := in, []int(nil), []int(nil)
+	seen := make(map[string]int, len(in))
+	for i, m := range in {
+		if m.Key == "" {
+			continue
+		}
+		id := m.Key + "\x00" + m.Fingerprint
+		if first, ok := seen[id]; ok {
+			if dupOf == nil {
+				dupOf = make([]int, len(in))
+				for j := range dupOf {
+					dupOf[j] = -1
+				}
+			}
+			dupOf[i] = first
+			continue
+		}
+		seen[id] = i
+	}
+	if dupOf != nil {
+		uniq = make([]consumer.Message, 0, len(in))
+		from = make([]int, 0, len(in))
+		for i, m := range in {
+			if dupOf[i] < 0 {
+				uniq = append(uniq, m)
+				from = append(from, i)
+			}
+		}
+	}
+	ures := c.proc.Process(hctx, uniq, func(ctx context.Context, i int) (err error) {
+		if from != nil {
+			i = from[i]
+		}
+		defer func() {
+			if r := recover(); r != nil {
+				err = fmt.Errorf("natsconsumer: handler panicked: %v", r)
+			}
+		}()
+		return c.h(ctx, msgs[i])
+	})
+	close(done)
+	wg.Wait()
+
+	results := ures
+	if dupOf != nil {
+		results = make([]consumer.Result, len(in))
+		for j, r := range ures {
+			results[from[j]] = r
+		}
+		for i, first := range dupOf {
+			if first < 0 {
+				continue
+			}
+			switch r := results[first]; r.Action {
+			case consumer.Ack:
+				results[i] = consumer.Result{Action: consumer.Ack, Replayed: true}
+			case consumer.Retry:
+				results[i] = r
+			default:
+				// Redeliver at once: the key's record decides then.
+				results[i] = consumer.Result{Action: consumer.Retry, Err: r.Err}
+			}
+		}
+	}
+	for i, r := range results {
+		if invalid != nil && invalid[i] != nil {
+			r.Err = invalid[i]
+		}
+		c.settle(msgs[i], in[i], r)
+	}
+}
+
+// settle maps one Result to the broker and reports the outcome to the
+// result hook.
+func (c *Consumer) settle(m jetstream.Msg, in consumer.Message, r consumer.Result) {
+	if r.Action == consumer.Retry && c.maxDl > 0 && in.Deliveries >= c.maxDl {
+		// The server will not deliver it again: dead-letter rather than
+		// lose it.
+		r = consumer.Result{Action: consumer.DeadLetter, Err: fmt.Errorf("natsconsumer: server MaxDeliver %d reached: %w", c.maxDl, r.Err)}
+	}
+	var berr error // the broker call's error
+	switch r.Action {
+	case consumer.Ack:
+		if r.Replayed {
+			c.replayed.Add(1)
+		} else {
+			c.processed.Add(1)
+		}
+		berr = m.Ack()
+	case consumer.DeadLetter:
+		if err := c.deadLetter(m, in, r.Err); err != nil {
+			// Not dead-lettered: have it come back and try again.
+			c.ackErrors.Add(1)
+			r = consumer.Result{Action: consumer.Retry, Delay: time.Second, Err: errors.Join(r.Err, err)}
+			c.retried.Add(1)
+			berr = m.NakWithDelay(r.Delay)
+			break
+		}
+		if errors.Is(r.Err, consumer.ErrNoKey) {
+			c.noKey.Add(1)
+		}
+		c.deadLettered.Add(1)
+		berr = m.Term()
+	default: // consumer.Retry
+		c.retried.Add(1)
+		berr = m.NakWithDelay(r.Delay)
+	}
+	if berr != nil {
+		c.ackErrors.Add(1)
+		r.Err = errors.Join(r.Err, fmt.Errorf("natsconsumer: %v: %w", r.Action, berr))
+	}
+	if c.cfg.onResult != nil {
+		c.cfg.onResult(m, r)
+	}
+}
+
+// deadLetter publishes m to the dead-letter subject and waits for the
+// stream's acknowledgement.
+func (c *Consumer) deadLetter(m jetstream.Msg, in consumer.Message, cause error) error {
+	subject := c.cfg.dlqSubject
+	if subject == "" {
+		subject = DefaultDeadLetterPrefix + m.Subject()
+	}
+	out := nats.NewMsg(subject)
+	out.Data = m.Data()
+	for k, v := range m.Headers() {
+		out.Header[k] = append([]string(nil), v...)
+	}
+	if id := out.Header.Get(jetstream.MsgIDHeader); id != "" {
+		out.Header.Set(HeaderOriginalMsgID, id)
+	}
+	reason := "unknown"
+	if cause != nil {
+		reason = cause.Error()
+	}
+	out.Header.Set(HeaderReason, reason)
+	out.Header.Set(HeaderOriginalSubject, m.Subject())
+	out.Header.Set(HeaderDeliveries, strconv.Itoa(in.Deliveries))
+	if md, err := m.Metadata(); err == nil {
+		out.Header.Set(HeaderOriginalStream, md.Stream)
+		out.Header.Set(HeaderOriginalSequence, strconv.FormatUint(md.Sequence.Stream, 10))
+		// The same delivery dead-lettered twice (a crash between the
+		// publish and Term) is deduplicated by the dead-letter stream.
+		out.Header.Set(jetstream.MsgIDHeader, "idem-dlq:"+md.Stream+":"+strconv.FormatUint(md.Sequence.Stream, 10))
+	} else {
+		out.Header.Del(jetstream.MsgIDHeader)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.dlqWait)
+	defer cancel()
+	if _, err := c.js.PublishMsg(ctx, out); err != nil {
+		return fmt.Errorf("natsconsumer: dead-letter publish to %q: %w", subject, err)
+	}
+	return nil
+}
