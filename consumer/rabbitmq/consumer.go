@@ -1,0 +1,576 @@
+package rabbitmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/consumer"
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Handler processes one delivery. ctx carries the idempotency lease
+// (idem.FenceFrom) and is cancelled if the lease is lost or, during
+// shutdown, when the shutdown timeout has passed. Returning nil completes
+// the key; an error releases it and the message is redelivered through the
+// retry queue (or dead-lettered after the processor's maximum number of
+// deliveries, or at once for an error marked with idem.Terminal). The
+// handler must not acknowledge the delivery itself.
+type Handler func(ctx context.Context, d *amqp.Delivery) error
+
+// Outcome is what the Consumer did with a delivery, as given to the
+// WithOnResult function.
+type Outcome struct {
+	consumer.Result
+	// Requeued is true when the retry or dead-letter copy could not be
+	// published (or was not confirmed): the original was rejected with
+	// requeue instead, so RabbitMQ delivers it again at once.
+	Requeued bool
+}
+
+// Stats are the Consumer's counters since New. Every delivery is counted
+// once, in Processed, Replayed, Retried, DeadLettered or Requeued.
+type Stats struct {
+	// Processed counts deliveries whose handler ran and completed: acked.
+	Processed int64
+	// Replayed counts duplicates of COMPLETED keys: acked without running
+	// the handler.
+	Replayed int64
+	// Retried counts deliveries copied to the retry queue (in-progress
+	// duplicates, handler and store errors, lost leases), then acked.
+	Retried int64
+	// DeadLettered counts deliveries published to the dead-letter path,
+	// then acked. It includes NoKey.
+	DeadLettered int64
+	// NoKey counts deliveries without a valid idempotency key (missing, or
+	// over idem.MaxKeyLen): dead-lettered.
+	NoKey int64
+	// Requeued counts deliveries rejected with requeue because their copy
+	// could not be published.
+	Requeued int64
+	// Reconnects counts connections made after the first one.
+	Reconnects int64
+}
+
+// Consumer consumes one RabbitMQ queue with manual acknowledgements and
+// runs a Handler at most once per idempotency key (see the package
+// documentation). Create it with New and start it with Run. Stats is safe
+// for concurrent use.
+type Consumer struct {
+	url   string
+	queue string
+	proc  *consumer.Processor // nil only in this package's benchmarks
+	h     Handler
+	cfg   config
+
+	running atomic.Bool
+
+	processed, replayed, retried, deadLettered, noKey, requeued, reconnects atomic.Int64
+	batches                                                                 atomic.Int64 // for the benchmarks
+}
+
+// New returns a Consumer of queue on the broker at url (for example
+// "amqp://guest:guest@127.0.0.1:5672/"), running h through proc. It does no
+// I/O; Run connects. It returns an error wrapping idem.ErrInvalid for an
+// invalid configuration.
+func New(url, queue string, proc *consumer.Processor, h Handler, opts ...Option) (*Consumer, error) {
+	switch {
+	case url == "":
+		return nil, invalidf("empty URL")
+	case queue == "":
+		return nil, invalidf("empty queue name")
+	case proc == nil:
+		return nil, invalidf("nil processor")
+	case h == nil:
+		return nil, invalidf("nil handler")
+	}
+	if _, err := amqp.ParseURI(url); err != nil {
+		return nil, fmt.Errorf("%w: rabbitmq: %w", idem.ErrInvalid, err)
+	}
+	cfg := defaultConfig(queue)
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if err := cfg.validate(queue); err != nil {
+		return nil, err
+	}
+	if err := proc.Key("k").Validate(); err != nil {
+		return nil, fmt.Errorf("rabbitmq: the processor's scope: %w", err)
+	}
+	return &Consumer{url: url, queue: queue, proc: proc, h: h, cfg: cfg}, nil
+}
+
+func invalidf(format string, args ...any) error {
+	return fmt.Errorf("%w: rabbitmq: %s", idem.ErrInvalid, fmt.Sprintf(format, args...))
+}
+
+// Stats returns the counters.
+func (c *Consumer) Stats() Stats {
+	return Stats{
+		Processed:    c.processed.Load(),
+		Replayed:     c.replayed.Load(),
+		Retried:      c.retried.Load(),
+		DeadLettered: c.deadLettered.Load(),
+		NoKey:        c.noKey.Load(),
+		Requeued:     c.requeued.Load(),
+		Reconnects:   c.reconnects.Load(),
+	}
+}
+
+// Run connects, declares the topology and consumes until ctx is cancelled.
+// It reconnects with exponential backoff whenever the connection or the
+// channel is lost (reporting the cause to the WithOnError function) and
+// re-declares the topology each time.
+//
+// When ctx is cancelled, Run stops taking deliveries, lets the handlers of
+// the batch in flight finish (cancelling their context after the shutdown
+// timeout, which releases their keys), settles that batch, closes the
+// connection (RabbitMQ requeues the prefetched deliveries that no handler
+// saw) and returns nil. Run returns only then: dial errors, authentication
+// failures included, are reported to the WithOnError function and retried.
+// Run may be called only once at a time.
+func (c *Consumer) Run(ctx context.Context) error {
+	if !c.running.CompareAndSwap(false, true) {
+		return errors.New("rabbitmq: Run is already running")
+	}
+	defer c.running.Store(false)
+
+	// work is the context of handlers and broker calls: it outlives ctx by
+	// the shutdown timeout.
+	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWork()
+	stop := context.AfterFunc(ctx, func() {
+		t := time.AfterFunc(c.cfg.shutdownTimeout, cancelWork)
+		context.AfterFunc(work, func() { t.Stop() })
+	})
+	defer stop()
+
+	backoff := c.cfg.minBackoff
+	for first := true; ; first = false {
+		if ctx.Err() != nil {
+			return nil
+		}
+		if !first {
+			c.reconnects.Add(1)
+		}
+		consumed, err := c.session(ctx, work)
+		if ctx.Err() != nil {
+			return nil
+		}
+		c.report(err)
+		if consumed {
+			backoff = c.cfg.minBackoff
+		}
+		sleep := backoff/2 + rand.N(backoff/2+1)
+		backoff = min(2*backoff, c.cfg.maxBackoff)
+		t := time.NewTimer(sleep)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+func (c *Consumer) report(err error) {
+	if err != nil && c.cfg.onError != nil {
+		c.cfg.onError(err)
+	}
+}
+
+// session runs one connection until it fails or ctx is cancelled. consumed
+// reports whether it got as far as consuming.
+func (c *Consumer) session(ctx, work context.Context) (consumed bool, err error) {
+	conn, err := amqp.DialConfig(c.url, c.cfg.amqpConfig)
+	if err != nil {
+		return false, fmt.Errorf("rabbitmq: dial: %w", err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return false, fmt.Errorf("rabbitmq: open channel: %w", err)
+	}
+	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	if err := c.declare(ch); err != nil {
+		return false, err
+	}
+	if err := ch.Qos(c.cfg.prefetch, 0, false); err != nil {
+		return false, fmt.Errorf("rabbitmq: qos: %w", err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		return false, fmt.Errorf("rabbitmq: confirm mode: %w", err)
+	}
+	deliveries, err := ch.Consume(c.queue, c.cfg.consumerTag, false, false, false, false, nil)
+	if err != nil {
+		return false, fmt.Errorf("rabbitmq: consume %q: %w", c.queue, err)
+	}
+	// Batches in flight on other goroutines (WithConcurrency) end before
+	// the connection closes.
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	slots := make(chan struct{}, c.cfg.concurrency)
+	failed := make(chan error, 1)
+	serial := c.cfg.concurrency == 1
+	batch := make([]amqp.Delivery, 0, c.cfg.batchSize)
+	for {
+		if serial {
+			batch = batch[:0]
+		} else {
+			batch = make([]amqp.Delivery, 0, c.cfg.batchSize)
+		}
+		if ctx.Err() != nil {
+			return true, nil
+		}
+		select {
+		case <-ctx.Done():
+			return true, nil
+		case e := <-closed:
+			return true, channelClosed(e)
+		case err := <-failed:
+			return true, err
+		case d, ok := <-deliveries:
+			if !ok {
+				return true, consumerEnded(closed)
+			}
+			batch = append(batch, d)
+		}
+		batch = c.fill(ctx, deliveries, batch)
+		if serial {
+			if err := c.handle(work, ch, batch, true); err != nil {
+				return true, err
+			}
+			continue
+		}
+		select {
+		case slots <- struct{}{}:
+		case err := <-failed:
+			return true, err
+		case <-ctx.Done():
+			return true, nil // batch was not handled: requeued on close
+		}
+		b := batch // batch is replaced by the next iteration
+		wg.Go(func() {
+			defer func() { <-slots }()
+			if err := c.handle(work, ch, b, false); err != nil {
+				select {
+				case failed <- err:
+				default:
+				}
+			}
+		})
+	}
+}
+
+// consumerEnded is the error of a delivery channel that was closed: the
+// channel closed, or the broker cancelled the consumer (the queue was
+// deleted, a quorum queue's leader moved) while the channel stays open.
+func consumerEnded(closed <-chan *amqp.Error) error {
+	t := time.NewTimer(time.Second)
+	defer t.Stop()
+	select {
+	case e := <-closed:
+		return channelClosed(e)
+	case <-t.C:
+		return errors.New("rabbitmq: the broker cancelled the consumer")
+	}
+}
+
+func channelClosed(e *amqp.Error) error {
+	if e == nil {
+		return errors.New("rabbitmq: channel closed")
+	}
+	return fmt.Errorf("rabbitmq: channel closed: %w", e)
+}
+
+// fill adds to batch what is buffered, or arrives within the batch wait,
+// up to the batch size.
+func (c *Consumer) fill(ctx context.Context, deliveries <-chan amqp.Delivery, batch []amqp.Delivery) []amqp.Delivery {
+	var timeout <-chan time.Time
+	if c.cfg.batchWait > 0 {
+		t := time.NewTimer(c.cfg.batchWait)
+		defer t.Stop()
+		timeout = t.C
+	}
+	for yields := 0; len(batch) < c.cfg.batchSize; {
+		select {
+		case d, ok := <-deliveries:
+			if !ok {
+				return batch
+			}
+			batch = append(batch, d)
+			yields = 0
+			continue
+		default:
+		}
+		if timeout == nil {
+			// amqp091 hands deliveries over from its own buffer through an
+			// unbuffered channel: let its goroutine run before deciding that
+			// nothing more is buffered.
+			if yields < 3 {
+				yields++
+				runtime.Gosched()
+				continue
+			}
+			return batch
+		}
+		select {
+		case d, ok := <-deliveries:
+			if !ok {
+				return batch
+			}
+			batch = append(batch, d)
+		case <-timeout:
+			return batch
+		case <-ctx.Done():
+			return batch
+		}
+	}
+	return batch
+}
+
+// declare declares the queue, the retry queue and the dead-letter queue.
+func (c *Consumer) declare(ch *amqp.Channel) error {
+	if _, err := ch.QueueDeclare(c.queue, true, false, false, false, c.cfg.queueArgs); err != nil {
+		return fmt.Errorf("rabbitmq: declare queue %q: %w", c.queue, err)
+	}
+	retryArgs := amqp.Table{
+		"x-dead-letter-exchange":    "",
+		"x-dead-letter-routing-key": c.queue,
+	}
+	if _, err := ch.QueueDeclare(c.cfg.retryQueue, true, false, false, false, retryArgs); err != nil {
+		return fmt.Errorf("rabbitmq: declare retry queue %q: %w", c.cfg.retryQueue, err)
+	}
+	if c.cfg.dlDeclare {
+		if _, err := ch.QueueDeclare(c.cfg.dlKey, true, false, false, false, nil); err != nil {
+			return fmt.Errorf("rabbitmq: declare dead-letter queue %q: %w", c.cfg.dlKey, err)
+		}
+	}
+	return nil
+}
+
+// deliveries is how often the message failed before (the header kept by
+// the retry path), plus the broker's own redelivery count on quorum queues,
+// plus this delivery.
+func deliveries(d *amqp.Delivery) int {
+	return 1 + headerInt(d.Headers, HeaderDeliveries) + headerInt(d.Headers, "x-delivery-count")
+}
+
+// handle processes a batch and settles every delivery on the broker. An
+// error means the channel is unusable; the deliveries not settled are
+// requeued by RabbitMQ when the connection closes.
+func (c *Consumer) handle(work context.Context, ch *amqp.Channel, batch []amqp.Delivery, multiple bool) error {
+	c.batches.Add(1)
+	msgs := make([]consumer.Message, len(batch))
+	invalid := make([]error, len(batch))
+	for i := range batch {
+		d := &batch[i]
+		m := consumer.Message{Key: c.cfg.key(d), Deliveries: deliveries(d)}
+		if c.cfg.fingerprint != nil {
+			m.Fingerprint = c.cfg.fingerprint(d)
+		}
+		if m.Key != "" && c.proc != nil {
+			if err := c.proc.Key(m.Key).Validate(); err != nil {
+				invalid[i] = fmt.Errorf("%w: %w", consumer.ErrNoKey, err)
+				m.Key = ""
+			}
+		}
+		msgs[i] = m
+	}
+	var results []consumer.Result
+	if c.proc != nil {
+		results = c.proc.Process(work, msgs, func(ctx context.Context, i int) error {
+			return c.h(ctx, &batch[i])
+		})
+	} else {
+		results = c.processRaw(work, msgs, batch)
+	}
+	for i, err := range invalid {
+		if err != nil {
+			results[i].Err = err
+		}
+	}
+	replayInBatch(msgs, results)
+	return c.settle(work, ch, batch, results, multiple)
+}
+
+// replayInBatch turns the Retry of a duplicate that found its key in
+// progress because an earlier message of the same batch held it into the
+// replay it is now that the key is COMPLETED: the same key and fingerprint
+// as a message of the batch that was acked. It saves the trip through the
+// retry queue.
+func replayInBatch(msgs []consumer.Message, results []consumer.Result) {
+	if len(msgs) < 2 {
+		return
+	}
+	var completed map[string]string // key → fingerprint
+	for i, r := range results {
+		if r.Action == consumer.Ack && !r.Replayed && msgs[i].Key != "" {
+			if completed == nil {
+				completed = make(map[string]string)
+			}
+			completed[msgs[i].Key] = msgs[i].Fingerprint
+		}
+	}
+	for i, r := range results {
+		var ip *idem.InProgressError
+		if r.Action != consumer.Retry || !errors.As(r.Err, &ip) {
+			continue
+		}
+		if fp, ok := completed[msgs[i].Key]; ok && fp == msgs[i].Fingerprint {
+			results[i] = consumer.Result{Action: consumer.Ack, Replayed: true}
+		}
+	}
+}
+
+// processRaw is the same loop without idempotency, for the benchmarks.
+func (c *Consumer) processRaw(ctx context.Context, msgs []consumer.Message, batch []amqp.Delivery) []consumer.Result {
+	results := make([]consumer.Result, len(msgs))
+	for i := range msgs {
+		if err := c.h(ctx, &batch[i]); err != nil {
+			results[i] = consumer.Result{Action: consumer.Retry, Delay: time.Second, Err: err}
+			continue
+		}
+		results[i] = consumer.Result{Action: consumer.Ack}
+	}
+	return results
+}
+
+// settle carries out the results: it publishes the retry and dead-letter
+// copies, waits for their confirmations, then acknowledges the originals
+// (or rejects them with requeue when a copy failed).
+func (c *Consumer) settle(work context.Context, ch *amqp.Channel, batch []amqp.Delivery, results []consumer.Result, multiple bool) error {
+	// Settle even when the handlers' context was cancelled at shutdown: the
+	// keys are released, the copies must reach the retry queue.
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(work), c.cfg.publishTimeout)
+	defer cancel()
+	confirms := make([]*amqp.DeferredConfirmation, len(batch))
+	var perr error
+	for i, r := range results {
+		if r.Action == consumer.Ack {
+			continue
+		}
+		if perr != nil {
+			break // the channel is gone: stop publishing, ack nothing more
+		}
+		exchange, key, msg := c.copyOf(&batch[i], r)
+		confirms[i], perr = ch.PublishWithDeferredConfirmWithContext(pctx, exchange, key, false, false, msg)
+	}
+	allAck := perr == nil
+	requeue := make([]bool, len(batch))
+	for i, r := range results {
+		if r.Action == consumer.Ack {
+			continue
+		}
+		ok := false
+		if confirms[i] != nil {
+			ok, _ = confirms[i].WaitContext(pctx)
+		}
+		if !ok {
+			requeue[i], allAck = true, false
+		}
+	}
+	if perr != nil {
+		return fmt.Errorf("rabbitmq: publish: %w", perr)
+	}
+	if multiple && allAck && len(batch) > 0 {
+		// Batches are processed one at a time, so every earlier delivery on
+		// this channel is settled already: one multiple ack covers the
+		// batch.
+		if err := ch.Ack(batch[len(batch)-1].DeliveryTag, true); err != nil {
+			return fmt.Errorf("rabbitmq: ack: %w", err)
+		}
+	} else {
+		for i := range batch {
+			var err error
+			if requeue[i] {
+				err = ch.Nack(batch[i].DeliveryTag, false, true)
+			} else {
+				err = ch.Ack(batch[i].DeliveryTag, false)
+			}
+			if err != nil {
+				return fmt.Errorf("rabbitmq: ack: %w", err)
+			}
+		}
+	}
+	for i, r := range results {
+		c.count(r, requeue[i])
+		if c.cfg.onResult != nil {
+			c.cfg.onResult(&batch[i], Outcome{Result: r, Requeued: requeue[i]})
+		}
+	}
+	return nil
+}
+
+func (c *Consumer) count(r consumer.Result, requeued bool) {
+	switch {
+	case requeued:
+		c.requeued.Add(1)
+	case r.Action == consumer.Ack && r.Replayed:
+		c.replayed.Add(1)
+	case r.Action == consumer.Ack:
+		c.processed.Add(1)
+	case r.Action == consumer.Retry:
+		c.retried.Add(1)
+	case r.Action == consumer.DeadLetter:
+		c.deadLettered.Add(1)
+		if errors.Is(r.Err, consumer.ErrNoKey) {
+			c.noKey.Add(1)
+		}
+	}
+}
+
+// copyOf returns where to publish the retry or dead-letter copy of d, and
+// the copy.
+func (c *Consumer) copyOf(d *amqp.Delivery, r consumer.Result) (exchange, key string, msg amqp.Publishing) {
+	headers := make(amqp.Table, len(d.Headers)+2)
+	for k, v := range d.Headers {
+		headers[k] = v
+	}
+	// The broker's count of this copy's deliveries: the new copy starts
+	// again, and HeaderDeliveries carries the count on.
+	if n := headerInt(d.Headers, "x-delivery-count"); n > 0 {
+		delete(headers, "x-delivery-count")
+		headers[HeaderDeliveries] = int64(headerInt(d.Headers, HeaderDeliveries) + n)
+	}
+	msg = amqp.Publishing{
+		Headers:         headers,
+		ContentType:     d.ContentType,
+		ContentEncoding: d.ContentEncoding,
+		DeliveryMode:    d.DeliveryMode,
+		Priority:        d.Priority,
+		CorrelationId:   d.CorrelationId,
+		ReplyTo:         d.ReplyTo,
+		MessageId:       d.MessageId,
+		Timestamp:       d.Timestamp,
+		Type:            d.Type,
+		AppId:           d.AppId,
+		Body:            d.Body,
+	}
+	if r.Action == consumer.DeadLetter {
+		if r.Err != nil {
+			e := r.Err.Error()
+			if len(e) > 1024 {
+				e = e[:1024]
+			}
+			headers[HeaderError] = e
+		}
+		headers[HeaderQueue] = c.queue
+		return c.cfg.dlExchange, c.cfg.dlKey, msg
+	}
+	var ip *idem.InProgressError
+	if !errors.As(r.Err, &ip) {
+		// A failed attempt: count it. An in-progress duplicate did not try.
+		headers[HeaderDeliveries] = int64(headerInt(headers, HeaderDeliveries) + 1)
+	}
+	delay := min(max(r.Delay, time.Millisecond), c.cfg.maxDelay)
+	msg.Expiration = strconv.FormatInt(delay.Milliseconds(), 10)
+	return "", c.cfg.retryQueue, msg
+}

@@ -1,0 +1,291 @@
+package rabbitmq
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strconv"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Defaults of the Consumer's options.
+const (
+	DefaultBatchSize       = 32
+	DefaultPrefetch        = 64
+	DefaultMaxDelay        = 5 * time.Second
+	DefaultShutdownTimeout = 10 * time.Second
+	DefaultMinBackoff      = 100 * time.Millisecond
+	DefaultMaxBackoff      = 10 * time.Second
+	DefaultPublishTimeout  = 10 * time.Second
+)
+
+// Header names the Consumer reads and writes.
+const (
+	// HeaderDeliveries counts the failed attempts of a message: the
+	// Consumer sets it on each copy it publishes to the retry queue after a
+	// handler or store error (not after an in-progress duplicate).
+	HeaderDeliveries = "x-idem-deliveries"
+	// HeaderError holds the reason of a dead-lettered message.
+	HeaderError = "x-idem-error"
+	// HeaderQueue holds the queue a dead-lettered message came from.
+	HeaderQueue = "x-idem-queue"
+)
+
+// KeyFunc returns the idempotency key of a delivery; "" means the message
+// has none (it is dead-lettered with consumer.ErrNoKey). It must be safe for
+// concurrent use.
+type KeyFunc func(d *amqp.Delivery) string
+
+// MessageIDKey is the default KeyFunc: the delivery's message-id property.
+func MessageIDKey(d *amqp.Delivery) string { return d.MessageId }
+
+// HeaderKey returns a KeyFunc that reads the header name. String, []byte and
+// integer values are used as they are; a missing header or another type
+// means no key.
+func HeaderKey(name string) KeyFunc {
+	return func(d *amqp.Delivery) string {
+		switch v := d.Headers[name].(type) {
+		case string:
+			return v
+		case []byte:
+			return string(v)
+		case int, int8, int16, int32, int64, uint8, uint16, uint32, uint64:
+			return fmt.Sprint(v)
+		default:
+			return ""
+		}
+	}
+}
+
+// BodyHashKey is a KeyFunc that uses the hex SHA-256 of the body: use it
+// when the payload itself identifies the operation and carries nothing
+// that changes between retries of the producer (timestamps, nonces). An
+// empty body has no key.
+func BodyHashKey(d *amqp.Delivery) string {
+	if len(d.Body) == 0 {
+		return ""
+	}
+	sum := sha256.Sum256(d.Body)
+	return hex.EncodeToString(sum[:])
+}
+
+// Option configures a Consumer.
+type Option func(*config)
+
+type config struct {
+	key             KeyFunc
+	fingerprint     func(d *amqp.Delivery) string
+	batchSize       int
+	concurrency     int
+	batchWait       time.Duration
+	prefetch        int
+	retryQueue      string
+	dlExchange      string
+	dlKey           string
+	dlDeclare       bool
+	queueArgs       amqp.Table
+	maxDelay        time.Duration
+	shutdownTimeout time.Duration
+	minBackoff      time.Duration
+	maxBackoff      time.Duration
+	publishTimeout  time.Duration
+	amqpConfig      amqp.Config
+	consumerTag     string
+	onError         func(error)
+	onResult        func(d *amqp.Delivery, r Outcome)
+}
+
+// WithKeyFunc sets how the idempotency key is read from a delivery. The
+// default is MessageIDKey (the message-id property). See also HeaderKey and
+// BodyHashKey.
+func WithKeyFunc(f KeyFunc) Option { return func(c *config) { c.key = f } }
+
+// WithKeyHeader reads the idempotency key from the header name; it is
+// WithKeyFunc(HeaderKey(name)).
+func WithKeyHeader(name string) Option {
+	return func(c *config) {
+		if name == "" {
+			c.key = nil // reported by New
+			return
+		}
+		c.key = HeaderKey(name)
+	}
+}
+
+// WithFingerprint sets a function returning the payload fingerprint of a
+// delivery (at most idem.MaxFingerprintLen bytes): a key seen again with
+// another fingerprint is dead-lettered with idem.ErrMismatch. The default is
+// none (no fingerprint check).
+func WithFingerprint(f func(d *amqp.Delivery) string) Option {
+	return func(c *config) { c.fingerprint = f }
+}
+
+// WithBatch sets the largest batch handed to one consumer.Processor.Process
+// call, and how long to wait for a batch to fill once its first message
+// arrived. The default is DefaultBatchSize (32) and no wait: a batch is
+// whatever is buffered when the first message arrives.
+func WithBatch(size int, wait time.Duration) Option {
+	return func(c *config) { c.batchSize, c.batchWait = size, wait }
+}
+
+// WithConcurrency sets how many batches are processed at once on the
+// channel. Above 1, each batch is acknowledged message by message instead
+// of with one multiple ack, and the WithOnResult function is called from
+// several goroutines at once. The default is 1.
+func WithConcurrency(n int) Option { return func(c *config) { c.concurrency = n } }
+
+// WithPrefetch sets the channel's prefetch count (basic.qos): how many
+// unacknowledged deliveries the broker sends ahead. It should be at least
+// the batch size. The default is DefaultPrefetch (64); 0 means unlimited.
+func WithPrefetch(n int) Option { return func(c *config) { c.prefetch = n } }
+
+// WithRetryQueue sets the name of the retry queue that the Consumer
+// declares (see the package documentation). The default is the queue's
+// name followed by ".retry".
+func WithRetryQueue(name string) Option { return func(c *config) { c.retryQueue = name } }
+
+// WithDeadLetterQueue sets the name of the dead-letter queue that the
+// Consumer declares and publishes dead letters to (through the default
+// exchange). The default is the queue's name followed by ".dlq".
+func WithDeadLetterQueue(name string) Option {
+	return func(c *config) { c.dlExchange, c.dlKey, c.dlDeclare = "", name, true }
+}
+
+// WithDeadLetterExchange makes the Consumer publish dead letters to
+// exchange with routingKey instead of its own dead-letter queue. The
+// exchange and its bindings are not declared: they must exist and route the
+// message somewhere, or RabbitMQ drops it (confirms do not tell an
+// unroutable message apart).
+func WithDeadLetterExchange(exchange, routingKey string) Option {
+	return func(c *config) { c.dlExchange, c.dlKey, c.dlDeclare = exchange, routingKey, false }
+}
+
+// WithQueueArgs sets the arguments the main queue is declared with (for
+// example amqp.Table{"x-queue-type": "quorum"}). They must match those of
+// an existing queue. The default is none.
+func WithQueueArgs(args amqp.Table) Option { return func(c *config) { c.queueArgs = args } }
+
+// WithMaxDelay caps the redelivery delay of a Retry. An in-progress
+// duplicate is asked to wait for the rest of the owner's lease, which is
+// usually much longer than the owner's handler; a capped delay brings it
+// back sooner, and it is only retried again if the key is still in
+// progress. The default is DefaultMaxDelay (5s).
+func WithMaxDelay(d time.Duration) Option { return func(c *config) { c.maxDelay = d } }
+
+// WithShutdownTimeout sets how long Run waits, after its context is
+// cancelled, for the handlers of the batch in flight before it cancels
+// their context. The default is DefaultShutdownTimeout (10s).
+func WithShutdownTimeout(d time.Duration) Option {
+	return func(c *config) { c.shutdownTimeout = d }
+}
+
+// WithBackoff sets the reconnection backoff: it starts at min and doubles
+// up to max after each failed attempt, with jitter. The default is
+// DefaultMinBackoff (100ms) and DefaultMaxBackoff (10s).
+func WithBackoff(min, max time.Duration) Option {
+	return func(c *config) { c.minBackoff, c.maxBackoff = min, max }
+}
+
+// WithPublishTimeout bounds the wait for the broker's confirmation of a
+// retry or dead-letter publish. The default is DefaultPublishTimeout (10s).
+func WithPublishTimeout(d time.Duration) Option { return func(c *config) { c.publishTimeout = d } }
+
+// WithAMQPConfig sets the configuration the connection is dialled with
+// (TLS, SASL, heartbeat, a custom Dial). The default is amqp.Config with a
+// 10s heartbeat.
+func WithAMQPConfig(cfg amqp.Config) Option { return func(c *config) { c.amqpConfig = cfg } }
+
+// WithConsumerTag sets the consumer tag. The default is "" (the broker
+// picks one).
+func WithConsumerTag(tag string) Option { return func(c *config) { c.consumerTag = tag } }
+
+// WithOnError sets a function called with connection, channel, topology
+// and acknowledgement errors (Run keeps going after them). It is called
+// from the Consumer's goroutine and must not block. The default ignores
+// them.
+func WithOnError(f func(error)) Option { return func(c *config) { c.onError = f } }
+
+// WithOnResult sets a function called for every delivery once the Consumer
+// has settled it on the broker (acknowledged it, or published its copy and
+// acknowledged the original). It is called from the goroutine that
+// processed the batch (see WithConcurrency) and must not block. The default is none.
+func WithOnResult(f func(d *amqp.Delivery, o Outcome)) Option {
+	return func(c *config) { c.onResult = f }
+}
+
+func defaultConfig(queue string) config {
+	return config{
+		key:             MessageIDKey,
+		batchSize:       DefaultBatchSize,
+		concurrency:     1,
+		prefetch:        DefaultPrefetch,
+		retryQueue:      queue + ".retry",
+		dlKey:           queue + ".dlq",
+		dlDeclare:       true,
+		maxDelay:        DefaultMaxDelay,
+		shutdownTimeout: DefaultShutdownTimeout,
+		minBackoff:      DefaultMinBackoff,
+		maxBackoff:      DefaultMaxBackoff,
+		publishTimeout:  DefaultPublishTimeout,
+		amqpConfig:      amqp.Config{Heartbeat: 10 * time.Second, Locale: "en_US"},
+	}
+}
+
+func (c *config) validate(queue string) error {
+	switch {
+	case c.key == nil:
+		return invalidf("nil key function or empty key header")
+	case c.batchSize < 1:
+		return invalidf("batch size %d is below 1", c.batchSize)
+	case c.concurrency < 1:
+		return invalidf("concurrency %d is below 1", c.concurrency)
+	case c.batchWait < 0:
+		return invalidf("batch wait %v is negative", c.batchWait)
+	case c.prefetch < 0:
+		return invalidf("prefetch %d is negative", c.prefetch)
+	case c.retryQueue == "" || c.retryQueue == queue:
+		return invalidf("retry queue %q must be named and differ from the queue", c.retryQueue)
+	case c.dlDeclare && (c.dlKey == "" || c.dlKey == queue || c.dlKey == c.retryQueue):
+		return invalidf("dead-letter queue %q must be named and differ from the queue and the retry queue", c.dlKey)
+	case !c.dlDeclare && c.dlExchange == "" && c.dlKey == "":
+		return invalidf("dead-letter exchange and routing key are both empty")
+	case c.maxDelay < time.Millisecond:
+		return invalidf("max delay %v is below 1ms", c.maxDelay)
+	case c.shutdownTimeout <= 0:
+		return invalidf("shutdown timeout %v is not positive", c.shutdownTimeout)
+	case c.minBackoff <= 0 || c.maxBackoff < c.minBackoff:
+		return invalidf("backoff %v..%v: min must be positive and not above max", c.minBackoff, c.maxBackoff)
+	case c.publishTimeout <= 0:
+		return invalidf("publish timeout %v is not positive", c.publishTimeout)
+	}
+	return nil
+}
+
+// headerInt reads an integer header written by any client.
+func headerInt(h amqp.Table, name string) int {
+	switch v := h[name].(type) {
+	case int:
+		return v
+	case int8:
+		return int(v)
+	case int16:
+		return int(v)
+	case int32:
+		return int(v)
+	case int64:
+		return int(v)
+	case uint8:
+		return int(v)
+	case uint16:
+		return int(v)
+	case uint32:
+		return int(v)
+	case string:
+		n, _ := strconv.Atoi(v)
+		return n
+	default:
+		return 0
+	}
+}
