@@ -1,0 +1,619 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/consumer"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Handler processes one record. ctx carries the idempotency lease
+// (idem.FenceFrom) and is cancelled when the lease is lost, when the
+// record's partition is revoked from this member, or when a graceful
+// shutdown runs out of time. A nil error completes the record's key; an
+// error releases it and the record is redelivered (see WithMaxDeliveries).
+type Handler func(ctx context.Context, r *kgo.Record) error
+
+// KeyFunc returns the idempotency key of a record; "" means the record has
+// none (it is dead-lettered and counted in Stats.NoKey).
+type KeyFunc func(r *kgo.Record) string
+
+// Defaults of the options.
+const (
+	DefaultScope           = "kafka"
+	DefaultMaxDeliveries   = 5
+	DefaultRetryDelay      = time.Second
+	DefaultBatchSize       = 100
+	DefaultConcurrency     = 16
+	DefaultShutdownTimeout = 30 * time.Second
+	DefaultDLQSuffix       = ".dlq"
+)
+
+// Header names added to dead-lettered records, after the original headers.
+const (
+	HeaderError      = "idem-error"
+	HeaderTopic      = "idem-topic"
+	HeaderPartition  = "idem-partition"
+	HeaderOffset     = "idem-offset"
+	HeaderDeliveries = "idem-deliveries"
+)
+
+// Option configures a Consumer.
+type Option func(*config)
+
+type config struct {
+	key           KeyFunc
+	keySet        int
+	fingerprint   func(*kgo.Record) string
+	dlq           func(topic string) string
+	scope         string
+	maxDeliveries int
+	retryDelay    time.Duration
+	batch         int
+	concurrency   int
+	shutdown      time.Duration
+	onError       func(error)
+}
+
+// WithKeyHeader takes the idempotency key from the record header name (the
+// first header with that name). The default is the record key.
+func WithKeyHeader(name string) Option {
+	return func(c *config) {
+		c.keySet++
+		if name == "" {
+			c.key = nil
+			return
+		}
+		c.key = func(r *kgo.Record) string {
+			for _, h := range r.Headers {
+				if h.Key == name {
+					return string(h.Value)
+				}
+			}
+			return ""
+		}
+	}
+}
+
+// WithKeyFunc takes the idempotency key from f, for example a field of the
+// payload or a hash of its stable part. The default is the record key. f
+// must be safe for concurrent use.
+func WithKeyFunc(f KeyFunc) Option { return func(c *config) { c.keySet++; c.key = f } }
+
+// WithFingerprint sets a function that identifies a record's payload: a
+// record whose key was used before with another fingerprint is
+// dead-lettered with idem.ErrMismatch. The default is no fingerprint.
+func WithFingerprint(f func(r *kgo.Record) string) Option {
+	return func(c *config) { c.fingerprint = f }
+}
+
+// WithDeadLetterTopic sends every dead-lettered record to topic. The
+// default is the record's topic followed by ".dlq".
+func WithDeadLetterTopic(topic string) Option {
+	return func(c *config) {
+		if topic == "" {
+			c.dlq = nil
+			return
+		}
+		c.dlq = func(string) string { return topic }
+	}
+}
+
+// WithScope sets the scope of the idempotency keys (see
+// consumer.WithScope). The default is DefaultScope ("kafka").
+func WithScope(scope string) Option { return func(c *config) { c.scope = scope } }
+
+// WithMaxDeliveries sets after how many deliveries a record whose handler
+// keeps failing is dead-lettered. A delivery counts when the handler ran
+// (not when the record only waited for a key in progress elsewhere or
+// came again behind another record). Deliveries are counted in memory per
+// partition and offset, so a restart or a rebalance resets the count (the
+// executor's idem.WithMaxAttempts bounds it across restarts). The default
+// is DefaultMaxDeliveries (5); 0 means never.
+func WithMaxDeliveries(n int) Option { return func(c *config) { c.maxDeliveries = n } }
+
+// WithRetryDelay sets how long a partition waits before a record whose
+// handler failed is delivered again; a record whose key is in progress
+// elsewhere is delivered again after the rest of that lease, but at most
+// after this delay. The default is DefaultRetryDelay (1s).
+func WithRetryDelay(d time.Duration) Option { return func(c *config) { c.retryDelay = d } }
+
+// WithBatchSize sets how many records of one partition are handed to the
+// idempotency layer at once (one consumer.Processor call: acquired
+// together, handled in order, completed together). A poll takes up to the
+// batch size times the concurrency records. The default is
+// DefaultBatchSize (100).
+func WithBatchSize(n int) Option { return func(c *config) { c.batch = n } }
+
+// WithConcurrency sets how many partitions' batches are processed at the
+// same time. The default is DefaultConcurrency (16).
+func WithConcurrency(n int) Option { return func(c *config) { c.concurrency = n } }
+
+// WithShutdownTimeout bounds how long Run waits for in-flight handlers once
+// its context is done; then their contexts are cancelled, their keys
+// released and their records left uncommitted. The default is
+// DefaultShutdownTimeout (30s).
+func WithShutdownTimeout(d time.Duration) Option { return func(c *config) { c.shutdown = d } }
+
+// WithErrorHook sets a function that is told about errors that Run
+// recovers from: fetch errors, failed dead-letter produces (the record is
+// retried), failed commits, and handler or store errors of records that
+// are retried or dead-lettered. It must be safe for concurrent use and
+// return quickly. The default is none.
+func WithErrorHook(f func(err error)) Option { return func(c *config) { c.onError = f } }
+
+// Stats are the counters of a Consumer.
+type Stats struct {
+	// Processed counts records whose handler ran and whose key completed.
+	Processed uint64
+	// Replayed counts records committed without running the handler
+	// because their key was already COMPLETED.
+	Replayed uint64
+	// Retried counts records that were not committed and are delivered
+	// again, together with the records after them in their partition: key
+	// in progress elsewhere, handler error, store error, failed
+	// dead-letter produce, or a partition revoked while they ran.
+	Retried uint64
+	// DeadLettered counts records produced to the dead-letter topic.
+	DeadLettered uint64
+	// NoKey counts records without a (valid) idempotency key; they are
+	// dead-lettered too.
+	NoKey uint64
+}
+
+type tp struct {
+	topic     string
+	partition int32
+}
+
+// part is an assigned partition.
+type part struct {
+	ctx        context.Context
+	cancel     context.CancelFunc
+	wg         sync.WaitGroup
+	revoked    bool
+	deliveries map[int64]int // offset → deliveries, reset on revoke
+}
+
+// Consumer consumes a consumer group with franz-go and runs its handler at
+// most once per idempotency key. Create it with New, run it with Run. Its
+// methods are safe for concurrent use.
+type Consumer struct {
+	cl   *kgo.Client
+	proc *consumer.Processor
+	h    Handler
+	cfg  config
+
+	mu      sync.Mutex
+	parts   map[tp]*part
+	crashed atomic.Bool        // test hook: skip every acknowledgement
+	ran     atomic.Bool        // Run was called
+	resumes map[tp]*time.Timer // pending resumes of rewound partitions
+
+	processed, replayed, retried, deadLettered, noKey atomic.Uint64
+}
+
+// New returns a Consumer that runs h for the records of the consumer group
+// configured in kopts (kgo.ConsumerGroup and kgo.ConsumeTopics are
+// required). New adds kgo.AutoCommitMarks and its own OnPartitionsAssigned,
+// OnPartitionsRevoked and OnPartitionsLost callbacks to kopts; do not set
+// those, nor kgo.DisableAutoCommit or kgo.BlockRebalanceOnPoll. Errors
+// wrap idem.ErrInvalid for a bad configuration.
+func New(exec *idem.Executor, h Handler, kopts []kgo.Opt, opts ...Option) (*Consumer, error) {
+	c := &Consumer{
+		h:       h,
+		parts:   make(map[tp]*part),
+		resumes: make(map[tp]*time.Timer),
+		cfg: config{
+			scope:         DefaultScope,
+			maxDeliveries: DefaultMaxDeliveries,
+			retryDelay:    DefaultRetryDelay,
+			batch:         DefaultBatchSize,
+			concurrency:   DefaultConcurrency,
+			shutdown:      DefaultShutdownTimeout,
+		},
+	}
+	for _, o := range opts {
+		o(&c.cfg)
+	}
+	cfg := &c.cfg
+	switch {
+	case h == nil:
+		return nil, fmt.Errorf("%w: kafka: nil handler", idem.ErrInvalid)
+	case cfg.keySet > 0 && cfg.key == nil:
+		return nil, fmt.Errorf("%w: kafka: empty key header name or nil key function", idem.ErrInvalid)
+	case cfg.keySet > 1:
+		return nil, fmt.Errorf("%w: kafka: WithKeyHeader and WithKeyFunc are exclusive", idem.ErrInvalid)
+	case cfg.batch < 1:
+		return nil, fmt.Errorf("%w: kafka: batch size %d is not positive", idem.ErrInvalid, cfg.batch)
+	case cfg.concurrency < 1:
+		return nil, fmt.Errorf("%w: kafka: concurrency %d is not positive", idem.ErrInvalid, cfg.concurrency)
+	case cfg.shutdown < 0:
+		return nil, fmt.Errorf("%w: kafka: shutdown timeout %v is negative", idem.ErrInvalid, cfg.shutdown)
+	}
+	if cfg.key == nil {
+		cfg.key = func(r *kgo.Record) string { return string(r.Key) }
+	}
+	if cfg.dlq == nil {
+		cfg.dlq = func(topic string) string { return topic + DefaultDLQSuffix }
+	}
+	proc, err := consumer.New(exec, consumer.WithScope(cfg.scope),
+		consumer.WithMaxDeliveries(cfg.maxDeliveries), consumer.WithRetryDelay(cfg.retryDelay))
+	if err != nil {
+		return nil, err
+	}
+	c.proc = proc
+	all := append([]kgo.Opt(nil), kopts...)
+	all = append(all,
+		kgo.AutoCommitMarks(),
+		kgo.OnPartitionsAssigned(c.assigned),
+		kgo.OnPartitionsRevoked(c.revoked),
+		kgo.OnPartitionsLost(c.lost),
+	)
+	cl, err := kgo.NewClient(all...)
+	if err != nil {
+		return nil, fmt.Errorf("%w: kafka: %w", idem.ErrInvalid, err)
+	}
+	var bad string
+	switch {
+	case cl.OptValue(kgo.ConsumerGroup) == "":
+		bad = "kgo.ConsumerGroup is required"
+	case cl.OptValue(kgo.DisableAutoCommit) == true:
+		bad = "kgo.DisableAutoCommit is not supported: completed records are committed through AutoCommitMarks"
+	case cl.OptValue(kgo.BlockRebalanceOnPoll) == true:
+		bad = "kgo.BlockRebalanceOnPoll is not supported: revoked partitions cancel their handlers instead"
+	}
+	if bad != "" {
+		cl.Close()
+		return nil, fmt.Errorf("%w: kafka: %s", idem.ErrInvalid, bad)
+	}
+	c.cl = cl
+	return c, nil
+}
+
+// Client returns the franz-go client, for producing or admin requests. Do
+// not poll, commit or close it: Run does.
+func (c *Consumer) Client() *kgo.Client { return c.cl }
+
+// Stats returns a snapshot of the counters.
+func (c *Consumer) Stats() Stats {
+	return Stats{
+		Processed:    c.processed.Load(),
+		Replayed:     c.replayed.Load(),
+		Retried:      c.retried.Load(),
+		DeadLettered: c.deadLettered.Load(),
+		NoKey:        c.noKey.Load(),
+	}
+}
+
+func (c *Consumer) assigned(_ context.Context, _ *kgo.Client, m map[string][]int32) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for topic, ps := range m {
+		for _, p := range ps {
+			k := tp{topic, p}
+			if _, ok := c.parts[k]; ok {
+				continue
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			c.parts[k] = &part{ctx: ctx, cancel: cancel, deliveries: make(map[int64]int)}
+		}
+	}
+}
+
+// drop cancels the handlers of the partitions in m and waits for their
+// batches to end; their records are not marked after that.
+func (c *Consumer) drop(m map[string][]int32) {
+	var gone []*part
+	c.mu.Lock()
+	for topic, ps := range m {
+		for _, p := range ps {
+			k := tp{topic, p}
+			if pt, ok := c.parts[k]; ok {
+				pt.revoked = true
+				pt.cancel()
+				delete(c.parts, k)
+				gone = append(gone, pt)
+			}
+		}
+	}
+	c.mu.Unlock()
+	for _, pt := range gone {
+		pt.wg.Wait()
+	}
+}
+
+func (c *Consumer) revoked(ctx context.Context, cl *kgo.Client, m map[string][]int32) {
+	c.drop(m)
+	if c.crashed.Load() {
+		return
+	}
+	// Commit what completed before the partitions go to another member.
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := cl.CommitMarkedOffsets(cctx); err != nil {
+		c.report(fmt.Errorf("kafka: commit on revoke: %w", err))
+	}
+}
+
+func (c *Consumer) lost(_ context.Context, _ *kgo.Client, m map[string][]int32) { c.drop(m) }
+
+// rewind is a partition to deliver again from offset after delay.
+type rewind struct {
+	tp     tp
+	part   *part
+	offset int64
+	epoch  int32
+	delay  time.Duration
+}
+
+// Run polls and processes records until ctx is done or the client is
+// closed, then shuts down gracefully: it stops fetching, waits up to the
+// shutdown timeout for in-flight batches (then cancels them), commits the
+// completed records, leaves the group and closes the client. A Consumer
+// runs once: a second call returns an error wrapping idem.ErrInvalid. Run
+// returns nil after a shutdown through ctx.
+func (c *Consumer) Run(ctx context.Context) error {
+	if c.ran.Swap(true) {
+		return fmt.Errorf("%w: kafka: Run called twice", idem.ErrInvalid)
+	}
+	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWork()
+	stop := context.AfterFunc(ctx, func() {
+		t := time.AfterFunc(c.cfg.shutdown, cancelWork)
+		context.AfterFunc(work, func() { t.Stop() })
+	})
+	defer stop()
+	defer c.stopTimers()
+	for ctx.Err() == nil && !c.crashed.Load() {
+		fetches := c.cl.PollRecords(ctx, c.cfg.batch*c.cfg.concurrency)
+		if fetches.IsClientClosed() {
+			break
+		}
+		fetches.EachError(func(topic string, p int32, err error) {
+			if !errors.Is(err, context.Canceled) {
+				c.report(fmt.Errorf("kafka: fetching %s/%d: %w", topic, p, err))
+			}
+		})
+		var batches []kgo.FetchTopicPartition
+		fetches.EachPartition(func(p kgo.FetchTopicPartition) {
+			if len(p.Records) > 0 {
+				batches = append(batches, p)
+			}
+		})
+		if len(batches) == 0 {
+			continue
+		}
+		rewinds := make([]*rewind, len(batches))
+		sem := make(chan struct{}, c.cfg.concurrency)
+		var wg sync.WaitGroup
+		for i, b := range batches {
+			sem <- struct{}{}
+			wg.Go(func() {
+				defer func() { <-sem }()
+				rewinds[i] = c.partition(work, b)
+			})
+		}
+		wg.Wait()
+		c.rewind(rewinds)
+	}
+	if c.crashed.Load() {
+		// Test hook: die without acknowledging anything.
+		c.cl.Close()
+		return nil
+	}
+	cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	err := c.cl.CommitMarkedOffsets(cctx)
+	cancel()
+	c.cl.Close()
+	if err != nil && !errors.Is(err, context.Canceled) {
+		return fmt.Errorf("kafka: final commit: %w", err)
+	}
+	return nil
+}
+
+// rewind seeks partitions back to their first unacknowledged record, paused
+// for the retry delay, while no revoke runs (SetOffsets must not race one).
+func (c *Consumer) rewind(rs []*rewind) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, r := range rs {
+		if r == nil {
+			continue
+		}
+		if c.parts[r.tp] != r.part || c.crashed.Load() {
+			continue // revoked: the next owner starts at the committed offset
+		}
+		tps := map[string][]int32{r.tp.topic: {r.tp.partition}}
+		c.cl.PauseFetchPartitions(tps)
+		c.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{
+			r.tp.topic: {r.tp.partition: {Epoch: r.epoch, Offset: r.offset}},
+		})
+		if t := c.resumes[r.tp]; t != nil {
+			t.Stop()
+		}
+		var t *time.Timer
+		t = time.AfterFunc(max(r.delay, time.Millisecond), func() {
+			c.mu.Lock()
+			if c.resumes[r.tp] == t {
+				delete(c.resumes, r.tp)
+			}
+			c.mu.Unlock()
+			c.cl.ResumeFetchPartitions(tps)
+		})
+		c.resumes[r.tp] = t
+	}
+}
+
+// stopTimers stops the pending resumes of rewound partitions.
+func (c *Consumer) stopTimers() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k, t := range c.resumes {
+		t.Stop()
+		delete(c.resumes, k)
+	}
+}
+
+// report passes err to the error hook, if any.
+func (c *Consumer) report(err error) {
+	if c.cfg.onError != nil {
+		c.cfg.onError(err)
+	}
+}
+
+// partition processes one partition's records of a poll, in batches of the
+// batch size, in offset order, until one of them must be rewound.
+func (c *Consumer) partition(work context.Context, p kgo.FetchTopicPartition) *rewind {
+	for recs := p.Records; len(recs) > 0; {
+		n := min(len(recs), c.cfg.batch)
+		rw, more := c.batch(work, tp{p.Topic, p.Partition}, recs[:n])
+		if !more {
+			return rw
+		}
+		recs = recs[n:]
+	}
+	return nil
+}
+
+// batch processes records of one partition, in offset order, with one
+// Processor call, and marks the records that are done. It returns where to
+// rewind the partition, or whether to go on with the partition's next
+// records.
+func (c *Consumer) batch(work context.Context, k tp, records []*kgo.Record) (rw *rewind, more bool) {
+	c.mu.Lock()
+	pt, ok := c.parts[k]
+	if !ok || pt.revoked {
+		c.mu.Unlock()
+		return nil, false // not (or no longer) ours
+	}
+	pt.wg.Add(1)
+	msgs := make([]consumer.Message, len(records))
+	keyErrs := make([]error, len(records))
+	for i, r := range records {
+		msgs[i].Deliveries = pt.deliveries[r.Offset] + 1
+	}
+	c.mu.Unlock()
+	defer pt.wg.Done()
+
+	for i, r := range records {
+		key := c.cfg.key(r)
+		if key != "" {
+			if err := c.proc.Key(key).Validate(); err != nil {
+				keyErrs[i] = err
+				key = ""
+			}
+		}
+		msgs[i].Key = key
+		if c.cfg.fingerprint != nil {
+			msgs[i].Fingerprint = c.cfg.fingerprint(r)
+		}
+	}
+	ctx, cancel := context.WithCancel(pt.ctx)
+	defer cancel()
+	defer context.AfterFunc(work, cancel)()
+	ran := make([]bool, len(msgs)) // Process calls the handler on this goroutine
+	results := c.proc.Process(ctx, msgs, func(ctx context.Context, i int) error {
+		ran[i] = true
+		return c.h(ctx, records[i])
+	})
+
+	var done []*kgo.Record
+	for i, res := range results {
+		r := records[i]
+		if rw != nil {
+			// Past the rewind point everything is delivered again, in
+			// order. A record whose handler ran and completed is replayed
+			// then; count its effect now.
+			if res.Action == consumer.Ack && !res.Replayed {
+				c.processed.Add(1)
+			}
+			continue
+		}
+		if res.Action == consumer.DeadLetter {
+			if errors.Is(res.Err, consumer.ErrNoKey) {
+				c.noKey.Add(1)
+				if keyErrs[i] != nil {
+					res.Err = errors.Join(res.Err, keyErrs[i])
+				}
+			}
+			c.report(fmt.Errorf("kafka: dead-lettering %s/%d@%d: %w", r.Topic, r.Partition, r.Offset, res.Err))
+			if err := c.deadLetter(ctx, r, res.Err, msgs[i].Deliveries); err != nil {
+				c.report(err)
+				res = consumer.Result{Action: consumer.Retry, Delay: c.cfg.retryDelay, Err: err}
+			} else {
+				c.deadLettered.Add(1)
+			}
+		}
+		switch res.Action {
+		case consumer.Retry:
+			c.retried.Add(1)
+			c.report(fmt.Errorf("kafka: retrying %s/%d@%d in %v: %w", r.Topic, r.Partition, r.Offset, res.Delay, res.Err))
+			// The delay of a key in progress elsewhere is the rest of its
+			// lease; the owner usually finishes sooner, and the partition
+			// waits behind this record, so poll the key at least every
+			// retry delay.
+			rw = &rewind{tp: k, part: pt, offset: r.Offset, epoch: r.LeaderEpoch, delay: min(res.Delay, c.cfg.retryDelay)}
+			continue
+		case consumer.Ack:
+			if res.Replayed {
+				c.replayed.Add(1)
+			} else {
+				c.processed.Add(1)
+			}
+		}
+		done = append(done, r)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if pt.revoked || c.crashed.Load() {
+		return nil, false
+	}
+	// A delivery counts when the handler ran: a record that waited for a
+	// key in progress elsewhere, or behind a failing record, is not closer
+	// to the dead-letter topic for that.
+	for i, r := range records {
+		if ran[i] {
+			pt.deliveries[r.Offset]++
+		}
+	}
+	if len(done) > 0 {
+		c.cl.MarkCommitRecords(done[len(done)-1])
+		for _, r := range done {
+			delete(pt.deliveries, r.Offset)
+		}
+	}
+	return rw, rw == nil
+}
+
+// deadLetter produces r to the dead-letter topic with the original headers
+// and the error, and waits for the broker's acknowledgement.
+func (c *Consumer) deadLetter(ctx context.Context, r *kgo.Record, cause error, deliveries int) error {
+	msg := "unknown"
+	if cause != nil {
+		msg = cause.Error()
+	}
+	headers := make([]kgo.RecordHeader, 0, len(r.Headers)+5)
+	headers = append(headers, r.Headers...)
+	headers = append(headers,
+		kgo.RecordHeader{Key: HeaderError, Value: []byte(msg)},
+		kgo.RecordHeader{Key: HeaderTopic, Value: []byte(r.Topic)},
+		kgo.RecordHeader{Key: HeaderPartition, Value: strconv.AppendInt(nil, int64(r.Partition), 10)},
+		kgo.RecordHeader{Key: HeaderOffset, Value: strconv.AppendInt(nil, r.Offset, 10)},
+		kgo.RecordHeader{Key: HeaderDeliveries, Value: strconv.AppendInt(nil, int64(deliveries), 10)},
+	)
+	d := &kgo.Record{Topic: c.cfg.dlq(r.Topic), Key: r.Key, Value: r.Value, Headers: headers}
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if err := c.cl.ProduceSync(pctx, d).FirstErr(); err != nil {
+		return fmt.Errorf("kafka: dead-lettering %s/%d@%d: %w", r.Topic, r.Partition, r.Offset, err)
+	}
+	return nil
+}
