@@ -1,6 +1,9 @@
 # idem — make targets. `make test` is what CI runs (see .ci/run).
 SHELL    := /bin/bash
 GO       ?= go
+# Each module is built and tested on its own, as its users build it (its
+# go.mod replaces the root module with ../..); go.work is for editors.
+export GOWORK := off
 FUZZTIME ?= 10s
 # Every module of the repository (the root and the adapters with heavy
 # dependencies, which have go.mod files of their own).
