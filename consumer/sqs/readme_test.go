@@ -1,43 +1,14 @@
 package sqsconsumer_test
 
 import (
-	"os"
-	"strings"
 	"testing"
+
+	"github.com/idemgo/idem/internal/readmetest"
 )
 
-// TestReadmeExample checks that the Go snippet in README.md is the body of
-// Example, which the tests run and whose output they check.
+// TestReadmeExample checks that the snippet in README.md is the body of
+// Example in example_test.go, which the tests compile and run.
 func TestReadmeExample(t *testing.T) {
-	readme, err := os.ReadFile("README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	const marker = "<!-- README example: the body of Example in example_test.go"
-	_, after, ok := strings.Cut(string(readme), marker)
-	if !ok {
-		t.Fatal("README.md has no example marker")
-	}
-	_, block, ok := strings.Cut(after, "```go\n")
-	if !ok {
-		t.Fatal("no Go block after the marker")
-	}
-	block, _, _ = strings.Cut(block, "```")
-	src, err := os.ReadFile("example_test.go")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, body, ok := strings.Cut(string(src), "func Example() {\n")
-	if !ok {
-		t.Fatal("example_test.go has no Example")
-	}
-	body, _, _ = strings.Cut(body, "\t// Output:")
-	var lines []string
-	for _, l := range strings.Split(body, "\n") {
-		lines = append(lines, strings.TrimPrefix(l, "\t"))
-	}
-	want := strings.TrimSpace(strings.Join(lines, "\n"))
-	if got := strings.TrimSpace(block); got != want {
-		t.Fatalf("README snippet differs from Example:\n--- README\n%s\n--- Example\n%s", got, want)
-	}
+	readmetest.Snippet(t, "README.md", "<!-- README example: the body of Example in example_test.go", "example_test.go",
+		"func Example() {")
 }

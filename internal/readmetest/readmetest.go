@@ -1,0 +1,50 @@
+// Package readmetest checks that a Go snippet in a README is the body of a
+// function that the tests compile (and, for an example with output, run),
+// so that what a reader copies is code that works.
+package readmetest
+
+import (
+	"os"
+	"strings"
+	"testing"
+)
+
+// Snippet fails t unless the first Go code block after the line of readme
+// that contains marker is, once its indentation is removed, the body of the
+// function declared by decl (for example "func Example() {") in the Go file
+// src. An example's "// Output:" comment is not part of the body.
+func Snippet(t testing.TB, readme, marker, src, decl string) {
+	t.Helper()
+	text, err := os.ReadFile(readme)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, after, ok := strings.Cut(string(text), marker)
+	if !ok {
+		t.Fatalf("%s has no line with %q", readme, marker)
+	}
+	_, block, ok := strings.Cut(after, "```go\n")
+	if !ok {
+		t.Fatalf("%s has no Go block after %q", readme, marker)
+	}
+	block, _, _ = strings.Cut(block, "```")
+
+	code, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, body, ok := strings.Cut(string(code), decl+"\n")
+	if !ok {
+		t.Fatalf("%s has no %q", src, decl)
+	}
+	body, _, _ = strings.Cut(body, "\n}\n")
+	body, _, _ = strings.Cut(body, "\t// Output:")
+	var lines []string
+	for _, l := range strings.Split(body, "\n") {
+		lines = append(lines, strings.TrimPrefix(l, "\t"))
+	}
+	want := strings.TrimSpace(strings.Join(lines, "\n"))
+	if got := strings.TrimSpace(block); got != want {
+		t.Fatalf("the snippet in %s differs from %s in %s:\n--- %s\n%s\n--- %s\n%s", readme, decl, src, readme, got, src, want)
+	}
+}
