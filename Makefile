@@ -9,7 +9,7 @@ FUZZTIME ?= 10s
 # dependencies, which have go.mod files of their own).
 MODULES  := $(shell find . -name go.mod -not -path './.cache/*' -not -path './bin/*' -exec dirname {} \; | sort)
 
-.PHONY: test vet race fuzz bench bench-http check-redis demo
+.PHONY: test vet race fuzz soak bench bench-http check-redis demo
 
 ## test: formatting, vet and the race-enabled tests of every module.
 test: check-redis vet race
@@ -34,6 +34,15 @@ fuzz:
 	    echo "fuzz $$pkg $$f ($(FUZZTIME))"; \
 	    $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
 	  done; \
+	done
+
+## soak: the consumers' proof tests with SOAK_MESSAGES messages each
+## (the default test run uses 10,000).
+SOAK_MESSAGES ?= 50000
+soak: check-redis
+	@for m in . $$(ls -d consumer/*/ | grep -v redisstream); do \
+	  echo "soak $$m ($(SOAK_MESSAGES) messages)"; \
+	  (set -o pipefail; cd $$m && IDEM_PROOF_MESSAGES=$(SOAK_MESSAGES) $(GO) test -count=1 -timeout 30m -run 'Proof' -v ./... | grep -E '^(ok|FAIL|---)|lost') || exit 1; \
 	done
 
 ## bench: the benchmark table (starts its own redis-server).
