@@ -29,6 +29,8 @@ const crashEnv = "BOLTSTORE_CRASH_DB"
 func TestHelperProcess(t *testing.T) {
 	path := os.Getenv(crashEnv)
 	if path == "" {
+		// Not a test of its own: TestCrash runs this binary with crashEnv
+		// set to make it the child it kills.
 		t.Skip("helper process for TestCrash")
 	}
 	round := os.Getenv(crashEnv + "_ROUND")
@@ -79,6 +81,7 @@ func TestHelperProcess(t *testing.T) {
 // It does so a few times on the same file.
 func TestCrash(t *testing.T) {
 	if testing.Short() {
+		// Only for -short runs; make test and CI run it.
 		t.Skip("starts processes")
 	}
 	path := filepath.Join(t.TempDir(), "idem.db")
