@@ -4,35 +4,29 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
-	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/consumer/kafka"
-	"github.com/idemgo/idem/internal/redistest"
-	"github.com/idemgo/idem/redisstore"
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/consumer/kafka"
+	"github.com/idemgo/idem/internal/prooftest"
+	"github.com/idemgo/idem/internal/redistest"
+	"github.com/idemgo/idem/redisstore"
 )
 
 // proofMessages is the number of messages of TestProof:
 // IDEM_PROOF_MESSAGES, or 10,000.
 func proofMessages(t *testing.T) int {
-	if s := os.Getenv("IDEM_PROOF_MESSAGES"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 100 {
-			t.Fatalf("IDEM_PROOF_MESSAGES=%q: want an integer >= 100", s)
-		}
-		return n
-	}
 	if testing.Short() {
-		return 2000
+		return prooftest.Messages(t, 2000)
 	}
-	return 10000
+	return prooftest.Messages(t, 10000)
 }
 
 // TestProof delivers N messages of which 30% are duplicates (half

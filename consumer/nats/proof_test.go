@@ -18,6 +18,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
 	natsconsumer "github.com/idemgo/idem/consumer/nats"
+	"github.com/idemgo/idem/internal/prooftest"
 	"github.com/idemgo/idem/internal/redistest"
 	"github.com/idemgo/idem/redisstore"
 )
@@ -25,43 +26,6 @@ import (
 // proofMessages is the default size of the proof; IDEM_PROOF_MESSAGES
 // overrides it (the soak target sets 10000 or more).
 const proofMessages = 10000
-
-// sink is the side effect: it applies an effect for a key only if the
-// fence is above the highest one it applied (UPDATE … WHERE fence < $1),
-// and counts applied effects and raw handler executions per key.
-type sink struct {
-	mu      sync.Mutex
-	fence   map[string]int64
-	applied map[string]int
-	execs   map[string]int
-	total   int
-}
-
-func newSink() *sink {
-	return &sink{fence: map[string]int64{}, applied: map[string]int{}, execs: map[string]int{}}
-}
-
-func (s *sink) exec(key string) {
-	s.mu.Lock()
-	s.execs[key]++
-	s.mu.Unlock()
-}
-
-func (s *sink) apply(key string, fence int64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if fence > s.fence[key] {
-		s.fence[key] = fence
-		s.applied[key]++
-		s.total++
-	}
-}
-
-func (s *sink) appliedKeys() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.applied)
-}
 
 // TestProofExactlyOnceEffects delivers N messages, 30% of them duplicates
 // (half published concurrently with their originals, half after the
@@ -73,13 +37,7 @@ func (s *sink) appliedKeys() int {
 // effects, and a drained consumer (nothing pending, nothing unacked), and
 // logs the counters.
 func TestProofExactlyOnceEffects(t *testing.T) {
-	n := proofMessages
-	if v := os.Getenv("IDEM_PROOF_MESSAGES"); v != "" {
-		var err error
-		if n, err = strconv.Atoi(v); err != nil || n < 100 {
-			t.Fatalf("IDEM_PROOF_MESSAGES=%q: want an integer of at least 100", v)
-		}
-	}
+	n := prooftest.Messages(t, proofMessages)
 	const (
 		consumers  = 4
 		batchSize  = 50
@@ -125,7 +83,7 @@ func TestProofExactlyOnceEffects(t *testing.T) {
 		i, _ := strconv.Atoi(k[len("key-"):])
 		return i < poisonKeys
 	}
-	sk := newSink()
+	sk := prooftest.NewSink()
 
 	// The consumers, each on its own connection, Redis client and Executor.
 	// Consumer 0 is the victim.
@@ -171,7 +129,7 @@ func TestProofExactlyOnceEffects(t *testing.T) {
 				}
 			}
 			k := m.Headers().Get("Idem-Key")
-			sk.exec(k)
+			sk.Run(k)
 			if isPoison(k) {
 				return errors.New("poison")
 			}
@@ -182,7 +140,7 @@ func TestProofExactlyOnceEffects(t *testing.T) {
 			if !ok {
 				return errors.New("no fence in context")
 			}
-			sk.apply(k, fence)
+			sk.Apply(k, fence)
 			if victim {
 				victimDone.Add(1)
 			}
@@ -279,7 +237,7 @@ func TestProofExactlyOnceEffects(t *testing.T) {
 	waitPub()
 
 	wantKeys := unique - poisonKeys
-	eventually(t, 40*time.Second, "every key applied once", func() bool { return sk.appliedKeys() >= wantKeys })
+	eventually(t, 40*time.Second, "every key applied once", func() bool { return sk.AppliedKeys() >= wantKeys })
 	phase1 := time.Since(begin)
 	for j := range lateDups {
 		i := poisonKeys + (j*7)%(unique-poisonKeys)
@@ -299,26 +257,24 @@ func TestProofExactlyOnceEffects(t *testing.T) {
 	}
 	elapsed := time.Since(begin)
 
-	// Assertions.
-	sk.mu.Lock()
-	defer sk.mu.Unlock()
+	// Assertions: every consumer has stopped, so the sink is read alone.
 	lost, dupEffects, reexecuted, execs := 0, 0, 0, 0
 	for i := poisonKeys; i < unique; i++ {
-		switch a := sk.applied[key(i)]; {
+		switch a := sk.Applied[key(i)]; {
 		case a == 0:
 			lost++
 		case a > 1:
 			dupEffects += a - 1
 		}
 	}
-	for k, e := range sk.execs {
+	for k, e := range sk.Executed {
 		execs += e
 		if e > 1 && !isPoison(k) {
 			reexecuted++
 		}
 	}
 	for i := range poisonKeys {
-		if a := sk.applied[key(i)]; a != 0 {
+		if a := sk.Applied[key(i)]; a != 0 {
 			t.Errorf("poison key %d has %d effects, want 0", i, a)
 		}
 	}
@@ -345,7 +301,7 @@ func TestProofExactlyOnceEffects(t *testing.T) {
 	t.Logf("proof: %d deliveries of IN_PROGRESS duplicates nak'ed with a delay; %d replays beyond the %d duplicates (redeliveries of the victim's completed but unacked messages)",
 		inProgress.Load(), int(total.Replayed)-dups, dups)
 	t.Logf("proof: lost keys %d, duplicate effects %d, effects %d, handler executions %d, keys executed more than once (not poison) %d",
-		lost, dupEffects, sk.total, execs, reexecuted)
+		lost, dupEffects, sk.Total, execs, reexecuted)
 	t.Logf("proof: totals %+v; dead letters %d; consumer at end: pending %d, ack pending %d, delivered %d, ack floor %d",
 		total, len(dl), info.NumPending, info.NumAckPending, info.Delivered.Stream, info.AckFloor.Stream)
 	t.Logf("proof: phase 1 (all keys applied) %v, total %v (%.0f msg/s)", phase1.Round(time.Millisecond), elapsed.Round(time.Millisecond),
@@ -354,8 +310,8 @@ func TestProofExactlyOnceEffects(t *testing.T) {
 	if lost != 0 || dupEffects != 0 {
 		t.Errorf("got %d lost keys and %d duplicate effects, want 0 and 0", lost, dupEffects)
 	}
-	if sk.total != wantKeys {
-		t.Errorf("got %d effects, want %d", sk.total, wantKeys)
+	if sk.Total != wantKeys {
+		t.Errorf("got %d effects, want %d", sk.Total, wantKeys)
 	}
 	if !crashed.Load() || crashSkipped.Load() < 1 || int(total.Replayed) <= dups {
 		t.Errorf("the victim did not crash mid-batch (crashed %v, skipped %d, replays %d for %d duplicates)",

@@ -3,33 +3,25 @@ package rabbitmq
 import (
 	"context"
 	"math/rand/v2"
-	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/consumer"
-	"github.com/idemgo/idem/internal/redistest"
-	"github.com/idemgo/idem/redisstore"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/consumer"
+	"github.com/idemgo/idem/internal/prooftest"
+	"github.com/idemgo/idem/internal/redistest"
+	"github.com/idemgo/idem/redisstore"
 )
 
 // proofMessages is the number of keyed messages of TestProof:
 // IDEM_PROOF_MESSAGES, or 10,000.
-func proofMessages(t *testing.T) int {
-	if s := os.Getenv("IDEM_PROOF_MESSAGES"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 100 {
-			t.Fatalf("IDEM_PROOF_MESSAGES=%q: want a number >= 100", s)
-		}
-		return n
-	}
-	return 10000
-}
+func proofMessages(t *testing.T) int { return prooftest.Messages(t, 10000) }
 
 // TestProof delivers N messages, 30% of them duplicates (half published
 // concurrently with their original, half after it completed), plus a few

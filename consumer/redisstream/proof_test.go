@@ -4,71 +4,23 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/prooftest"
 	"github.com/idemgo/idem/internal/redistest"
 	"github.com/idemgo/idem/redisstore"
-	"github.com/redis/go-redis/v9"
 )
 
 // sink is the side effect of the proof: a table keyed by message key whose
 // rows carry the fence of the write that set them, updated like
 // "UPDATE … SET fence = $1 WHERE key = $2 AND fence < $1". It counts applied
-// effects and raw handler executions per key.
-type sink struct {
-	mu       sync.Mutex
-	fence    map[string]int64
-	applied  map[string]int
-	executed map[string]int
-	stale    int // writes refused by the fence
-}
-
-func newSink() *sink {
-	return &sink{fence: map[string]int64{}, applied: map[string]int{}, executed: map[string]int{}}
-}
-
-// run counts one execution of the handler for key.
-func (s *sink) run(key string) {
-	s.mu.Lock()
-	s.executed[key]++
-	s.mu.Unlock()
-}
-
-func (s *sink) apply(key string, fence int64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if fence > s.fence[key] {
-		s.fence[key] = fence
-		s.applied[key]++
-		return
-	}
-	s.stale++
-}
-
-func (s *sink) appliedKeys() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.applied)
-}
-
-// proofMessages is the number of messages of the proof: 10,000 unless
-// IDEM_PROOF_MESSAGES says otherwise.
-func proofMessages(t *testing.T) int {
-	n := 10000
-	if v := os.Getenv("IDEM_PROOF_MESSAGES"); v != "" {
-		var err error
-		if n, err = strconv.Atoi(v); err != nil || n < 100 {
-			t.Fatalf("IDEM_PROOF_MESSAGES=%q: want a number >= 100", v)
-		}
-	}
-	return n
-}
 
 // TestProof delivers N messages, 30% of them duplicates (half published
 // concurrently with their original, half after it completed), plus a few
@@ -77,7 +29,7 @@ func proofMessages(t *testing.T) int {
 // client closed). Every key must have exactly one applied effect, and the
 // group must end with nothing pending.
 func TestProof(t *testing.T) {
-	n := proofMessages(t)
+	n := prooftest.Messages(t, 10000)
 	srv := redistest.Start(t)
 	const tag = "proof"
 	stream := "{" + tag + "}:orders"
@@ -95,7 +47,7 @@ func TestProof(t *testing.T) {
 	t.Cleanup(func() { pub.Close() })
 	ctx := t.Context()
 
-	snk := newSink()
+	snk := prooftest.NewSink()
 	var failedOnce sync.Map
 	handler := func(ctx context.Context, msg redis.XMessage) error {
 		key := msg.Values["key"].(string)
@@ -103,14 +55,14 @@ func TestProof(t *testing.T) {
 		if !ok {
 			return errors.New("no fence in the handler's context")
 		}
-		snk.run(key)
+		snk.Run(key)
 		i, _ := strconv.Atoi(key[1:])
 		if i%flakyEvery == 0 {
 			if _, loaded := failedOnce.LoadOrStore(key, true); !loaded {
 				return errors.New("flaky downstream")
 			}
 		}
-		snk.apply(key, fence)
+		snk.Apply(key, fence)
 		return nil
 	}
 
@@ -229,7 +181,7 @@ func TestProof(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
-	waitFor("every key's effect", func() bool { return snk.appliedKeys() == unique })
+	waitFor("every key's effect", func() bool { return snk.AppliedKeys() == unique })
 	select {
 	case <-crashed:
 	default:
@@ -273,13 +225,13 @@ func TestProof(t *testing.T) {
 	lost, dup, extraRuns := 0, 0, 0
 	for i := range unique {
 		key := "k" + strconv.Itoa(i)
-		switch a := snk.applied[key]; {
+		switch a := snk.Applied[key]; {
 		case a == 0:
 			lost++
 		case a > 1:
 			dup++
 		}
-		extraRuns += max(snk.executed[key]-1, 0)
+		extraRuns += max(snk.Executed[key]-1, 0)
 	}
 	total := Stats{}
 	for i, m := range members {
@@ -301,7 +253,7 @@ func TestProof(t *testing.T) {
 	t.Logf("messages %d (unique keys %d, concurrent duplicates %d, late duplicates %d, no key %d) in %v",
 		published, unique, concurrentDups, lateDups, noKey, elapsed.Round(time.Millisecond))
 	t.Logf("total: %+v; dead-letter stream %d; lost keys %d, duplicate effects %d, handler executions beyond the first %d (flaky failures), stale writes refused by the fence %d",
-		total, dlq, lost, dup, extraRuns, snk.stale)
+		total, dlq, lost, dup, extraRuns, snk.Stale)
 	if lost != 0 || dup != 0 {
 		t.Errorf("lost keys %d, duplicate effects %d; want 0 and 0", lost, dup)
 	}

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
-	"os"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,6 +17,7 @@ import (
 	"github.com/idemgo/idem"
 	sqsconsumer "github.com/idemgo/idem/consumer/sqs"
 	"github.com/idemgo/idem/consumer/sqs/internal/sqsfake"
+	"github.com/idemgo/idem/internal/prooftest"
 	"github.com/idemgo/idem/internal/redistest"
 	"github.com/idemgo/idem/redisstore"
 )
@@ -67,16 +66,7 @@ func (s *sink) applied() int {
 	return len(s.fence)
 }
 
-func proofMessages(t *testing.T) int {
-	n := 10000
-	if v := os.Getenv("IDEM_PROOF_MESSAGES"); v != "" {
-		var err error
-		if n, err = strconv.Atoi(v); err != nil || n < 100 {
-			t.Fatalf("IDEM_PROOF_MESSAGES=%q: want an integer of at least 100", v)
-		}
-	}
-	return n
-}
+func proofMessages(t *testing.T) int { return prooftest.Messages(t, 10000) }
 
 // TestProof delivers N messages, 30% of them duplicates (half sent right
 // after their original, half after the originals completed), plus a few
