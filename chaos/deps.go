@@ -7,6 +7,7 @@ package chaos
 import (
 	_ "github.com/Shopify/toxiproxy/v2"
 	_ "github.com/anishathalye/porcupine"
+	_ "github.com/aws/aws-sdk-go-v2/service/sqs"
 	_ "github.com/idemgo/idem/consumer/kafka"
 	_ "github.com/idemgo/idem/consumer/nats"
 	_ "github.com/idemgo/idem/consumer/rabbitmq"
@@ -17,5 +18,4 @@ import (
 	_ "github.com/redis/rueidis"
 	_ "github.com/twmb/franz-go/pkg/kfake"
 	_ "github.com/twmb/franz-go/pkg/kgo"
-	_ "github.com/aws/aws-sdk-go-v2/service/sqs"
 )
