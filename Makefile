@@ -9,10 +9,11 @@ FUZZTIME ?= 10s
 # dependencies, which have go.mod files of their own).
 MODULES  := $(shell find . -name go.mod -not -path './.cache/*' -not -path './bin/*' -exec dirname {} \; | sort)
 
-.PHONY: test vet race fuzz soak bench bench-http check-redis demo
+.PHONY: test vet race fuzz soak chaos chaos-long chaos-report bench bench-http check-redis demo
 
-## test: formatting, vet and the race-enabled tests of every module.
-test: check-redis vet race
+## test: formatting, vet, the race-enabled tests of every module and the
+## short variant of the reliability suite (make chaos).
+test: check-redis vet race chaos
 
 check-redis:
 	@command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 || { \
@@ -25,15 +26,36 @@ vet:
 	@for m in $(MODULES); do (cd $$m && $(GO) vet ./...) || exit 1; done
 
 race:
-	@for m in $(MODULES); do (cd $$m && $(GO) test -race -count=1 -timeout 15m ./...) || exit 1; done
+	@for m in $(filter-out ./chaos,$(MODULES)); do (cd $$m && $(GO) test -race -count=1 -timeout 15m ./...) || exit 1; done
 
-## fuzz: every fuzz target for FUZZTIME each (CI runs a short FUZZTIME).
+## chaos: the reliability suite (RELIABILITY.md), short bounded variant, with
+## the race detector. RUN=regexp selects scenarios. Each scenario appends its
+## counters to CHAOS_REPORT; make chaos-report prints them as a table.
+RUN          ?= .
+CHAOS_REPORT ?= $(CURDIR)/chaos-report.jsonl
+chaos: check-redis
+	@rm -f $(CHAOS_REPORT)
+	cd chaos && IDEM_CHAOS_REPORT=$(CHAOS_REPORT) $(GO) test -race -count=1 -timeout 20m -run '$(RUN)' ./...
+
+## chaos-long: the same scenarios at soak size (minutes; not run by CI).
+chaos-long: check-redis
+	@rm -f $(CHAOS_REPORT)
+	cd chaos && IDEM_CHAOS=long IDEM_CHAOS_REPORT=$(CHAOS_REPORT) $(GO) test -count=1 -timeout 90m -run '$(RUN)' ./...
+
+## chaos-report: the rows of the last chaos run as a Markdown table.
+chaos-report:
+	cd chaos && $(GO) run ./cmd/chaosreport $(CHAOS_REPORT)
+
+## fuzz: every fuzz target of every module for FUZZTIME each (CI runs a
+## short FUZZTIME).
 fuzz:
-	@for pkg in $$($(GO) list ./...); do \
-	  for f in $$($(GO) test -list '^Fuzz' $$pkg 2>/dev/null | grep '^Fuzz'); do \
-	    echo "fuzz $$pkg $$f ($(FUZZTIME))"; \
-	    $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
-	  done; \
+	@for m in $(MODULES); do \
+	  (cd $$m && for pkg in $$($(GO) list ./...); do \
+	    for f in $$($(GO) test -list '^Fuzz' $$pkg 2>/dev/null | grep '^Fuzz'); do \
+	      echo "fuzz $$pkg $$f ($(FUZZTIME))"; \
+	      $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+	    done; \
+	  done) || exit 1; \
 	done
 
 ## soak: the consumers' proof tests with SOAK_MESSAGES messages each
