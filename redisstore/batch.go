@@ -50,7 +50,7 @@ func (s *Store) CompleteBatch(ctx context.Context, keys []string, leases []idem.
 	if len(calls) == 0 {
 		return errs
 	}
-	replies, rerrs := s.runMulti(ctx, completeScript, calls)
+	replies, rerrs := s.runBatch(ctx, completeScript, completeManyScript, calls, packComplete)
 	for j, i := range idx {
 		if rerrs[j] != nil {
 			errs[i] = rerrs[j]

@@ -39,7 +39,7 @@ func (h *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 }
 
 // TestBatchRoundTrips runs a batch of 100 keys through the executor: the
-// acquisitions take one pipeline and the completions one more.
+// acquisitions take one script call and the completions one more.
 func TestBatchRoundTrips(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
@@ -47,7 +47,8 @@ func TestBatchRoundTrips(t *testing.T) {
 	// Load the scripts, so that the count below has no NOSCRIPT retry.
 	warm, _ := redisstore.New(c)
 	we, _ := idem.New(warm)
-	we.Do(t.Context(), idem.Key{ID: "warm"}, "", func(context.Context) ([]byte, error) { return nil, nil })
+	wb := we.BeginBatch(t.Context(), []idem.Key{{ID: "warm1"}, {ID: "warm2"}}, []string{"", ""})
+	we.CommitBatch(t.Context(), []*idem.Attempt{wb[0].Attempt, wb[1].Attempt}, [][]byte{nil, nil})
 	hook := &roundTrips{}
 	c.AddHook(hook)
 	s, _ := redisstore.New(c)
@@ -79,8 +80,8 @@ func TestBatchRoundTrips(t *testing.T) {
 			ours = append(ours, n)
 		}
 	}
-	if len(ours) != 2 || ours[0] != "pipeline of 100 evalsha" || ours[1] != "pipeline of 100 evalsha" {
-		t.Fatalf("round trips for a batch of 100: %v, want two pipelines of 100", ours)
+	if len(ours) != 2 || ours[0] != "pipeline of 1 evalsha" || ours[1] != "pipeline of 1 evalsha" {
+		t.Fatalf("round trips for a batch of 100: %v, want two script calls", ours)
 	}
 	again := exec.BeginBatch(t.Context(), keys, fps)
 	for i, b := range again {

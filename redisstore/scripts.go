@@ -25,10 +25,23 @@ func newScript(name, src string) *script {
 }
 
 var (
+	// The .lib.lua files define the transitions as Lua functions; the
+	// scripts that use them are sent with the library prepended, so that
+	// the one-key scripts and their batch versions share one definition.
+
+	//go:embed lua/acquire.lib.lua
+	acquireLib string
+	//go:embed lua/complete.lib.lua
+	completeLib string
+
 	//go:embed lua/acquire.lua
 	acquireSrc string
+	//go:embed lua/acquire_many.lua
+	acquireManySrc string
 	//go:embed lua/complete.lua
 	completeSrc string
+	//go:embed lua/complete_many.lua
+	completeManySrc string
 	//go:embed lua/fail.lua
 	failSrc string
 	//go:embed lua/release.lua
@@ -38,12 +51,14 @@ var (
 	//go:embed lua/get.lua
 	getSrc string
 
-	acquireScript  = newScript("acquire", acquireSrc)
-	completeScript = newScript("complete", completeSrc)
-	failScript     = newScript("fail", failSrc)
-	releaseScript  = newScript("release", releaseSrc)
-	extendScript   = newScript("extend", extendSrc)
-	getScript      = newScript("get", getSrc)
+	acquireScript      = newScript("acquire", acquireLib+acquireSrc)
+	acquireManyScript  = newScript("acquire_many", acquireLib+acquireManySrc)
+	completeScript     = newScript("complete", completeLib+completeSrc)
+	completeManyScript = newScript("complete_many", completeLib+completeManySrc)
+	failScript         = newScript("fail", failSrc)
+	releaseScript      = newScript("release", releaseSrc)
+	extendScript       = newScript("extend", extendSrc)
+	getScript          = newScript("get", getSrc)
 )
 
 // Replies are normalized by the client adapters to nil, int64, string and

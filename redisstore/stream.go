@@ -16,11 +16,14 @@ import (
 var (
 	//go:embed lua/complete_ack.lua
 	completeAckSrc string
+	//go:embed lua/complete_ack_many.lua
+	completeAckManySrc string
 	//go:embed lua/dead_letter.lua
 	deadLetterSrc string
 
-	completeAckScript = newScript("complete_ack", completeAckSrc)
-	deadLetterScript  = newScript("dead_letter", deadLetterSrc)
+	completeAckScript     = newScript("complete_ack", completeLib+completeAckSrc)
+	completeAckManyScript = newScript("complete_ack_many", completeLib+completeAckManySrc)
+	deadLetterScript      = newScript("dead_letter", deadLetterSrc)
 )
 
 // errBatchWait is returned by the pipelined calls of a store configured
@@ -159,7 +162,7 @@ func (s *Store) AcquireBatch(ctx context.Context, keys []string, reqs []idem.Acq
 	if len(calls) == 0 {
 		return out, errs
 	}
-	replies, rerrs := s.runMulti(ctx, acquireScript, calls)
+	replies, rerrs := s.runBatch(ctx, acquireScript, acquireManyScript, calls, packAcquire)
 	for j, i := range idx {
 		if rerrs[j] != nil {
 			errs[i] = rerrs[j]
@@ -237,7 +240,7 @@ func (s *Store) CompleteAndAckBatch(ctx context.Context, stream, group string, r
 	if len(calls) == 0 {
 		return errs
 	}
-	replies, rerrs := s.runMulti(ctx, completeAckScript, calls)
+	replies, rerrs := s.runBatch(ctx, completeAckScript, completeAckManyScript, calls, packCompleteAck)
 	for j, i := range idx {
 		if rerrs[j] != nil {
 			errs[i] = rerrs[j]

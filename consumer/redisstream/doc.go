@@ -17,18 +17,17 @@
 // for a retry), then new entries (XREADGROUP … COUNT batch BLOCK block).
 // For each batch it follows the semantics of consumer.Processor:
 //
-//   - every key is acquired before any handler runs, with Executor.Begin
-//     called concurrently on the consumer's own Executor, whose store
-//     sends concurrent acquisitions in one pipeline
-//     (redisstore.Store.AcquireBatch), so a batch costs about two round
-//     trips; a key repeated within the batch follows its first occurrence
-//     instead of being acquired again;
+//   - every key is acquired before any handler runs, with one
+//     Executor.BeginBatch on the consumer's own Executor: one script call
+//     per 128 keys (redisstore.Store.AcquireBatch), so a batch costs about
+//     two round trips; a key repeated within the batch follows its first
+//     occurrence instead of being acquired again;
 //   - handlers run in stream order, with the lease and fence in their
 //     context (idem.FenceFrom), cancelled if the lease is lost;
-//   - the successful ones are completed and acknowledged in one pipelined
-//     round of one Lua script per entry (redisstore.Store.CompleteAndAck):
-//     the record becomes COMPLETED and the entry is XACKed in the same
-//     script, so no crash can fall between the two;
+//   - the successful ones are completed and acknowledged in one script call
+//     per 128 entries (redisstore.Store.CompleteAndAckBatch): each record
+//     becomes COMPLETED and its entry is XACKed in the same script, so no
+//     crash can fall between the two;
 //   - a duplicate whose key is COMPLETED is acknowledged (one XACK for the
 //     batch) without running the handler;
 //   - a duplicate whose key is IN_PROGRESS elsewhere, a handler error, a

@@ -208,9 +208,9 @@ type Consumer struct {
 
 // New returns a Consumer of stream in group, as consumer name, that reads
 // entries with rdb and keeps idempotency records in store, through an
-// idem.Executor of its own (WithExecutorOptions) whose acquisitions of a
-// batch are sent in pipelines (see Executor). Records are compatible with
-// any other Executor on store. The completion of a key and the XACK of its
+// idem.Executor of its own (WithExecutorOptions) that acquires each batch
+// with one BeginBatch. Records are compatible with any other Executor on
+// store. The completion of a key and the XACK of its
 // entry happen in one script on store, so stream, its dead-letter stream
 // and store's records must be able to share a script: on a Cluster, create
 // the store with redisstore.WithHashTag(tag) and name the streams "{tag}…"
@@ -234,7 +234,7 @@ func New(rdb redis.UniversalClient, store *redisstore.Store, stream, group, name
 	for _, o := range opts {
 		o(c)
 	}
-	exec, err := idem.New(&pipeliner{Store: store}, c.execOpts...)
+	exec, err := idem.New(store, c.execOpts...)
 	if err != nil {
 		return nil, fmt.Errorf("redisstream: %w", err)
 	}
@@ -271,8 +271,7 @@ func New(rdb redis.UniversalClient, store *redisstore.Store, stream, group, name
 	return c, nil
 }
 
-// Executor returns the consumer's executor: its store pipelines
-// concurrent acquisitions, its other calls go to the store given to New.
+// Executor returns the consumer's executor, on the store given to New.
 func (c *Consumer) Executor() *idem.Executor { return c.exec }
 
 // Stats returns a snapshot of the counters.
@@ -455,9 +454,8 @@ func (c *Consumer) process(ctx context.Context, msgs []redis.XMessage, deliverie
 		keys[i] = c.keyFn(m)
 	}
 
-	// Acquire: one Begin per key, concurrently; the executor's store
-	// (pipeliner) sends the concurrent acquisitions in pipelines, so the
-	// batch costs about two round trips.
+	// Acquire every key in one BeginBatch: on a standalone server or with a
+	// hash tag, one script call per batch (redisstore's batch scripts).
 	// A key repeated in the batch with the same fingerprint follows its
 	// first occurrence (follow[i] is that index + 1): acknowledged as a
 	// replay once the first is completed, retried otherwise. Acquiring it
@@ -468,7 +466,9 @@ func (c *Consumer) process(ctx context.Context, msgs []redis.XMessage, deliverie
 		fp string
 	}
 	firsts := make(map[string]first, n)
-	var wg sync.WaitGroup
+	bkeys := make([]idem.Key, 0, n)
+	bfps := make([]string, 0, n)
+	bidx := make([]int, 0, n)
 	for i := range msgs {
 		if keys[i] == "" {
 			results[i] = consumer.Result{Action: consumer.DeadLetter, Err: consumer.ErrNoKey}
@@ -484,21 +484,21 @@ func (c *Consumer) process(ctx context.Context, msgs []redis.XMessage, deliverie
 		} else if !ok {
 			firsts[keys[i]] = first{i, fp}
 		}
-		wg.Add(1)
-		go func(i int, fp string) {
-			defer wg.Done()
-			actx, a, err := c.exec.Begin(ctx, idem.Key{Scope: c.scope, ID: keys[i]}, fp)
-			switch {
-			case err == nil && a.Replayed():
-				results[i] = consumer.Result{Action: consumer.Ack, Replayed: true}
-			case err == nil:
-				attempts[i] = held{actx, a}
-			default:
-				results[i] = c.refused(err)
-			}
-		}(i, fp)
+		bkeys = append(bkeys, idem.Key{Scope: c.scope, ID: keys[i]})
+		bfps = append(bfps, fp)
+		bidx = append(bidx, i)
 	}
-	wg.Wait()
+	for j, b := range c.exec.BeginBatch(ctx, bkeys, bfps) {
+		i := bidx[j]
+		switch {
+		case b.Err == nil && b.Attempt.Replayed():
+			results[i] = consumer.Result{Action: consumer.Ack, Replayed: true}
+		case b.Err == nil:
+			attempts[i] = held{b.Ctx, b.Attempt}
+		default:
+			results[i] = c.refused(b.Err)
+		}
+	}
 
 	// Keep the batch's entries from being claimed while handlers run.
 	stopTouch := c.touch(ctx, msgs, attempts)

@@ -1,0 +1,67 @@
+-- acquire.lib.lua: the acquire transition (DESIGN.md §1) as a function,
+-- shared by acquire.lua (one key) and acquire_many.lua (a batch of keys in
+-- one slot). scripts.go prepends it to both; it is not a script by itself.
+--
+-- The record is a string: the MessagePack values format version (1), state
+-- (p in progress, c completed, r released, f failed), fingerprint, owner,
+-- fence, lease end (µs), attempts, created (µs), result; absent values are
+-- '' or 0. SET ... PX writes it and its expiry in one call. Times are the
+-- server's (TIME), in µs; Lua numbers are doubles, exact for integers below
+-- 2^53, which µs timestamps are.
+
+-- clock returns the server's time in µs, read with TIME at most once per
+-- script call: replays, the most frequent duplicate, need no clock.
+local now_us
+local function clock()
+  if not now_us then
+    local t = redis.call('TIME')
+    now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  return now_us
+end
+
+-- acquire takes the record at key. fp, owner, lease_ms, retention_ms,
+-- max_attempts and ttl_ms are acquire.lua's ARGV[1] to ARGV[6], as strings.
+-- It returns acquire.lua's reply, or nil and an error message.
+local function acquire(key, fp, owner, lease_ms, retention_ms, max_attempts, ttl_ms)
+  local v = redis.call('GET', key)
+  local ver, s, f, o, n, l, a, c, r
+  if v then
+    ver, s, f, o, n, l, a, c, r = cmsgpack.unpack(v)
+    if ver ~= 1 then
+      return nil, 'idem: unknown record format'
+    end
+    if f ~= fp then
+      return {5}
+    end
+    if s == 'c' or s == 'f' then
+      return {4, s, a, r}
+    end
+    if s == 'p' and o == owner then
+      return {1, n, a}
+    end
+  end
+  local now = clock()
+  local lease_end = now + tonumber(lease_ms) * 1000
+  if not v then
+    -- No record: the fence is seeded from the clock, so that it still grows
+    -- after the record was deleted or expired.
+    redis.call('SET', key, cmsgpack.pack(1, 'p', fp, owner, now, lease_end, 1, now, ''), 'PX', ttl_ms)
+    return {1, now, 1}
+  end
+  if s == 'p' and l > now then
+    return {3, l - now, a}
+  end
+  -- Released, or in progress with an expired lease.
+  local max = tonumber(max_attempts)
+  if max > 0 and a >= max then
+    redis.call('SET', key, cmsgpack.pack(1, 'f', f, '', n, 0, a, c, ''), 'PX', retention_ms)
+    return {4, 'f', a, ''}
+  end
+  local fence = math.max(n + 1, now)
+  redis.call('SET', key, cmsgpack.pack(1, 'p', f, owner, fence, lease_end, a + 1, c, ''), 'PX', ttl_ms)
+  if s == 'p' then
+    return {2, fence, a + 1, o}
+  end
+  return {1, fence, a + 1}
+end

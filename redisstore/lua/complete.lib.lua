@@ -1,0 +1,30 @@
+-- complete.lib.lua: the complete transition as a function, shared by
+-- complete.lua, complete_ack.lua and complete_ack_many.lua; scripts.go
+-- prepends it to them. Record format: see acquire.lib.lua.
+
+-- complete stores result in the record at key and moves it to COMPLETED if
+-- owner and fence (a string) still hold it. The owner, the lease end and the
+-- creation time are dropped: a completed record needs none of them, and
+-- memory per record counts. It returns 1 if it wrote the record, 2 if the
+-- record was already completed by this fence with this result (a repeated
+-- call after a lost reply), 0 if the lease is lost (nothing written), or nil
+-- and an error message.
+local function complete(key, owner, fence_arg, result, retention_ms)
+  local v = redis.call('GET', key)
+  if not v then
+    return 0
+  end
+  local ver, s, f, o, n, l, a, c, r = cmsgpack.unpack(v)
+  if ver ~= 1 then
+    return nil, 'idem: unknown record format'
+  end
+  local fence = tonumber(fence_arg)
+  if s == 'c' and n == fence and r == result then
+    return 2
+  end
+  if s ~= 'p' or o ~= owner or n ~= fence then
+    return 0
+  end
+  redis.call('SET', key, cmsgpack.pack(1, 'c', f, '', n, 0, a, 0, result), 'PX', retention_ms)
+  return 1
+end

@@ -1,0 +1,151 @@
+package redisstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/redistest"
+	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/storetest"
+)
+
+// viaBatch is a Store whose Acquire and Complete go through the batch
+// scripts (acquire_many, complete_many): each call is sent as a batch of
+// the same call twice. The second is a repeat by the same owner, which the
+// Store contract makes harmless (Acquired again with the same fence, or the
+// same complete again), so the first reply is exactly what a one-key call
+// would return, computed by the batch script.
+type viaBatch struct{ *redisstore.Store }
+
+func (s viaBatch) Acquire(ctx context.Context, key string, req idem.AcquireRequest) (idem.Acquisition, error) {
+	acqs, errs := s.AcquireBatch(ctx, []string{key, key}, []idem.AcquireRequest{req, req})
+	return acqs[0], errs[0]
+}
+
+func (s viaBatch) Complete(ctx context.Context, key string, lease idem.Lease, result []byte, retention time.Duration) error {
+	return s.CompleteBatch(ctx, []string{key, key}, []idem.Lease{lease, lease}, [][]byte{result, result}, retention)[0]
+}
+
+// TestConformanceBatchScripts runs the conformance suite with Acquire and
+// Complete made by the batch scripts, on a standalone server and on a
+// Cluster with a hash tag (where batches share a script), through both
+// clients: the batch scripts implement the transitions of the one-key
+// scripts.
+func TestConformanceBatchScripts(t *testing.T) {
+	t.Parallel()
+	standalone := redistest.Start(t)
+	cluster := redistest.StartCluster(t, 3)
+	for _, c := range clients(t, standalone, cluster) {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			var opts []redisstore.Option
+			if strings.HasPrefix(c.name, "cluster") {
+				opts = append(opts, redisstore.WithHashTag("batch"))
+			}
+			s := viaBatch{c.newStore(t, opts...)}
+			storetest.Run(t, func(*testing.T) idem.Store { return s })
+		})
+	}
+}
+
+// TestBatchScriptForeignRecord checks that a key holding a value in
+// another format fails alone in a batch script: the other keys of the batch
+// get their own outcomes, and the foreign value is left as it was.
+func TestBatchScriptForeignRecord(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	s, err := redisstore.New(goRedisClient(t, srv.Addr()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := []string{
+		idem.Key{ID: "a"}.Digest(),
+		idem.Key{ID: "foreign"}.Digest(),
+		idem.Key{ID: "b"}.Digest(),
+	}
+	if _, err := srv.Command("SET", s.Key(keys[1]), "\x92\x02\xa1x"); err != nil { // MessagePack, version 2
+		t.Fatal(err)
+	}
+	req := idem.AcquireRequest{Owner: "o", Lease: time.Minute, Retention: time.Hour}
+	acqs, errs := s.AcquireBatch(t.Context(), keys, []idem.AcquireRequest{req, req, req})
+	for _, i := range []int{0, 2} {
+		if errs[i] != nil || acqs[i].Outcome != idem.Acquired {
+			t.Fatalf("key %d: %+v, %v; want Acquired", i, acqs[i], errs[i])
+		}
+	}
+	if errs[1] == nil || !strings.Contains(errs[1].Error(), "unknown record format") {
+		t.Fatalf("foreign key: got %+v, %v; want the unknown-format error", acqs[1], errs[1])
+	}
+	leases := []idem.Lease{acqs[0].Lease, {Owner: "o", Fence: 1}, acqs[2].Lease}
+	cerrs := s.CompleteBatch(t.Context(), keys, leases, [][]byte{[]byte("ra"), nil, []byte("rb")}, time.Hour)
+	if cerrs[0] != nil || cerrs[2] != nil || cerrs[1] == nil || !strings.Contains(cerrs[1].Error(), "unknown record format") {
+		t.Fatalf("complete: %v", cerrs)
+	}
+	if got, _ := srv.Command("GET", s.Key(keys[1])); got != "\x92\x02\xa1x" {
+		t.Fatalf("the foreign value became %q", got)
+	}
+}
+
+// TestBatchScriptChunks sends batches larger than one script takes, with
+// leases that differ in the middle: every key gets its outcome, in order,
+// whatever script carried it.
+func TestBatchScriptChunks(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	s, err := redisstore.New(goRedisClient(t, srv.Addr()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 300
+	keys := make([]string, n)
+	reqs := make([]idem.AcquireRequest, n)
+	for i := range keys {
+		keys[i] = idem.Key{ID: fmt.Sprint(i)}.Digest()
+		reqs[i] = idem.AcquireRequest{Owner: fmt.Sprint("o", i), Lease: time.Minute, Retention: time.Hour}
+		if i >= 100 && i < 110 {
+			reqs[i].Lease = 2 * time.Minute
+		}
+	}
+	keys[299], reqs[299] = keys[0], idem.AcquireRequest{Owner: "other", Lease: time.Minute, Retention: time.Hour}
+	acqs, errs := s.AcquireBatch(t.Context(), keys, reqs)
+	leases := make([]idem.Lease, n)
+	results := make([][]byte, n)
+	for i := range n - 1 {
+		if errs[i] != nil || acqs[i].Outcome != idem.Acquired || acqs[i].Lease.Owner != reqs[i].Owner {
+			t.Fatalf("key %d: %+v, %v", i, acqs[i], errs[i])
+		}
+		leases[i], results[i] = acqs[i].Lease, []byte(fmt.Sprint("r", i))
+	}
+	if errs[n-1] != nil || acqs[n-1].Outcome != idem.InProgress {
+		t.Fatalf("a repeated key, another owner: %+v, %v; want InProgress", acqs[n-1], errs[n-1])
+	}
+	for i := 100; i < 110; i++ {
+		rec, err := s.Get(t.Context(), keys[i])
+		if err != nil || rec.LeaseUntil.Sub(rec.Now) < 90*time.Second {
+			t.Fatalf("key %d: the 2-minute lease became %v (%v)", i, rec.LeaseUntil.Sub(rec.Now), err)
+		}
+	}
+	leases[n-1] = idem.Lease{Owner: "other", Fence: 1}
+	for i, err := range s.CompleteBatch(t.Context(), keys, leases, results, time.Hour) {
+		if i == n-1 {
+			if !errors.Is(err, idem.ErrLeaseLost) {
+				t.Fatalf("complete by a non-owner: %v, want ErrLeaseLost", err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("complete %d: %v", i, err)
+		}
+	}
+	acqs, errs = s.AcquireBatch(t.Context(), keys[:n-1], reqs[:n-1])
+	for i := range n - 1 {
+		if errs[i] != nil || acqs[i].Outcome != idem.Replay || string(acqs[i].Result) != fmt.Sprint("r", i) {
+			t.Fatalf("replay %d: %+v, %v", i, acqs[i], errs[i])
+		}
+	}
+}
