@@ -126,6 +126,28 @@ func (e *Executor) CommitBatch(ctx context.Context, attempts []*Attempt, values 
 		return errs
 	}
 	cerrs := bs.CompleteBatch(ctx, keys, leases, blobs, e.retention)
+	// Repeat the completions whose outcome is unknown, as Commit does.
+	r := e.repeater()
+	for {
+		var again []int
+		for j, err := range cerrs {
+			if OutcomeUnknown(err) {
+				again = append(again, j)
+			}
+		}
+		if len(again) == 0 || !r.wait(ctx) {
+			break
+		}
+		rkeys := make([]string, len(again))
+		rleases := make([]Lease, len(again))
+		rblobs := make([][]byte, len(again))
+		for k, j := range again {
+			rkeys[k], rleases[k], rblobs[k] = keys[j], leases[j], blobs[j]
+		}
+		for k, err := range bs.CompleteBatch(ctx, rkeys, rleases, rblobs, e.retention) {
+			cerrs[again[k]] = err
+		}
+	}
 	for j, i := range idx {
 		attempts[i].cancel(nil)
 		if cerrs[j] != nil {

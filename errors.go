@@ -116,3 +116,14 @@ func IsTerminal(err error) bool {
 func invalidf(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, args...)...)
 }
+
+// OutcomeUnknown reports whether err, returned by a Store call, leaves the
+// call's outcome unknown: the transition may or may not have happened (a
+// timeout, a broken connection, a server error), and repeating the call
+// with the same arguments resolves it (see Store). It is false for nil and
+// for the errors that answer the call: ErrLeaseLost, ErrNotFound,
+// ErrInvalid and ErrNotDurable.
+func OutcomeUnknown(err error) bool {
+	return err != nil && !errors.Is(err, ErrLeaseLost) && !errors.Is(err, ErrNotFound) &&
+		!errors.Is(err, ErrInvalid) && !errors.Is(err, ErrNotDurable)
+}

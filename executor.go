@@ -213,6 +213,14 @@ type Result struct {
 // panics, the key is released and the panic continues. If the lease was lost
 // while fn ran, Do returns an error wrapping ErrLeaseLost and nothing is
 // stored. Store errors are returned wrapped.
+//
+// Once fn has run, the store call that ends the attempt (complete, fail or
+// release) is repeated with the same lease while it fails with an error
+// that leaves its outcome unknown (see OutcomeUnknown), for up to one lease:
+// giving up at once would leave the key IN_PROGRESS, to be taken over and
+// run again after the lease. So while the store is unreachable, such a Do
+// returns after up to one lease. The same holds for Commit, Abort, Release
+// and CommitBatch.
 func (e *Executor) Do(ctx context.Context, key Key, fingerprint string, fn func(ctx context.Context) ([]byte, error)) (Result, error) {
 	if fn == nil {
 		return Result{}, invalidf("nil function")
@@ -430,7 +438,9 @@ func (a *Attempt) Commit(ctx context.Context, value []byte) error {
 	if err != nil {
 		return err
 	}
-	if err := a.e.store.Complete(ctx, a.key, a.lease, blob, a.e.retention); err != nil {
+	if err := a.e.repeat(ctx, func(ctx context.Context) error {
+		return a.e.store.Complete(ctx, a.key, a.lease, blob, a.e.retention)
+	}); err != nil {
 		return fmt.Errorf("idem: complete: %w", err)
 	}
 	return nil
@@ -481,11 +491,14 @@ func (a *Attempt) fail(ctx context.Context, cause error, terminal bool) error {
 	if err != nil {
 		return err
 	}
-	_, err = a.e.store.Fail(ctx, a.key, a.lease, Failure{
-		Result:      blob,
-		Terminal:    terminal,
-		Retention:   a.e.retention,
-		MaxAttempts: a.e.maxAttempts,
+	err = a.e.repeat(ctx, func(ctx context.Context) error {
+		_, err := a.e.store.Fail(ctx, a.key, a.lease, Failure{
+			Result:      blob,
+			Terminal:    terminal,
+			Retention:   a.e.retention,
+			MaxAttempts: a.e.maxAttempts,
+		})
+		return err
 	})
 	if err != nil {
 		return fmt.Errorf("idem: fail: %w", err)
@@ -523,8 +536,55 @@ func (a *Attempt) Release(ctx context.Context) error {
 		return err
 	}
 	defer a.cancel(nil)
-	if err := a.e.store.Release(ctx, a.key, a.lease, a.e.retention); err != nil {
+	if err := a.e.repeat(ctx, func(ctx context.Context) error {
+		return a.e.store.Release(ctx, a.key, a.lease, a.e.retention)
+	}); err != nil {
 		return fmt.Errorf("idem: release: %w", err)
 	}
 	return nil
+}
+
+// repeat makes call, a store call that ends an attempt (Complete, Fail,
+// Release), and repeats it with the same arguments while it fails with an
+// error that leaves its outcome unknown (a timeout, a broken connection), as
+// the Store contract allows: a repeated call never does anything twice.
+// Giving up at once would leave the key IN_PROGRESS, and once the lease
+// ended another caller would take it over and run the operation again. It
+// stops at the first definite answer, when ctx is done, or after one lease.
+func (e *Executor) repeat(ctx context.Context, call func(context.Context) error) error {
+	r := e.repeater()
+	for {
+		err := call(ctx)
+		if !OutcomeUnknown(err) || !r.wait(ctx) {
+			return err
+		}
+	}
+}
+
+// repeater paces the repetitions of a store call whose outcome is unknown:
+// a pause that doubles from 10ms up to 1s, for at most one lease in all.
+type repeater struct {
+	deadline time.Time
+	pause    time.Duration
+}
+
+func (e *Executor) repeater() *repeater {
+	return &repeater{deadline: time.Now().Add(e.lease), pause: 10 * time.Millisecond}
+}
+
+// wait pauses before the next repetition and reports whether there is one:
+// false once the next would start after the deadline, or ctx is done.
+func (r *repeater) wait(ctx context.Context) bool {
+	if !time.Now().Add(r.pause).Before(r.deadline) {
+		return false
+	}
+	t := time.NewTimer(r.pause)
+	defer t.Stop()
+	r.pause = min(2*r.pause, time.Second)
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }

@@ -1,0 +1,173 @@
+package idem_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/memstore"
+)
+
+// errNet stands for a network error: the call's outcome is unknown.
+var errNet = errors.New("read tcp: connection reset by peer")
+
+// lossy is a memstore whose ending calls (Complete, CompleteBatch, Fail,
+// Release) fail with errNet for the first n calls: when replyLost, after the
+// store applied them (the reply was lost), otherwise before (the request was
+// lost).
+type lossy struct {
+	*memstore.Store
+	n         atomic.Int64
+	replyLost bool
+	calls     atomic.Int64
+}
+
+func (s *lossy) lose(apply func() error) error {
+	s.calls.Add(1)
+	if s.n.Add(-1) < 0 {
+		return apply()
+	}
+	if s.replyLost {
+		_ = apply()
+	}
+	return errNet
+}
+
+func (s *lossy) Complete(ctx context.Context, key string, l idem.Lease, r []byte, ret time.Duration) error {
+	return s.lose(func() error { return s.Store.Complete(ctx, key, l, r, ret) })
+}
+
+func (s *lossy) CompleteBatch(ctx context.Context, keys []string, ls []idem.Lease, rs [][]byte, ret time.Duration) []error {
+	errs := make([]error, len(keys))
+	for i := range keys {
+		errs[i] = s.Complete(ctx, keys[i], ls[i], rs[i], ret)
+	}
+	return errs
+}
+
+func (s *lossy) AcquireBatch(ctx context.Context, keys []string, reqs []idem.AcquireRequest) ([]idem.Acquisition, []error) {
+	return s.Store.AcquireBatch(ctx, keys, reqs)
+}
+
+func (s *lossy) Fail(ctx context.Context, key string, l idem.Lease, f idem.Failure) (idem.State, error) {
+	var st idem.State
+	err := s.lose(func() (err error) { st, err = s.Store.Fail(ctx, key, l, f); return err })
+	return st, err
+}
+
+func (s *lossy) Release(ctx context.Context, key string, l idem.Lease, ret time.Duration) error {
+	return s.lose(func() error { return s.Store.Release(ctx, key, l, ret) })
+}
+
+// TestEndingCallsAreRepeated loses the request or the reply of the call
+// that ends an attempt, three times in a row: the executor repeats it with
+// the same lease, so the key reaches its final state and the operation never
+// runs a second time, also after the lease.
+func TestEndingCallsAreRepeated(t *testing.T) {
+	for _, replyLost := range []bool{false, true} {
+		for _, end := range []string{"complete", "fail", "release", "commit batch"} {
+			t.Run(fmt.Sprintf("%s/reply lost=%v", end, replyLost), func(t *testing.T) {
+				var skew atomic.Int64 // the store's clock runs ahead by skew
+				ms, err := memstore.New(memstore.WithClock(func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }))
+				if err != nil {
+					t.Fatal(err)
+				}
+				s := &lossy{Store: ms, replyLost: replyLost}
+				const lease = 500 * time.Millisecond
+				e, err := idem.New(s, idem.WithLease(lease))
+				if err != nil {
+					t.Fatal(err)
+				}
+				key := idem.Key{ID: "k"}
+				s.n.Store(3)
+				var runs atomic.Int64
+				fn := func(context.Context) ([]byte, error) {
+					runs.Add(1)
+					switch end {
+					case "fail":
+						return nil, idem.Terminal(errors.New("declined"))
+					case "release":
+						panic("boom")
+					}
+					return []byte("v"), nil
+				}
+				switch end {
+				case "commit batch":
+					b := e.BeginBatch(t.Context(), []idem.Key{key}, []string{""})
+					if b[0].Err != nil {
+						t.Fatal(b[0].Err)
+					}
+					runs.Add(1)
+					if errs := e.CommitBatch(t.Context(), []*idem.Attempt{b[0].Attempt}, [][]byte{[]byte("v")}); errs[0] != nil {
+						t.Fatalf("CommitBatch: %v", errs[0])
+					}
+				case "release":
+					func() {
+						defer func() { _ = recover() }()
+						_, _ = e.Do(t.Context(), key, "", fn)
+					}()
+				default:
+					_, err := e.Do(t.Context(), key, "", fn)
+					if end == "complete" && err != nil {
+						t.Fatalf("Do: %v", err)
+					}
+				}
+				if got := s.calls.Load(); got != 4 {
+					t.Fatalf("ending calls: %d, want 4 (three lost, then one answered)", got)
+				}
+				rec, err := ms.Get(t.Context(), key.Digest())
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := map[string]idem.State{"complete": idem.StateCompleted, "commit batch": idem.StateCompleted,
+					"fail": idem.StateFailed, "release": idem.StateReleased}[end]
+				if rec.State != want {
+					t.Fatalf("state %v, want %v", rec.State, want)
+				}
+				if end == "release" {
+					return // released: running again is what release is for
+				}
+				// After the lease, a new Do must not run the operation again.
+				skew.Store(int64(2 * lease))
+				_, _ = e.Do(t.Context(), key, "", fn)
+				if got := runs.Load(); got != 1 {
+					t.Fatalf("the operation ran %d times, want 1", got)
+				}
+			})
+		}
+	}
+}
+
+// TestEndingCallGivesUpAfterALease checks that the repetition is bounded: a
+// store that never answers makes Do return the error after about one lease.
+func TestEndingCallGivesUpAfterALease(t *testing.T) {
+	ms, err := memstore.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &lossy{Store: ms}
+	s.n.Store(1 << 40)
+	const lease = 300 * time.Millisecond
+	e, err := idem.New(s, idem.WithLease(lease))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, err = e.Do(t.Context(), idem.Key{ID: "k"}, "", func(context.Context) ([]byte, error) { return nil, nil })
+	if !errors.Is(err, errNet) {
+		t.Fatalf("Do: %v, want the store's error", err)
+	}
+	if d := time.Since(start); d > 3*lease {
+		t.Fatalf("Do returned after %v, want about one lease (%v)", d, lease)
+	}
+	if s.calls.Load() < 3 {
+		t.Fatalf("the complete was sent %d times, want it repeated", s.calls.Load())
+	}
+	if idem.OutcomeUnknown(nil) || idem.OutcomeUnknown(idem.ErrLeaseLost) || !idem.OutcomeUnknown(errNet) {
+		t.Fatal("OutcomeUnknown misclassifies")
+	}
+}
