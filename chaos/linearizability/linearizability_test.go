@@ -1,0 +1,236 @@
+package linearizability
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/chaos/chaostest"
+	"github.com/idemgo/idem/internal/redistest"
+	"github.com/idemgo/idem/memstore"
+	"github.com/idemgo/idem/redisstore"
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
+)
+
+// size is the workload of the histories: a few keys, several clients, a few
+// hundred operations per key (short), or many more (long).
+func size() workload {
+	return workload{
+		keys:        chaostest.Size(3, 4),
+		clients:     chaostest.Size(6, 8),
+		opsPerKey:   chaostest.Size(400, 3000),
+		callTimeout: 2 * time.Second,
+	}
+}
+
+func command(test string) string {
+	if chaostest.Long() {
+		return "make chaos-long RUN=" + test
+	}
+	return "make chaos RUN=" + test
+}
+
+// verdict records, checks and reports one or more histories (one per store
+// in stores) as one row; each must get want.
+func verdict(t *testing.T, scenario, test string, want porcupine.CheckResult, w workload, stores map[string]func(t *testing.T) idem.Store) {
+	var c chaostest.Counters
+	figures := map[string]string{}
+	for name, newStore := range stores {
+		t.Run(name, func(t *testing.T) {
+			store := newStore(t)
+			start := time.Now()
+			rec := w.record(t, store)
+			recorded := time.Since(start)
+			start = time.Now()
+			res := check(t, rec, want)
+			checked := time.Since(start)
+			c.Attempted.Add(int64(len(rec.ops)))
+			c.Acknowledged.Add(int64(len(rec.ops) - rec.unknown))
+			figures[name+".ops"] = fmt.Sprint(len(rec.ops))
+			figures[name+".unknown_outcome"] = fmt.Sprint(rec.unknown)
+			figures[name+".verdict"] = string(res)
+			figures[name+".record_time"] = recorded.Round(10 * time.Millisecond).String()
+			figures[name+".check_time"] = checked.Round(time.Millisecond).String()
+			for what, n := range rec.tally() {
+				figures[name+"."+what] = fmt.Sprint(n)
+				// memstore is too fast for clients to meet often: finding
+				// a key in progress is not required.
+				if n == 0 && want == porcupine.Ok && what != "in_progress" {
+					t.Errorf("the history has no %s: the workload does not exercise the state machine", what)
+				}
+			}
+			if res != want {
+				t.Errorf("porcupine: got %v for %d operations (%d with unknown outcome), want %v", res, len(rec.ops), rec.unknown, want)
+			}
+		})
+	}
+	figures["keys"] = fmt.Sprint(w.keys)
+	figures["clients"] = fmt.Sprint(w.clients)
+	chaostest.Report(t, scenario, command(test), &c, figures)
+}
+
+func newMemstore(t *testing.T) idem.Store {
+	s, err := memstore.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// goRedis returns a client for addr. It does not retry a failed command
+// itself, so that a fault surfaces as an unknown outcome in the history
+// (and its repetition is recorded).
+func goRedis(t *testing.T, addr string) *redis.Client {
+	c := redis.NewClient(&redis.Options{
+		Addr: addr, DialTimeout: 300 * time.Millisecond, ReadTimeout: 300 * time.Millisecond, WriteTimeout: 300 * time.Millisecond,
+		MaxRetries: -1,
+	})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func goRedisStore(t *testing.T, addr string) idem.Store {
+	s, err := redisstore.New(goRedis(t, addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func rueidisStore(t *testing.T, addr string) idem.Store {
+	c, err := rueidis.NewClient(rueidis.ClientOption{
+		InitAddress: []string{addr}, DisableCache: true, ForceSingleClient: true,
+		ConnWriteTimeout: 300 * time.Millisecond, Dialer: net.Dialer{Timeout: 300 * time.Millisecond},
+	})
+	if err != nil {
+		t.Fatalf("rueidis client for %s: %v", addr, err)
+	}
+	t.Cleanup(c.Close)
+	s, err := redisstore.NewRueidis(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// TestLinearizableMemstore is scenario 7 on memstore: several goroutines
+// run random Acquire, Complete, Fail, Release, Extend, Get and Delete calls
+// on a few keys; porcupine must find the history linearizable against the
+// model of the state machine.
+func TestLinearizableMemstore(t *testing.T) {
+	verdict(t, "linearizability (memstore)", "TestLinearizableMemstore", porcupine.Ok, size(),
+		map[string]func(t *testing.T) idem.Store{"memstore": newMemstore})
+}
+
+// TestLinearizableRedis is scenario 7 on redisstore on a redis-server,
+// through go-redis and through rueidis: the same workload, the same
+// assertion (porcupine.Ok).
+func TestLinearizableRedis(t *testing.T) {
+	verdict(t, "linearizability (redis)", "TestLinearizableRedis", porcupine.Ok, size(),
+		map[string]func(t *testing.T) idem.Store{
+			"go-redis": func(t *testing.T) idem.Store { return goRedisStore(t, redistest.Start(t).Addr()) },
+			"rueidis":  func(t *testing.T) idem.Store { return rueidisStore(t, redistest.Start(t).Addr()) },
+		})
+}
+
+// TestLinearizableRedisNetworkFaults is scenario 7 with faults: redisstore
+// reaches the redis-server through a toxiproxy proxy that delays every reply
+// (5ms ± 3ms) and, in repeated windows, swallows the replies or resets the
+// connections. Calls that fail are recorded with an unknown outcome (they
+// may have taken effect at any point after their call) and repeated with the
+// same arguments. Asserted: porcupine.Ok, and some calls did have an unknown
+// outcome (the faults were felt).
+func TestLinearizableRedisNetworkFaults(t *testing.T) {
+	w := size()
+	w.callTimeout = 500 * time.Millisecond
+	faulty := func(newStore func(t *testing.T, addr string) idem.Store) func(t *testing.T) idem.Store {
+		return func(t *testing.T) idem.Store {
+			srv := redistest.Start(t)
+			p := chaostest.StartNetProxy(t, srv.Addr())
+			p.AddToxic(t, "latency", "downstream", map[string]any{"latency": 5, "jitter": 3})
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				inject(ctx, t, p)
+			}()
+			t.Cleanup(func() { cancel(); <-done })
+			return newStore(t, p.Addr())
+		}
+	}
+	verdict(t, "linearizability (redis + network faults)", "TestLinearizableRedisNetworkFaults", porcupine.Ok, w,
+		map[string]func(t *testing.T) idem.Store{
+			"go-redis": faulty(goRedisStore),
+			"rueidis":  faulty(rueidisStore),
+		})
+}
+
+// inject alternates, until ctx is done, windows of swallowed replies and of
+// connection resets with quiet periods.
+func inject(ctx context.Context, t *testing.T, p *chaostest.NetProxy) {
+	for i := 0; ; i++ {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Duration(150+rand.IntN(150)) * time.Millisecond):
+		}
+		var name string
+		if i%2 == 0 {
+			name = p.AddToxic(t, "timeout", "downstream", map[string]any{"timeout": 0})
+		} else {
+			name = p.AddToxic(t, "reset_peer", []string{"upstream", "downstream"}[rand.IntN(2)], map[string]any{"timeout": rand.IntN(10)})
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Duration(20+rand.IntN(60)) * time.Millisecond):
+		}
+		p.RemoveToxic(t, name)
+	}
+}
+
+// TestLinearizabilityNegativeControl is scenario 7's negative control: a
+// store that is not atomic — its Acquire reads the record and, after a
+// rendezvous with another acquirer, writes blindly — so that two callers can
+// both get Acquired for the same key. Porcupine must report Illegal: this
+// proves the check can see a broken store.
+func TestLinearizabilityNegativeControl(t *testing.T) {
+	w := size()
+	w.opsPerKey = chaostest.Size(60, 200)
+	verdict(t, "linearizability negative control (non-atomic store)", "TestLinearizabilityNegativeControl", porcupine.Illegal, w,
+		map[string]func(t *testing.T) idem.Store{
+			"non-atomic": func(t *testing.T) idem.Store {
+				return &nonAtomic{Store: newMemstore(t), meet: make(chan struct{})}
+			},
+		})
+}
+
+// nonAtomic is a deliberately broken store: its Acquire is a Get followed,
+// after a rendezvous with another acquirer (at most 20ms), by a blind write
+// (Delete, then Acquire on the empty key). Two acquirers that meet both see
+// the key free and both get Acquired.
+type nonAtomic struct {
+	idem.Store
+	meet chan struct{}
+}
+
+func (s *nonAtomic) Acquire(ctx context.Context, key string, req idem.AcquireRequest) (idem.Acquisition, error) {
+	r, err := s.Store.Get(ctx, key)
+	if errors.Is(err, idem.ErrNotFound) || (err == nil && r.State == idem.StateReleased) {
+		select { // the race window, made wide on purpose
+		case s.meet <- struct{}{}:
+		case <-s.meet:
+		case <-time.After(20 * time.Millisecond):
+		}
+		if err := s.Store.Delete(ctx, key); err != nil {
+			return idem.Acquisition{}, err
+		}
+	}
+	return s.Store.Acquire(ctx, key, req)
+}

@@ -1,0 +1,18 @@
+// Package netfault is scenario 5 of the reliability suite: network faults
+// between the idem clients and Redis.
+//
+// A Shopify toxiproxy proxy, run as a library inside the test process (see
+// chaostest.NetProxy), sits between the Redis clients (go-redis and rueidis)
+// and a throwaway redis-server. The tests run Executor.Do from many
+// goroutines on keys that each get several duplicates, count every run of
+// the handler and every effect in a fenced sink, and inject latency,
+// swallowed requests and replies (toxiproxy's timeout toxic), connection
+// resets (reset_peer) and a black hole (everything swallowed, then the
+// listener closed) for a while. They assert that every key is executed
+// exactly once, that nothing is lost, and that an operation whose reply was
+// lost is resolved by repeating the store call with the same owner, never by
+// running the handler twice.
+//
+//	make chaos RUN=TestNetwork
+//	make chaos-long RUN=TestNetwork
+package netfault
