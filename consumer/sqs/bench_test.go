@@ -12,8 +12,8 @@ import (
 
 	"github.com/idemgo/idem"
 	sqsconsumer "github.com/idemgo/idem/consumer/sqs"
-	"github.com/idemgo/idem/consumer/sqs/internal/sqsfake"
 	"github.com/idemgo/idem/internal/redistest"
+	"github.com/idemgo/idem/internal/sqsfake"
 	"github.com/idemgo/idem/redisstore"
 )
 

@@ -15,7 +15,7 @@ import (
 
 	"github.com/idemgo/idem"
 	sqsconsumer "github.com/idemgo/idem/consumer/sqs"
-	"github.com/idemgo/idem/consumer/sqs/internal/sqsfake"
+	"github.com/idemgo/idem/internal/sqsfake"
 )
 
 // waitFor polls cond every 20ms until it holds or timeout passes.

@@ -13,7 +13,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/consumer/sqs/internal/sqsfake"
+	"github.com/idemgo/idem/internal/sqsfake"
 	"github.com/idemgo/idem/memstore"
 )
 

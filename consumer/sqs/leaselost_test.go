@@ -11,7 +11,7 @@ import (
 
 	"github.com/idemgo/idem"
 	sqsconsumer "github.com/idemgo/idem/consumer/sqs"
-	"github.com/idemgo/idem/consumer/sqs/internal/sqsfake"
+	"github.com/idemgo/idem/internal/sqsfake"
 	"github.com/idemgo/idem/memstore"
 )
 
