@@ -28,6 +28,7 @@ type proxyConfig struct {
 	maxBody         int64
 	maxResponse     int64
 	scopeHeader     string
+	fenceHeader     string
 	wait            time.Duration
 	failOpen        bool
 	adminListen     string
@@ -71,7 +72,15 @@ Records are kept in the embedded store under --data, or in Redis with
 With --otel-endpoint the proxy sends OpenTelemetry traces over OTLP/HTTP: a
 server span per request (a child of the client's W3C traceparent, if any)
 and a client span per store call; the upstream gets the proxy's span as its
-traceparent.`,
+traceparent.
+
+The upstream gets the request's fencing token in --fence-header (by default
+Idempotency-Fence): an integer that grows with every acquisition of the key,
+so a request taken over after the proxy running it died carries a larger
+one. An upstream whose side effect stores the fence and refuses a write with
+a smaller or equal one (UPDATE ... WHERE fence < $1) applies each request's
+effect once even then. A client's own field of that name is always removed,
+so it cannot forge a fence.`,
 		flags: func(fs *flagSet) func(context.Context, *env, []string) error {
 			c := registerProxyFlags(fs)
 			return func(ctx context.Context, e *env, args []string) error {
@@ -107,6 +116,7 @@ func registerProxyFlags(fs *flagSet) *proxyConfig {
 	fs.Var(sizeValue{&c.maxBody}, "max-body", "SIZE", "largest request body (larger: 413), e.g. 1MiB, 512KiB, 1048576")
 	fs.Var(sizeValue{&c.maxResponse}, "max-response", "SIZE", "largest response body stored (larger: sent once, then the key is FAILED and retries get 422)")
 	fs.String(&c.scopeHeader, "scope-header", "NAME", "", "scope keys by the value of this request header (hashed), e.g. Authorization")
+	fs.String(&c.fenceHeader, "fence-header", "NAME", "Idempotency-Fence", "request header that tells the upstream the request's fencing token; a client's own is removed (empty: off)")
 	fs.Var(durationValue{&c.wait}, "wait", "DURATION", "how long a retry waits for the first request to finish before 409 (0: answer 409 at once)")
 	fs.Bool(&c.failOpen, "fail-open", false, "when the store is unreachable, forward requests unprotected instead of answering 503")
 	fs.Var(durationValue{&c.upstreamTimeout}, "upstream-timeout", "DURATION", "how long to wait for the upstream's response header (0: no limit); then 504")
@@ -154,6 +164,9 @@ func (c *proxyConfig) validate() (*url.URL, error) {
 	}
 	if c.scopeHeader != "" && !validToken(c.scopeHeader) {
 		return nil, usagef("invalid --scope-header %q: not a header name", c.scopeHeader)
+	}
+	if c.fenceHeader != "" && !validToken(c.fenceHeader) {
+		return nil, usagef("invalid --fence-header %q: not a header name", c.fenceHeader)
 	}
 	for _, m := range c.methods {
 		if !validToken(m) {
@@ -315,6 +328,9 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 	}
 	gw := newGateway(target, newTransport(c.upstreamTimeout), mw, c.methods, c.lease, obs, log)
 	gw.tracing = tr
+	if c.fenceHeader != "" {
+		gw.fenceHeader = http.CanonicalHeaderKey(c.fenceHeader)
+	}
 
 	ln, err := net.Listen("tcp", c.listen)
 	if err != nil {

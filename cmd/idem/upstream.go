@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemhttp"
 	"go.opentelemetry.io/otel/propagation"
 )
@@ -119,6 +120,11 @@ type gateway struct {
 	obs       *observer
 	log       *slog.Logger
 	tracing   *tracing // nil: tracing off
+
+	// fenceHeader is the canonical name of the request header that carries
+	// the attempt's fencing token to the upstream ("": off). Set before the
+	// gateway serves.
+	fenceHeader string
 }
 
 func newGateway(target *url.URL, transport http.RoundTripper, mw *idemhttp.Middleware, methods []string, lease time.Duration, obs *observer, log *slog.Logger) *gateway {
@@ -132,6 +138,9 @@ func newGateway(target *url.URL, transport http.RoundTripper, mw *idemhttp.Middl
 			pr.SetXForwarded()
 			if pr.Out.Body == nil && g.covered[pr.Out.Method] {
 				hideIdempotencyKey(pr.Out.Header)
+			}
+			if g.fenceHeader != "" {
+				setFence(pr.Out, g.fenceHeader)
 			}
 			if g.tracing != nil {
 				// The upstream's spans become children of the proxy's
@@ -186,6 +195,51 @@ func hideIdempotencyKey(h http.Header) {
 			h[n.lower] = v
 		}
 	}
+}
+
+// setFence replaces the fence header (canonical name) of an outgoing
+// request with the fencing token of the attempt that runs it. The client's
+// own fields of that name are always removed, also from requests that run
+// without a key (passthrough, fail open): only the proxy may tell the
+// upstream a fence. So are those spelt with _ for -, which CGI-style
+// servers (and frameworks built on their conventions) read as the same
+// field.
+func setFence(out *http.Request, name string) {
+	for k := range out.Header {
+		if sameFieldName(k, name) {
+			delete(out.Header, k)
+		}
+	}
+	if fence, ok := idem.FenceFrom(out.Context()); ok {
+		out.Header[name] = []string{strconv.FormatInt(fence, 10)}
+	}
+}
+
+// sameFieldName reports whether header field name a equals b, ignoring
+// case and taking _ for -.
+func sameFieldName(a, b string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := 0; i < len(a); i++ {
+		x, y := a[i], b[i]
+		if x == '_' {
+			x = '-'
+		}
+		if y == '_' {
+			y = '-'
+		}
+		if 'A' <= x && x <= 'Z' {
+			x += 'a' - 'A'
+		}
+		if 'A' <= y && y <= 'Z' {
+			y += 'a' - 'A'
+		}
+		if x != y {
+			return false
+		}
+	}
+	return true
 }
 
 func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
