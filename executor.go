@@ -438,9 +438,7 @@ func (a *Attempt) Commit(ctx context.Context, value []byte) error {
 	if err != nil {
 		return err
 	}
-	if err := a.e.repeat(ctx, func(ctx context.Context) error {
-		return a.e.store.Complete(ctx, a.key, a.lease, blob, a.e.retention)
-	}); err != nil {
+	if err := a.finish(ctx, endComplete, blob, false); err != nil {
 		return fmt.Errorf("idem: complete: %w", err)
 	}
 	return nil
@@ -491,16 +489,7 @@ func (a *Attempt) fail(ctx context.Context, cause error, terminal bool) error {
 	if err != nil {
 		return err
 	}
-	err = a.e.repeat(ctx, func(ctx context.Context) error {
-		_, err := a.e.store.Fail(ctx, a.key, a.lease, Failure{
-			Result:      blob,
-			Terminal:    terminal,
-			Retention:   a.e.retention,
-			MaxAttempts: a.e.maxAttempts,
-		})
-		return err
-	})
-	if err != nil {
+	if err := a.finish(ctx, endFail, blob, terminal); err != nil {
 		return fmt.Errorf("idem: fail: %w", err)
 	}
 	return nil
@@ -536,26 +525,53 @@ func (a *Attempt) Release(ctx context.Context) error {
 		return err
 	}
 	defer a.cancel(nil)
-	if err := a.e.repeat(ctx, func(ctx context.Context) error {
-		return a.e.store.Release(ctx, a.key, a.lease, a.e.retention)
-	}); err != nil {
+	if err := a.finish(ctx, endRelease, nil, false); err != nil {
 		return fmt.Errorf("idem: release: %w", err)
 	}
 	return nil
 }
 
-// repeat makes call, a store call that ends an attempt (Complete, Fail,
-// Release), and repeats it with the same arguments while it fails with an
-// error that leaves its outcome unknown (a timeout, a broken connection), as
-// the Store contract allows: a repeated call never does anything twice.
-// Giving up at once would leave the key IN_PROGRESS, and once the lease
-// ended another caller would take it over and run the operation again. It
-// stops at the first definite answer, when ctx is done, or after one lease.
-func (e *Executor) repeat(ctx context.Context, call func(context.Context) error) error {
-	r := e.repeater()
+// ending is the store call that ends an attempt.
+type ending uint8
+
+const (
+	endComplete ending = iota
+	endFail
+	endRelease
+)
+
+// finish makes the store call that ends the attempt (complete with blob,
+// fail with blob and terminal, or release), and repeats it with the same
+// arguments while it fails with an error that leaves its outcome unknown (a
+// timeout, a broken connection), as the Store contract allows: a repeated
+// call never does anything twice. Giving up at once would leave the key
+// IN_PROGRESS, and once the lease ended another caller would take it over
+// and run the operation again. It stops at the first definite answer, when
+// ctx is done, or after one lease.
+func (a *Attempt) finish(ctx context.Context, op ending, blob []byte, terminal bool) error {
+	var r *repeater
 	for {
-		err := call(ctx)
-		if !OutcomeUnknown(err) || !r.wait(ctx) {
+		var err error
+		switch op {
+		case endComplete:
+			err = a.e.store.Complete(ctx, a.key, a.lease, blob, a.e.retention)
+		case endFail:
+			_, err = a.e.store.Fail(ctx, a.key, a.lease, Failure{
+				Result:      blob,
+				Terminal:    terminal,
+				Retention:   a.e.retention,
+				MaxAttempts: a.e.maxAttempts,
+			})
+		case endRelease:
+			err = a.e.store.Release(ctx, a.key, a.lease, a.e.retention)
+		}
+		if !OutcomeUnknown(err) {
+			return err
+		}
+		if r == nil {
+			r = a.e.repeater()
+		}
+		if !r.wait(ctx) {
 			return err
 		}
 	}

@@ -35,15 +35,10 @@ func TestCeilingArgsMatchScripts(t *testing.T) {
 // records complete.lua accepts from owner "owner" with fence 1.
 func TestPreloadedRecordCompletes(t *testing.T) {
 	srv := redistest.Start(t)
-	lib, err := os.ReadFile("../../redisstore/lua/complete.lib.lua")
-	if err != nil {
-		t.Fatal(err)
-	}
 	src, err := os.ReadFile("../../redisstore/lua/complete.lua")
 	if err != nil {
 		t.Fatal(err)
 	}
-	src = append(lib, src...)
 	if _, err := srv.Command("SET", "idem:{k}", inProgressRecord); err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,7 @@
--- acquire.lib.lua: the acquire transition (DESIGN.md §1) as a function,
--- shared by acquire.lua (one key) and acquire_many.lua (a batch of keys in
--- one slot). scripts.go prepends it to both; it is not a script by itself.
+-- acquire.lib.lua: the acquire transition (DESIGN.md §1) as a function, for
+-- acquire_many.lua (a batch of keys in one slot), to which scripts.go
+-- prepends it; it is not a script by itself. acquire.lua, the hot path,
+-- carries the same transition inline (see scripts.go): change both.
 --
 -- The record is a string: the MessagePack values format version (1), state
 -- (p in progress, c completed, r released, f failed), fingerprint, owner,

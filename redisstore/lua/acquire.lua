@@ -1,5 +1,4 @@
--- acquire.lua: take an idempotency key (DESIGN.md §1). The transition and
--- the record format are in acquire.lib.lua, which runs first.
+-- acquire.lua: take an idempotency key (DESIGN.md §1).
 --
 -- KEYS[1]  the record, <prefix>{<digest>}
 -- ARGV[1]  fingerprint
@@ -17,9 +16,53 @@
 --   {3, µs left on the lease, attempts}   InProgress
 --   {4, state, attempts, result}          Replay; state is 'c' or 'f'
 --   {5}                                   Mismatch
--- or an error for a record in an unknown format (nothing written).
-local reply, err = acquire(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6])
-if err then
-  return redis.error_reply(err)
+--
+-- The record is a string: the MessagePack values format version (1), state
+-- (p in progress, c completed, r released, f failed), fingerprint, owner,
+-- fence, lease end (µs), attempts, created (µs), result; absent values are
+-- '' or 0. SET ... PX writes it and its expiry in one call. Times are the
+-- server's (TIME), in µs; Lua numbers are doubles, exact for integers below
+-- 2^53, which µs timestamps are.
+local v = redis.call('GET', KEYS[1])
+local ver, s, f, o, n, l, a, c, r
+if v then
+  ver, s, f, o, n, l, a, c, r = cmsgpack.unpack(v)
+  if ver ~= 1 then
+    return redis.error_reply('idem: unknown record format')
+  end
+  if f ~= ARGV[1] then
+    return {5}
+  end
+  if s == 'c' or s == 'f' then
+    -- Replays, the most frequent duplicate, need neither the clock nor a
+    -- write.
+    return {4, s, a, r}
+  end
+  if s == 'p' and o == ARGV[2] then
+    return {1, n, a}
+  end
 end
-return reply
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local lease_end = now + tonumber(ARGV[3]) * 1000
+if not v then
+  -- No record: the fence is seeded from the clock, so that it still grows
+  -- after the record was deleted or expired.
+  redis.call('SET', KEYS[1], cmsgpack.pack(1, 'p', ARGV[1], ARGV[2], now, lease_end, 1, now, ''), 'PX', ARGV[6])
+  return {1, now, 1}
+end
+if s == 'p' and l > now then
+  return {3, l - now, a}
+end
+-- Released, or in progress with an expired lease.
+local max = tonumber(ARGV[5])
+if max > 0 and a >= max then
+  redis.call('SET', KEYS[1], cmsgpack.pack(1, 'f', f, '', n, 0, a, c, ''), 'PX', ARGV[4])
+  return {4, 'f', a, ''}
+end
+local fence = math.max(n + 1, now)
+redis.call('SET', KEYS[1], cmsgpack.pack(1, 'p', f, ARGV[2], fence, lease_end, a + 1, c, ''), 'PX', ARGV[6])
+if s == 'p' then
+  return {2, fence, a + 1, o}
+end
+return {1, fence, a + 1}

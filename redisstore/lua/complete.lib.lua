@@ -1,6 +1,8 @@
--- complete.lib.lua: the complete transition as a function, shared by
--- complete.lua, complete_ack.lua and complete_ack_many.lua; scripts.go
--- prepends it to them. Record format: see acquire.lib.lua.
+-- complete.lib.lua: the complete transition as a function, for
+-- complete_many.lua, complete_ack.lua and complete_ack_many.lua, to which
+-- scripts.go prepends it. complete.lua, the hot path, carries the same
+-- transition inline (see scripts.go): change both. Record format: see
+-- acquire.lib.lua.
 
 -- complete stores result in the record at key and moves it to COMPLETED if
 -- owner and fence (a string) still hold it. The owner, the lease end and the

@@ -3,7 +3,7 @@
 -- that no crash can fall between completing and acknowledging. The
 -- transition is in complete.lib.lua, which runs first.
 --
--- KEYS[1]  the record (format: see acquire.lib.lua)
+-- KEYS[1]  the record (format: see acquire.lua)
 -- KEYS[2]  the stream; it shares the record's hash tag (WithHashTag)
 -- ARGV[1]  owner token
 -- ARGV[2]  fence
