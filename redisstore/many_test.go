@@ -149,3 +149,54 @@ func TestBatchScriptChunks(t *testing.T) {
 		}
 	}
 }
+
+// TestGetRefusesWrongFieldTypes writes records in idem's format whose
+// fields have the wrong type (as no script of idem writes them): Get
+// refuses them with an error instead of reading the field as empty or 0.
+func TestGetRefusesWrongFieldTypes(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	s, err := redisstore.New(goRedisClient(t, srv.Addr()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := func() [][]byte {
+		f := [][]byte{msgpackUint(nil, 1), msgpackStr(nil, "c"), msgpackStr(nil, "fp"), msgpackStr(nil, ""),
+			msgpackUint(nil, 7), msgpackUint(nil, 0), msgpackUint(nil, 1), msgpackUint(nil, 0), msgpackStr(nil, "result")}
+		return f
+	}
+	encode := func(fields [][]byte) string {
+		var b []byte
+		for _, f := range fields {
+			b = append(b, f...)
+		}
+		return string(b)
+	}
+	key := idem.Key{ID: "typed"}.Digest()
+	if _, err := srv.Command("SET", s.Key(key), encode(good())); err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := s.Get(t.Context(), key); err != nil || rec.State != idem.StateCompleted || string(rec.Result) != "result" {
+		t.Fatalf("well-formed record: %+v, %v", rec, err)
+	}
+	for i, name := range map[int]string{2: "fingerprint", 3: "owner", 8: "result"} {
+		fields := good()
+		fields[i] = msgpackUint(nil, 5) // a number where a string belongs
+		if _, err := srv.Command("SET", s.Key(key), encode(fields)); err != nil {
+			t.Fatal(err)
+		}
+		if rec, err := s.Get(t.Context(), key); err == nil || !strings.Contains(err.Error(), "wrong type") {
+			t.Errorf("%s as a number: got %+v, %v; want a wrong-type error", name, rec, err)
+		}
+	}
+	for i, name := range map[int]string{4: "fence", 6: "attempts"} {
+		fields := good()
+		fields[i] = msgpackStr(nil, "x") // a string where a number belongs
+		if _, err := srv.Command("SET", s.Key(key), encode(fields)); err != nil {
+			t.Fatal(err)
+		}
+		if rec, err := s.Get(t.Context(), key); err == nil || !strings.Contains(err.Error(), "wrong type") {
+			t.Errorf("%s as a string: got %+v, %v; want a wrong-type error", name, rec, err)
+		}
+	}
+}

@@ -199,8 +199,19 @@ func parseGet(v any) (idem.Record, error) {
 	if !ok {
 		return idem.Record{}, replyError("get", v)
 	}
-	str := func(i int) string { s, _ := asString(arr[i]); return s }
-	num := func(i int) int64 { n, _ := asInt(arr[i]); return n }
+	// A field of the wrong type means a value idem's scripts did not
+	// write: refuse it rather than read it as empty.
+	bad := false
+	str := func(i int) string {
+		s, ok := arr[i].(string)
+		bad = bad || !ok
+		return s
+	}
+	num := func(i int) int64 {
+		n, ok := arr[i].(int64)
+		bad = bad || !ok
+		return n
+	}
 	rec := idem.Record{
 		State:       state,
 		Fingerprint: str(3),
@@ -215,8 +226,11 @@ func parseGet(v any) (idem.Record, error) {
 	if r := str(9); r != "" {
 		rec.Result = []byte(r)
 	}
-	if state == idem.StateInProgress {
-		rec.LeaseUntil = time.UnixMicro(num(6))
+	if l := num(6); state == idem.StateInProgress {
+		rec.LeaseUntil = time.UnixMicro(l)
+	}
+	if bad {
+		return idem.Record{}, fmt.Errorf("redisstore: get: a record field has the wrong type: %w", replyError("get", v))
 	}
 	if ttl >= 0 {
 		rec.ExpiresAt = rec.Now.Add(time.Duration(ttl) * time.Millisecond)
