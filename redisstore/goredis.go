@@ -8,8 +8,14 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// goRedis is the backend for a go-redis *redis.Client.
-type goRedis struct{ c *redis.Client }
+// goRedis is the backend for a go-redis *redis.Client. Its watches share
+// one subscriber connection (hub).
+type goRedis struct {
+	c   *redis.Client
+	hub *hub
+}
+
+func newGoRedis(c *redis.Client) *goRedis { return &goRedis{c: c, hub: &hub{open: openGoRedis(c)}} }
 
 func (b *goRedis) run(ctx context.Context, s *script, key string, args []string, w *waitConfig) (any, int64, error) {
 	if w == nil {
@@ -24,7 +30,7 @@ func (b *goRedis) del(ctx context.Context, key string) error { return b.c.Del(ct
 func (b *goRedis) publishCommand() string { return "PUBLISH" }
 
 func (b *goRedis) watch(ctx context.Context, channel string) (<-chan struct{}, func(), error) {
-	return watchPubSub(ctx, b.c.Subscribe(ctx, channel))
+	return b.hub.watch(ctx, channel)
 }
 
 // goRedisCluster is the backend for a go-redis *redis.ClusterClient.

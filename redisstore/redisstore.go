@@ -152,7 +152,7 @@ func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 	var b backend
 	switch c := client.(type) {
 	case *redis.Client:
-		b = &goRedis{c: c}
+		b = newGoRedis(c)
 	case *redis.ClusterClient:
 		b = &goRedisCluster{c: c}
 	case nil:
