@@ -9,16 +9,26 @@ FUZZTIME ?= 10s
 # dependencies, which have go.mod files of their own).
 MODULES  := $(shell find . -name go.mod -not -path './.cache/*' -not -path './bin/*' -exec dirname {} \; | sort)
 
-.PHONY: test vet race fuzz soak chaos chaos-long chaos-report bench bench-http check-redis demo
+.PHONY: test vet race fuzz soak chaos chaos-long chaos-report bench bench-http check-redis check-brokers demo
 
 ## test: formatting, vet, the race-enabled tests of every module and the
 ## short variant of the reliability suite (make chaos).
-test: check-redis vet race chaos
+test: check-redis check-brokers vet race chaos
 
 check-redis:
 	@command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 || { \
 	  echo "redis-server and redis-cli are needed by the integration tests (each test starts its own servers)."; \
 	  echo "Install them with: sudo apt-get install -y redis-server"; exit 1; }
+
+# The RabbitMQ and NATS adapters (and their reliability scenarios) run
+# against real brokers on loopback; their tests fail when none answers.
+check-brokers:
+	@(exec 3<>/dev/tcp/127.0.0.1/5672) 2>/dev/null || { \
+	  echo "RabbitMQ is needed on 127.0.0.1:5672 (guest/guest) by consumer/rabbitmq and chaos/brokercrash."; \
+	  echo "Install and start it with: sudo apt-get install -y rabbitmq-server && sudo rabbitmq-server -detached"; exit 1; }
+	@(exec 3<>/dev/tcp/127.0.0.1/4222) 2>/dev/null || { \
+	  echo "nats-server with JetStream is needed on 127.0.0.1:4222 by consumer/nats and chaos/brokercrash."; \
+	  echo "Install and start it with: sudo apt-get install -y nats-server && nats-server -a 127.0.0.1 -p 4222 -js &"; exit 1; }
 
 vet:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
