@@ -170,3 +170,46 @@ func evalshaUsecPerCall(b *testing.B, srv *redistest.Server) float64 {
 	}
 	return 0
 }
+
+// BenchmarkBatch measures Executor.BeginBatch and CommitBatch of 100 new
+// keys (the broker consumers' path): one script call acquires the batch,
+// one completes it. An op is one key; redis-µs/key-transition is the Redis
+// time of the batch scripts per key and transition (acquire or complete).
+func BenchmarkBatch(b *testing.B) {
+	srv, execs := benchExecutors(b)
+	const batch = 100
+	fps := make([]string, batch)
+	values := make([][]byte, batch)
+	for i := range values {
+		fps[i], values[i] = "fp", benchResult
+	}
+	for _, x := range execs {
+		b.Run(x.name, func(b *testing.B) {
+			ctx := context.Background()
+			keys := make([]idem.Key, batch)
+			attempts := make([]*idem.Attempt, batch)
+			resetStats(b, srv)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for done := 0; done < b.N; done += batch {
+				for i := range keys {
+					keys[i] = newBenchKey()
+				}
+				for i, r := range x.e.BeginBatch(ctx, keys, fps) {
+					if r.Err != nil {
+						b.Fatal(r.Err)
+					}
+					attempts[i] = r.Attempt
+				}
+				for _, err := range x.e.CommitBatch(ctx, attempts, values) {
+					if err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			b.StopTimer()
+			calls := float64(2 * ((b.N + batch - 1) / batch))
+			b.ReportMetric(evalshaUsecPerCall(b, srv)*calls/float64(2*b.N), "redis-µs/key-transition")
+		})
+	}
+}
