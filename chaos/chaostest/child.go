@@ -1,7 +1,6 @@
 package chaostest
 
 import (
-	"bufio"
 	"fmt"
 	"io"
 	"os"
@@ -60,45 +59,7 @@ func (l *lockedBuffer) String() string {
 // logged if the test fails. It is killed, by its PID, when the test ends.
 func StartChild(t testing.TB, role string, env ...string) *Proc {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(append(os.Environ(), childEnv+"="+role, "GORACE=atexit_sleep_ms=0"), env...)
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &Proc{t: t, cmd: cmd, out: make(chan string, 1024), errb: &lockedBuffer{}, done: make(chan struct{})}
-	cmd.Stderr = p.errb
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("chaostest: start child %s: %v", role, err)
-	}
-	go func() {
-		r := bufio.NewReader(stdout)
-		for {
-			line, err := r.ReadString('\n')
-			if line != "" {
-				p.out <- strings.TrimRight(line, "\n")
-			}
-			if err != nil {
-				break
-			}
-		}
-		close(p.out)
-	}()
-	go func() {
-		p.err = cmd.Wait()
-		close(p.done)
-	}()
-	t.Cleanup(func() {
-		p.Signal(syscall.SIGCONT)
-		p.Kill()
-		if strings.Contains(p.errb.String(), "DATA RACE") {
-			t.Errorf("the race detector found a data race in child %s", role)
-		}
-		if t.Failed() {
-			t.Logf("child %s stderr:\n%s", role, p.errb.String())
-		}
-	})
-	return p
+	return StartCommand(t, os.Args[0], []string{"-test.run=^$"}, append([]string{childEnv + "=" + role}, env...)...)
 }
 
 // Pid returns the child's process ID.
