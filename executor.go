@@ -287,13 +287,29 @@ func (e *Executor) Begin(ctx context.Context, key Key, fingerprint string) (cont
 		return ctx, nil, invalidf("fingerprint is %d bytes, over the limit of %d", len(fingerprint), MaxFingerprintLen)
 	}
 	skey, owner := e.keyAndOwner(key)
-	acq, err := e.store.Acquire(ctx, skey, AcquireRequest{
+	req := AcquireRequest{
 		Fingerprint: fingerprint,
 		Owner:       owner,
 		Lease:       e.lease,
 		Retention:   e.retention,
 		MaxAttempts: e.maxAttempts,
-	})
+	}
+	acq, err := e.store.Acquire(ctx, skey, req)
+	// An acquire whose outcome is unknown may have taken the key: repeated
+	// with the same owner it returns that acquisition, instead of leaving
+	// the key held by nobody until the lease ends. A few quick repetitions
+	// cover a dropped reply without delaying the error of a store that is
+	// down by more than about 70ms.
+	for pause := 10 * time.Millisecond; OutcomeUnknown(err) && pause <= 40*time.Millisecond; pause *= 2 {
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx, nil, fmt.Errorf("idem: acquire: %w", err)
+		case <-t.C:
+		}
+		acq, err = e.store.Acquire(ctx, skey, req)
+	}
 	if err != nil {
 		return ctx, nil, fmt.Errorf("idem: acquire: %w", err)
 	}

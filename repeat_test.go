@@ -24,6 +24,20 @@ type lossy struct {
 	n         atomic.Int64
 	replyLost bool
 	calls     atomic.Int64
+
+	// acquireLost is how many Acquire calls lose their reply, after the
+	// store applied them; acquires counts the Acquire calls.
+	acquireLost atomic.Int64
+	acquires    atomic.Int64
+}
+
+func (s *lossy) Acquire(ctx context.Context, key string, req idem.AcquireRequest) (idem.Acquisition, error) {
+	s.acquires.Add(1)
+	a, err := s.Store.Acquire(ctx, key, req)
+	if s.acquireLost.Add(-1) >= 0 {
+		return idem.Acquisition{}, errNet
+	}
+	return a, err
 }
 
 func (s *lossy) lose(apply func() error) error {
@@ -169,5 +183,64 @@ func TestEndingCallGivesUpAfterALease(t *testing.T) {
 	}
 	if idem.OutcomeUnknown(nil) || idem.OutcomeUnknown(idem.ErrLeaseLost) || !idem.OutcomeUnknown(errNet) {
 		t.Fatal("OutcomeUnknown misclassifies")
+	}
+}
+
+// TestLostAcquireReplyIsRepeated loses the reply of an acquire that the
+// store applied, twice: Begin repeats the acquire with the same owner and
+// gets the key it took, instead of leaving it held by nobody until the
+// lease ends; Do runs the operation once and completes.
+func TestLostAcquireReplyIsRepeated(t *testing.T) {
+	ms, err := memstore.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &lossy{Store: ms}
+	s.acquireLost.Store(2)
+	e, err := idem.New(s, idem.WithLease(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := 0
+	r, err := e.Do(t.Context(), idem.Key{ID: "k"}, "", func(ctx context.Context) ([]byte, error) {
+		runs++
+		return []byte("v"), nil
+	})
+	if err != nil || runs != 1 || r.Replayed {
+		t.Fatalf("Do: %+v, %v, %d runs; want one run and success", r, err, runs)
+	}
+	if got := s.acquires.Load(); got != 3 {
+		t.Fatalf("acquires: %d, want 3 (two replies lost)", got)
+	}
+	rec, err := ms.Get(t.Context(), idem.Key{ID: "k"}.Digest())
+	if err != nil || rec.State != idem.StateCompleted || rec.Fence != r.Fence {
+		t.Fatalf("record %+v, %v; want COMPLETED with fence %d", rec, err, r.Fence)
+	}
+}
+
+// TestAcquireOnAStoreDownFailsFast checks that the repetition of a lost
+// acquire is short: with every reply lost, Begin returns the store's error
+// after a few quick repetitions, not after a lease.
+func TestAcquireOnAStoreDownFailsFast(t *testing.T) {
+	ms, err := memstore.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &lossy{Store: ms}
+	s.acquireLost.Store(1 << 40)
+	e, err := idem.New(s, idem.WithLease(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, _, err = e.Begin(t.Context(), idem.Key{ID: "k"}, "")
+	if !errors.Is(err, errNet) {
+		t.Fatalf("Begin: %v, want the store's error", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("Begin returned after %v, want within about 70ms", d)
+	}
+	if got := s.acquires.Load(); got != 4 {
+		t.Fatalf("acquires: %d, want 4 (the call and three repetitions)", got)
 	}
 }
