@@ -13,6 +13,7 @@ import (
 
 	"github.com/anishathalye/porcupine"
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/chaos/chaostest"
 )
 
 // Leases and retention of the histories: long enough that no lease expires
@@ -258,12 +259,12 @@ func do(ctx context.Context, s idem.Store, in input) (output, error) {
 	return output{}, err
 }
 
-// check runs porcupine on the history and returns its verdict. On a verdict
-// other than want it writes porcupine's HTML visualization to a temporary
-// file and logs its path.
+// check runs porcupine on the history (for at most 1 minute, 5 in the long
+// variant) and returns its verdict. On a verdict other than want it writes
+// porcupine's HTML visualization to a temporary file and logs its path.
 func check(t *testing.T, rec *recorder, want porcupine.CheckResult) porcupine.CheckResult {
 	t.Helper()
-	res, info := porcupine.CheckOperationsVerbose(model, rec.ops, time.Minute)
+	res, info := porcupine.CheckOperationsVerbose(model, rec.ops, time.Duration(chaostest.Size(1, 5))*time.Minute)
 	if res != want {
 		f, err := os.CreateTemp("", "idem-linearizability-*.html")
 		if err == nil {
