@@ -151,11 +151,14 @@ func TestLinearizableRedisNetworkFaults(t *testing.T) {
 	w := size()
 	w.callTimeout = 500 * time.Millisecond
 	// A call with an unknown outcome may take effect at any point after it
-	// started, which multiplies the orders porcupine must try: the
-	// histories with faults are shorter, so that the check ends well within
-	// its time limit (a timeout would be an Unknown verdict, a failure): at
-	// 600 operations per key and about 120 unknown outcomes it did not.
-	w.opsPerKey = chaostest.Size(150, 300)
+	// started, which multiplies the orders porcupine must try within a key:
+	// the histories with faults keep 150 operations per key, and the long
+	// variant has more keys instead, so that the check ends well within its
+	// time limit (a timeout would be an Unknown verdict, a failure). With
+	// 300 or 600 operations per key and about 30 unknown outcomes per key,
+	// it sometimes did not.
+	w.opsPerKey = 150
+	w.keys = chaostest.Size(3, 12)
 	faulty := func(newStore func(t *testing.T, addr string) idem.Store) func(t *testing.T) idem.Store {
 		return func(t *testing.T) idem.Store {
 			srv := redistest.Start(t)
