@@ -26,7 +26,9 @@ type Began struct {
 // BeginBatch is Begin for many keys at once: on a BatchStore the
 // acquisitions go in one pipeline. Each key gets the outcome Begin would
 // give it; a key that appears twice is acquired once, the second gets an
-// *InProgressError. fingerprints must have one entry per key.
+// *InProgressError. fingerprints must have one entry per key. As Begin, it
+// repeats the acquisitions whose outcome is unknown a few times within
+// about 70ms.
 func (e *Executor) BeginBatch(ctx context.Context, keys []Key, fingerprints []string) []Began {
 	out := make([]Began, len(keys))
 	if len(fingerprints) != len(keys) {
@@ -64,6 +66,36 @@ func (e *Executor) BeginBatch(ctx context.Context, keys []Key, fingerprints []st
 		return out
 	}
 	acqs, errs := bs.AcquireBatch(ctx, skeys, reqs)
+	// Repeat the acquisitions whose outcome is unknown, as Begin does.
+	for pause := 10 * time.Millisecond; pause <= 40*time.Millisecond; pause *= 2 {
+		var again []int
+		for j, err := range errs {
+			if OutcomeUnknown(err) {
+				again = append(again, j)
+			}
+		}
+		if len(again) == 0 {
+			break
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+		case <-t.C:
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		rkeys := make([]string, len(again))
+		rreqs := make([]AcquireRequest, len(again))
+		for k, j := range again {
+			rkeys[k], rreqs[k] = skeys[j], reqs[j]
+		}
+		racqs, rerrs := bs.AcquireBatch(ctx, rkeys, rreqs)
+		for k, j := range again {
+			acqs[j], errs[j] = racqs[k], rerrs[k]
+		}
+	}
 	for j, i := range idx {
 		if errs[j] != nil {
 			out[i] = Began{Ctx: ctx, Err: fmt.Errorf("idem: acquire: %w", errs[j])}

@@ -64,7 +64,12 @@ func (s *lossy) CompleteBatch(ctx context.Context, keys []string, ls []idem.Leas
 }
 
 func (s *lossy) AcquireBatch(ctx context.Context, keys []string, reqs []idem.AcquireRequest) ([]idem.Acquisition, []error) {
-	return s.Store.AcquireBatch(ctx, keys, reqs)
+	acqs := make([]idem.Acquisition, len(keys))
+	errs := make([]error, len(keys))
+	for i := range keys {
+		acqs[i], errs[i] = s.Acquire(ctx, keys[i], reqs[i])
+	}
+	return acqs, errs
 }
 
 func (s *lossy) Fail(ctx context.Context, key string, l idem.Lease, f idem.Failure) (idem.State, error) {
@@ -242,5 +247,35 @@ func TestAcquireOnAStoreDownFailsFast(t *testing.T) {
 	}
 	if got := s.acquires.Load(); got != 4 {
 		t.Fatalf("acquires: %d, want 4 (the call and three repetitions)", got)
+	}
+}
+
+// TestLostBatchAcquireRepliesAreRepeated loses the replies of the first
+// three acquisitions of a batch of five, after the store applied them:
+// BeginBatch repeats those with the same owners and every key is acquired.
+func TestLostBatchAcquireRepliesAreRepeated(t *testing.T) {
+	ms, err := memstore.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &lossy{Store: ms}
+	s.acquireLost.Store(3)
+	e, err := idem.New(s, idem.WithLease(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := make([]idem.Key, 5)
+	for i := range keys {
+		keys[i] = idem.Key{ID: fmt.Sprint("b", i)}
+	}
+	began := e.BeginBatch(t.Context(), keys, make([]string, len(keys)))
+	for i, b := range began {
+		if b.Err != nil || b.Attempt == nil || b.Attempt.Replayed() {
+			t.Fatalf("key %d: %+v; want it acquired", i, b)
+		}
+		_ = b.Attempt.Abandon()
+	}
+	if got := s.acquires.Load(); got != 8 {
+		t.Fatalf("acquires: %d, want 8 (five, then the three lost again)", got)
 	}
 }
