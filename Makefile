@@ -9,7 +9,7 @@ FUZZTIME ?= 10s
 # dependencies, which have go.mod files of their own).
 MODULES  := $(shell find . -name go.mod -not -path './.cache/*' -not -path './bin/*' -exec dirname {} \; | sort)
 
-.PHONY: test vet race fuzz soak chaos chaos-long chaos-report bench bench-http check-redis check-brokers demo
+.PHONY: test vet race fuzz soak chaos chaos-long chaos-report bench bench-http bench-proxy check-redis check-brokers demo
 
 ## test: formatting, vet, the race-enabled tests of every module and the
 ## short variant of the reliability suite (make chaos).
@@ -85,6 +85,11 @@ bench: check-redis
 bench-http: check-redis
 	@command -v wrk >/dev/null 2>&1 || { echo "wrk is needed: sudo apt-get install -y wrk"; exit 1; }
 	$(GO) run ./internal/httpbench
+
+## bench-proxy: the proxy's new-key throughput on both stores (needs wrk).
+bench-proxy: check-redis
+	@command -v wrk >/dev/null 2>&1 || { echo "wrk is needed: sudo apt-get install -y wrk"; exit 1; }
+	bash internal/httpbench/proxy/run.sh
 
 ## demo: the proxy on its embedded store in front of a toy API (no Redis).
 ## Then, in another terminal, send the same request twice:
