@@ -22,17 +22,20 @@ import (
 // nothing without it.
 const crashEnv = "BOLTSTORE_CRASH_DB"
 
-// TestHelperProcess is not a test: TestCrash runs the test binary again
-// with crashEnv set, and this function then acquires and completes keys
-// from several goroutines, printing "ok <key> <fence>" once Complete
-// returned, until it is killed.
-func TestHelperProcess(t *testing.T) {
-	path := os.Getenv(crashEnv)
-	if path == "" {
-		// Not a test of its own: TestCrash runs this binary with crashEnv
-		// set to make it the child it kills.
-		t.Skip("helper process for TestCrash")
+// TestMain runs the tests, or, when TestCrash started this binary again
+// with crashEnv set, the crash helper instead.
+func TestMain(m *testing.M) {
+	if path := os.Getenv(crashEnv); path != "" {
+		crashHelper(path)
+		return
 	}
+	os.Exit(m.Run())
+}
+
+// crashHelper is the process TestCrash kills: it acquires and completes
+// keys from several goroutines, printing "ok <key> <fence>" once Complete
+// returned, until it is killed.
+func crashHelper(path string) {
 	round := os.Getenv(crashEnv + "_ROUND")
 	s, err := Open(path)
 	if err != nil {
@@ -88,7 +91,7 @@ func TestCrash(t *testing.T) {
 	acked := map[string]int64{}
 	var maxFence int64
 	for round := range 3 {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		cmd.Env = append(os.Environ(), crashEnv+"="+path, crashEnv+"_ROUND="+strconv.Itoa(round))
 		cmd.Stderr = os.Stderr
 		stdout, err := cmd.StdoutPipe()
