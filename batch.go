@@ -65,37 +65,26 @@ func (e *Executor) BeginBatch(ctx context.Context, keys []Key, fingerprints []st
 	if len(skeys) == 0 {
 		return out
 	}
-	acqs, errs := bs.AcquireBatch(ctx, skeys, reqs)
 	// Repeat the acquisitions whose outcome is unknown, as Begin does.
-	for pause := 10 * time.Millisecond; pause <= 40*time.Millisecond; pause *= 2 {
-		var again []int
-		for j, err := range errs {
-			if OutcomeUnknown(err) {
-				again = append(again, j)
-			}
+	acqs := make([]Acquisition, len(skeys))
+	r := acquireRepeats()
+	errs := r.batch(ctx, func(js []int) []error {
+		if js == nil {
+			got, errs := bs.AcquireBatch(ctx, skeys, reqs)
+			copy(acqs, got)
+			return errs
 		}
-		if len(again) == 0 {
-			break
+		keys := make([]string, len(js))
+		rs := make([]AcquireRequest, len(js))
+		for k, j := range js {
+			keys[k], rs[k] = skeys[j], reqs[j]
 		}
-		t := time.NewTimer(pause)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-		case <-t.C:
+		got, errs := bs.AcquireBatch(ctx, keys, rs)
+		for k, j := range js {
+			acqs[j] = got[k]
 		}
-		if ctx.Err() != nil {
-			break
-		}
-		rkeys := make([]string, len(again))
-		rreqs := make([]AcquireRequest, len(again))
-		for k, j := range again {
-			rkeys[k], rreqs[k] = skeys[j], reqs[j]
-		}
-		racqs, rerrs := bs.AcquireBatch(ctx, rkeys, rreqs)
-		for k, j := range again {
-			acqs[j], errs[j] = racqs[k], rerrs[k]
-		}
-	}
+		return errs
+	})
 	for j, i := range idx {
 		if errs[j] != nil {
 			out[i] = Began{Ctx: ctx, Err: fmt.Errorf("idem: acquire: %w", errs[j])}
@@ -157,29 +146,19 @@ func (e *Executor) CommitBatch(ctx context.Context, attempts []*Attempt, values 
 	if len(keys) == 0 {
 		return errs
 	}
-	cerrs := bs.CompleteBatch(ctx, keys, leases, blobs, e.retention)
 	// Repeat the completions whose outcome is unknown, as Commit does.
-	r := e.repeater()
-	for {
-		var again []int
-		for j, err := range cerrs {
-			if OutcomeUnknown(err) {
-				again = append(again, j)
-			}
+	cerrs := RepeatUnknown(ctx, e.lease, func(js []int) []error {
+		if js == nil {
+			return bs.CompleteBatch(ctx, keys, leases, blobs, e.retention)
 		}
-		if len(again) == 0 || !r.wait(ctx) {
-			break
-		}
-		rkeys := make([]string, len(again))
-		rleases := make([]Lease, len(again))
-		rblobs := make([][]byte, len(again))
-		for k, j := range again {
+		rkeys := make([]string, len(js))
+		rleases := make([]Lease, len(js))
+		rblobs := make([][]byte, len(js))
+		for k, j := range js {
 			rkeys[k], rleases[k], rblobs[k] = keys[j], leases[j], blobs[j]
 		}
-		for k, err := range bs.CompleteBatch(ctx, rkeys, rleases, rblobs, e.retention) {
-			cerrs[again[k]] = err
-		}
-	}
+		return bs.CompleteBatch(ctx, rkeys, rleases, rblobs, e.retention)
+	})
 	for j, i := range idx {
 		attempts[i].cancel(nil)
 		if cerrs[j] != nil {

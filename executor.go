@@ -300,15 +300,11 @@ func (e *Executor) Begin(ctx context.Context, key Key, fingerprint string) (cont
 	// the key held by nobody until the lease ends. A few quick repetitions
 	// cover a dropped reply without delaying the error of a store that is
 	// down by more than about 70ms.
-	for pause := 10 * time.Millisecond; OutcomeUnknown(err) && pause <= 40*time.Millisecond; pause *= 2 {
-		t := time.NewTimer(pause)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx, nil, fmt.Errorf("idem: acquire: %w", err)
-		case <-t.C:
+	if OutcomeUnknown(err) {
+		r := acquireRepeats()
+		for OutcomeUnknown(err) && r.wait(ctx) {
+			acq, err = e.store.Acquire(ctx, skey, req)
 		}
-		acq, err = e.store.Acquire(ctx, skey, req)
 	}
 	if err != nil {
 		return ctx, nil, fmt.Errorf("idem: acquire: %w", err)
@@ -565,7 +561,7 @@ const (
 // and run the operation again. It stops at the first definite answer, when
 // ctx is done, or after one lease.
 func (a *Attempt) finish(ctx context.Context, op ending, blob []byte, terminal bool) error {
-	var r *repeater
+	var r repeater // set at the first unknown outcome
 	for {
 		var err error
 		switch op {
@@ -584,8 +580,8 @@ func (a *Attempt) finish(ctx context.Context, op ending, blob []byte, terminal b
 		if !OutcomeUnknown(err) {
 			return err
 		}
-		if r == nil {
-			r = a.e.repeater()
+		if r.pause == 0 {
+			r = within(a.e.lease)
 		}
 		if !r.wait(ctx) {
 			return err
@@ -594,22 +590,31 @@ func (a *Attempt) finish(ctx context.Context, op ending, blob []byte, terminal b
 }
 
 // repeater paces the repetitions of a store call whose outcome is unknown:
-// a pause that doubles from 10ms up to 1s, for at most one lease in all.
+// a pause that doubles from 10ms up to 1s, until a deadline (the ending
+// calls: one lease) or a number of repetitions (acquisitions: three, within
+// about 70ms, so that a store that is down still fails fast).
 type repeater struct {
-	deadline time.Time
+	deadline time.Time // zero: none
+	left     int       // repetitions left; negative: no limit
 	pause    time.Duration
 }
 
-func (e *Executor) repeater() *repeater {
-	return &repeater{deadline: time.Now().Add(e.lease), pause: 10 * time.Millisecond}
+// within returns a repeater that repeats for at most d.
+func within(d time.Duration) repeater {
+	return repeater{deadline: time.Now().Add(d), left: -1, pause: 10 * time.Millisecond}
 }
 
+// acquireRepeats is the repeater of an acquisition.
+func acquireRepeats() repeater { return repeater{left: 3, pause: 10 * time.Millisecond} }
+
 // wait pauses before the next repetition and reports whether there is one:
-// false once the next would start after the deadline, or ctx is done.
+// false once the repetitions are used up, the next would start after the
+// deadline, or ctx is done.
 func (r *repeater) wait(ctx context.Context) bool {
-	if !time.Now().Add(r.pause).Before(r.deadline) {
+	if r.left == 0 || (!r.deadline.IsZero() && !time.Now().Add(r.pause).Before(r.deadline)) {
 		return false
 	}
+	r.left--
 	t := time.NewTimer(r.pause)
 	defer t.Stop()
 	r.pause = min(2*r.pause, time.Second)
@@ -619,4 +624,41 @@ func (r *repeater) wait(ctx context.Context) bool {
 	case <-ctx.Done():
 		return false
 	}
+}
+
+// batch makes call for every element of a batch (idx nil), then repeats it
+// for the elements whose outcome is unknown (idx lists them) while r
+// allows. call returns one error per element it made. batch returns one
+// error per element.
+func (r *repeater) batch(ctx context.Context, call func(idx []int) []error) []error {
+	errs := call(nil)
+	for {
+		var again []int
+		for i, err := range errs {
+			if OutcomeUnknown(err) {
+				again = append(again, i)
+			}
+		}
+		if len(again) == 0 || !r.wait(ctx) {
+			return errs
+		}
+		for k, err := range call(again) {
+			errs[again[k]] = err
+		}
+	}
+}
+
+// RepeatUnknown makes a batch of store calls and repeats, with the same
+// arguments, those whose error leaves the outcome unknown (OutcomeUnknown),
+// as the Store contract allows, pausing from 10ms up to 1s, for at most d
+// in all or until ctx is done. call(nil) makes the whole batch and returns
+// one error per element; call(idx) makes again the elements listed in idx
+// and returns one error per element of idx. RepeatUnknown returns one error
+// per element: the last answer of each. The Executor's CommitBatch
+// does this with d = the lease; a caller that completes records through a
+// store of its own (as consumer/redisstream does) uses it for the same
+// guarantee.
+func RepeatUnknown(ctx context.Context, d time.Duration, call func(idx []int) []error) []error {
+	r := within(d)
+	return r.batch(ctx, call)
 }

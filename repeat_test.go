@@ -279,3 +279,39 @@ func TestLostBatchAcquireRepliesAreRepeated(t *testing.T) {
 		t.Fatalf("acquires: %d, want 8 (five, then the three lost again)", got)
 	}
 }
+
+// TestRepeatUnknown checks the exported form: the whole batch first
+// (idx nil), then only the elements whose outcome is unknown, until each
+// has a definite answer; and no longer than d when one never gets one.
+func TestRepeatUnknown(t *testing.T) {
+	unknownLeft := map[int]int{1: 2, 3: 1} // element → unknown answers before a definite one
+	var calls [][]int
+	errs := idem.RepeatUnknown(t.Context(), time.Minute, func(idx []int) []error {
+		calls = append(calls, idx)
+		if idx == nil {
+			idx = []int{0, 1, 2, 3}
+		}
+		out := make([]error, len(idx))
+		for k, i := range idx {
+			switch {
+			case unknownLeft[i] > 0:
+				unknownLeft[i]--
+				out[k] = errNet
+			case i == 2:
+				out[k] = idem.ErrLeaseLost
+			}
+		}
+		return out
+	})
+	if fmt.Sprint(calls) != "[[] [1 3] [1]]" {
+		t.Fatalf("calls %v, want the batch, then [1 3], then [1]", calls)
+	}
+	if errs[0] != nil || errs[1] != nil || !errors.Is(errs[2], idem.ErrLeaseLost) || errs[3] != nil {
+		t.Fatalf("errors %v", errs)
+	}
+	start := time.Now()
+	errs = idem.RepeatUnknown(t.Context(), 200*time.Millisecond, func(idx []int) []error { return []error{errNet} })
+	if !errors.Is(errs[0], errNet) || time.Since(start) > 2*time.Second {
+		t.Fatalf("never answered: %v after %v, want the error after about 200ms", errs, time.Since(start))
+	}
+}

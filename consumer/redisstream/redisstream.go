@@ -611,37 +611,20 @@ func (c *Consumer) process(ctx context.Context, msgs []redis.XMessage, deliverie
 
 // completeAndAck completes and acknowledges acks, and repeats, with the
 // same leases, the ones whose outcome is unknown (a timeout, a broken
-// connection), pausing from 10ms up to 1s, for up to one lease, as
-// Executor.CommitBatch does: an entry left pending with its key IN_PROGRESS
-// would be claimed after the lease and run again.
+// connection) for up to one lease, as Executor.CommitBatch does: an entry
+// left pending with its key IN_PROGRESS would be claimed after the lease
+// and run again.
 func (c *Consumer) completeAndAck(ctx context.Context, acks []redisstore.StreamAck) []error {
-	errs := c.store.CompleteAndAckBatch(ctx, c.stream, c.group, c.exec.Retention(), acks)
-	deadline := time.Now().Add(c.exec.Lease())
-	for pause := 10 * time.Millisecond; ; pause = min(2*pause, time.Second) {
-		var again []int
-		for i, err := range errs {
-			if idem.OutcomeUnknown(err) {
-				again = append(again, i)
+	return idem.RepeatUnknown(ctx, c.exec.Lease(), func(idx []int) []error {
+		batch := acks
+		if idx != nil {
+			batch = make([]redisstore.StreamAck, len(idx))
+			for k, i := range idx {
+				batch[k] = acks[i]
 			}
 		}
-		if len(again) == 0 || !time.Now().Add(pause).Before(deadline) {
-			return errs
-		}
-		t := time.NewTimer(pause)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return errs
-		case <-t.C:
-		}
-		retry := make([]redisstore.StreamAck, len(again))
-		for k, i := range again {
-			retry[k] = acks[i]
-		}
-		for k, err := range c.store.CompleteAndAckBatch(ctx, c.stream, c.group, c.exec.Retention(), retry) {
-			errs[again[k]] = err
-		}
-	}
+		return c.store.CompleteAndAckBatch(ctx, c.stream, c.group, c.exec.Retention(), batch)
+	})
 }
 
 // emptyResult is the stored result of a processed message: the Executor's
