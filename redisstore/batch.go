@@ -12,7 +12,9 @@ import (
 var _ idem.BatchStore = (*Store)(nil)
 
 // CompleteBatch runs Complete for every keys[i] with leases[i] and
-// results[i], in one pipeline (on a Cluster, one per node), and returns one
+// results[i], in one script call per 128 keys where the keys may share a
+// script, otherwise in one pipeline of one-key scripts (on a Cluster, one
+// per node; see Batches in the package documentation), and returns one
 // error per key with Complete's meaning. A store configured with WithWait
 // or WithWaitAOF refuses batches (every error wraps idem.ErrInvalid): use
 // Complete. The results must not be modified during the call.
@@ -47,16 +49,22 @@ func (s *Store) CompleteBatch(ctx context.Context, keys []string, leases []idem.
 		})
 		idx = append(idx, i)
 	}
+	s.runOKBatch(ctx, completeScript, completeManyScript, packComplete, calls, idx, errs)
+	return errs
+}
+
+// runOKBatch runs calls of a script whose reply is 1 or 0 (see parseOK) as
+// runBatch does, and sets errs[idx[j]] to the outcome of calls[j].
+func (s *Store) runOKBatch(ctx context.Context, one, many *script, pack func([]evalCall) ([]evalCall, []span), calls []evalCall, idx []int, errs []error) {
 	if len(calls) == 0 {
-		return errs
+		return
 	}
-	replies, rerrs := s.runBatch(ctx, completeScript, completeManyScript, calls, packComplete)
+	replies, rerrs := s.runBatch(ctx, one, many, calls, pack)
 	for j, i := range idx {
 		if rerrs[j] != nil {
 			errs[i] = rerrs[j]
 			continue
 		}
-		errs[i] = parseOK("complete", replies[j])
+		errs[i] = parseOK(one.name, replies[j])
 	}
-	return errs
 }

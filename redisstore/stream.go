@@ -121,8 +121,10 @@ func (s *Store) runMulti(ctx context.Context, sc *script, calls []evalCall) ([]a
 	return replies, errs
 }
 
-// AcquireBatch runs Acquire for every keys[i] with reqs[i], in one pipeline
-// (on a Cluster, one per node), and returns one Acquisition and one error
+// AcquireBatch runs Acquire for every keys[i] with reqs[i], in one script
+// call per 128 keys where the keys may share a script, otherwise in one
+// pipeline of one-key scripts (on a Cluster, one per node; see Batches in
+// the package documentation), and returns one Acquisition and one error
 // per key, with the same meaning as Acquire's. Keys may repeat: their calls
 // run in order. Invalid input fails that key only, before anything is
 // sent. A store configured with WithWait or WithWaitAOF refuses batches
@@ -207,11 +209,12 @@ func (s *Store) CompleteAndAck(ctx context.Context, key string, lease idem.Lease
 	return s.CompleteAndAckBatch(ctx, stream, group, retention, []StreamAck{{Key: key, Lease: lease, Result: result, ID: id}})[0]
 }
 
-// CompleteAndAckBatch runs CompleteAndAck for every element of acks, in one
-// pipeline, and returns one error per element (nil: completed and
-// acknowledged). It is safe for concurrent use.
+// CompleteAndAckBatch runs CompleteAndAck for every element of acks, as
+// CompleteBatch runs Complete, and returns one error per element (nil:
+// completed and acknowledged). It is safe for concurrent use.
 func (s *Store) CompleteAndAckBatch(ctx context.Context, stream, group string, retention time.Duration, acks []StreamAck) []error {
 	errs := make([]error, len(acks))
+	retentionErr := idem.ValidateDuration("retention", retention)
 	calls := make([]evalCall, 0, len(acks))
 	idx := make([]int, 0, len(acks))
 	for i, a := range acks {
@@ -227,8 +230,8 @@ func (s *Store) CompleteAndAckBatch(ctx context.Context, stream, group string, r
 			errs[i] = err
 			continue
 		}
-		if err := idem.ValidateDuration("retention", retention); err != nil {
-			errs[i] = err
+		if retentionErr != nil {
+			errs[i] = retentionErr
 			continue
 		}
 		calls = append(calls, evalCall{
@@ -237,17 +240,7 @@ func (s *Store) CompleteAndAckBatch(ctx context.Context, stream, group string, r
 		})
 		idx = append(idx, i)
 	}
-	if len(calls) == 0 {
-		return errs
-	}
-	replies, rerrs := s.runBatch(ctx, completeAckScript, completeAckManyScript, calls, packCompleteAck)
-	for j, i := range idx {
-		if rerrs[j] != nil {
-			errs[i] = rerrs[j]
-			continue
-		}
-		errs[i] = parseOK("complete_ack", replies[j])
-	}
+	s.runOKBatch(ctx, completeAckScript, completeAckManyScript, packCompleteAck, calls, idx, errs)
 	return errs
 }
 
