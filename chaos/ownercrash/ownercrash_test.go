@@ -399,17 +399,7 @@ func runOwner(addr, id string, effectFirst bool) error {
 func TestOwnerCrashLibrary(t *testing.T) {
 	t.Parallel()
 	k := chaostest.Size(10, 100)
-	srv := redistest.Start(t)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	t.Cleanup(func() { rdb.Close() })
-	store, err := redisstore.New(rdb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	exec, err := idem.New(store, idem.WithLease(lease))
-	if err != nil {
-		t.Fatal(err)
-	}
+	rdb, exec := chaostest.StartRedisExecutor(t, lease)
 	sink := chaostest.NewRedisSink(rdb, "sink:")
 	ctx := t.Context()
 
@@ -421,7 +411,7 @@ func TestOwnerCrashLibrary(t *testing.T) {
 		key := idem.Key{Scope: "crash", ID: id}
 		effectFirst := i%2 == 0
 		c.Attempted.Add(1)
-		env := []string{"CRASH_REDIS=" + srv.Addr(), "CRASH_KEY=" + id, "CRASH_EFFECT=after"}
+		env := []string{"CRASH_REDIS=" + rdb.Options().Addr, "CRASH_KEY=" + id, "CRASH_EFFECT=after"}
 		if effectFirst {
 			env[2] = "CRASH_EFFECT=before"
 		}
@@ -485,7 +475,7 @@ func TestOwnerCrashLibrary(t *testing.T) {
 		if st.Fence != res.Fence || st.Applied != wantApplied {
 			t.Errorf("%s: sink holds %+v, want fence %d with %d applied writes", id, st, res.Fence, wantApplied)
 		}
-		rec, err := store.Get(ctx, key.Digest())
+		rec, err := exec.Store().Get(ctx, key.Digest())
 		if err != nil || rec.State != idem.StateCompleted || rec.Fence != res.Fence {
 			c.Lost.Add(1)
 			t.Errorf("%s: record %v fence %d (%v), want COMPLETED with the takeover's fence %d", id, rec.State, rec.Fence, err, res.Fence)

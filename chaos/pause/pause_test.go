@@ -13,7 +13,6 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/chaos/chaostest"
-	"github.com/idemgo/idem/internal/redistest"
 	"github.com/idemgo/idem/redisstore"
 	"github.com/redis/go-redis/v9"
 )
@@ -161,17 +160,7 @@ func takeOver(ctx context.Context, exec *idem.Executor, id string, fn func(ctx c
 // 200), 5 (long: 10) owners paused at a time.
 func TestOwnerPause(t *testing.T) {
 	k, batch := chaostest.Size(20, 200), chaostest.Size(5, 10)
-	srv := redistest.Start(t)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	t.Cleanup(func() { rdb.Close() })
-	store, err := redisstore.New(rdb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	exec, err := idem.New(store, idem.WithLease(lease))
-	if err != nil {
-		t.Fatal(err)
-	}
+	rdb, exec := chaostest.StartRedisExecutor(t, lease)
 	sink := chaostest.NewRedisSink(rdb, "sink:")
 	ctx := t.Context()
 
@@ -189,7 +178,7 @@ func TestOwnerPause(t *testing.T) {
 		stoppedAt := make([]time.Time, n)
 		for i := range n {
 			ids[i] = fmt.Sprintf("key-%d", first+i)
-			owners[i] = chaostest.StartChild(t, "owner", "PAUSE_REDIS="+srv.Addr(), "PAUSE_KEY="+ids[i])
+			owners[i] = chaostest.StartChild(t, "owner", "PAUSE_REDIS="+rdb.Options().Addr, "PAUSE_KEY="+ids[i])
 			fenced.Attempted.Add(1)
 			control.Attempted.Add(1)
 		}
@@ -277,7 +266,7 @@ func TestOwnerPause(t *testing.T) {
 			if st.Unfenced != 2 {
 				t.Errorf("%s: unfenced sink has %d writes, want 2 (the control must see A's duplicate)", id, st.Unfenced)
 			}
-			rec, err := store.Get(ctx, key(id).Digest())
+			rec, err := exec.Store().Get(ctx, key(id).Digest())
 			if err != nil {
 				t.Fatal(err)
 			}
