@@ -455,3 +455,15 @@ func TestDecodeResult(t *testing.T) {
 		})
 	}
 }
+
+// TestDefaults checks the documented defaults: a 30s lease, 24h retention
+// and results up to 1 MiB.
+func TestDefaults(t *testing.T) {
+	e, _ := newExec(t)
+	if e.Lease() != 30*time.Second || e.Retention() != 24*time.Hour || e.MaxResultSize() != 1<<20 {
+		t.Fatalf("lease %v, retention %v, max result %d; want 30s, 24h, 1 MiB", e.Lease(), e.Retention(), e.MaxResultSize())
+	}
+	if idem.DefaultLease != 30*time.Second {
+		t.Fatalf("DefaultLease %v", idem.DefaultLease)
+	}
+}
