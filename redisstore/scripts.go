@@ -103,8 +103,13 @@ func parseState(s string) (idem.State, bool) {
 	return 0, false
 }
 
-// parseAcquire parses the reply of acquire.lua.
+// parseAcquire parses the reply of acquire.lua, or an element of
+// acquire_many.lua's.
 func parseAcquire(v any) (idem.Acquisition, error) {
+	if fence, ok := v.(int64); ok && fence > 0 {
+		// acquire_many's short form of {1, fence, 1}: a new record.
+		return idem.Acquisition{Outcome: idem.Acquired, Lease: idem.Lease{Fence: fence}, Attempts: 1}, nil
+	}
 	arr, ok := v.([]any)
 	if !ok || len(arr) == 0 {
 		return idem.Acquisition{}, replyError("acquire", v)

@@ -87,13 +87,32 @@ func pipelineGoRedis(ctx context.Context, c redis.UniversalClient, s *script, ca
 	return replies, errs
 }
 
+// runMulti sends EVALSHA for every call in one pipeline, then EVAL, in a
+// second pipeline, for those that got NOSCRIPT, as pipelineGoRedis does.
+// (rueidis's Lua.ExecMulti would send SCRIPT LOAD to every node first, a
+// round trip more for each batch.)
 func (b *rueidisBackend) runMulti(ctx context.Context, s *script, calls []evalCall) ([]any, []error) {
-	execs := make([]rueidis.LuaExec, len(calls))
+	cmds := make(rueidis.Commands, len(calls))
 	for i, cl := range calls {
-		execs[i] = rueidis.LuaExec{Keys: cl.keys, Args: cl.args}
+		cmds[i] = b.c.B().Evalsha().Sha1(s.gr.Hash()).Numkeys(int64(len(cl.keys))).Key(cl.keys...).Arg(cl.args...).Build()
 	}
-	// ExecMulti sends EVALSHA in one pipeline and falls back to EVAL.
-	results := s.ru.ExecMulti(ctx, b.c, execs...)
+	results := b.c.DoMulti(ctx, cmds...)
+	var again []int
+	for i, r := range results {
+		if rerr, ok := rueidis.IsRedisErr(r.Error()); ok && rerr.IsNoScript() {
+			again = append(again, i)
+		}
+	}
+	if len(again) > 0 {
+		cmds = cmds[:0]
+		for _, i := range again {
+			cl := calls[i]
+			cmds = append(cmds, b.c.B().Eval().Script(s.src).Numkeys(int64(len(cl.keys))).Key(cl.keys...).Arg(cl.args...).Build())
+		}
+		for k, r := range b.c.DoMulti(ctx, cmds...) {
+			results[again[k]] = r
+		}
+	}
 	replies := make([]any, len(calls))
 	errs := make([]error, len(calls))
 	for i, r := range results {

@@ -11,7 +11,7 @@
 -- 2^53, which µs timestamps are.
 
 -- clock returns the server's time in µs, read with TIME at most once per
--- script call: replays, the most frequent duplicate, need no clock.
+-- script call.
 local now_us
 local function clock()
   if not now_us then
@@ -23,32 +23,33 @@ end
 
 -- acquire takes the record at key. fp, owner, lease_ms, retention_ms,
 -- max_attempts and ttl_ms are acquire.lua's ARGV[1] to ARGV[6], as strings.
--- It returns acquire.lua's reply, or nil and an error message.
+-- It returns acquire.lua's reply, except for a new record, the common case
+-- of a batch, for which it returns the fence alone (an integer, short for
+-- {1, fence, 1}: a nested reply costs Redis more per key); or nil and an
+-- error message.
 local function acquire(key, fp, owner, lease_ms, retention_ms, max_attempts, ttl_ms)
-  local v = redis.call('GET', key)
-  local ver, s, f, o, n, l, a, c, r
-  if v then
-    ver, s, f, o, n, l, a, c, r = cmsgpack.unpack(v)
-    if ver ~= 1 then
-      return nil, 'idem: unknown record format'
-    end
-    if f ~= fp then
-      return {5}
-    end
-    if s == 'c' or s == 'f' then
-      return {4, s, a, r}
-    end
-    if s == 'p' and o == owner then
-      return {1, n, a}
-    end
-  end
   local now = clock()
   local lease_end = now + tonumber(lease_ms) * 1000
+  -- The new record is written if there is none (NX), and an existing one is
+  -- read (GET), in one call: a batch is mostly new keys. With no record,
+  -- the fence is seeded from the clock, so that it still grows after the
+  -- record was deleted or expired.
+  local v = redis.call('SET', key, cmsgpack.pack(1, 'p', fp, owner, now, lease_end, 1, now, ''), 'NX', 'GET', 'PX', ttl_ms)
   if not v then
-    -- No record: the fence is seeded from the clock, so that it still grows
-    -- after the record was deleted or expired.
-    redis.call('SET', key, cmsgpack.pack(1, 'p', fp, owner, now, lease_end, 1, now, ''), 'PX', ttl_ms)
-    return {1, now, 1}
+    return now
+  end
+  local ver, s, f, o, n, l, a, c, r = cmsgpack.unpack(v)
+  if ver ~= 1 then
+    return nil, 'idem: unknown record format'
+  end
+  if f ~= fp then
+    return {5}
+  end
+  if s == 'c' or s == 'f' then
+    return {4, s, a, r}
+  end
+  if s == 'p' and o == owner then
+    return {1, n, a}
   end
   if s == 'p' and l > now then
     return {3, l - now, a}

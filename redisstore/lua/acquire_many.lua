@@ -10,8 +10,9 @@
 -- ARGV[3+2i]  fingerprint of KEYS[i]
 -- ARGV[4+2i]  owner token of KEYS[i]
 --
--- Reply: an array with, for each key in order, acquire.lua's reply, or
--- {0, message} for a record in an unknown format (that key untouched).
+-- Reply: an array with, for each key in order, acquire.lua's reply, the
+-- fence alone (an integer) for a new record, or {0, message} for a record
+-- in an unknown format (that key untouched).
 local out = {}
 for i = 1, #KEYS do
   local reply, err = acquire(KEYS[i], ARGV[3 + 2 * i], ARGV[4 + 2 * i], ARGV[1], ARGV[2], ARGV[3], ARGV[4])
