@@ -9,7 +9,7 @@ FUZZTIME ?= 10s
 # dependencies, which have go.mod files of their own).
 MODULES  := $(shell find . -name go.mod -not -path './.cache/*' -not -path './bin/*' -exec dirname {} \; | sort)
 
-.PHONY: test vet race fuzz soak chaos chaos-long chaos-report bench bench-http bench-proxy check-redis check-brokers demo
+.PHONY: test vet race fuzz soak chaos chaos-long chaos-report bench bench-streams bench-http bench-proxy check-redis check-brokers demo
 
 ## test: formatting, vet, the race-enabled tests of every module and the
 ## short variant of the reliability suite (make chaos).
@@ -82,6 +82,12 @@ soak: check-redis
 ## bench: the benchmark table (starts its own redis-server).
 bench: check-redis
 	$(GO) run ./internal/benchcmd
+
+## bench-streams: the Redis Streams consumer at batch 100 with idempotency
+## ("dedup"), without it ("plain") and with the least Redis work any
+## deduplication needs ("floor"), 5 runs each; prints medians and ratios.
+bench-streams: check-redis
+	$(GO) test -run '^$$' -bench 'Consumer/.*/batch=100' -benchtime 50000x -count 5 ./consumer/redisstream/ | $(GO) run ./internal/benchratio -metric msgs/s -base plain
 
 ## bench-http: idemhttp against the bare handler under wrk (needs wrk).
 bench-http: check-redis

@@ -201,9 +201,10 @@ type Consumer struct {
 	// once as a crashed process would: nothing more is completed, released
 	// or acknowledged.
 	crashAt func(i int, msg redis.XMessage) bool
-	// plain, for the benchmark, turns idempotency off: the same loop runs
-	// the handlers and acknowledges with one XACK per batch.
-	plain bool
+	// baseline, for the benchmark, replaces the processing of a batch up to
+	// its tail, which it returns (run as a tail like process's), so that
+	// the same loop runs without idempotency (bench_test.go).
+	baseline func(ctx context.Context, msgs []redis.XMessage, h Handler) (finish func())
 }
 
 // New returns a Consumer of stream in group, as consumer name, that reads
@@ -296,12 +297,15 @@ var errCrashed = errors.New("redisstream: crashed")
 // a retry), then new ones (XREADGROUP … COUNT batch BLOCK block). Failed
 // reads are retried after a short pause and counted in Stats.Errors.
 //
+// A batch is completed and acknowledged while the next one is read,
+// acquired and handled (see process).
+//
 // When ctx is cancelled Run stops fetching, lets the batch in flight finish
 // for up to the shutdown timeout, then cancels the handlers still running
 // and releases their keys (their entries stay pending and are claimed by
-// another consumer), and returns nil. Run returns an error for a nil
-// handler, for a second concurrent Run, or when the group cannot be
-// created.
+// another consumer), waits for the last completion, and returns nil. Run
+// returns an error for a nil handler, for a second concurrent Run, or when
+// the group cannot be created.
 func (c *Consumer) Run(ctx context.Context, h Handler) error {
 	if h == nil {
 		return fmt.Errorf("%w: redisstream: nil handler", idem.ErrInvalid)
@@ -327,6 +331,10 @@ func (c *Consumer) Run(ctx context.Context, h Handler) error {
 	})
 	defer stopAfter()
 
+	// prev is the batch whose completion (tail) may still be running while
+	// the next batch is read, acquired and handled.
+	var prev *tail
+	defer func() { prev.wait() }()
 	claimStart := "0-0"
 	nextClaim := time.Time{}
 	for ctx.Err() == nil {
@@ -379,7 +387,8 @@ func (c *Consumer) Run(ctx context.Context, h Handler) error {
 		if claimed {
 			c.stats.claimed.Add(int64(len(msgs)))
 		}
-		if c.process(work, msgs, deliveries, h) {
+		var crashed bool
+		if prev, crashed = c.process(work, msgs, deliveries, h, prev); crashed {
 			return errCrashed
 		}
 	}
@@ -437,21 +446,56 @@ type held struct {
 	a   *idem.Attempt
 }
 
+// tail is the end of a batch's processing (complete and acknowledge,
+// dead-letter, count), which runs while the next batch is read, acquired
+// and handled: Redis and the client work at the same time instead of in
+// turn. At most one tail runs at a time.
+type tail struct {
+	done chan struct{}
+	keys map[string]bool // the batch's idempotency keys
+}
+
+// wait returns when t, if any, has ended.
+func (t *tail) wait() {
+	if t != nil {
+		<-t.done
+	}
+}
+
 // process handles one batch, with the semantics of consumer.Processor:
 // acquire every key, run the handlers in order, then complete and
 // acknowledge the successful ones in one pipelined round of
-// complete-and-ack scripts. It reports whether a simulated crash happened.
-func (c *Consumer) process(ctx context.Context, msgs []redis.XMessage, deliveries []int, h Handler) (crashed bool) {
-	if c.plain {
-		c.processPlain(ctx, msgs, h)
-		return false
+// complete-and-ack scripts. That last part runs in a goroutine, returned as
+// a tail, once prev, the previous batch's tail, has ended; and if the batch
+// has a key of prev's batch, prev ends before anything is acquired, so
+// that a duplicate in the next batch finds its key completed, as it would
+// without the overlap. It reports whether a simulated crash happened
+// (then prev has ended and no tail runs).
+func (c *Consumer) process(ctx context.Context, msgs []redis.XMessage, deliveries []int, h Handler, prev *tail) (next *tail, crashed bool) {
+	if c.baseline != nil {
+		finish := c.baseline(ctx, msgs, h)
+		prev.wait()
+		next = &tail{done: make(chan struct{})}
+		go func() {
+			defer close(next.done)
+			finish()
+		}()
+		return next, false
 	}
 	n := len(msgs)
 	results := make([]consumer.Result, n)
 	attempts := make([]held, n)
 	keys := make([]string, n)
+	next = &tail{done: make(chan struct{}), keys: make(map[string]bool, n)}
 	for i, m := range msgs {
 		keys[i] = c.keyFn(m)
+		if keys[i] == "" {
+			continue
+		}
+		next.keys[keys[i]] = true
+		if prev != nil && prev.keys[keys[i]] {
+			prev.wait()
+		}
 	}
 
 	// Acquire every key in one BeginBatch: on a standalone server or with a
@@ -517,7 +561,8 @@ func (c *Consumer) process(ctx context.Context, msgs []redis.XMessage, deliverie
 					_ = x.a.Abandon() // stop heartbeats; the records stay IN_PROGRESS
 				}
 			}
-			return true
+			prev.wait()
+			return nil, true
 		}
 		var err error
 		if ctx.Err() != nil {
@@ -560,6 +605,17 @@ func (c *Consumer) process(ctx context.Context, msgs []redis.XMessage, deliverie
 		acks = append(acks, redisstore.StreamAck{Key: at.a.Key(), Lease: at.a.Lease(), Result: emptyResult, ID: msgs[i].ID})
 		ackIdx = append(ackIdx, i)
 	}
+	prev.wait()
+	go func() {
+		defer close(next.done)
+		c.finish(sctx, msgs, deliveries, results, follow, acks, ackIdx)
+	}()
+	return next, false
+}
+
+// finish is a batch's tail: it completes and acknowledges acks (the
+// entries ackIdx of msgs), then acts on every entry's result.
+func (c *Consumer) finish(sctx context.Context, msgs []redis.XMessage, deliveries []int, results []consumer.Result, follow []int, acks []redisstore.StreamAck, ackIdx []int) {
 	if len(acks) > 0 {
 		errs := c.completeAndAck(sctx, acks)
 		for j, i := range ackIdx {
@@ -606,7 +662,6 @@ func (c *Consumer) process(ctx context.Context, msgs []redis.XMessage, deliverie
 			c.stats.errors.Add(1) // left pending: claimed and replayed again
 		}
 	}
-	return false
 }
 
 // completeAndAck completes and acknowledges acks, and repeats, with the
@@ -725,24 +780,4 @@ func (c *Consumer) touch(ctx context.Context, msgs []redis.XMessage, attempts []
 	}()
 	var once sync.Once
 	return func() { once.Do(func() { close(stop); wg.Wait() }) }
-}
-
-// processPlain is process without idempotency, for the benchmark's
-// baseline: run the handlers, acknowledge the successful entries.
-func (c *Consumer) processPlain(ctx context.Context, msgs []redis.XMessage, h Handler) {
-	ids := make([]string, 0, len(msgs))
-	for _, m := range msgs {
-		if c.call(ctx, h, m) == nil {
-			ids = append(ids, m.ID)
-		} else {
-			c.stats.retried.Add(1)
-		}
-	}
-	if len(ids) > 0 {
-		if err := c.rdb.XAck(context.WithoutCancel(ctx), c.stream, c.group, ids...).Err(); err != nil {
-			c.stats.errors.Add(1)
-			return
-		}
-		c.stats.processed.Add(int64(len(ids)))
-	}
 }

@@ -3,6 +3,7 @@ package redisstream
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -145,6 +146,43 @@ func TestProcessReplayAndNoKey(t *testing.T) {
 	d := e.dlq()
 	if len(d) != 1 || !strings.Contains(d[0].Values["dlq-error"].(string), "no idempotency key") || d[0].Values["body"] != "no key here" {
 		t.Errorf("dead-letter stream %v, want the keyless entry with its error", d)
+	}
+}
+
+// TestDuplicateInNextBatchIsReplayed: a batch's completion overlaps the
+// next batch, but a duplicate in the next batch still finds its key
+// completed (a replay), not in progress (a retry).
+func TestDuplicateInNextBatchIsReplayed(t *testing.T) {
+	e := newEnv(t, standalone(t), "", 10*time.Second)
+	const batch, batches = 10, 20
+	for b := range batches {
+		for j := range batch {
+			e.add("key", "k"+strconv.Itoa(b/2*batch+j)) // batch 2m+1 repeats batch 2m
+		}
+	}
+	var mu sync.Mutex
+	seen := map[string]int{}
+	c := e.consumer("c1", WithBatchSize(batch))
+	err := e.run(c, func(ctx context.Context, m redis.XMessage) error {
+		mu.Lock()
+		seen[m.Values["key"].(string)]++
+		mu.Unlock()
+		return nil
+	}, func() bool { s := c.Stats(); return s.Processed+s.Replayed+s.Retried >= batch*batches })
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Stats{Processed: batch * batches / 2, Replayed: batch * batches / 2}
+	if got := c.Stats(); got != want {
+		t.Errorf("stats %+v, want %+v", got, want)
+	}
+	for k, n := range seen {
+		if n != 1 {
+			t.Errorf("key %s handled %d times", k, n)
+		}
+	}
+	if p := e.pending(); p != 0 {
+		t.Errorf("pending %d, want 0", p)
 	}
 }
 
