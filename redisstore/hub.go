@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
 )
 
 // hub shares one subscriber connection among all the watches of a store,
@@ -260,3 +261,100 @@ func (t *goRedisTransport) unsubscribe(ctx context.Context, channel string) erro
 // close closes the connection; the reader returns on its own (close may be
 // called from it, through broken).
 func (t *goRedisTransport) close() { _ = t.ps.Close() }
+
+// rueidisTransport is a hub's connection on a standalone rueidis.Client: a
+// dedicated connection whose pub/sub hooks report to the hub. rueidis sends
+// SUBSCRIBE and UNSUBSCRIBE with a call that waits for the confirmation,
+// which the hooks report from the connection's reader, and the hub's lock is
+// held while a command is queued: so one sender goroutine sends the queued
+// commands in order, and the hub never waits for the connection.
+type rueidisTransport struct {
+	dc     rueidis.DedicatedClient
+	cancel func()
+
+	mu     sync.Mutex
+	queue  []rueidis.Completed
+	closed bool
+	more   chan struct{} // a command was queued, or the transport closed
+}
+
+func openRueidis(c rueidis.Client) func(h *hub, gen int) (transport, error) {
+	return func(h *hub, gen int) (transport, error) {
+		dc, cancel := c.Dedicate()
+		t := &rueidisTransport{dc: dc, cancel: cancel, more: make(chan struct{}, 1)}
+		hookErr := dc.SetPubSubHooks(rueidis.PubSubHooks{
+			OnSubscription: func(s rueidis.PubSubSubscription) {
+				switch s.Kind {
+				case "subscribe":
+					h.confirmed(gen, s.Channel, true)
+				case "unsubscribe":
+					h.confirmed(gen, s.Channel, false)
+				}
+			},
+			OnMessage: func(m rueidis.PubSubMessage) { h.message(gen, m.Channel) },
+		})
+		go func() {
+			<-hookErr // the connection broke, or close
+			h.broken(gen)
+		}()
+		go t.send(h, gen)
+		return t, nil
+	}
+}
+
+// send sends the queued commands, in order, until the transport closes.
+func (t *rueidisTransport) send(h *hub, gen int) {
+	for range t.more {
+		t.mu.Lock()
+		cmds, closed := t.queue, t.closed
+		t.queue = nil
+		t.mu.Unlock()
+		if closed {
+			return
+		}
+		for _, cmd := range cmds {
+			if err := t.dc.Do(context.Background(), cmd).Error(); err != nil {
+				h.broken(gen)
+				return
+			}
+		}
+	}
+}
+
+func (t *rueidisTransport) push(cmd rueidis.Completed) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return errors.New("redisstore: subscriber connection closed")
+	}
+	t.queue = append(t.queue, cmd)
+	select {
+	case t.more <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+func (t *rueidisTransport) subscribe(_ context.Context, channel string) error {
+	return t.push(t.dc.B().Subscribe().Channel(channel).Build())
+}
+
+func (t *rueidisTransport) unsubscribe(_ context.Context, channel string) error {
+	return t.push(t.dc.B().Unsubscribe().Channel(channel).Build())
+}
+
+// close stops the sender and closes the connection, in a goroutine:
+// rueidis waits for the connection's reader, which may be waiting for the
+// hub's lock in a hook.
+func (t *rueidisTransport) close() {
+	t.mu.Lock()
+	if !t.closed {
+		t.closed = true
+		select {
+		case t.more <- struct{}{}:
+		default:
+		}
+	}
+	t.mu.Unlock()
+	go t.cancel()
+}

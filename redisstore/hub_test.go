@@ -12,15 +12,25 @@ import (
 	"github.com/idemgo/idem/redisstore"
 )
 
-// pubsubClients returns the number of the server's client connections in
-// pub/sub mode.
+// pubsubClients returns the number of the server's client connections
+// subscribed to a channel (CLIENT LIST's sub or ssub above 0, whatever the
+// protocol version).
 func pubsubClients(t *testing.T, srv *redistest.Server) int {
 	t.Helper()
-	list, err := srv.Command("CLIENT", "LIST", "TYPE", "pubsub")
+	list, err := srv.Command("CLIENT", "LIST")
 	if err != nil {
 		t.Fatal(err)
 	}
-	return strings.Count(list, "id=")
+	n := 0
+	for _, line := range strings.Split(list, "\n") {
+		for _, f := range strings.Fields(line) {
+			if (strings.HasPrefix(f, "sub=") || strings.HasPrefix(f, "ssub=")) && !strings.HasSuffix(f, "=0") {
+				n++
+				break
+			}
+		}
+	}
+	return n
 }
 
 // waitFor polls cond (a server-side count) until it holds, for at most 10s.
@@ -36,16 +46,35 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 // TestWatchesShareOneConnection holds 50 watches, on 25 channels, of one
-// go-redis store at once: the server sees one pub/sub connection, every
-// watch is woken by a publish on its own channel only, and once the last
-// watch stops the connection is gone.
+// standalone store (go-redis, rueidis) at once: the server sees one pub/sub
+// connection, every watch is woken by a publish on its own channel only,
+// and once the last watch stops the connection is gone.
 func TestWatchesShareOneConnection(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	s, err := redisstore.New(goRedisClient(t, srv.Addr()))
-	if err != nil {
-		t.Fatal(err)
+	for _, name := range standaloneClients {
+		t.Run(name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			testWatchesShareOneConnection(t, srv, storeOn(t, name, srv))
+		})
 	}
+}
+
+// standaloneClients are the names of clients' standalone clients.
+var standaloneClients = []string{"standalone/go-redis", "standalone/rueidis"}
+
+// storeOn returns a store on srv through the client of clients named name.
+func storeOn(t *testing.T, name string, srv *redistest.Server) *redisstore.Store {
+	t.Helper()
+	for _, c := range clients(t, srv, nil) {
+		if c.name == name {
+			return c.newStore(t)
+		}
+	}
+	t.Fatalf("no client %s", name)
+	return nil
+}
+
+func testWatchesShareOneConnection(t *testing.T, srv *redistest.Server, s *redisstore.Store) {
 	type watch struct {
 		key     string
 		changed <-chan struct{}
@@ -97,12 +126,16 @@ func TestWatchesShareOneConnection(t *testing.T) {
 // watches of the channel unsubscribe and subscribe again.
 func TestWatchCyclesNeverMissAPublish(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	rdb := goRedisClient(t, srv.Addr())
-	s, err := redisstore.New(rdb)
-	if err != nil {
-		t.Fatal(err)
+	for _, name := range standaloneClients {
+		t.Run(name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			testWatchCyclesNeverMissAPublish(t, srv, storeOn(t, name, srv))
+		})
 	}
+}
+
+func testWatchCyclesNeverMissAPublish(t *testing.T, srv *redistest.Server, s *redisstore.Store) {
+	rdb := goRedisClient(t, srv.Addr())
 	key := idem.Key{ID: "cycled"}.Digest()
 	var wg sync.WaitGroup
 	for g := range 4 {
@@ -137,11 +170,15 @@ func TestWatchCyclesNeverMissAPublish(t *testing.T) {
 // opens a new connection that works.
 func TestWatchConnectionKilled(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	s, err := redisstore.New(goRedisClient(t, srv.Addr()))
-	if err != nil {
-		t.Fatal(err)
+	for _, name := range standaloneClients {
+		t.Run(name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			testWatchConnectionKilled(t, srv, storeOn(t, name, srv))
+		})
 	}
+}
+
+func testWatchConnectionKilled(t *testing.T, srv *redistest.Server, s *redisstore.Store) {
 	var chans []<-chan struct{}
 	for i := range 5 {
 		ch, stop, err := s.Watch(t.Context(), idem.Key{ID: fmt.Sprint("k", i)}.Digest())
@@ -151,9 +188,7 @@ func TestWatchConnectionKilled(t *testing.T) {
 		defer stop()
 		chans = append(chans, ch)
 	}
-	if _, err := srv.Command("CLIENT", "KILL", "TYPE", "pubsub"); err != nil {
-		t.Fatal(err)
-	}
+	killSubscribers(t, srv, true)
 	for i, ch := range chans {
 		select {
 		case <-ch:
@@ -174,5 +209,74 @@ func TestWatchConnectionKilled(t *testing.T) {
 	case <-ch:
 	case <-time.After(5 * time.Second):
 		t.Fatal("a watch on the new connection was not woken")
+	}
+}
+
+// killSubscribers kills the server's connections that are subscribed to a
+// channel (CLIENT KILL TYPE pubsub misses RESP3 ones), and returns how
+// many; with must, it fails the test if there was none.
+func killSubscribers(t *testing.T, srv *redistest.Server, must bool) int {
+	t.Helper()
+	list, err := srv.Command("CLIENT", "LIST")
+	if err != nil {
+		t.Fatal(err)
+	}
+	killed := 0
+	for _, line := range strings.Split(list, "\n") {
+		var id string
+		subscribed := false
+		for _, f := range strings.Fields(line) {
+			if strings.HasPrefix(f, "id=") {
+				id = strings.TrimPrefix(f, "id=")
+			}
+			if (strings.HasPrefix(f, "sub=") || strings.HasPrefix(f, "ssub=")) && !strings.HasSuffix(f, "=0") {
+				subscribed = true
+			}
+		}
+		if subscribed && id != "" {
+			if _, err := srv.Command("CLIENT", "KILL", "ID", id); err != nil {
+				t.Fatal(err)
+			}
+			killed++
+		}
+	}
+	if must && killed == 0 {
+		t.Fatal("no subscribed connection to kill")
+	}
+	return killed
+}
+
+// TestWatchConnectionKilledCluster: on a Cluster each watch has its own
+// connection; killing them wakes every watch, for both clients.
+func TestWatchConnectionKilledCluster(t *testing.T) {
+	t.Parallel()
+	cluster := redistest.StartCluster(t, 3)
+	for _, cl := range clients(t, nil, cluster) {
+		t.Run(cl.name, func(t *testing.T) {
+			s := cl.newStore(t)
+			var chans []<-chan struct{}
+			for i := range 5 {
+				ch, stop, err := s.Watch(t.Context(), idem.Key{ID: fmt.Sprint(cl.name, i)}.Digest())
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer stop()
+				chans = append(chans, ch)
+			}
+			killed := 0
+			for _, n := range cluster.Nodes() {
+				killed += killSubscribers(t, n, false)
+			}
+			if killed != len(chans) {
+				t.Fatalf("killed %d subscribed connections, want one per watch (%d)", killed, len(chans))
+			}
+			for i, ch := range chans {
+				select {
+				case <-ch:
+				case <-time.After(5 * time.Second):
+					t.Fatalf("watch %d not woken when its connection was killed", i)
+				}
+			}
+		})
 	}
 }

@@ -170,7 +170,7 @@ func NewRueidis(client rueidis.Client, opts ...Option) (*Store, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: nil client", idem.ErrInvalid)
 	}
-	return newStore(&rueidisBackend{c: client}, opts)
+	return newStore(newRueidis(client), opts)
 }
 
 // Key returns the Redis key of the record for a store key (a digest).

@@ -4,12 +4,26 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"sync"
 
 	"github.com/redis/rueidis"
 )
 
-// rueidisBackend is the backend for a rueidis.Client.
-type rueidisBackend struct{ c rueidis.Client }
+// rueidisBackend is the backend for a rueidis.Client. On a standalone
+// server its watches share one subscriber connection (hub); on a Cluster
+// each watch has its own, to the node of its channel's slot.
+type rueidisBackend struct {
+	c   rueidis.Client
+	hub *hub // nil on a Cluster
+}
+
+func newRueidis(c rueidis.Client) *rueidisBackend {
+	b := &rueidisBackend{c: c}
+	if c.Mode() != rueidis.ClientModeCluster {
+		b.hub = &hub{open: openRueidis(c)}
+	}
+	return b
+}
 
 func (b *rueidisBackend) run(ctx context.Context, s *script, key string, args []string, w *waitConfig) (any, int64, error) {
 	keys := []string{key}
@@ -62,10 +76,15 @@ func (b *rueidisBackend) publishCommand() string {
 }
 
 func (b *rueidisBackend) watch(ctx context.Context, channel string) (<-chan struct{}, func(), error) {
+	if b.hub != nil {
+		return b.hub.watch(ctx, channel)
+	}
 	dc, cancel := b.c.Dedicate()
 	subscribed := make(chan struct{})
 	changed := make(chan struct{})
-	var once, subOnce bool
+	var wakeOnce sync.Once
+	wake := func() { wakeOnce.Do(func() { close(changed) }) }
+	subOnce := false
 	hookErr := dc.SetPubSubHooks(rueidis.PubSubHooks{
 		OnSubscription: func(s rueidis.PubSubSubscription) {
 			// Hooks run one at a time on one goroutine.
@@ -75,19 +94,12 @@ func (b *rueidisBackend) watch(ctx context.Context, channel string) (<-chan stru
 			}
 		},
 		OnMessage: func(m rueidis.PubSubMessage) {
-			if !once && m.Channel == channel {
-				once = true
-				close(changed)
+			if m.Channel == channel {
+				wake()
 			}
 		},
 	})
-	var sub rueidis.Completed
-	if b.c.Mode() == rueidis.ClientModeCluster {
-		sub = dc.B().Ssubscribe().Channel(channel).Build()
-	} else {
-		sub = dc.B().Subscribe().Channel(channel).Build()
-	}
-	if err := dc.Do(ctx, sub).Error(); err != nil {
+	if err := dc.Do(ctx, dc.B().Ssubscribe().Channel(channel).Build()).Error(); err != nil {
 		cancel()
 		return nil, nil, err
 	}
@@ -103,6 +115,13 @@ func (b *rueidisBackend) watch(ctx context.Context, channel string) (<-chan stru
 		cancel()
 		return nil, nil, ctx.Err()
 	}
+	// A broken connection wakes the watch, as the hub does: its caller
+	// reads the record again and watches anew. (The stop below also ends
+	// the hooks; a wake then is harmless.)
+	go func() {
+		<-hookErr
+		wake()
+	}()
 	return changed, cancel, nil
 }
 
