@@ -12,26 +12,36 @@ import (
 	"github.com/idemgo/idem/redisstore"
 )
 
-// pubsubClients returns the number of the server's client connections
+// subscribers returns the IDs of the server's client connections
 // subscribed to a channel (CLIENT LIST's sub or ssub above 0, whatever the
-// protocol version).
-func pubsubClients(t *testing.T, srv *redistest.Server) int {
+// protocol version: CLIENT LIST TYPE pubsub misses RESP3 ones).
+func subscribers(t *testing.T, srv *redistest.Server) []string {
 	t.Helper()
 	list, err := srv.Command("CLIENT", "LIST")
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := 0
+	var ids []string
 	for _, line := range strings.Split(list, "\n") {
+		var id string
+		subscribed := false
 		for _, f := range strings.Fields(line) {
+			if v, ok := strings.CutPrefix(f, "id="); ok {
+				id = v
+			}
 			if (strings.HasPrefix(f, "sub=") || strings.HasPrefix(f, "ssub=")) && !strings.HasSuffix(f, "=0") {
-				n++
-				break
+				subscribed = true
 			}
 		}
+		if subscribed {
+			ids = append(ids, id)
+		}
 	}
-	return n
+	return ids
 }
+
+// pubsubClients returns the number of subscribed connections.
+func pubsubClients(t *testing.T, srv *redistest.Server) int { return len(subscribers(t, srv)) }
 
 // waitFor polls cond (a server-side count) until it holds, for at most 10s.
 func waitFor(t *testing.T, what string, cond func() bool) {
@@ -212,38 +222,20 @@ func testWatchConnectionKilled(t *testing.T, srv *redistest.Server, s *redisstor
 	}
 }
 
-// killSubscribers kills the server's connections that are subscribed to a
-// channel (CLIENT KILL TYPE pubsub misses RESP3 ones), and returns how
-// many; with must, it fails the test if there was none.
+// killSubscribers kills the server's subscribed connections and returns
+// how many; with must, it fails the test if there was none.
 func killSubscribers(t *testing.T, srv *redistest.Server, must bool) int {
 	t.Helper()
-	list, err := srv.Command("CLIENT", "LIST")
-	if err != nil {
-		t.Fatal(err)
-	}
-	killed := 0
-	for _, line := range strings.Split(list, "\n") {
-		var id string
-		subscribed := false
-		for _, f := range strings.Fields(line) {
-			if strings.HasPrefix(f, "id=") {
-				id = strings.TrimPrefix(f, "id=")
-			}
-			if (strings.HasPrefix(f, "sub=") || strings.HasPrefix(f, "ssub=")) && !strings.HasSuffix(f, "=0") {
-				subscribed = true
-			}
-		}
-		if subscribed && id != "" {
-			if _, err := srv.Command("CLIENT", "KILL", "ID", id); err != nil {
-				t.Fatal(err)
-			}
-			killed++
+	ids := subscribers(t, srv)
+	for _, id := range ids {
+		if _, err := srv.Command("CLIENT", "KILL", "ID", id); err != nil {
+			t.Fatal(err)
 		}
 	}
-	if must && killed == 0 {
+	if must && len(ids) == 0 {
 		t.Fatal("no subscribed connection to kill")
 	}
-	return killed
+	return len(ids)
 }
 
 // TestWatchConnectionKilledCluster: on a Cluster each watch has its own
