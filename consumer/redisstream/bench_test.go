@@ -99,9 +99,8 @@ func BenchmarkConsumer(b *testing.B) {
 	}
 }
 
-// plainBatch is process without idempotency: run the handlers; its tail
-// acknowledges the successful entries with one XACK.
-func (c *Consumer) plainBatch(ctx context.Context, msgs []redis.XMessage, h Handler) func() {
+// handleAll runs h on msgs and returns the IDs of those it succeeded on.
+func (c *Consumer) handleAll(ctx context.Context, msgs []redis.XMessage, h Handler) []string {
 	ids := make([]string, 0, len(msgs))
 	for _, m := range msgs {
 		if c.call(ctx, h, m) == nil {
@@ -110,6 +109,13 @@ func (c *Consumer) plainBatch(ctx context.Context, msgs []redis.XMessage, h Hand
 			c.stats.retried.Add(1)
 		}
 	}
+	return ids
+}
+
+// plainBatch is process without idempotency: run the handlers; its tail
+// acknowledges the successful entries with one XACK.
+func (c *Consumer) plainBatch(ctx context.Context, msgs []redis.XMessage, h Handler) func() {
+	ids := c.handleAll(ctx, msgs, h)
 	return func() {
 		if len(ids) == 0 {
 			return
@@ -146,14 +152,7 @@ func (c *Consumer) floorBatch(ctx context.Context, msgs []redis.XMessage, h Hand
 		c.stats.errors.Add(1)
 		return func() {}
 	}
-	ids := make([]string, 0, len(msgs))
-	for _, m := range msgs {
-		if c.call(ctx, h, m) == nil {
-			ids = append(ids, m.ID)
-		} else {
-			c.stats.retried.Add(1)
-		}
-	}
+	ids := c.handleAll(ctx, msgs, h)
 	return func() {
 		_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for _, k := range keys {
