@@ -7,6 +7,10 @@
 //	// or: store, err := redisstore.NewRueidis(rueidisClient)
 //	exec, err := idem.New(store)
 //
+// It needs Redis 7.0 or later, or Valkey: a Cluster store notifies with
+// SPUBLISH, and the batch acquire writes with SET … NX GET (see Batches).
+// The tests run on Redis 7.0.
+//
 // # Layout
 //
 // One record per idempotency key, at <prefix>{<digest>}: the digest is
