@@ -68,6 +68,12 @@ func rueidisStore(t *testing.T, addr string) *redisstore.Store {
 		ForceSingleClient: true,
 		ConnWriteTimeout:  clientTimeout,
 		Dialer:            net.Dialer{Timeout: clientTimeout},
+		// One pipeline connection, not 2^n picked at random per keyed
+		// command and dialed on first use: rig.warmUp must leave the
+		// connection that a fault then hits open, its handshake done.
+		// Otherwise a call under a fault may need a new connection, whose
+		// handshake the fault swallows, and never reach Redis.
+		PipelineMultiplex: -1,
 	})
 	if err != nil {
 		t.Fatalf("rueidis client for %s: %v", addr, err)
