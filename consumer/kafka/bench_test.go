@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer/kafka"
+	"github.com/idemgo/idem/internal/prooftest"
 	"github.com/idemgo/idem/internal/redistest"
 	"github.com/idemgo/idem/redisstore"
 	"github.com/redis/go-redis/v9"
@@ -61,7 +62,7 @@ func BenchmarkConsume(b *testing.B) {
 							b.Fatal(err)
 						}
 					} else {
-						exec = memExecutor(b)
+						exec = prooftest.MemExecutor(b)
 					}
 					c, err := kafka.New(exec, h, kopts, kafka.WithBatchSize(batch))
 					if err != nil {

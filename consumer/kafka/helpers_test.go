@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/memstore"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -59,19 +58,6 @@ func produce(t testing.TB, cl *kgo.Client, rs ...*kgo.Record) {
 	if err := cl.ProduceSync(ctx, rs...).FirstErr(); err != nil {
 		t.Fatalf("produce: %v", err)
 	}
-}
-
-func memExecutor(t testing.TB, opts ...idem.Option) *idem.Executor {
-	t.Helper()
-	s, err := memstore.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := idem.New(s, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return e
 }
 
 // pending returns how many records of topics the group has not committed.

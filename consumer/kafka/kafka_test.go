@@ -12,36 +12,13 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer/kafka"
+	"github.com/idemgo/idem/internal/prooftest"
 	"github.com/idemgo/idem/memstore"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// run starts c.Run and returns a function that stops it and waits.
-func run(t testing.TB, c *kafka.Consumer) (stop func()) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("Run: %v", err)
-				}
-			case <-time.After(30 * time.Second):
-				t.Errorf("Run did not return within 30s")
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
-}
-
 func TestNewValidation(t *testing.T) {
-	exec := memExecutor(t)
+	exec := prooftest.MemExecutor(t)
 	addrs := startCluster(t, 1, "t")
 	ok := func(context.Context, *kgo.Record) error { return nil }
 	good := groupOpts(addrs, "g", "t")
@@ -98,13 +75,13 @@ func TestDuplicatesRunOnce(t *testing.T) {
 	produce(t, prod, rs...)
 
 	s := newSink()
-	c, err := kafka.New(memExecutor(t), func(ctx context.Context, r *kgo.Record) error {
+	c, err := kafka.New(prooftest.MemExecutor(t), func(ctx context.Context, r *kgo.Record) error {
 		return s.apply(ctx, string(r.Key))
 	}, groupOpts(addrs, "g1", "orders"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop := run(t, c)
+	stop := prooftest.Start(t, c.Run)
 	eventually(t, 20*time.Second, "40 effects", func() bool { return s.applied() == 40 })
 	eventually(t, 20*time.Second, "all replayed", func() bool { st := c.Stats(); return st.Processed+st.Replayed >= 60 })
 	stop()
@@ -140,12 +117,12 @@ func TestNoKeyDeadLettered(t *testing.T) {
 		&kgo.Record{Topic: "in", Value: []byte("ok"), Headers: []kgo.RecordHeader{{Key: "id", Value: []byte("a")}}},
 	)
 	var ran atomic.Int32
-	c, err := kafka.New(memExecutor(t), func(context.Context, *kgo.Record) error { ran.Add(1); return nil },
+	c, err := kafka.New(prooftest.MemExecutor(t), func(context.Context, *kgo.Record) error { ran.Add(1); return nil },
 		groupOpts(addrs, "g", "in"), kafka.WithKeyHeader("id"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop := run(t, c)
+	stop := prooftest.Start(t, c.Run)
 	eventually(t, 20*time.Second, "dead letter", func() bool { return c.Stats().DeadLettered == 1 && ran.Load() == 1 })
 	stop()
 	if st := c.Stats(); st.NoKey != 1 || st.Processed != 1 {
@@ -201,7 +178,7 @@ func testHandlerErrorRetried(t *testing.T, batch int, wantOrder string) {
 	var mu sync.Mutex
 	runs := map[string]int{}
 	var order []string
-	exec := memExecutor(t)
+	exec := prooftest.MemExecutor(t)
 	c, err := kafka.New(exec, func(ctx context.Context, r *kgo.Record) error {
 		k := string(r.Key)
 		mu.Lock()
@@ -221,7 +198,7 @@ func testHandlerErrorRetried(t *testing.T, batch int, wantOrder string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop := run(t, c)
+	stop := prooftest.Start(t, c.Run)
 	eventually(t, 20*time.Second, "all done", func() bool { return c.Stats().Processed == 4 && c.Stats().DeadLettered == 1 })
 	stop()
 	mu.Lock()
@@ -251,7 +228,7 @@ func testHandlerErrorRetried(t *testing.T, batch int, wantOrder string) {
 func TestInProgressNotAcked(t *testing.T) {
 	addrs := startCluster(t, 1, "t")
 	prod := producer(t, addrs)
-	exec := memExecutor(t, idem.WithLease(time.Second))
+	exec := prooftest.MemExecutor(t, idem.WithLease(time.Second))
 	_, other, err := exec.Begin(context.Background(), idem.Key{Scope: kafka.DefaultScope, ID: "busy"}, "")
 	if err != nil {
 		t.Fatal(err)
@@ -263,7 +240,7 @@ func TestInProgressNotAcked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop := run(t, c)
+	stop := prooftest.Start(t, c.Run)
 	eventually(t, 10*time.Second, "a retry", func() bool { return c.Stats().Retried >= 1 })
 	time.Sleep(700 * time.Millisecond) // past an auto-commit interval
 	if n := pending(t, addrs, "g", "t"); n != 1 {
@@ -298,7 +275,7 @@ func TestGracefulShutdown(t *testing.T) {
 			addrs := startCluster(t, 1, "t")
 			produce(t, producer(t, addrs), &kgo.Record{Topic: "t", Key: []byte("k")})
 			started := make(chan struct{})
-			c, err := kafka.New(memExecutor(t), func(ctx context.Context, r *kgo.Record) error {
+			c, err := kafka.New(prooftest.MemExecutor(t), func(ctx context.Context, r *kgo.Record) error {
 				close(started)
 				select {
 				case <-time.After(500 * time.Millisecond):
@@ -310,7 +287,7 @@ func TestGracefulShutdown(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			stop := run(t, c)
+			stop := prooftest.Start(t, c.Run)
 			<-started
 			stop()
 			if n := pending(t, addrs, "g", "t"); n != tt.wantPending {
@@ -335,7 +312,7 @@ func TestRebalanceWhileInFlight(t *testing.T) {
 		rs = append(rs, &kgo.Record{Topic: "t", Partition: int32(i % 6), Key: []byte(k)})
 	}
 	produce(t, prod, rs...)
-	exec := memExecutor(t, idem.WithLease(2*time.Second))
+	exec := prooftest.MemExecutor(t, idem.WithLease(2*time.Second))
 	s := newSink()
 	// The first consumer's handlers hold until the second consumer handled
 	// a record, which it can only do after a rebalance moved partitions to
@@ -366,13 +343,13 @@ func TestRebalanceWhileInFlight(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stopA := run(t, a)
+	stopA := prooftest.Start(t, a.Run)
 	eventually(t, 20*time.Second, "the first consumer blocked", func() bool { return blocked.Load() > 0 })
 	b, err := kafka.New(exec, handler(false), groupOpts(addrs, "g", "t"), opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	stopB := run(t, b)
+	stopB := prooftest.Start(t, b.Run)
 	eventually(t, 40*time.Second, "all keys", func() bool { return s.applied() == n })
 	stopA()
 	stopB()
@@ -436,7 +413,7 @@ func TestLeaseLostNotAcked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop := run(t, c)
+	stop := prooftest.Start(t, c.Run)
 	eventually(t, 20*time.Second, "processed", func() bool { return c.Stats().Processed == 1 })
 	stop()
 	if cause, _ := firstCause.Load().(error); !errors.Is(cause, idem.ErrLeaseLost) {

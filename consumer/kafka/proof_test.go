@@ -135,7 +135,7 @@ func TestProof(t *testing.T) {
 	stops := make([]func(), consumers)
 	for i := range cs {
 		cs[i] = newConsumer(i)
-		stops[i] = run(t, cs[i])
+		stops[i] = prooftest.Start(t, cs[i].Run)
 	}
 	// Publish concurrently from two producers, in chunks, while the group
 	// is consuming.

@@ -10,10 +10,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/consumer"
-	"github.com/idemgo/idem/memstore"
 )
 
 // natsURL is the real nats-server with JetStream the tests run against.
@@ -143,24 +139,6 @@ func waitDrained(t testing.TB, cons jetstream.Consumer, timeout time.Duration) *
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-}
-
-// newProc returns a Processor on a memstore.
-func newProc(t testing.TB, lease time.Duration, opts ...consumer.Option) *consumer.Processor {
-	t.Helper()
-	st, err := memstore.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	exec, err := idem.New(st, idem.WithLease(lease))
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := consumer.New(exec, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p
 }
 
 // runBg runs c.Run until the test ends or the returned stop is called, and

@@ -15,6 +15,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
 	natsconsumer "github.com/idemgo/idem/consumer/nats"
+	"github.com/idemgo/idem/internal/prooftest"
 	"github.com/idemgo/idem/memstore"
 )
 
@@ -28,7 +29,7 @@ func TestNewValidation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	proc := newProc(t, time.Second)
+	proc := prooftest.MemProcessor(t, time.Second)
 	tests := []struct {
 		name string
 		js   jetstream.JetStream
@@ -83,7 +84,7 @@ func TestOncePerKey(t *testing.T) {
 	cons := s.consumer(t, nil)
 	var mu sync.Mutex
 	runs := map[string]int{}
-	c, err := natsconsumer.New(js, cons, newProc(t, 5*time.Second), func(ctx context.Context, m jetstream.Msg) error {
+	c, err := natsconsumer.New(js, cons, prooftest.MemProcessor(t, 5*time.Second), func(ctx context.Context, m jetstream.Msg) error {
 		if _, ok := idem.FenceFrom(ctx); !ok {
 			t.Errorf("handler context has no fence")
 		}
@@ -123,7 +124,7 @@ func TestDefaultKeyIsMsgID(t *testing.T) {
 	s := newStream(t, js, func(c *jetstream.StreamConfig) { c.Duplicates = 100 * time.Millisecond })
 	cons := s.consumer(t, nil)
 	var runs atomic.Int32
-	c, err := natsconsumer.New(js, cons, newProc(t, 5*time.Second), func(ctx context.Context, m jetstream.Msg) error {
+	c, err := natsconsumer.New(js, cons, prooftest.MemProcessor(t, 5*time.Second), func(ctx context.Context, m jetstream.Msg) error {
 		runs.Add(1)
 		return nil
 	}, natsconsumer.WithFetchMaxWait(200*time.Millisecond))
@@ -152,7 +153,7 @@ func TestNoKeyDeadLettered(t *testing.T) {
 	_, js := connect(t)
 	s := newStream(t, js, nil)
 	cons := s.consumer(t, nil)
-	c, err := natsconsumer.New(js, cons, newProc(t, 5*time.Second), func(context.Context, jetstream.Msg) error {
+	c, err := natsconsumer.New(js, cons, prooftest.MemProcessor(t, 5*time.Second), func(context.Context, jetstream.Msg) error {
 		t.Error("handler ran for a message without a key")
 		return nil
 	}, natsconsumer.WithFetchMaxWait(200*time.Millisecond))
@@ -192,7 +193,7 @@ func TestHandlerErrors(t *testing.T) {
 	cons := s.consumer(t, nil)
 	var mu sync.Mutex
 	runs := map[string]int{}
-	proc := newProc(t, 5*time.Second, consumer.WithMaxDeliveries(3), consumer.WithRetryDelay(20*time.Millisecond))
+	proc := prooftest.MemProcessor(t, 5*time.Second, consumer.WithMaxDeliveries(3), consumer.WithRetryDelay(20*time.Millisecond))
 	c, err := natsconsumer.New(js, cons, proc, func(ctx context.Context, m jetstream.Msg) error {
 		mu.Lock()
 		defer mu.Unlock()
@@ -245,7 +246,7 @@ func TestServerMaxDeliver(t *testing.T) {
 	s := newStream(t, js, nil)
 	cons := s.consumer(t, func(c *jetstream.ConsumerConfig) { c.MaxDeliver = 2 })
 	var runs atomic.Int32
-	proc := newProc(t, 5*time.Second, consumer.WithMaxDeliveries(10), consumer.WithRetryDelay(20*time.Millisecond))
+	proc := prooftest.MemProcessor(t, 5*time.Second, consumer.WithMaxDeliveries(10), consumer.WithRetryDelay(20*time.Millisecond))
 	c, err := natsconsumer.New(js, cons, proc, func(context.Context, jetstream.Msg) error {
 		runs.Add(1)
 		return errors.New("boom")
@@ -269,7 +270,7 @@ func TestInProgressDuplicate(t *testing.T) {
 	_, js := connect(t)
 	s := newStream(t, js, nil)
 	cons := s.consumer(t, nil)
-	proc := newProc(t, time.Second) // the duplicate's nak delay is the remaining lease
+	proc := prooftest.MemProcessor(t, time.Second) // the duplicate's nak delay is the remaining lease
 	release := make(chan struct{})
 	started := make(chan struct{}, 1)
 	var runs atomic.Int32
@@ -316,7 +317,7 @@ func TestLongHandlerInProgress(t *testing.T) {
 	s := newStream(t, js, nil)
 	cons := s.consumer(t, func(c *jetstream.ConsumerConfig) { c.AckWait = 600 * time.Millisecond })
 	var runs atomic.Int32
-	proc := newProc(t, 600*time.Millisecond)
+	proc := prooftest.MemProcessor(t, 600*time.Millisecond)
 	h := func(ctx context.Context, m jetstream.Msg) error {
 		runs.Add(1)
 		select {
@@ -353,7 +354,7 @@ func TestShutdown(t *testing.T) {
 	_, js := connect(t)
 	s := newStream(t, js, nil)
 	cons := s.consumer(t, nil)
-	proc := newProc(t, 5*time.Second)
+	proc := prooftest.MemProcessor(t, 5*time.Second)
 	started := make(chan string, 10)
 	var mu sync.Mutex
 	runs := map[string]int{}
@@ -494,7 +495,7 @@ func TestFingerprintMismatch(t *testing.T) {
 	s := newStream(t, js, nil)
 	cons := s.consumer(t, nil)
 	var runs atomic.Int32
-	c, err := natsconsumer.New(js, cons, newProc(t, 5*time.Second), func(context.Context, jetstream.Msg) error {
+	c, err := natsconsumer.New(js, cons, prooftest.MemProcessor(t, 5*time.Second), func(context.Context, jetstream.Msg) error {
 		runs.Add(1)
 		return nil
 	}, natsconsumer.WithKeyHeader("Idem-Key"),
@@ -528,7 +529,7 @@ func TestDeadLetterPublishFails(t *testing.T) {
 	s := newStream(t, js, nil)
 	cons := s.consumer(t, nil)
 	var hooked atomic.Value
-	c, err := natsconsumer.New(js, cons, newProc(t, 5*time.Second), nopHandler,
+	c, err := natsconsumer.New(js, cons, prooftest.MemProcessor(t, 5*time.Second), nopHandler,
 		natsconsumer.WithResultHook(func(m jetstream.Msg, r consumer.Result) { hooked.CompareAndSwap(nil, r) }),
 		natsconsumer.WithDeadLetterSubject("nowhere."+s.name),
 		natsconsumer.WithDeadLetterTimeout(500*time.Millisecond),
@@ -562,7 +563,7 @@ func TestHandlerPanic(t *testing.T) {
 	s := newStream(t, js, nil)
 	cons := s.consumer(t, nil)
 	var runs atomic.Int32
-	proc := newProc(t, 5*time.Second, consumer.WithRetryDelay(20*time.Millisecond))
+	proc := prooftest.MemProcessor(t, 5*time.Second, consumer.WithRetryDelay(20*time.Millisecond))
 	c, err := natsconsumer.New(js, cons, proc, func(context.Context, jetstream.Msg) error {
 		if runs.Add(1) == 1 {
 			panic("boom")

@@ -9,6 +9,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
+	"github.com/idemgo/idem/internal/prooftest"
 	"github.com/idemgo/idem/internal/redistest"
 	"github.com/idemgo/idem/redisstore"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -81,7 +82,7 @@ func benchConsume(b *testing.B, exec *idem.Executor, batch, conc int, dedup bool
 	}
 	b.ResetTimer()
 	begin := time.Now()
-	stop := start(b, c)
+	stop := prooftest.Start(b, c.Run)
 	select {
 	case <-done:
 	case <-time.After(5 * time.Minute):

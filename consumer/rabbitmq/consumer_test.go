@@ -13,13 +13,14 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
+	"github.com/idemgo/idem/internal/prooftest"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 func nopHandler(context.Context, *amqp.Delivery) error { return nil }
 
 func TestNewValidation(t *testing.T) {
-	proc := newMemProcessor(t, time.Second)
+	proc := prooftest.MemProcessor(t, time.Second)
 	url := amqpURL()
 	tests := []struct {
 		name  string
@@ -120,7 +121,7 @@ func testOncePerKey(t *testing.T, conc int) {
 	q := testQueue(t)
 	pub := newPublisher(t, q)
 	s := newSink()
-	proc := newMemProcessor(t, 2*time.Second, consumer.WithScope(q))
+	proc := prooftest.MemProcessor(t, 2*time.Second, consumer.WithScope(q))
 	c, err := New(amqpURL(), q, proc, func(ctx context.Context, d *amqp.Delivery) error {
 		s.run(ctx, d.MessageId)
 		return nil
@@ -133,7 +134,7 @@ func testOncePerKey(t *testing.T, conc int) {
 		batch = append(batch, msg(fmt.Sprintf("k%d", i), "x"), msg(fmt.Sprintf("k%d", i), "x"))
 	}
 	pub.publish(q, batch...)
-	stop := start(t, c)
+	stop := prooftest.Start(t, c.Run)
 	waitFor(t, 20*time.Second, "20 keys", func() bool {
 		st := c.Stats()
 		return s.keys() == 20 && st.Processed+st.Replayed == 40
@@ -165,7 +166,7 @@ func testOncePerKey(t *testing.T, conc int) {
 func TestRetryThenDeadLetter(t *testing.T) {
 	q := testQueue(t)
 	pub := newPublisher(t, q)
-	proc := newMemProcessor(t, 2*time.Second, consumer.WithScope(q),
+	proc := prooftest.MemProcessor(t, 2*time.Second, consumer.WithScope(q),
 		consumer.WithMaxDeliveries(3), consumer.WithRetryDelay(20*time.Millisecond))
 	var runs atomic.Int32
 	boom := errors.New("boom")
@@ -182,7 +183,7 @@ func TestRetryThenDeadLetter(t *testing.T) {
 		t.Fatal(err)
 	}
 	pub.publish(q, msg("bad", "x"))
-	stop := start(t, c)
+	stop := prooftest.Start(t, c.Run)
 	conn := dial(t)
 	waitFor(t, 20*time.Second, "the dead letter", func() bool { return depth(t, conn, q+".dlq") == 1 })
 	if n := runs.Load(); n != 3 {
@@ -220,7 +221,7 @@ func TestRetryThenDeadLetter(t *testing.T) {
 func TestNoKey(t *testing.T) {
 	q := testQueue(t)
 	pub := newPublisher(t, q)
-	proc := newMemProcessor(t, 2*time.Second, consumer.WithScope(q))
+	proc := prooftest.MemProcessor(t, 2*time.Second, consumer.WithScope(q))
 	var runs atomic.Int32
 	c, err := New(amqpURL(), q, proc, func(context.Context, *amqp.Delivery) error {
 		runs.Add(1)
@@ -236,7 +237,7 @@ func TestNoKey(t *testing.T) {
 	pub.publish(q, msg("has-message-id-but-no-header", "x"),
 		amqp.Publishing{Headers: amqp.Table{"order-id": string(long)}},
 		amqp.Publishing{Headers: amqp.Table{"order-id": "o1"}})
-	stop := start(t, c)
+	stop := prooftest.Start(t, c.Run)
 	conn := dial(t)
 	waitFor(t, 10*time.Second, "2 dead letters", func() bool { return depth(t, conn, q+".dlq") == 2 })
 	waitFor(t, 10*time.Second, "o1", func() bool { return c.Stats().Processed == 1 })
@@ -255,7 +256,7 @@ func TestNoKey(t *testing.T) {
 func TestInProgressDuplicate(t *testing.T) {
 	q := testQueue(t)
 	pub := newPublisher(t, q)
-	proc := newMemProcessor(t, 2*time.Second, consumer.WithScope(q))
+	proc := prooftest.MemProcessor(t, 2*time.Second, consumer.WithScope(q))
 	s := newSink()
 	release := make(chan struct{})
 	started := make(chan struct{}, 2)
@@ -272,7 +273,7 @@ func TestInProgressDuplicate(t *testing.T) {
 			t.Fatal(err)
 		}
 		cs = append(cs, c)
-		start(t, c)
+		prooftest.Start(t, c.Run)
 	}
 	pub.publish(q, msg("k", "x"), msg("k", "x"))
 	<-started
@@ -294,7 +295,7 @@ func TestInProgressDuplicate(t *testing.T) {
 func TestReconnect(t *testing.T) {
 	q := testQueue(t)
 	pub := newPublisher(t, q)
-	proc := newMemProcessor(t, 2*time.Second, consumer.WithScope(q))
+	proc := prooftest.MemProcessor(t, 2*time.Second, consumer.WithScope(q))
 	s := newSink()
 	var k connKiller
 	c, err := New(amqpURL(), q, proc, func(ctx context.Context, d *amqp.Delivery) error {
@@ -311,7 +312,7 @@ func TestReconnect(t *testing.T) {
 		msgs = append(msgs, msg(fmt.Sprintf("k%d", i), "x"))
 	}
 	pub.publish(q, msgs...)
-	stop := start(t, c)
+	stop := prooftest.Start(t, c.Run)
 	waitFor(t, 20*time.Second, "100 keys", func() bool { return s.keys() >= 100 })
 	k.kill()
 	waitFor(t, 20*time.Second, "300 keys", func() bool { return s.keys() >= 300 })
@@ -339,7 +340,7 @@ func TestReconnect(t *testing.T) {
 func TestGracefulShutdown(t *testing.T) {
 	q := testQueue(t)
 	pub := newPublisher(t, q)
-	proc := newMemProcessor(t, 2*time.Second, consumer.WithScope(q))
+	proc := prooftest.MemProcessor(t, 2*time.Second, consumer.WithScope(q))
 	entered := make(chan struct{}, 10)
 	var finished atomic.Int32
 	c, err := New(amqpURL(), q, proc, func(ctx context.Context, d *amqp.Delivery) error {
@@ -352,7 +353,7 @@ func TestGracefulShutdown(t *testing.T) {
 		t.Fatal(err)
 	}
 	pub.publish(q, msg("a", "x"), msg("b", "x"), msg("c", "x"))
-	stop := start(t, c)
+	stop := prooftest.Start(t, c.Run)
 	<-entered
 	stop()
 	if st := c.Stats(); st.Processed != 1 || finished.Load() != 1 {
@@ -368,7 +369,7 @@ func TestGracefulShutdown(t *testing.T) {
 func TestShutdownTimeout(t *testing.T) {
 	q := testQueue(t)
 	pub := newPublisher(t, q)
-	proc := newMemProcessor(t, 2*time.Second, consumer.WithScope(q), consumer.WithRetryDelay(time.Hour))
+	proc := prooftest.MemProcessor(t, 2*time.Second, consumer.WithScope(q), consumer.WithRetryDelay(time.Hour))
 	entered := make(chan struct{}, 1)
 	c, err := New(amqpURL(), q, proc, func(ctx context.Context, d *amqp.Delivery) error {
 		entered <- struct{}{}
@@ -379,7 +380,7 @@ func TestShutdownTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	pub.publish(q, msg("slow", "x"))
-	stop := start(t, c)
+	stop := prooftest.Start(t, c.Run)
 	<-entered
 	stop()
 	if st := c.Stats(); st.Retried != 1 {
@@ -400,12 +401,12 @@ func TestShutdownTimeout(t *testing.T) {
 // TestRunTwice: a second concurrent Run is refused.
 func TestRunTwice(t *testing.T) {
 	q := testQueue(t)
-	proc := newMemProcessor(t, 2*time.Second)
+	proc := prooftest.MemProcessor(t, 2*time.Second)
 	c, err := New(amqpURL(), q, proc, nopHandler)
 	if err != nil {
 		t.Fatal(err)
 	}
-	start(t, c)
+	prooftest.Start(t, c.Run)
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		time.Sleep(50 * time.Millisecond)
@@ -423,7 +424,7 @@ func TestRunTwice(t *testing.T) {
 func TestLeaseLost(t *testing.T) {
 	q := testQueue(t)
 	pub := newPublisher(t, q)
-	proc := newMemProcessor(t, 300*time.Millisecond, consumer.WithScope(q), consumer.WithRetryDelay(10*time.Millisecond))
+	proc := prooftest.MemProcessor(t, 300*time.Millisecond, consumer.WithScope(q), consumer.WithRetryDelay(10*time.Millisecond))
 	var runs atomic.Int32
 	entered := make(chan struct{}, 1)
 	lost := make(chan error, 1)
@@ -440,7 +441,7 @@ func TestLeaseLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	pub.publish(q, msg("k", "x"))
-	start(t, c)
+	prooftest.Start(t, c.Run)
 	<-entered
 	if err := proc.Executor().Store().Delete(t.Context(), proc.Key("k").Digest()); err != nil {
 		t.Fatal(err)
@@ -467,7 +468,7 @@ func TestReconnectServerClose(t *testing.T) {
 	}
 	q := testQueue(t)
 	pub := newPublisher(t, q)
-	proc := newMemProcessor(t, 2*time.Second, consumer.WithScope(q))
+	proc := prooftest.MemProcessor(t, 2*time.Second, consumer.WithScope(q))
 	s := newSink()
 	var k connKiller
 	gate := make(chan struct{})
@@ -489,7 +490,7 @@ func TestReconnectServerClose(t *testing.T) {
 		msgs = append(msgs, msg(fmt.Sprintf("k%d", i), "x"))
 	}
 	pub.publish(q, msgs...)
-	start(t, c)
+	prooftest.Start(t, c.Run)
 	waitFor(t, 20*time.Second, "100 keys", func() bool { return s.keys() >= 100 })
 	k.mu.Lock()
 	nc := k.conns[len(k.conns)-1]
@@ -536,13 +537,13 @@ func TestReconnectServerClose(t *testing.T) {
 func TestQueueDeleted(t *testing.T) {
 	q := testQueue(t)
 	pub := newPublisher(t, q)
-	proc := newMemProcessor(t, 2*time.Second, consumer.WithScope(q))
+	proc := prooftest.MemProcessor(t, 2*time.Second, consumer.WithScope(q))
 	c, err := New(amqpURL(), q, proc, nopHandler, WithBackoff(20*time.Millisecond, 100*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
 	pub.publish(q, msg("a", "x"))
-	start(t, c)
+	prooftest.Start(t, c.Run)
 	waitFor(t, 10*time.Second, "a", func() bool { return c.Stats().Processed == 1 })
 	conn := dial(t)
 	ch, err := conn.Channel()
@@ -580,7 +581,7 @@ func TestQuorumQueue(t *testing.T) {
 		t.Fatal(err)
 	}
 	pub := newPublisherOn(t, ch)
-	proc := newMemProcessor(t, 2*time.Second, consumer.WithScope(q),
+	proc := prooftest.MemProcessor(t, 2*time.Second, consumer.WithScope(q),
 		consumer.WithMaxDeliveries(2), consumer.WithRetryDelay(10*time.Millisecond))
 	var badRuns atomic.Int32
 	c, err := New(amqpURL(), q, proc, func(ctx context.Context, d *amqp.Delivery) error {
@@ -594,7 +595,7 @@ func TestQuorumQueue(t *testing.T) {
 		t.Fatal(err)
 	}
 	pub.publish(q, msg("good", "x"), msg("good", "x"), msg("bad", "x"))
-	start(t, c)
+	prooftest.Start(t, c.Run)
 	waitFor(t, 20*time.Second, "the dead letter", func() bool { return depth(t, conn, q+".dlq") == 1 })
 	waitFor(t, 20*time.Second, "good", func() bool { st := c.Stats(); return st.Processed+st.Replayed == 2 })
 	if n := badRuns.Load(); n != 2 {
@@ -643,7 +644,7 @@ func TestDeadLetterExchange(t *testing.T) {
 		_, _ = ch.QueueDelete(dlq, false, false, false)
 		_ = ch.ExchangeDelete(dlx, false, false)
 	})
-	proc := newMemProcessor(t, 2*time.Second, consumer.WithScope(q))
+	proc := prooftest.MemProcessor(t, 2*time.Second, consumer.WithScope(q))
 	c, err := New(amqpURL(), q, proc, nopHandler,
 		WithDeadLetterExchange(dlx, "dead"), WithBatch(1, 0),
 		WithFingerprint(func(d *amqp.Delivery) string { return string(d.Body) }))
@@ -651,7 +652,7 @@ func TestDeadLetterExchange(t *testing.T) {
 		t.Fatal(err)
 	}
 	pub.publish(q, msg("k", "one"), msg("k", "two"))
-	start(t, c)
+	prooftest.Start(t, c.Run)
 	waitFor(t, 10*time.Second, "the dead letter", func() bool { return depth(t, conn, dlq) == 1 })
 	d, ok, err := ch.Get(dlq, true)
 	if err != nil || !ok {
@@ -670,7 +671,7 @@ func TestDeadLetterExchange(t *testing.T) {
 func TestGracefulShutdownConcurrent(t *testing.T) {
 	q := testQueue(t)
 	pub := newPublisher(t, q)
-	proc := newMemProcessor(t, 2*time.Second, consumer.WithScope(q))
+	proc := prooftest.MemProcessor(t, 2*time.Second, consumer.WithScope(q))
 	entered := make(chan struct{}, 10)
 	var finished atomic.Int32
 	c, err := New(amqpURL(), q, proc, func(ctx context.Context, d *amqp.Delivery) error {
@@ -683,7 +684,7 @@ func TestGracefulShutdownConcurrent(t *testing.T) {
 		t.Fatal(err)
 	}
 	pub.publish(q, msg("a", "x"), msg("b", "x"), msg("c", "x"), msg("d", "x"))
-	stop := start(t, c)
+	stop := prooftest.Start(t, c.Run)
 	<-entered
 	<-entered
 	stop()

@@ -14,8 +14,6 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/consumer"
-	"github.com/idemgo/idem/memstore"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
@@ -152,48 +150,6 @@ func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-func newMemProcessor(t testing.TB, lease time.Duration, opts ...consumer.Option) *consumer.Processor {
-	t.Helper()
-	store, err := memstore.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	exec, err := idem.New(store, idem.WithLease(lease))
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := consumer.New(exec, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
-// start runs c until the test ends (or stop is called) and fails the test
-// if Run returns an error.
-func start(t testing.TB, c *Consumer) (stop func()) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("Run: %v", err)
-				}
-			case <-time.After(30 * time.Second):
-				t.Errorf("Run did not return 30s after cancel")
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
 }
 
 // sink is the side effect of the tests: it applies an effect per key only

@@ -149,7 +149,7 @@ func TestProof(t *testing.T) {
 	}
 	var stops []func()
 	for _, c := range live {
-		stops = append(stops, start(t, c))
+		stops = append(stops, prooftest.Start(t, c.Run))
 	}
 
 	begin := time.Now()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemgo/idem"
 	sqsconsumer "github.com/idemgo/idem/consumer/sqs"
+	"github.com/idemgo/idem/internal/prooftest"
 	"github.com/idemgo/idem/internal/redistest"
 	"github.com/idemgo/idem/internal/sqsfake"
 	"github.com/idemgo/idem/redisstore"
@@ -43,7 +44,7 @@ func BenchmarkConsume(b *testing.B) {
 						b.Fatal(err)
 					}
 				default:
-					exec = newMemExecutor(b)
+					exec = prooftest.MemExecutor(b)
 				}
 				benchConsume(b, exec, batch, mode == "plain")
 			})

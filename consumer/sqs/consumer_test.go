@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemgo/idem"
 	sqsconsumer "github.com/idemgo/idem/consumer/sqs"
+	"github.com/idemgo/idem/internal/prooftest"
 	"github.com/idemgo/idem/internal/sqsfake"
 )
 
@@ -40,7 +41,7 @@ func drained(f *fakeSQS, queue string) func() bool {
 func TestNewValidation(t *testing.T) {
 	f := startFake(t)
 	client := f.client(nil)
-	exec := newMemExecutor(t)
+	exec := prooftest.MemExecutor(t)
 	h := func(context.Context, types.Message) error { return nil }
 	tests := []struct {
 		name   string
@@ -114,7 +115,7 @@ func TestConsume(t *testing.T) {
 	f := startFake(t)
 	qURL := f.CreateQueue("orders", sqsfake.QueueOptions{VisibilityTimeout: 30 * time.Second})
 	dURL := f.CreateQueue("orders-dlq", sqsfake.QueueOptions{})
-	exec := newMemExecutor(t)
+	exec := prooftest.MemExecutor(t)
 	var mu sync.Mutex
 	runs := map[string]int{}
 	c, err := sqsconsumer.New(f.client(nil), qURL, dURL, exec, func(ctx context.Context, m types.Message) error {
@@ -167,7 +168,7 @@ func TestRetryThenDeadLetter(t *testing.T) {
 	f := startFake(t)
 	qURL := f.CreateQueue("q", sqsfake.QueueOptions{})
 	dURL := f.CreateQueue("dlq", sqsfake.QueueOptions{})
-	exec := newMemExecutor(t)
+	exec := prooftest.MemExecutor(t)
 	var calls, flakyCalls atomic.Int32
 	c, err := sqsconsumer.New(f.client(nil), qURL, dURL, exec, func(ctx context.Context, m types.Message) error {
 		if *m.Body == "flaky" {
@@ -213,7 +214,7 @@ func TestInProgressDuplicate(t *testing.T) {
 	f := startFake(t)
 	qURL := f.CreateQueue("q", sqsfake.QueueOptions{})
 	dURL := f.CreateQueue("dlq", sqsfake.QueueOptions{})
-	exec := newMemExecutor(t, idem.WithLease(2*time.Second))
+	exec := prooftest.MemExecutor(t, idem.WithLease(2*time.Second))
 	started := make(chan struct{})
 	release := make(chan struct{})
 	var runs atomic.Int32
@@ -261,7 +262,7 @@ func TestLongHandlerKeepsVisibility(t *testing.T) {
 	f := startFake(t)
 	qURL := f.CreateQueue("q", sqsfake.QueueOptions{})
 	dURL := f.CreateQueue("dlq", sqsfake.QueueOptions{})
-	exec := newMemExecutor(t, idem.WithLease(time.Second))
+	exec := prooftest.MemExecutor(t, idem.WithLease(time.Second))
 	var runs atomic.Int32
 	h := func(ctx context.Context, m types.Message) error {
 		runs.Add(1)
@@ -307,7 +308,7 @@ func TestShutdown(t *testing.T) {
 			f := startFake(t)
 			qURL := f.CreateQueue("q", sqsfake.QueueOptions{})
 			dURL := f.CreateQueue("dlq", sqsfake.QueueOptions{})
-			exec := newMemExecutor(t)
+			exec := prooftest.MemExecutor(t)
 			started := make(chan struct{})
 			h := func(ctx context.Context, m types.Message) error {
 				close(started)
@@ -357,7 +358,7 @@ func TestBrokerErrorsCounted(t *testing.T) {
 	f := startFake(t)
 	qURL := f.CreateQueue("q", sqsfake.QueueOptions{VisibilityTimeout: 3 * time.Second})
 	dURL := f.CreateQueue("dlq", sqsfake.QueueOptions{})
-	exec := newMemExecutor(t)
+	exec := prooftest.MemExecutor(t)
 	var failDeletes atomic.Int32
 	failDeletes.Store(1)
 	rt := &killable{base: nil}
@@ -395,7 +396,7 @@ func TestFingerprintMismatch(t *testing.T) {
 	f := startFake(t)
 	qURL := f.CreateQueue("q", sqsfake.QueueOptions{})
 	dURL := f.CreateQueue("dlq", sqsfake.QueueOptions{})
-	exec := newMemExecutor(t)
+	exec := prooftest.MemExecutor(t)
 	var runs atomic.Int32
 	c, err := sqsconsumer.New(f.client(nil), qURL, dURL, exec, func(ctx context.Context, m types.Message) error {
 		runs.Add(1)
@@ -428,7 +429,7 @@ func TestLargeBatch(t *testing.T) {
 	f := startFake(t)
 	qURL := f.CreateQueue("q", sqsfake.QueueOptions{})
 	dURL := f.CreateQueue("dlq", sqsfake.QueueOptions{})
-	exec := newMemExecutor(t)
+	exec := prooftest.MemExecutor(t)
 	var runs atomic.Int32
 	var errs atomic.Int32
 	c, err := sqsconsumer.New(f.client(nil), qURL, dURL, exec, func(ctx context.Context, m types.Message) error {

@@ -12,9 +12,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/sqsfake"
-	"github.com/idemgo/idem/memstore"
 )
 
 // fakeSQS is an sqsfake.Server behind a real HTTP listener.
@@ -65,19 +63,6 @@ func (f *fakeSQS) client(rt http.RoundTripper) *sqs.Client {
 		HTTPClient:   &http.Client{Transport: rt},
 		Retryer:      aws.NopRetryer{},
 	})
-}
-
-func newMemExecutor(t testing.TB, opts ...idem.Option) *idem.Executor {
-	t.Helper()
-	s, err := memstore.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := idem.New(s, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return e
 }
 
 func keyAttr(key string) map[string]sqsfake.MessageAttribute {

@@ -1,5 +1,6 @@
-// Package prooftest holds what the broker adapters' proof tests share: the
-// proof's size and a fenced sink that stands for the side effect.
+// Package prooftest holds what the broker adapters' tests share: the
+// proof's size, a fenced sink that stands for the side effect, and helpers
+// that build an Executor or Processor on a memstore and run a consumer.
 package prooftest
 
 import (
