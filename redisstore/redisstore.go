@@ -179,10 +179,14 @@ func (s *Store) Key(key string) string { return s.prefix + "{" + key + "}" }
 func (s *Store) channel(key string) string { return s.prefix + "{" + key + "}:w" }
 
 // ms formats d in milliseconds. The Executor passes the same few durations
-// on every call, so the last ones formatted are kept.
+// on every call, so the last ones formatted are kept, in a slot chosen by
+// a multiplicative hash: round durations are multiples of 16 ms more often
+// than not (30s, 10s, 1h, 24h), so n modulo the number of slots would put
+// the lease and the retention in the same slot, and each call would evict
+// the other.
 func ms(d time.Duration) string {
 	n := d.Milliseconds()
-	slot := &msCache[uint64(n)%uint64(len(msCache))]
+	slot := &msCache[(uint64(n)*0x9e3779b97f4a7c15)>>(64-msCacheBits)]
 	if c := slot.Load(); c != nil && c.n == n {
 		return c.s
 	}
@@ -196,7 +200,9 @@ type msString struct {
 	s string
 }
 
-var msCache [16]atomic.Pointer[msString]
+const msCacheBits = 4
+
+var msCache [1 << msCacheBits]atomic.Pointer[msString]
 
 // bytesArg passes b to the client library without a copy. The library has
 // written it to the connection when the call returns, and the store's
