@@ -3,6 +3,8 @@ package chaostest
 import (
 	"syscall"
 	"time"
+
+	"github.com/idemgo/idem/internal/redistest"
 )
 
 // Pause sends SIGSTOP to the process and returns once the kernel reports it
@@ -12,7 +14,7 @@ import (
 func (p *Proc) Pause(d time.Duration) {
 	p.t.Helper()
 	p.Signal(syscall.SIGSTOP)
-	if err := waitStopped(p.Pid(), d); err != nil {
+	if err := redistest.WaitStopped(p.Pid(), d); err != nil {
 		p.t.Fatalf("chaostest: %v", err)
 	}
 }

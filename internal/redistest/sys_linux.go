@@ -19,11 +19,12 @@ func sysProcAttr() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 }
 
-// waitStopped waits until the kernel reports the process as stopped, so
-// that Pause returns only once the server no longer runs.
-func waitStopped(p *os.Process) error {
-	path := "/proc/" + strconv.Itoa(p.Pid) + "/stat"
-	deadline := time.Now().Add(exitTimeout)
+// WaitStopped waits, for at most d, until the kernel reports process pid
+// as stopped (after SIGSTOP), so that a caller that paused it knows it no
+// longer runs.
+func WaitStopped(pid int, d time.Duration) error {
+	path := "/proc/" + strconv.Itoa(pid) + "/stat"
+	deadline := time.Now().Add(d)
 	for {
 		data, err := os.ReadFile(path)
 		if err != nil {
@@ -36,7 +37,7 @@ func waitStopped(p *os.Process) error {
 			}
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("process %d not stopped after %v", p.Pid, exitTimeout)
+			return fmt.Errorf("process %d not stopped after %v", pid, d)
 		}
 		time.Sleep(time.Millisecond) // poll /proc until the stop is visible
 	}

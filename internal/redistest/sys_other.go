@@ -3,8 +3,8 @@
 package redistest
 
 import (
-	"os"
 	"syscall"
+	"time"
 )
 
 // sysProcAttr returns nil: only Linux can kill the child when the test
@@ -12,6 +12,6 @@ import (
 // servers behind.
 func sysProcAttr() *syscall.SysProcAttr { return nil }
 
-// waitStopped returns at once: only Linux tells, through /proc, when the
+// WaitStopped returns at once: only Linux tells, through /proc, when the
 // stop has taken effect.
-func waitStopped(*os.Process) error { return nil }
+func WaitStopped(int, time.Duration) error { return nil }
