@@ -66,20 +66,15 @@ func (e *Executor) BeginBatch(ctx context.Context, keys []Key, fingerprints []st
 		return out
 	}
 	// Repeat the acquisitions whose outcome is unknown, as Begin does.
-	acqs := make([]Acquisition, len(skeys))
+	var acqs []Acquisition
 	r := acquireRepeats()
 	errs := r.batch(ctx, func(js []int) []error {
 		if js == nil {
-			got, errs := bs.AcquireBatch(ctx, skeys, reqs)
-			copy(acqs, got)
+			var errs []error
+			acqs, errs = bs.AcquireBatch(ctx, skeys, reqs)
 			return errs
 		}
-		keys := make([]string, len(js))
-		rs := make([]AcquireRequest, len(js))
-		for k, j := range js {
-			keys[k], rs[k] = skeys[j], reqs[j]
-		}
-		got, errs := bs.AcquireBatch(ctx, keys, rs)
+		got, errs := bs.AcquireBatch(ctx, subset(skeys, js), subset(reqs, js))
 		for k, j := range js {
 			acqs[j] = got[k]
 		}
@@ -151,13 +146,7 @@ func (e *Executor) CommitBatch(ctx context.Context, attempts []*Attempt, values 
 		if js == nil {
 			return bs.CompleteBatch(ctx, keys, leases, blobs, e.retention)
 		}
-		rkeys := make([]string, len(js))
-		rleases := make([]Lease, len(js))
-		rblobs := make([][]byte, len(js))
-		for k, j := range js {
-			rkeys[k], rleases[k], rblobs[k] = keys[j], leases[j], blobs[j]
-		}
-		return bs.CompleteBatch(ctx, rkeys, rleases, rblobs, e.retention)
+		return bs.CompleteBatch(ctx, subset(keys, js), subset(leases, js), subset(blobs, js), e.retention)
 	})
 	for j, i := range idx {
 		attempts[i].cancel(nil)
@@ -166,4 +155,13 @@ func (e *Executor) CommitBatch(ctx context.Context, attempts []*Attempt, values 
 		}
 	}
 	return errs
+}
+
+// subset returns the elements of s at the indices idx, in that order.
+func subset[T any](s []T, idx []int) []T {
+	out := make([]T, len(idx))
+	for k, i := range idx {
+		out[k] = s[i]
+	}
+	return out
 }

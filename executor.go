@@ -300,11 +300,8 @@ func (e *Executor) Begin(ctx context.Context, key Key, fingerprint string) (cont
 	// the key held by nobody until the lease ends. A few quick repetitions
 	// cover a dropped reply without delaying the error of a store that is
 	// down by more than about 70ms.
-	if OutcomeUnknown(err) {
-		r := acquireRepeats()
-		for OutcomeUnknown(err) && r.wait(ctx) {
-			acq, err = e.store.Acquire(ctx, skey, req)
-		}
+	for r := acquireRepeats(); OutcomeUnknown(err) && r.wait(ctx); {
+		acq, err = e.store.Acquire(ctx, skey, req)
 	}
 	if err != nil {
 		return ctx, nil, fmt.Errorf("idem: acquire: %w", err)
