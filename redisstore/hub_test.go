@@ -61,27 +61,24 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // and once the last watch stops the connection is gone.
 func TestWatchesShareOneConnection(t *testing.T) {
 	t.Parallel()
-	for _, name := range standaloneClients {
-		t.Run(name, func(t *testing.T) {
-			srv := redistest.Start(t)
-			testWatchesShareOneConnection(t, srv, storeOn(t, name, srv))
-		})
-	}
+	onEachStandaloneClient(t, testWatchesShareOneConnection)
 }
 
-// standaloneClients are the names of clients' standalone clients.
-var standaloneClients = []string{"standalone/go-redis", "standalone/rueidis"}
-
-// storeOn returns a store on srv through the client of clients named name.
-func storeOn(t *testing.T, name string, srv *redistest.Server) *redisstore.Store {
-	t.Helper()
-	for _, c := range clients(t, srv, nil) {
-		if c.name == name {
-			return c.newStore(t)
-		}
+// onEachStandaloneClient runs test once per standalone client of clients,
+// in a subtest, on a redis-server of its own.
+func onEachStandaloneClient(t *testing.T, test func(t *testing.T, srv *redistest.Server, s *redisstore.Store)) {
+	for _, name := range []string{"standalone/go-redis", "standalone/rueidis"} {
+		t.Run(name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			for _, c := range clients(t, srv, nil) {
+				if c.name == name {
+					test(t, srv, c.newStore(t))
+					return
+				}
+			}
+			t.Fatalf("no client %s", name)
+		})
 	}
-	t.Fatalf("no client %s", name)
-	return nil
 }
 
 func testWatchesShareOneConnection(t *testing.T, srv *redistest.Server, s *redisstore.Store) {
@@ -136,12 +133,7 @@ func testWatchesShareOneConnection(t *testing.T, srv *redistest.Server, s *redis
 // watches of the channel unsubscribe and subscribe again.
 func TestWatchCyclesNeverMissAPublish(t *testing.T) {
 	t.Parallel()
-	for _, name := range standaloneClients {
-		t.Run(name, func(t *testing.T) {
-			srv := redistest.Start(t)
-			testWatchCyclesNeverMissAPublish(t, srv, storeOn(t, name, srv))
-		})
-	}
+	onEachStandaloneClient(t, testWatchCyclesNeverMissAPublish)
 }
 
 func testWatchCyclesNeverMissAPublish(t *testing.T, srv *redistest.Server, s *redisstore.Store) {
@@ -180,12 +172,7 @@ func testWatchCyclesNeverMissAPublish(t *testing.T, srv *redistest.Server, s *re
 // opens a new connection that works.
 func TestWatchConnectionKilled(t *testing.T) {
 	t.Parallel()
-	for _, name := range standaloneClients {
-		t.Run(name, func(t *testing.T) {
-			srv := redistest.Start(t)
-			testWatchConnectionKilled(t, srv, storeOn(t, name, srv))
-		})
-	}
+	onEachStandaloneClient(t, testWatchConnectionKilled)
 }
 
 func testWatchConnectionKilled(t *testing.T, srv *redistest.Server, s *redisstore.Store) {
