@@ -23,6 +23,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/chaos/chaostest"
 	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/consumer/kafka"
 	natsconsumer "github.com/idemgo/idem/consumer/nats"
@@ -57,16 +58,6 @@ var adapters = []adapter{
 	{name: "rabbitmq", redelivery: "requeue when the connection closes", setup: setupRabbitMQ, start: startRabbitMQ},
 	{name: "nats", redelivery: "AckWait 2s", setup: setupNATS, start: startNATS},
 	{name: "sqs", redelivery: "visibility timeout 3s", setup: setupSQS, start: startSQS},
-}
-
-// newExecutor returns an Executor on a redisstore of rdb with the test's
-// lease.
-func newExecutor(rdb *redis.Client) (*idem.Executor, error) {
-	store, err := redisstore.New(rdb)
-	if err != nil {
-		return nil, err
-	}
-	return idem.New(store, idem.WithLease(lease))
 }
 
 // uniqueName returns a name no other test run uses, for shared brokers.
@@ -240,7 +231,7 @@ func (b *kafkaBroker) deadLetters(t *testing.T) int {
 }
 
 func startKafka(rdb *redis.Client, h handlerFunc) (func(context.Context) error, error) {
-	exec, err := newExecutor(rdb)
+	exec, err := chaostest.NewRedisExecutor(rdb, lease)
 	if err != nil {
 		return nil, err
 	}
@@ -361,7 +352,7 @@ func (b *rabbitBroker) depth(t *testing.T, queue string) int {
 func (b *rabbitBroker) deadLetters(t *testing.T) int { return b.depth(t, b.queue+".dlq") }
 
 func startRabbitMQ(rdb *redis.Client, h handlerFunc) (func(context.Context) error, error) {
-	exec, err := newExecutor(rdb)
+	exec, err := chaostest.NewRedisExecutor(rdb, lease)
 	if err != nil {
 		return nil, err
 	}
@@ -485,7 +476,7 @@ func (b *natsBroker) deadLetters(t *testing.T) int {
 }
 
 func startNATS(rdb *redis.Client, h handlerFunc) (func(context.Context) error, error) {
-	exec, err := newExecutor(rdb)
+	exec, err := chaostest.NewRedisExecutor(rdb, lease)
 	if err != nil {
 		return nil, err
 	}
@@ -575,7 +566,7 @@ func (b *sqsBroker) deadLetters(*testing.T) int {
 }
 
 func startSQS(rdb *redis.Client, h handlerFunc) (func(context.Context) error, error) {
-	exec, err := newExecutor(rdb)
+	exec, err := chaostest.NewRedisExecutor(rdb, lease)
 	if err != nil {
 		return nil, err
 	}

@@ -197,20 +197,8 @@ func (f *fenceSet) add(n int64) {
 func redisCommands(t *testing.T, c *chaostest.Counters, figures map[string]string) {
 	srv := redistest.Start(t)
 	gr := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	t.Cleanup(func() { gr.Close() })
-	ru, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(ru.Close)
-	grStore, err := redisstore.New(gr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ruStore, err := redisstore.NewRueidis(ru)
-	if err != nil {
-		t.Fatal(err)
-	}
+	grStore := chaostest.GoRedisStore(t, gr)
+	ruStore, ru := chaostest.RueidisStore(t, rueidis.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true})
 
 	// Negative control: a client timestamp sent through each client is
 	// flagged by the scan, so the scan can see one.

@@ -14,7 +14,6 @@ import (
 	"github.com/idemgo/idem/chaos/chaostest"
 	"github.com/idemgo/idem/internal/redistest"
 	"github.com/idemgo/idem/memstore"
-	"github.com/idemgo/idem/redisstore"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
 )
@@ -84,39 +83,21 @@ func newMemstore(t *testing.T) idem.Store {
 	return s
 }
 
-// goRedis returns a client for addr. It does not retry a failed command
-// itself, so that a fault surfaces as an unknown outcome in the history
-// (and its repetition is recorded).
-func goRedis(t *testing.T, addr string) *redis.Client {
-	c := redis.NewClient(&redis.Options{
+// goRedisStore returns a store on a client for addr that does not retry a
+// failed command itself, so that a fault surfaces as an unknown outcome in
+// the history (and its repetition is recorded).
+func goRedisStore(t *testing.T, addr string) idem.Store {
+	return chaostest.GoRedisStore(t, redis.NewClient(&redis.Options{
 		Addr: addr, DialTimeout: 300 * time.Millisecond, ReadTimeout: 300 * time.Millisecond, WriteTimeout: 300 * time.Millisecond,
 		MaxRetries: -1,
-	})
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
-func goRedisStore(t *testing.T, addr string) idem.Store {
-	s, err := redisstore.New(goRedis(t, addr))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
+	}))
 }
 
 func rueidisStore(t *testing.T, addr string) idem.Store {
-	c, err := rueidis.NewClient(rueidis.ClientOption{
+	s, _ := chaostest.RueidisStore(t, rueidis.ClientOption{
 		InitAddress: []string{addr}, DisableCache: true, ForceSingleClient: true,
 		ConnWriteTimeout: 300 * time.Millisecond, Dialer: net.Dialer{Timeout: 300 * time.Millisecond},
 	})
-	if err != nil {
-		t.Fatalf("rueidis client for %s: %v", addr, err)
-	}
-	t.Cleanup(c.Close)
-	s, err := redisstore.NewRueidis(c)
-	if err != nil {
-		t.Fatal(err)
-	}
 	return s
 }
 

@@ -52,17 +52,12 @@ func goRedisStore(t *testing.T, addr string) *redisstore.Store {
 		WriteTimeout: clientTimeout,
 		PoolSize:     64,
 	})
-	t.Cleanup(func() { c.Close() })
-	s, err := redisstore.New(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
+	return chaostest.GoRedisStore(t, c)
 }
 
 func rueidisStore(t *testing.T, addr string) *redisstore.Store {
 	t.Helper()
-	c, err := rueidis.NewClient(rueidis.ClientOption{
+	s, _ := chaostest.RueidisStore(t, rueidis.ClientOption{
 		InitAddress:       []string{addr},
 		DisableCache:      true,
 		ForceSingleClient: true,
@@ -75,14 +70,6 @@ func rueidisStore(t *testing.T, addr string) *redisstore.Store {
 		// handshake the fault swallows, and never reach Redis.
 		PipelineMultiplex: -1,
 	})
-	if err != nil {
-		t.Fatalf("rueidis client for %s: %v", addr, err)
-	}
-	t.Cleanup(c.Close)
-	s, err := redisstore.NewRueidis(c)
-	if err != nil {
-		t.Fatal(err)
-	}
 	return s
 }
 

@@ -20,7 +20,6 @@ import (
 	"github.com/idemgo/idem/idemhttp"
 	"github.com/idemgo/idem/internal/prooftest"
 	"github.com/idemgo/idem/internal/redistest"
-	"github.com/idemgo/idem/redisstore"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -255,11 +254,7 @@ func TestOwnerCrashHTTP(t *testing.T) {
 	bin := chaostest.BuildIdem(t)
 	srv := redistest.Start(t)
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	t.Cleanup(func() { rdb.Close() })
-	store, err := redisstore.New(rdb)
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := chaostest.GoRedisStore(t, rdb)
 
 	up := &crashUpstream{sink: prooftest.NewSink(), arrivals: make(chan arrival, 16), quit: make(chan struct{}), keys: make(map[string]*keyState)}
 	hs := httptest.NewServer(up)
@@ -358,11 +353,7 @@ func TestOwnerCrashHTTP(t *testing.T) {
 func runOwner(addr, id string, effectFirst bool) error {
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	defer rdb.Close()
-	store, err := redisstore.New(rdb)
-	if err != nil {
-		return err
-	}
-	exec, err := idem.New(store, idem.WithLease(lease))
+	exec, err := chaostest.NewRedisExecutor(rdb, lease)
 	if err != nil {
 		return err
 	}

@@ -252,28 +252,14 @@ func newLoad(t *testing.T, name string, store *redisstore.Store, c *chaostest.Co
 
 func goRedisStore(t *testing.T, addr string, opts []redisstore.Option) *redisstore.Store {
 	// The library's default retries are kept: that is how users run it.
-	c := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: 500 * time.Millisecond})
-	t.Cleanup(func() { c.Close() })
-	s, err := redisstore.New(c, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
+	return chaostest.GoRedisStore(t, redis.NewClient(&redis.Options{Addr: addr, DialTimeout: 500 * time.Millisecond}), opts...)
 }
 
 func rueidisStore(t *testing.T, addr string, opts []redisstore.Option) *redisstore.Store {
-	c, err := rueidis.NewClient(rueidis.ClientOption{
+	s, _ := chaostest.RueidisStore(t, rueidis.ClientOption{
 		InitAddress: []string{addr}, DisableCache: true,
 		Dialer: net.Dialer{Timeout: 500 * time.Millisecond},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	s, err := redisstore.NewRueidis(c, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	}, opts...)
 	return s
 }
 

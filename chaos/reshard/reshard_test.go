@@ -69,20 +69,8 @@ func TestClusterReshard(t *testing.T) {
 	addrs := cluster.Addrs()
 
 	gr := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
-	t.Cleanup(func() { gr.Close() })
-	ru, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: addrs, DisableCache: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(ru.Close)
-	grStore, err := redisstore.New(gr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ruStore, err := redisstore.NewRueidis(ru)
-	if err != nil {
-		t.Fatal(err)
-	}
+	grStore := chaostest.GoRedisStore(t, gr)
+	ruStore, _ := chaostest.RueidisStore(t, rueidis.ClientOption{InitAddress: addrs, DisableCache: true})
 	checkSlotFunction(t, gr)
 
 	r := &run{
@@ -95,6 +83,7 @@ func TestClusterReshard(t *testing.T) {
 		clients: []*client{{name: "go-redis", store: grStore}, {name: "rueidis", store: ruStore}},
 	}
 	for _, c := range r.clients {
+		var err error
 		if c.exec, err = idem.New(c.store, idem.WithLease(lease)); err != nil {
 			t.Fatal(err)
 		}

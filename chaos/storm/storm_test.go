@@ -23,7 +23,6 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/chaos/chaostest"
 	"github.com/idemgo/idem/internal/redistest"
-	"github.com/idemgo/idem/redisstore"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -144,11 +143,8 @@ func runClients(c childConfig, send call) error {
 	env := &callEnv{c: c, rdb: redis.NewClient(&redis.Options{Addr: c.redis, PoolSize: inFlight + 8})}
 	defer env.rdb.Close()
 	env.http = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: inFlight, IdleConnTimeout: time.Minute}}
-	store, err := redisstore.New(env.rdb)
-	if err != nil {
-		return err
-	}
-	if env.exec, err = idem.New(store, idem.WithLease(30*time.Second)); err != nil {
+	var err error
+	if env.exec, err = chaostest.NewRedisExecutor(env.rdb, 30*time.Second); err != nil {
 		return err
 	}
 	f, err := os.Create(c.out)
