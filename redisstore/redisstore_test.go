@@ -344,21 +344,25 @@ func TestServerRestart(t *testing.T) {
 			}
 		}
 		srv.Restart(t)
+		// A client finds out that a connection of before the restart is
+		// dead when it next uses it (rueidis spreads calls over several
+		// connections at random): each call is repeated until it succeeds,
+		// for at most 10s.
 		for _, s := range []*redisstore.Store{s1, s2} {
-			var rec idem.Record
-			var err error
-			deadline := time.Now().Add(10 * time.Second)
-			for {
-				rec, err = s.Get(t.Context(), idem.Key{ID: "before the crash"}.Digest())
-				if err == nil || time.Now().After(deadline) {
-					break
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
+			rec, err := untilNoError(func() (idem.Record, error) {
+				return s.Get(t.Context(), idem.Key{ID: "before the crash"}.Digest())
+			})
 			if err != nil || rec.State != idem.StateCompleted {
 				t.Fatalf("after restart: got %+v, %v, want the COMPLETED record", rec, err)
 			}
-			if a := acquire(t, s, idem.Key{ID: "after"}.Digest()); a.Outcome != idem.Acquired && a.Outcome != idem.InProgress {
+			key := idem.Key{ID: "after"}.Digest()
+			a, err := untilNoError(func() (idem.Acquisition, error) {
+				return s.Acquire(t.Context(), key, idem.AcquireRequest{Fingerprint: "fp", Owner: "o-" + key, Lease: time.Minute, Retention: time.Hour})
+			})
+			if err != nil {
+				t.Fatalf("Acquire after restart: %v", err)
+			}
+			if a.Outcome != idem.Acquired && a.Outcome != idem.InProgress {
 				t.Fatalf("Acquire after restart: got %v", a.Outcome)
 			}
 		}
@@ -371,6 +375,19 @@ func TestServerRestart(t *testing.T) {
 			t.Fatalf("goroutines: %d before, %d after closing the clients\n%s", before, runtime.NumGoroutine(), buf[:n])
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// untilNoError calls f until it returns no error, for at most 10s, and
+// returns its last answer.
+func untilNoError[T any](f func() (T, error)) (T, error) {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		v, err := f()
+		if err == nil || time.Now().After(deadline) {
+			return v, err
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
