@@ -158,3 +158,58 @@ func TestProxyExpectContinue(t *testing.T) {
 		}
 	}
 }
+
+// TestSecretsRedacted: a password in a URL flag never appears in the
+// message that rejects it, for every flag that takes a URL, whether the
+// URL parses or not.
+func TestSecretsRedacted(t *testing.T) {
+	t.Parallel()
+	const pw = "s3cr3tPW"
+	up := newUpstream(t)
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"redis bad port", []string{"proxy", "--upstream", up.url(), "--redis", "redis://:" + pw + "@localhost:63x79"}},
+		{"redis user bad port", []string{"proxy", "--upstream", up.url(), "--redis", "redis://admin:" + pw + "@localhost:63x79/0"}},
+		{"redis no scheme", []string{"proxy", "--upstream", up.url(), "--redis", "admin:" + pw + "@localhost:6379"}},
+		{"redis bad scheme", []string{"proxy", "--upstream", up.url(), "--redis", "http://:" + pw + "@localhost:6379"}},
+		{"redis-cluster bad port", []string{"proxy", "--upstream", up.url(), "--redis-cluster", "redis://:" + pw + "@localhost:63x79?addr=localhost:7001"}},
+		{"upstream bad host", []string{"proxy", "--upstream", "http://user:" + pw + "@bad host:9000"}},
+		{"upstream bad scheme", []string{"proxy", "--upstream", "ftp://user:" + pw + "@localhost:9000"}},
+		{"upstream no scheme", []string{"proxy", "--upstream", "user:" + pw + "@localhost:9000"}},
+		{"otel-endpoint bad port", []string{"proxy", "--upstream", up.url(), "--otel-endpoint", "http://user:" + pw + "@collector:43x18"}},
+		{"otel-endpoint no scheme", []string{"proxy", "--upstream", up.url(), "--otel-endpoint", "user:" + pw + "@collector:4318"}},
+		{"doctor redis", []string{"doctor", "--redis", "redis://:" + pw + "@localhost:63x79"}},
+		{"get redis", []string{"get", "k", "--redis", "redis://:" + pw + "@localhost:63x79"}},
+		{"ls redis-cluster", []string{"ls", "--redis-cluster", "redis://u:" + pw + "@localhost:63x79"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out, errOut strings.Builder
+			code := run(t.Context(), tc.args, &out, &errOut, noEnv)
+			if code == 0 {
+				t.Fatalf("exit 0, want an error")
+			}
+			if all := out.String() + errOut.String(); strings.Contains(all, pw) || !strings.Contains(all, "xxxxx") {
+				t.Errorf("got %q, want the password hidden as xxxxx", all)
+			}
+		})
+	}
+}
+
+func TestRedactURL(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"redis://:pw@host:6379/0":      "redis://:xxxxx@host:6379/0",
+		"redis://user:pw@host:6379":    "redis://user:xxxxx@host:6379",
+		"https://token@host/path?q=a@": "https://xxxxx@host/path?q=a@",
+		"user:pw@host:6379":            "user:xxxxx@host:6379",
+		"http://host:9000/a@b":         "http://host:9000/a@b",
+		"host:6379":                    "host:6379",
+		"redis://:p@ss@host:1":         "redis://:xxxxx@host:1",
+	} {
+		if got := redactURL(in); got != want {
+			t.Errorf("redactURL(%q): got %q, want %q", in, got, want)
+		}
+	}
+}

@@ -142,7 +142,10 @@ func (c *proxyConfig) validate() (*url.URL, error) {
 	}
 	u, err := url.Parse(c.upstream)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, usagef("invalid --upstream %q: want an http:// or https:// URL with a host", c.upstream)
+		if err == nil {
+			err = errors.New("want an http:// or https:// URL with a host")
+		}
+		return nil, urlFlagError("--upstream", c.upstream, err, "http")
 	}
 	if err := c.store.validate(); err != nil {
 		return nil, err
