@@ -112,7 +112,7 @@ func (e *Executor) CommitBatch(ctx context.Context, attempts []*Attempt, values 
 		}
 		return errs
 	}
-	return e.CommitBatchWith(ctx, attempts, values, func(ctx context.Context, cs []Completion) []error {
+	return e.CommitBatchWith(ctx, attempts, values, func(ctx context.Context, cs []BatchCompletion) []error {
 		keys := make([]string, len(cs))
 		leases := make([]Lease, len(cs))
 		blobs := make([][]byte, len(cs))
@@ -123,9 +123,9 @@ func (e *Executor) CommitBatch(ctx context.Context, attempts []*Attempt, values 
 	})
 }
 
-// Completion is one record that CommitBatchWith asks its store call to
+// BatchCompletion is one record that CommitBatchWith asks its store call to
 // complete.
-type Completion struct {
+type BatchCompletion struct {
 	// Index is the position of the attempt in CommitBatchWith's attempts.
 	Index int
 	// Key is the store key; Lease the acquisition being completed.
@@ -149,7 +149,7 @@ type Completion struct {
 // completions it was given. A value over the size limit is committed with
 // Commit (which fails the key) without complete. CommitBatchWith returns
 // one error per attempt; a nil or replayed attempt gets nil.
-func (e *Executor) CommitBatchWith(ctx context.Context, attempts []*Attempt, values [][]byte, complete func(ctx context.Context, cs []Completion) []error) []error {
+func (e *Executor) CommitBatchWith(ctx context.Context, attempts []*Attempt, values [][]byte, complete func(ctx context.Context, cs []BatchCompletion) []error) []error {
 	errs := make([]error, len(attempts))
 	if len(values) != len(attempts) || complete == nil {
 		for i := range errs {
@@ -157,7 +157,7 @@ func (e *Executor) CommitBatchWith(ctx context.Context, attempts []*Attempt, val
 		}
 		return errs
 	}
-	cs := make([]Completion, 0, len(attempts))
+	cs := make([]BatchCompletion, 0, len(attempts))
 	for i, a := range attempts {
 		if a == nil || a.replayed {
 			continue
@@ -175,7 +175,7 @@ func (e *Executor) CommitBatchWith(ctx context.Context, attempts []*Attempt, val
 			errs[i] = err
 			continue
 		}
-		cs = append(cs, Completion{Index: i, Key: a.key, Lease: a.lease, Result: blob, Retention: e.retention})
+		cs = append(cs, BatchCompletion{Index: i, Key: a.key, Lease: a.lease, Result: blob, Retention: e.retention})
 	}
 	if len(cs) == 0 {
 		return errs

@@ -512,7 +512,7 @@ func (c *Consumer) settle(ctx context.Context, msgs []redis.XMessage, deliveries
 // unknown: an entry left pending with its key IN_PROGRESS would be claimed
 // after the lease and run again.
 func (c *Consumer) completeAndAck(ctx context.Context, msgs []consumer.Message, attempts []*idem.Attempt) []error {
-	return c.exec.CommitBatchWith(ctx, attempts, make([][]byte, len(attempts)), func(ctx context.Context, cs []idem.Completion) []error {
+	return c.exec.CommitBatchWith(ctx, attempts, make([][]byte, len(attempts)), func(ctx context.Context, cs []idem.BatchCompletion) []error {
 		acks := make([]redisstore.StreamAck, len(cs))
 		for k, x := range cs {
 			acks[k] = redisstore.StreamAck{Key: x.Key, Lease: x.Lease, Result: x.Result, ID: msgs[x.Index].ID}
