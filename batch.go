@@ -120,8 +120,10 @@ func (e *Executor) CommitBatch(ctx context.Context, attempts []*Attempt, values 
 		if a == nil || a.replayed {
 			continue
 		}
-		if len(values[i]) > e.codec.maxSize {
-			errs[i] = a.Commit(ctx, values[i]) // fails the key, one call
+		if _, effect := a.Effect(); effect || len(values[i]) > e.codec.maxSize {
+			// An effect needs its own call; an oversized value fails the
+			// key.
+			errs[i] = a.Commit(ctx, values[i])
 			continue
 		}
 		blob, err := e.codec.encode(a.key, values[i])
