@@ -32,7 +32,12 @@ const (
 // idem.ErrLeaseLost, when the lease is lost. A nil error completes the key
 // and acknowledges the entry; an error releases the key and leaves the entry
 // pending (redelivered), or dead-letters it after the maximum of
-// deliveries or when marked with idem.Terminal.
+// deliveries or when marked with idem.Terminal. A handler whose work is on
+// data in the same Redis may attach it with idem.SetEffect(ctx, effect)
+// (an effect registered on the store with redisstore.WithEffect): the
+// effect, the completion and the XACK then happen in one call, so the
+// work is applied exactly once per key. A failed effect is handled as a
+// handler error.
 type Handler func(ctx context.Context, msg redis.XMessage) error
 
 // KeyFunc returns the idempotency key of an entry; "" means none (the entry
@@ -602,7 +607,11 @@ func (c *Consumer) process(ctx context.Context, msgs []redis.XMessage, deliverie
 			results[i] = consumer.Result{Action: consumer.Retry, Delay: c.retryDelay, Err: err}
 			continue
 		}
-		acks = append(acks, redisstore.StreamAck{Key: at.a.Key(), Lease: at.a.Lease(), Result: emptyResult, ID: msgs[i].ID})
+		ack := redisstore.StreamAck{Key: at.a.Key(), Lease: at.a.Lease(), Result: emptyResult, ID: msgs[i].ID}
+		if e, ok := at.a.Effect(); ok {
+			ack.Effect = &e // applied in the complete-and-ack call
+		}
+		acks = append(acks, ack)
 		ackIdx = append(ackIdx, i)
 	}
 	prev.wait()
@@ -619,6 +628,19 @@ func (c *Consumer) finish(sctx context.Context, msgs []redis.XMessage, deliverie
 	if len(acks) > 0 {
 		errs := c.completeAndAck(sctx, acks)
 		for j, i := range ackIdx {
+			if errors.Is(errs[j], idem.ErrEffect) {
+				// The effect failed: nothing was written or acknowledged.
+				// As after a handler error, the key is released and the
+				// entry retried, or dead-lettered after the maximum of
+				// deliveries.
+				a := acks[j]
+				rerr := c.store.Release(sctx, a.Key, a.Lease, c.exec.Retention())
+				results[i] = consumer.Result{Action: consumer.Retry, Delay: c.retryDelay, Err: errors.Join(errs[j], rerr)}
+				if c.maxDeliveries > 0 && deliveries[i] >= c.maxDeliveries && rerr == nil {
+					results[i] = consumer.Result{Action: consumer.DeadLetter, Err: errs[j]}
+				}
+				continue
+			}
 			if errs[j] != nil {
 				// Not completed (lease lost, store down): the entry stays
 				// pending and comes back; the record decides then.
