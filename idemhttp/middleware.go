@@ -134,21 +134,36 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 		panic("idemhttp: nil handler")
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !m.covers(r.Method) {
+		method, ok := m.covered(r.Method)
+		if !ok {
+			if len(r.Header[m.header]) > 0 {
+				// Say so, rather than let the client believe the request
+				// is protected.
+				w.Header().Set(IgnoredHeader, "true")
+			}
 			next.ServeHTTP(w, r)
 			return
+		}
+		if method != r.Method {
+			// "post" is POST: one scope, one fingerprint, and the handler
+			// sees the method as configured.
+			r = r.WithContext(r.Context())
+			r.Method = method
 		}
 		m.serve(w, r, next)
 	})
 }
 
-func (m *Middleware) covers(method string) bool {
+// covered returns the configured spelling of method if the middleware
+// covers it. Methods are compared ignoring case: net/http accepts "post",
+// and servers behind a proxy often take it for POST.
+func (m *Middleware) covered(method string) (string, bool) {
 	for _, c := range m.methods {
-		if c == method {
-			return true
+		if c == method || strings.EqualFold(c, method) {
+			return c, true
 		}
 	}
-	return false
+	return "", false
 }
 
 func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {

@@ -15,6 +15,11 @@ const (
 	// ReplayedHeader is added, with the value "true", to replayed
 	// responses.
 	ReplayedHeader = "Idempotent-Replayed"
+	// IgnoredHeader is added, with the value "true", to the response to a
+	// request that carries the key field but whose method the middleware
+	// does not cover (see WithMethods): the request was passed to the
+	// handler without protection, and a retry may run it again.
+	IgnoredHeader = "Idempotency-Key-Ignored"
 	// DefaultMaxBodySize is the largest request body read: 1 MiB.
 	DefaultMaxBodySize = 1 << 20
 	// DefaultMaxResponseSize is the largest response body stored: the
@@ -43,8 +48,12 @@ func WithKeyRequired(required bool) Option {
 }
 
 // WithMethods sets the request methods the middleware covers; requests with
-// other methods pass through untouched. The default is POST and PATCH (PUT
-// and DELETE are idempotent by definition, but may be added).
+// other methods pass through to the handler without protection, and if they
+// carry the key field their response gets IgnoredHeader, so that the client
+// can tell that the key was not used. Methods are compared ignoring case
+// ("post" is POST; the handler then sees the method as given here). The
+// default is POST and PATCH (PUT and DELETE are idempotent by definition,
+// but may be added).
 func WithMethods(methods ...string) Option {
 	return func(m *Middleware) { m.methods = append([]string(nil), methods...) }
 }

@@ -86,6 +86,22 @@ func (a *adminFlags) storeKey(cmd string, args []string) (string, error) {
 	return idemhttp.PathKey(method, a.path, id).Digest(), nil
 }
 
+// notFound is the error of get and rm when the store has no record at
+// key: it says where it looked, and how to look elsewhere, since a key
+// given without the request's method and path is looked for in POST /.
+func (a *adminFlags) notFound(key string, st *openedStore, what string) error {
+	if a.digest != "" {
+		return fmt.Errorf("no record for digest %s in the %s%s", key, st.describe, what)
+	}
+	scope := strings.ToUpper(a.method) + " " + a.path
+	if a.scopeHeader != "" || a.fs.isSet("principal") {
+		scope += " with that --principal"
+	}
+	return fmt.Errorf("no record for this key in scope %s (digest %s) in the %s%s; a key's record belongs to the request's method and path: "+
+		"pass them with --method and --path (e.g. --method POST --path /orders), and --principal if the proxy runs with --scope-header, "+
+		"or give a digest from 'idem ls' with --digest", scope, key, st.describe, what)
+}
+
 func (a *adminFlags) open(ctx context.Context) (*openedStore, *idem.Executor, error) {
 	if err := a.store.validate(); err != nil {
 		return nil, nil, err
@@ -172,7 +188,7 @@ size. The body is shown only with --show-body.` + adminScopeDoc,
 				defer st.close()
 				rec, err := st.store.Get(ctx, key)
 				if errors.Is(err, idem.ErrNotFound) {
-					return fmt.Errorf("no record for digest %s in the %s", key, st.describe)
+					return a.notFound(key, st, "")
 				}
 				if err != nil {
 					return fmt.Errorf("reading %s: %v", key, err)
@@ -324,7 +340,8 @@ func rmCommand() *command {
 		doc: `
 Deletes the record of KEY whatever its state, so that the next request with
 the key runs again. A request still running with the key can no longer store
-its response. Use it to repair a key stuck in progress or FAILED.` + adminScopeDoc,
+its response. Use it to repair a key stuck in progress or FAILED. When there
+is no such record, rm says where it looked and exits with status 1.` + adminScopeDoc,
 		flags: func(fs *flagSet) func(context.Context, *env, []string) error {
 			var a adminFlags
 			a.register(fs, true)
@@ -340,8 +357,7 @@ its response. Use it to repair a key stuck in progress or FAILED.` + adminScopeD
 				defer st.close()
 				rec, err := st.store.Get(ctx, key)
 				if errors.Is(err, idem.ErrNotFound) {
-					fmt.Fprintf(e.stdout, "no record for digest %s; nothing to delete\n", key)
-					return nil
+					return a.notFound(key, st, "; nothing deleted")
 				}
 				if err != nil {
 					return fmt.Errorf("reading %s: %v", key, err)

@@ -53,11 +53,16 @@ covered (--methods) and that carries an Idempotency-Key header runs at most
 once per key: the upstream's response is stored, and a retry with the same
 key gets it again with Idempotent-Replayed: true. A retry while the first
 request is still running gets 409 (or waits, with --wait); the same key with
-another method, path, query or body gets 422. Other requests pass through.
+another query or body gets 422. Methods are compared ignoring case (post is
+POST). Other requests pass through; if one carries an Idempotency-Key, its
+response gets Idempotency-Key-Ignored: true.
 
 Keys are scoped by method and path, and by the value of --scope-header when
 it is set (for example Authorization), so that one client never gets
-another's response. Raw keys are never stored or logged; their digests are.
+another's response: the same key with another method or path is another
+key, and runs again. Paths are compared byte for byte as decoded from the
+request: /orders and /orders/ are two paths. Raw keys are never stored or
+logged; their digests are.
 
 If the upstream cannot be reached, the request was not sent: 502 and the key
 is released. If the upstream does not answer after it got the request (a
@@ -137,7 +142,10 @@ func (c *proxyConfig) validate() (*url.URL, error) {
 	}
 	u, err := url.Parse(c.upstream)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, usagef("invalid --upstream %q: want an http:// or https:// URL with a host", c.upstream)
+		if err == nil {
+			err = errors.New("want an http:// or https:// URL with a host")
+		}
+		return nil, urlFlagError("--upstream", c.upstream, err, "http")
 	}
 	if err := c.store.validate(); err != nil {
 		return nil, err

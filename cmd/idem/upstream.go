@@ -10,6 +10,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -136,9 +137,16 @@ func newGateway(target *url.URL, transport http.RoundTripper, mw *idemhttp.Middl
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(target)
 			pr.SetXForwarded()
-			if pr.Out.Body == nil && g.covered[pr.Out.Method] {
+			if pr.Out.Body == nil && g.covers(pr.Out.Method) {
 				hideIdempotencyKey(pr.Out.Header)
 			}
+			if exchangeFrom(pr.Out.Context()) != nil {
+				// The middleware read the body already, and net/http sent
+				// the client its 100 Continue then: forwarding Expect
+				// would relay the upstream's as a second one.
+				pr.Out.Header.Del("Expect")
+			}
+			stripTrailers(pr.Out.Trailer, g.fenceHeader)
 			if g.fenceHeader != "" {
 				setFence(pr.Out, g.fenceHeader)
 			}
@@ -215,6 +223,20 @@ func setFence(out *http.Request, name string) {
 	}
 }
 
+// stripTrailers removes from a request's trailer the fields that only the
+// proxy may tell the upstream, as it does from the header: the fence (name
+// fence, "" for none) and the idempotency key. A client that sends them as
+// trailers (after a chunked body) would otherwise reach the upstream with
+// them.
+func stripTrailers(trailer http.Header, fence string) {
+	for k := range trailer {
+		if sameFieldName(k, "Idempotency-Key") || sameFieldName(k, "X-Idempotency-Key") ||
+			fence != "" && sameFieldName(k, fence) {
+			delete(trailer, k)
+		}
+	}
+}
+
 // sameFieldName reports whether header field name a equals b, ignoring
 // case and taking _ for -.
 func sameFieldName(a, b string) bool {
@@ -256,13 +278,21 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	g.serve(w, r)
 }
 
+// covers reports whether the middleware covers method: the methods are
+// upper case, and compared ignoring case, as the middleware does.
+func (g *gateway) covers(method string) bool {
+	return g.covered[method] || g.covered[strings.ToUpper(method)]
+}
+
 func (g *gateway) serve(w http.ResponseWriter, r *http.Request) {
-	if !g.covered[r.Method] {
+	if !g.covers(r.Method) {
 		g.obs.passed.Inc()
 		if g.tracing != nil {
 			setOutcome(r.Context(), "passthrough")
 		}
-		g.rp.ServeHTTP(w, r)
+		// Through the middleware, which passes the request on to forward
+		// and marks the response if it carries a key.
+		g.protected.ServeHTTP(w, r)
 		return
 	}
 	x := &exchange{parent: r.Context()}
@@ -279,7 +309,7 @@ func (g *gateway) serve(w http.ResponseWriter, r *http.Request) {
 // forward runs the reverse proxy for a request the middleware let through.
 func (g *gateway) forward(w http.ResponseWriter, r *http.Request) {
 	x := exchangeFrom(r.Context())
-	if x == nil { // not covered: cannot happen, but harmless
+	if x == nil { // a request the middleware does not cover
 		g.rp.ServeHTTP(w, r)
 		return
 	}
