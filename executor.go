@@ -438,7 +438,7 @@ func (a *Attempt) Commit(ctx context.Context, value []byte) error {
 	}
 	defer a.cancel(nil)
 	if len(value) > a.e.codec.maxSize {
-		tooLarge := fmt.Errorf("%w: result of %d bytes is over the limit of %d", ErrResultTooLarge, len(value), a.e.codec.maxSize)
+		tooLarge := resultTooLarge(len(value), a.e.codec.maxSize)
 		if err := a.fail(ctx, tooLarge, true); err != nil {
 			return errors.Join(tooLarge, err)
 		}
