@@ -110,14 +110,20 @@ func SetEffect(ctx context.Context, e Effect) error {
 	return nil
 }
 
-// Effect returns the effect attached to the attempt with SetEffect, if any.
-// It is for callers that complete attempts themselves (a consumer adapter
-// whose store completes and acknowledges in one call); Commit applies it.
-func (a *Attempt) Effect() (Effect, bool) {
+// hasEffect reports whether the operation attached an effect.
+func (a *Attempt) hasEffect() bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.effect == nil {
-		return Effect{}, false
+	return a.effect != nil
+}
+
+// effectFailed ends an attempt whose completion was refused because its
+// effect failed (err wraps ErrEffect): nothing was written, so the
+// operation failed after all, and the failure policy decides whether the
+// key is released or FAILED.
+func (a *Attempt) effectFailed(ctx context.Context, err error) error {
+	if ferr := a.fail(ctx, err, a.e.policy(err)); ferr != nil {
+		return errors.Join(err, ferr)
 	}
-	return *a.effect, true
+	return err
 }

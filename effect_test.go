@@ -3,6 +3,7 @@ package idem_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -200,9 +201,6 @@ func TestCommitBatchAppliesEffects(t *testing.T) {
 	if err := idem.SetEffect(began[0].Ctx, idem.Effect{Name: "ok", Keys: []string{"x"}}); err != nil {
 		t.Fatal(err)
 	}
-	if e, ok := attempts[0].Effect(); !ok || e.Name != "ok" {
-		t.Fatalf("Effect: got %+v, %v", e, ok)
-	}
 	for i, err := range exec.CommitBatch(t.Context(), attempts, [][]byte{[]byte("1"), []byte("2")}) {
 		if err != nil {
 			t.Fatalf("CommitBatch[%d]: %v", i, err)
@@ -213,5 +211,51 @@ func TestCommitBatchAppliesEffects(t *testing.T) {
 	}
 	if err := idem.SetEffect(began[1].Ctx, idem.Effect{Name: "ok"}); !errors.Is(err, idem.ErrLeaseLost) {
 		t.Fatalf("SetEffect after the commit: got %v, want ErrLeaseLost", err)
+	}
+}
+
+// TestCommitBatchWithPassesEffects: a commit hook gets each attempt's
+// effect with its completion, and an effect error it answers ends the
+// attempt as Commit would (released by the default policy).
+func TestCommitBatchWithPassesEffects(t *testing.T) {
+	exec, s := newEffectExec(t)
+	began := exec.BeginBatch(t.Context(), []idem.Key{{ID: "a"}, {ID: "b"}, {ID: "c"}}, []string{"", "", ""})
+	attempts := make([]*idem.Attempt, len(began))
+	for i, b := range began {
+		if b.Err != nil {
+			t.Fatal(b.Err)
+		}
+		attempts[i] = b.Attempt
+	}
+	for i, name := range []string{"ok", "fail"} {
+		if err := idem.SetEffect(began[i].Ctx, idem.Effect{Name: name}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got []string
+	errs := exec.CommitBatchWith(t.Context(), attempts, make([][]byte, 3), func(ctx context.Context, cs []idem.BatchCompletion) []error {
+		out := make([]error, len(cs))
+		for k, c := range cs {
+			if c.Effect == nil {
+				got = append(got, "")
+				out[k] = s.Complete(ctx, c.Key, c.Lease, c.Result, c.Retention)
+				continue
+			}
+			got = append(got, c.Effect.Name)
+			out[k] = s.CompleteEffect(ctx, c.Key, c.Lease, c.Result, c.Retention, *c.Effect)
+		}
+		return out
+	})
+	if want := []string{"ok", "fail", ""}; !slices.Equal(got, want) {
+		t.Fatalf("effects passed: got %q, want %q", got, want)
+	}
+	if errs[0] != nil || !errors.Is(errs[1], idem.ErrEffect) || errs[2] != nil {
+		t.Fatalf("errors: got %v, want nil, an effect error, nil", errs)
+	}
+	for i, want := range []idem.State{idem.StateCompleted, idem.StateReleased, idem.StateCompleted} {
+		rec, err := s.Get(t.Context(), attempts[i].Key())
+		if err != nil || rec.State != want {
+			t.Fatalf("record %d: got %v, %v, want %v", i, rec.State, err, want)
+		}
 	}
 }
