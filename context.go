@@ -11,8 +11,8 @@ type leaseKey struct{}
 // two of context.WithValue with a struct value.
 type leaseCtx struct {
 	context.Context
-	lease    Lease
-	deadline *localDeadline
+	lease Lease
+	a     *Attempt // for SetEffect
 }
 
 func (c *leaseCtx) Value(key any) any {
@@ -57,8 +57,8 @@ func OwnerFrom(ctx context.Context) (owner string, ok bool) {
 // while the lease is being extended.
 func LeaseDeadline(ctx context.Context) (deadline time.Time, ok bool) {
 	c, ok := ctx.Value(leaseKey{}).(*leaseCtx)
-	if !ok || c.deadline == nil {
+	if !ok || c.a == nil {
 		return time.Time{}, false
 	}
-	return c.deadline.time(), true
+	return c.a.deadline.time(), true
 }
