@@ -127,7 +127,7 @@ func TestLeaseDeadlineCancels(t *testing.T) {
 // TestLeaseDeadlineMovesWithExtensions: while extensions succeed the
 // context lives past the first deadline, and LeaseDeadline moves.
 func TestLeaseDeadlineMovesWithExtensions(t *testing.T) {
-	const lease = 60 * time.Millisecond
+	const lease = 300 * time.Millisecond
 	ds, _ := newDelayed(t, 0, 0)
 	e, err := idem.New(ds, idem.WithLease(lease))
 	if err != nil {
