@@ -65,7 +65,9 @@ func WithCompressAbove(n int) Option { return func(e *Executor) { e.codec.compre
 
 // WithEncryption seals stored results with aead (for example AES-GCM), with
 // the store key as associated data, so that a result cannot be read from the
-// store or moved to another key. The default is no encryption.
+// store or moved to another key. With a key set, a stored result that is
+// not sealed is refused (ErrCorruptResult), never replayed: whoever can
+// write to the store cannot plant one. The default is no encryption.
 func WithEncryption(aead cipher.AEAD) Option { return func(e *Executor) { e.codec.aead = aead } }
 
 // Executor runs operations at most once per key on top of a Store. It is safe
@@ -269,6 +271,7 @@ type Attempt struct {
 	mu       sync.Mutex
 	finished bool
 	lost     bool
+	effect   *Effect // SetEffect; read once finished
 }
 
 // Begin acquires key for the caller. It returns the same errors as Do. On
@@ -341,7 +344,7 @@ func (e *Executor) begun(ctx context.Context, skey string, acq Acquisition) (con
 	}
 	cctx, cancel := context.WithCancelCause(ctx)
 	a.cancel = cancel
-	a.lctx = leaseCtx{Context: cctx, lease: acq.Lease}
+	a.lctx = leaseCtx{Context: cctx, lease: acq.Lease, a: a}
 	a.beat = beaters.Get().(*beater)
 	a.beat.a.Store(a)
 	a.beat.t.Reset(e.lease / 3)
@@ -404,7 +407,7 @@ func (a *Attempt) end() error {
 		if a.replayed {
 			return nil
 		}
-		return fmt.Errorf("%w: attempt already ended", ErrLeaseLost)
+		return errAttemptEnded
 	}
 	a.finished = true
 	if a.beat.t.Stop() {
@@ -448,6 +451,9 @@ func (a *Attempt) Commit(ctx context.Context, value []byte) error {
 		return err
 	}
 	if err := a.finish(ctx, endComplete, blob, false); err != nil {
+		if errors.Is(err, ErrEffect) {
+			return a.effectFailed(ctx, err)
+		}
 		return fmt.Errorf("idem: complete: %w", err)
 	}
 	return nil
@@ -563,7 +569,12 @@ func (a *Attempt) finish(ctx context.Context, op ending, blob []byte, terminal b
 		var err error
 		switch op {
 		case endComplete:
-			err = a.e.store.Complete(ctx, a.key, a.lease, blob, a.e.retention)
+			if a.effect != nil {
+				// SetEffect checked that the store is an EffectStore.
+				err = a.e.store.(EffectStore).CompleteEffect(ctx, a.key, a.lease, blob, a.e.retention, *a.effect)
+			} else {
+				err = a.e.store.Complete(ctx, a.key, a.lease, blob, a.e.retention)
+			}
 		case endFail:
 			_, err = a.e.store.Fail(ctx, a.key, a.lease, Failure{
 				Result:      blob,
@@ -645,17 +656,15 @@ func (r *repeater) batch(ctx context.Context, call func(idx []int) []error) []er
 	}
 }
 
-// RepeatUnknown makes a batch of store calls and repeats, with the same
+// repeatUnknown makes a batch of store calls and repeats, with the same
 // arguments, those whose error leaves the outcome unknown (OutcomeUnknown),
 // as the Store contract allows, pausing from 10ms up to 1s, for at most d
 // in all or until ctx is done. call(nil) makes the whole batch and returns
 // one error per element; call(idx) makes again the elements listed in idx
-// and returns one error per element of idx. RepeatUnknown returns one error
-// per element: the last answer of each. The Executor's CommitBatch
-// does this with d = the lease; a caller that completes records through a
-// store of its own (as consumer/redisstream does) uses it for the same
-// guarantee.
-func RepeatUnknown(ctx context.Context, d time.Duration, call func(idx []int) []error) []error {
+// and returns one error per element of idx. repeatUnknown returns one error
+// per element: the last answer of each. CommitBatchWith does this with d =
+// the lease.
+func repeatUnknown(ctx context.Context, d time.Duration, call func(idx []int) []error) []error {
 	r := within(d)
 	return r.batch(ctx, call)
 }

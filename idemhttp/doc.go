@@ -23,6 +23,9 @@
 //   - The key is taken from the Idempotency-Key field (see ParseKey). A
 //     missing key (when required, the default), a malformed one or a
 //     repeated field is answered with 400 (TypeKeyMissing, TypeKeyInvalid).
+//   - With WithPrincipal, a request without a principal (the function
+//     returns "") is answered with 400 (TypePrincipalMissing), unless
+//     WithEmptyPrincipal(true) lets such requests share one scope.
 //   - The body is read, up to a limit (413, TypeBodyTooLarge, before the
 //     handler runs), and the request's fingerprint is computed as it is
 //     read: SHA-256 over the method, path, query, selected fields and body
