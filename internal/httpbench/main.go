@@ -3,6 +3,8 @@
 // loopback and a throwaway redis-server on the same machine. It prints one
 // table: requests/s and p50/p99 latency for new keys and replays at 1 and
 // 64 connections, the Redis round trip, and the latency the middleware adds.
+// A row with WithStreamAll (responses written through, stored afterwards)
+// shows what holding a response back until it is stored costs.
 //
 //	go run ./internal/httpbench            # or: make bench-http
 //
@@ -121,9 +123,18 @@ func main() {
 	for _, s := range []struct {
 		name  string
 		store idem.Store
-	}{{"idemhttp + memstore", mem}, {"idemhttp + redis (go-redis)", grStore}, {"idemhttp + redis (rueidis)", ruStore}} {
+		opts  []idemhttp.Option
+	}{
+		{"idemhttp + memstore", mem, nil},
+		{"idemhttp + redis (go-redis)", grStore, nil},
+		// The same with every response passed through as it is written
+		// and stored afterwards, as before record before success: the
+		// difference is what holding the response back costs.
+		{"  go-redis, stream all", grStore, []idemhttp.Option{idemhttp.WithStreamAll(true)}},
+		{"idemhttp + redis (rueidis)", ruStore, nil},
+	} {
 		exec, _ := idem.New(s.store)
-		mw, _ := idemhttp.New(exec)
+		mw, _ := idemhttp.New(exec, s.opts...)
 		servers = append(servers, server{s.name, mw.Handler(handler), true})
 	}
 
