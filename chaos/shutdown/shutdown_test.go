@@ -20,7 +20,7 @@ import (
 const (
 	maxResponse = 1 << 20   // --max-response
 	small       = 256 << 10 // stored before it is sent
-	big         = 64 << 20  // streamed: over --max-response
+	big         = 16 << 20  // streamed: over --max-response
 	lease       = 2 * time.Second
 )
 
@@ -89,7 +89,7 @@ func TestSlowReaderAtShutdown(t *testing.T) {
 			t.Cleanup(us.Close)
 			dir := t.TempDir()
 			args := []string{"--upstream", us.URL, "--data", dir, "--lease", lease.String(),
-				"--max-response", strconv.Itoa(maxResponse), "--shutdown-timeout", "1s", "--write-timeout", "0"}
+				"--max-response", strconv.Itoa(maxResponse), "--shutdown-timeout", "3s", "--write-timeout", "0"}
 			p, addr := chaostest.StartProxy(t, bin, args...)
 			var c chaostest.Counters
 			sizes := map[string]int{}
