@@ -53,12 +53,12 @@ race:
 ## counters to CHAOS_REPORT; make chaos-report prints them as a table.
 RUN          ?= .
 CHAOS_REPORT ?= $(CURDIR)/chaos-report.jsonl
-chaos: check-redis
+chaos: check-redis check-postgres
 	@rm -f $(CHAOS_REPORT)
 	cd chaos && IDEM_CHAOS_REPORT=$(CHAOS_REPORT) $(GO) test -race -count=1 -timeout 20m -run '$(RUN)' ./...
 
 ## chaos-long: the same scenarios at soak size (minutes; not run by CI).
-chaos-long: check-redis
+chaos-long: check-redis check-postgres
 	@rm -f $(CHAOS_REPORT)
 	cd chaos && IDEM_CHAOS=long IDEM_CHAOS_REPORT=$(CHAOS_REPORT) $(GO) test -count=1 -timeout 90m -run '$(RUN)' ./...
 

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/postgres/internal/pgtest"
+	"github.com/idemgo/idem/postgres/pgtest"
 	"github.com/idemgo/idem/postgres/pggate"
 	"github.com/idemgo/idem/postgres/pgstore"
 	"github.com/jackc/pgx/v5"
