@@ -109,6 +109,12 @@ bench-proxy: check-redis
 	@command -v wrk >/dev/null 2>&1 || { echo "wrk is needed: sudo apt-get install -y wrk"; exit 1; }
 	bash internal/httpbench/proxy/run.sh
 
+## bench-postgres: the commit gate side by side in one run: a bare
+## transaction, the hybrid gate (Redis + Postgres) and pgstore (needs
+## PostgreSQL, see check-postgres; starts its own redis-server).
+bench-postgres: check-redis check-postgres
+	cd postgres && $(GO) run ./internal/pgbench
+
 ## demo: the proxy on its embedded store in front of a toy API (no Redis).
 ## Then, in another terminal, send the same request twice:
 ##   curl -si -X POST localhost:8080/payments -H 'Idempotency-Key: k1' -d '{"amount":100}'
