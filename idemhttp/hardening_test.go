@@ -64,3 +64,30 @@ func TestIgnoredKey(t *testing.T) {
 }
 
 func (r response) replayed() bool { return r.header.Get(idemhttp.ReplayedHeader) == "true" }
+
+// TestEmptyPrincipal: with WithPrincipal, requests without a principal do
+// not share one scope (where one anonymous client would get another's
+// response): 400, unless WithEmptyPrincipal(true) says so.
+func TestEmptyPrincipal(t *testing.T) {
+	t.Parallel()
+	user := idemhttp.WithPrincipal(func(r *http.Request) string { return r.Header.Get("X-User") })
+	var c counter
+	h := newMiddleware(t, newMemExecutor(t), user).Handler(&c)
+	for range 2 {
+		checkProblem(t, post(h, "anon", "b"), 400, idemhttp.TypePrincipalMissing)
+	}
+	r := request("POST", "/payments", "anon", "b")
+	r.Header.Set("X-User", "alice")
+	if res := serve(h, r); res.status != 201 || c.n.Load() != 1 {
+		t.Errorf("with a principal: got %d after %d executions, want 201 after 1", res.status, c.n.Load())
+	}
+	// A missing key is reported first: it is the client's first fix.
+	checkProblem(t, post(h, "", "b"), 400, idemhttp.TypeKeyMissing)
+
+	var c2 counter
+	h2 := newMiddleware(t, newMemExecutor(t), user, idemhttp.WithEmptyPrincipal(true)).Handler(&c2)
+	first, second := post(h2, "anon", "b"), post(h2, "anon", "b")
+	if first.status != 201 || !second.replayed() || c2.n.Load() != 1 {
+		t.Errorf("WithEmptyPrincipal(true): got %d then replayed=%v after %d executions, want one shared execution", first.status, second.replayed(), c2.n.Load())
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"strings"
 	"time"
@@ -29,25 +30,28 @@ var ErrHijacked = errors.New("idemhttp: handler hijacked the connection")
 type Middleware struct {
 	exec *idem.Executor
 
-	header        string
-	required      bool
-	methods       []string
-	principal     func(*http.Request) string
-	principalSet  bool
-	route         func(*http.Request) string
-	routeSet      bool
-	fpHeaders     []string
-	canonicalJSON bool
-	maxBody       int64
-	maxResponse   int
-	wait          time.Duration
-	policy        Policy
-	deny          map[string]bool
-	failOpen      bool
-	retryAfter    time.Duration
-	logger        *slog.Logger
-	hooks         []Hook
-	errorHandler  ErrorHandler
+	header         string
+	required       bool
+	methods        []string
+	principal      func(*http.Request) string
+	principalSet   bool
+	emptyPrincipal bool
+	route          func(*http.Request) string
+	routeSet       bool
+	fpHeaders      []string
+	canonicalJSON  bool
+	maxBody        int64
+	maxResponse    int
+	wait           time.Duration
+	policy         Policy
+	deny           map[string]bool
+	failOpen       bool
+	streamOnFlush  bool
+	streamAll      bool
+	retryAfter     time.Duration
+	logger         *slog.Logger
+	hooks          []Hook
+	errorHandler   ErrorHandler
 }
 
 // New returns a Middleware that runs requests through exec. It returns an
@@ -57,16 +61,17 @@ func New(exec *idem.Executor, opts ...Option) (*Middleware, error) {
 		return nil, fmt.Errorf("%w: idemhttp: nil executor", idem.ErrInvalid)
 	}
 	m := &Middleware{
-		exec:         exec,
-		header:       DefaultHeader,
-		required:     true,
-		methods:      []string{http.MethodPost, http.MethodPatch},
-		maxBody:      DefaultMaxBodySize,
-		maxResponse:  exec.MaxResultSize(),
-		policy:       DefaultPolicy,
-		deny:         map[string]bool{"Set-Cookie": true},
-		retryAfter:   DefaultRetryAfter,
-		errorHandler: WriteProblem,
+		exec:          exec,
+		header:        DefaultHeader,
+		required:      true,
+		methods:       []string{http.MethodPost, http.MethodPatch},
+		maxBody:       DefaultMaxBodySize,
+		maxResponse:   exec.MaxResultSize(),
+		policy:        DefaultPolicy,
+		deny:          map[string]bool{"Set-Cookie": true},
+		retryAfter:    DefaultRetryAfter,
+		streamOnFlush: true,
+		errorHandler:  WriteProblem,
 	}
 	for _, o := range opts {
 		if o == nil {
@@ -204,6 +209,19 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 
+	var principal string
+	if m.principal != nil {
+		if principal = m.principal(r); principal == "" && !m.emptyPrincipal {
+			m.problem(w, r, start, OutcomeRejected, &Problem{
+				Type:   TypePrincipalMissing,
+				Title:  "Client not identified",
+				Status: http.StatusBadRequest,
+				Detail: "Idempotency keys are kept per client, and this request does not say which client sent it (for example, it lacks its credentials).",
+			})
+			return
+		}
+	}
+
 	body, fp, err := m.fingerprint(r)
 	if err != nil {
 		var mbe *http.MaxBytesError
@@ -227,7 +245,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 
-	key := idem.Key{Scope: m.scope(r), ID: id}
+	key := idem.Key{Scope: m.scopeOf(r, principal), ID: id}
 	ctx, a, err := m.exec.Begin(r.Context(), key, fp)
 	if err != nil && m.wait > 0 && errors.Is(err, idem.ErrInProgress) {
 		ctx, a, err = m.await(r, key, fp, start, err)
@@ -247,6 +265,16 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 // digest has a fixed length and comes last, so no two (route, principal)
 // pairs share a scope.
 func (m *Middleware) scope(r *http.Request) string {
+	var principal string
+	if m.principal != nil {
+		principal = m.principal(r)
+	}
+	return m.scopeOf(r, principal)
+}
+
+// scopeOf is scope with the principal that the principal function returned
+// for r.
+func (m *Middleware) scopeOf(r *http.Request, principal string) string {
 	var route string
 	var kind byte
 	switch {
@@ -260,7 +288,7 @@ func (m *Middleware) scope(r *http.Request) string {
 	var stack [256]byte
 	b := appendScope(stack[:0], r.Method, kind, route)
 	if m.principal != nil {
-		b = appendPrincipal(b, m.principal(r))
+		b = appendPrincipal(b, principal)
 	}
 	return string(b)
 }
@@ -414,7 +442,9 @@ func (m *Middleware) replay(w http.ResponseWriter, r *http.Request, start time.T
 }
 
 // execute runs next with the key held, then stores the response or
-// releases the key.
+// releases the key. A response that is held back (see captureWriter) is
+// sent only once that is done, so that a client is never told a success
+// that was not recorded.
 func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, start time.Time, ctx context.Context, a *idem.Attempt, body []byte, next http.Handler) {
 	// One allocation for the writer and the body.
 	x := &struct {
@@ -425,6 +455,12 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, start time.
 	x.body.Reset(body)
 	r2 := r.WithContext(ctx)
 	r2.Body = &x.body
+	// The fields set before the handler ran (by outer middleware), for an
+	// error response that replaces the handler's.
+	var before http.Header
+	if h := w.Header(); len(h) > 0 {
+		before = h.Clone()
+	}
 	// The store calls after the handler must not fail because the client
 	// went away, or the key would stay IN_PROGRESS until its lease expires.
 	// They are bounded by the store client's own timeouts.
@@ -436,7 +472,8 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, start time.
 		}
 		// The handler panicked (or called runtime.Goexit): release the key
 		// and let the panic go on, with its stack, to net/http, which
-		// aborts the response (see http.ErrAbortHandler).
+		// aborts the response (see http.ErrAbortHandler). A held response
+		// is dropped.
 		err := a.Release(sctx)
 		m.log(r, slog.LevelWarn, "idemhttp: handler panicked; key released", err, a.Key())
 		m.emit(r, Event{Outcome: OutcomeReleased, Status: cw.status, Duration: time.Since(start), Err: errors.Join(ErrHandlerPanicked, err)})
@@ -458,11 +495,13 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, start time.
 		if err = a.Release(sctx); err != nil {
 			m.log(r, slog.LevelError, "idemhttp: releasing the key", err, a.Key())
 		}
+		cw.send()
 		m.emit(r, Event{Outcome: OutcomeReleased, Status: status, Duration: time.Since(start), Err: err})
 		return
 	case decision == AbandonKey:
 		err = a.Abandon()
 		m.log(r, slog.LevelWarn, "idemhttp: outcome unknown; the key stays in progress until its lease expires", err, a.Key())
+		cw.send()
 		m.emit(r, Event{Outcome: OutcomeAbandoned, Status: status, Duration: time.Since(start), Err: err})
 		return
 	case cw.overflow:
@@ -472,16 +511,54 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, start time.
 			err = errors.Join(cause, ferr)
 		}
 		m.log(r, slog.LevelWarn, "idemhttp: response not stored; the key is FAILED", err, a.Key())
-	default:
+	case cw.sent:
+		// A stream: the client has it already.
 		if err = a.Commit(sctx, cw.buf); err != nil {
 			level := slog.LevelError
 			if errors.Is(err, idem.ErrResultTooLarge) {
 				level = slog.LevelWarn
 			}
-			m.log(r, level, "idemhttp: storing the response", err, a.Key())
+			m.log(r, level, "idemhttp: storing the streamed response", err, a.Key())
 		}
+	default:
+		err = a.Commit(sctx, cw.buf)
+		switch {
+		case err == nil:
+		case errors.Is(err, idem.ErrResultTooLarge):
+			// The encoded response is over the Executor's limit: the key
+			// is FAILED, and the client gets the response once, as one
+			// over the middleware's limit.
+			m.log(r, slog.LevelWarn, "idemhttp: response not stored; the key is FAILED", err, a.Key())
+		default:
+			m.notRecorded(w, r, start, a, before, status, err)
+			return
+		}
+		cw.send()
 	}
 	m.emit(r, Event{Outcome: OutcomeExecuted, Status: status, Duration: time.Since(start), Err: err})
+}
+
+// notRecorded answers a request whose handler ran but whose response could
+// not be stored (Commit failed after repeating the completion while the
+// store allowed): the client is told that the outcome is unknown instead of
+// getting the response, and the key is left IN_PROGRESS until its lease
+// ends, so that a retry before then gets 409 and not a second run.
+func (m *Middleware) notRecorded(w http.ResponseWriter, r *http.Request, start time.Time, a *idem.Attempt, before http.Header, status int, err error) {
+	m.log(r, slog.LevelError, "idemhttp: response not recorded; the client is told the outcome is unknown", errors.Join(fmt.Errorf("handler answered %d", status), err), a.Key())
+	h := w.Header()
+	clear(h)
+	maps.Copy(h, before)
+	retry := max(time.Until(a.LeaseDeadline()), time.Second)
+	h.Set("Retry-After", retryAfterSeconds(retry))
+	m.errorHandler(w, r, &Problem{
+		Type:       TypeOutcomeUnknown,
+		Title:      "Outcome unknown",
+		Status:     http.StatusServiceUnavailable,
+		Detail:     "The request was processed, but its response could not be recorded, so it may have taken effect. Retry with the same idempotency key after the time given by Retry-After: the retry gets the response if it was recorded by then, or runs the request again if not.",
+		RetryAfter: retry,
+		Err:        err,
+	})
+	m.emit(r, Event{Outcome: OutcomeNotRecorded, Status: http.StatusServiceUnavailable, Duration: time.Since(start), Err: err})
 }
 
 // problem writes an error response through the error handler and reports

@@ -63,12 +63,24 @@ func WithMethods(methods ...string) Option {
 // request's context, so that one client can never replay another client's
 // response: two principals that send the same key get two executions. The
 // principal is hashed (SHA-256) into the key's scope; its raw value is
-// neither stored nor logged. An empty string is a principal like any other,
-// shared by every request for which it is returned: authenticate requests
-// before this middleware runs. principal must be safe for concurrent use.
-// The default is no principal: keys are scoped by method and route only.
+// neither stored nor logged. An empty string means that the request has no
+// principal: it is answered with 400 (TypePrincipalMissing) and the handler
+// does not run, since requests without a principal would share one scope and
+// replay each other's responses; WithEmptyPrincipal(true) lets them. principal
+// must be safe for concurrent use. The default is no principal: keys are
+// scoped by method and route only.
 func WithPrincipal(principal func(r *http.Request) string) Option {
 	return func(m *Middleware) { m.principal = principal; m.principalSet = true }
+}
+
+// WithEmptyPrincipal sets whether a request for which the principal function
+// (WithPrincipal) returns "" is served. When true, all such requests share
+// one anonymous scope, so one anonymous client can be replayed another's
+// response with the same key: use it only where anonymous requests carry
+// random keys and their responses are not private. The default is false:
+// they are answered with 400 (TypePrincipalMissing).
+func WithEmptyPrincipal(allowed bool) Option {
+	return func(m *Middleware) { m.emptyPrincipal = allowed }
 }
 
 // WithRoute sets how the route part of a key's scope is found. The default
@@ -131,9 +143,35 @@ func WithWait(d time.Duration) Option {
 	return func(m *Middleware) { m.wait = d }
 }
 
+// WithStreamOnFlush sets whether a handler that flushes its response makes
+// it a stream. The middleware holds a response back from the client until
+// it is stored, so that a client is never told a success that was not
+// recorded; a stream is sent as it is written instead, and stored after the
+// handler returns (see the package documentation). With true, the first
+// flush sends what was held and streams the rest; with false, flushes of a
+// held response do nothing, and only text/event-stream responses and
+// bodies over the size limit stream. Use false for handlers that flush
+// without streaming, such as net/http/httputil.ReverseProxy, which flushes
+// every response of unknown length. The default is true.
+func WithStreamOnFlush(on bool) Option {
+	return func(m *Middleware) { m.streamOnFlush = on }
+}
+
+// WithStreamAll makes every response a stream: sent to the client as the
+// handler writes it, and stored after the handler returns. A client then
+// gets its response sooner, but if storing fails it has been told the
+// handler's answer although nothing was recorded, and a retry after the
+// lease runs the handler again. Use it only where that is acceptable; the
+// reliability suite uses it as the negative control of record before
+// success. The default is false.
+func WithStreamAll(on bool) Option {
+	return func(m *Middleware) { m.streamAll = on }
+}
+
 // WithPolicy sets which responses are stored and which release the key. It
 // may decide per route from the request. The default is DefaultPolicy;
-// ReleaseServerErrors also releases on every 5xx.
+// ReleaseServerErrors also releases on every 5xx; StoreSuccessOnly stores
+// 2xx responses only (see its risk).
 func WithPolicy(p Policy) Option {
 	return func(m *Middleware) { m.policy = p }
 }

@@ -43,7 +43,7 @@ no proxy uses it; Redis can be inspected while proxies run.`
 func (a *adminFlags) register(fs *flagSet, scope bool) {
 	a.fs = fs
 	a.store.register(fs)
-	a.maxResponse = idem.DefaultMaxResultSize
+	a.maxResponse = readLimit
 	if scope {
 		fs.String(&a.method, "method", "METHOD", "POST", "method of the request")
 		fs.String(&a.path, "path", "PATH", "/", "URL path of the request, e.g. /payments (without the query)")
@@ -51,7 +51,7 @@ func (a *adminFlags) register(fs *flagSet, scope bool) {
 		fs.String(&a.scopeHeader, "scope-header", "NAME", "", "the proxy's --scope-header; when set, keys are scoped by --principal (even empty)")
 		fs.String(&a.digest, "digest", "DIGEST", "", "address the record by its digest instead of KEY and the scope flags")
 	}
-	fs.Var(sizeValue{&a.maxResponse}, "max-response", "SIZE", "the proxy's --max-response, to decode stored responses")
+	fs.Var(sizeValue{&a.maxResponse}, "max-response", "SIZE", "largest stored response to decode; the default reads any the proxy stores, whatever its --max-response")
 }
 
 // storeKey returns the store key (digest) that args and the flags address.
@@ -106,8 +106,8 @@ func (a *adminFlags) open(ctx context.Context) (*openedStore, *idem.Executor, er
 	if err := a.store.validate(); err != nil {
 		return nil, nil, err
 	}
-	if a.maxResponse > 1<<30 {
-		return nil, nil, usagef("--max-response %s is over the limit of 1GiB", formatSize(a.maxResponse))
+	if a.maxResponse > readLimit {
+		return nil, nil, usagef("--max-response %s is over the limit of %s", formatSize(a.maxResponse), formatSize(readLimit))
 	}
 	st, err := a.store.open(ctx, false)
 	if err != nil {

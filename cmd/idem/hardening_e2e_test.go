@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -211,5 +212,104 @@ func TestRedactURL(t *testing.T) {
 		if got := redactURL(in); got != want {
 			t.Errorf("redactURL(%q): got %q, want %q", in, got, want)
 		}
+	}
+}
+
+// TestProxyScopeHeaderRequired: with --scope-header, requests without the
+// header do not share one scope (where anonymous clients got each other's
+// responses): 400, unless --allow-missing-scope.
+func TestProxyScopeHeaderRequired(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t)
+	px := startProxy(t, up.url(), []string{"--data", t.TempDir()}, "--scope-header", "Authorization")
+	for range 2 {
+		res := post(t, px.url("/orders"), "anon", "x")
+		if res.status != 400 || !strings.Contains(res.body, "TypePrincipalMissing") {
+			t.Errorf("without Authorization: got %d %q, want 400 TypePrincipalMissing", res.status, res.body)
+		}
+	}
+	if res := post(t, px.url("/orders"), "anon", "x", "Authorization", "Bearer a"); res.status != 201 || up.executions("anon") != 1 {
+		t.Errorf("with Authorization: got %d after %d executions, want 201 after 1", res.status, up.executions("anon"))
+	}
+	if res := send(t, http.MethodGet, px.url("/orders"), "", ""); res.status != 201 {
+		t.Errorf("GET (not covered) without Authorization: got %d, want it passed through", res.status)
+	}
+
+	up2 := newUpstream(t)
+	open := startProxy(t, up2.url(), []string{"--data", t.TempDir()}, "--scope-header", "Authorization", "--allow-missing-scope")
+	first, second := post(t, open.url("/orders"), "anon", "x"), post(t, open.url("/orders"), "anon", "x")
+	if first.status != 201 || !second.replayed() || up2.executions("anon") != 1 {
+		t.Errorf("--allow-missing-scope: got %d then replayed=%v after %d executions, want one shared execution", first.status, second.replayed(), up2.executions("anon"))
+	}
+}
+
+// TestProxyStorePolicy: --store-policy chooses which upstream answers are
+// stored.
+func TestProxyStorePolicy(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		policy             string
+		rerun500, rerun402 bool
+	}{
+		{"default", false, false},
+		{"release-5xx", true, false},
+		{"only-2xx", true, true},
+	} {
+		t.Run(tc.policy, func(t *testing.T) {
+			t.Parallel()
+			up := newUpstream(t)
+			px := startProxy(t, up.url(), []string{"--data", t.TempDir()}, "--store-policy", tc.policy)
+			for _, s := range []struct {
+				status string
+				rerun  bool
+			}{{"500", tc.rerun500}, {"402", tc.rerun402}, {"201", false}} {
+				key := tc.policy + "-" + s.status
+				first := post(t, px.url("/orders"), key, "x", "X-Test-Status", s.status)
+				retry := post(t, px.url("/orders"), key, "x")
+				want := 1
+				if s.rerun {
+					want = 2
+				}
+				if first.status != atoi(s.status) || up.executions(key) != want || retry.replayed() == s.rerun {
+					t.Errorf("%s: got %d, then %d replayed=%v after %d executions, want %d executions", s.status, first.status, retry.status, retry.replayed(), up.executions(key), want)
+				}
+			}
+		})
+	}
+	code, _, stderr := runIdem(t, "proxy", "--upstream", "http://127.0.0.1:1", "--store-policy", "sometimes")
+	if code != exitUsage || !strings.Contains(stderr, "invalid --store-policy") {
+		t.Errorf("bad policy: got %d %q, want a usage error", code, stderr)
+	}
+}
+
+func atoi(s string) int {
+	n, _ := strconv.Atoi(s)
+	return n
+}
+
+// TestMaxResponseLowered: --max-response limits what is stored, never what
+// is read: a response stored under a larger limit is still replayed after
+// the proxy restarts with a smaller one, and idem get decodes it without
+// being told the limit.
+func TestMaxResponseLowered(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t)
+	data := []string{"--data", t.TempDir()}
+	body := strings.Repeat("a", 2<<20) // 2 MiB, stored compressed
+	px := startProxy(t, up.url(), data, "--max-body", "4MiB", "--max-response", "4MiB")
+	if res := post(t, px.url("/big"), "big", body); res.status != 201 {
+		t.Fatalf("first: got %d", res.status)
+	}
+	px.terminate()
+	px.wait()
+	code, out, stderr := runIdem(t, append([]string{"get", "big", "--path", "/big", "--show-body"}, data...)...)
+	if code != 0 || !strings.Contains(out, "status      201") || !strings.Contains(out, "execution 1 of big: aaaa") {
+		t.Errorf("get: got %d %q %q, want the stored 201 and its body", code, out[:min(len(out), 400)], stderr)
+	}
+	px = startProxy(t, up.url(), data, "--max-body", "4MiB", "--max-response", "1KiB")
+	res := post(t, px.url("/big"), "big", body)
+	if res.status != 201 || !res.replayed() || len(res.body) != len("execution 1 of big: ")+len(body) || up.executions("big") != 1 {
+		t.Errorf("retry after lowering --max-response: got %d replayed=%v, %d bytes after %d executions, want the stored response",
+			res.status, res.replayed(), len(res.body), up.executions("big"))
 	}
 }

@@ -31,9 +31,10 @@ import (
 // cancellation: see exchange) and carries what the upstream call found out
 // to the middleware's Policy, which decides what happens to the key:
 //
-//   - The upstream answered: DefaultPolicy (every status is stored except
-//     408, 409, 425, 429 and 503, which release the key), also when the
-//     upstream itself answered 502 or 504.
+//   - The upstream answered: the --store-policy decides, by default
+//     DefaultPolicy (every status is stored except 408, 409, 425, 429 and
+//     503, which release the key), also when the upstream itself answered
+//     502 or 504.
 //   - The request never reached the upstream (no connection, DNS failure,
 //     TLS handshake failure: nothing was written to it): 502, key released,
 //     a retry runs at once.
@@ -329,19 +330,32 @@ func (g *gateway) forward(w http.ResponseWriter, r *http.Request) {
 	g.rp.ServeHTTP(&x.w, r)
 }
 
-// proxyPolicy is the middleware's Policy: see the comment at the top.
-func proxyPolicy(r *http.Request, status int) idemhttp.Decision {
-	if x := exchangeFrom(r.Context()); x != nil {
-		switch {
-		case x.broke:
-			return idemhttp.AbandonKey
-		case x.failed && x.failure == failUnreachable:
-			return idemhttp.ReleaseKey
-		case x.failed:
-			return idemhttp.AbandonKey
+// proxyPolicy returns the middleware's Policy (see the comment at the
+// top): base (--store-policy) decides for the upstream's answers.
+func proxyPolicy(base idemhttp.Policy) idemhttp.Policy {
+	return func(r *http.Request, status int) idemhttp.Decision {
+		if x := exchangeFrom(r.Context()); x != nil {
+			switch {
+			case x.broke:
+				return idemhttp.AbandonKey
+			case x.failed && x.failure == failUnreachable:
+				return idemhttp.ReleaseKey
+			case x.failed:
+				return idemhttp.AbandonKey
+			}
 		}
+		return base(r, status)
 	}
-	return idemhttp.DefaultPolicy(r, status)
+}
+
+// storePolicies are the values of --store-policy.
+var storePolicies = []struct {
+	name   string
+	policy idemhttp.Policy
+}{
+	{"default", idemhttp.DefaultPolicy},
+	{"release-5xx", idemhttp.ReleaseServerErrors},
+	{"only-2xx", idemhttp.StoreSuccessOnly},
 }
 
 // upstreamError is the ReverseProxy's ErrorHandler: the upstream call
