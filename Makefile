@@ -1,19 +1,31 @@
 # idem — make targets. `make test` is what CI runs (see .ci/run).
+#
+# Modules (see CONTRIBUTING.md): the root and every directory with a go.mod
+# are modules, released together at one version (tags vX.Y.Z and
+# <dir>/vX.Y.Z). Each requires its siblings at MODVERSION, the next release,
+# with no replace directive; go.work maps that version to the working tree,
+# so every target here builds the working tree (workspace mode). To add a
+# module or a dependency, edit the go.mod (or the imports) and run
+# `make tidy`; `make modules` builds and vets every module on its own
+# (GOWORK=off) and installs them from a local module proxy.
 SHELL    := /bin/bash
 GO       ?= go
-# Each module is built and tested on its own, as its users build it (its
-# go.mod replaces the root module with ../..); go.work is for editors.
-export GOWORK := off
 FUZZTIME ?= 10s
 # Every module of the repository (the root and the adapters with heavy
 # dependencies, which have go.mod files of their own).
 MODULES  := $(shell find . -name go.mod -not -path './.cache/*' -not -path './bin/*' -exec dirname {} \; | sort)
+# The version every module requires of its siblings (the next release): the
+# one go.work maps to the working tree. make tidy MODVERSION=v0.2.0 moves
+# every module to another.
+MODVERSION ?= $(shell sed -n 's|^[[:space:]]*github.com/idemgo/idem \(v[^ ]*\) =>.*|\1|p' go.work)
+MODPROXY   := $(GO) run -C internal/modproxy .
 
-.PHONY: test vet race fuzz soak chaos chaos-long chaos-report bench bench-streams bench-http bench-proxy check-redis check-brokers demo
+.PHONY: test vet race modules tidy fuzz soak chaos chaos-long chaos-report bench bench-streams bench-http bench-proxy check-redis check-brokers demo
 
-## test: formatting, vet, the race-enabled tests of every module and the
-## short variant of the reliability suite (make chaos).
-test: check-redis check-brokers vet race chaos
+## test: formatting, vet, the race-enabled tests of every module, each
+## module built on its own (make modules) and the short variant of the
+## reliability suite (make chaos).
+test: check-redis check-brokers vet race modules chaos
 
 check-redis:
 	@command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 || { \
@@ -33,10 +45,26 @@ check-brokers:
 vet:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	@$(MODPROXY) check -version $(MODVERSION) -repo $(CURDIR)
 	@for m in $(MODULES); do (cd $$m && $(GO) vet ./...) || exit 1; done
 
 race:
-	@for m in $(filter-out ./chaos,$(MODULES)); do (cd $$m && $(GO) test -race -count=1 -timeout 15m ./...) || exit 1; done
+	@for m in $(filter-out ./chaos ./internal/modproxy,$(MODULES)); do (cd $$m && $(GO) test -race -count=1 -timeout 15m ./...) || exit 1; done
+
+## modules: every module as its users get it. A local module proxy serves
+## the tree as if each module were tagged at MODVERSION; in an empty GOPATH,
+## go install of cmd/idem and go get of every module must work, and every
+## module must build and vet on its own (GOWORK=off) with a tidy go.mod.
+## Needs the module proxy for third-party modules (minutes: empty cache).
+modules:
+	cd internal/modproxy && $(GO) test -count=1 -timeout 30m ./...
+
+## tidy: line every module up with MODVERSION (requirements, go.work), then
+## go mod tidy each one on its own against a local module proxy of the tree.
+## To add a dependency: import it (or go mod edit -require), then make tidy.
+tidy:
+	$(MODPROXY) sync -version $(MODVERSION) -repo $(CURDIR)
+	$(MODPROXY) run -version $(MODVERSION) -repo $(CURDIR) -- $(GO) mod tidy
 
 ## chaos: the reliability suite (RELIABILITY.md), short bounded variant, with
 ## the race detector. RUN=regexp selects scenarios. Each scenario appends its
