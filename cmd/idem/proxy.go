@@ -318,7 +318,7 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 	var tr *tracing
 	shutdownTracing := func() {}
 	if c.tracing.endpoint != "" {
-		tr, err = c.tracing.start(ctx, log)
+		tr, err = c.tracing.start(ctx, log, e.getenv)
 		if err != nil {
 			return err
 		}

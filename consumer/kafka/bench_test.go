@@ -23,7 +23,7 @@ import (
 // per poll. b.N records with distinct keys are produced first (not timed);
 // the clock runs until the handler saw all of them.
 //
-//	GOWORK=off go test -run '^$' -bench Consume -benchtime 20000x
+//	go test -run '^$' -bench Consume -benchtime 20000x
 func BenchmarkConsume(b *testing.B) {
 	srv := redistest.Start(b)
 	for _, batch := range []int{1, 100} {
