@@ -324,11 +324,11 @@ func main() {
 	}
 }
 
-// build compiles the main package in dir (a module of its own) into out.
+// build compiles the main package in dir (a module of the workspace) into
+// out.
 func build(dir, out string) {
 	cmd := exec.Command("go", "build", "-o", out, ".")
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "GOWORK=off")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		log.Fatalf("httpbench: building %s (run from the repository's root): %v\n%s", dir, err, b)
 	}
