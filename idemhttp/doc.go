@@ -95,6 +95,19 @@
 // A streamed or hijacked response may reach the client before it is stored
 // or the key released; a retry in that window gets 409.
 //
+// # Content negotiation
+//
+// A stored response is replayed as it was stored, whatever the retry's
+// Accept-Encoding or Accept fields say: a retry is the same request, but a
+// client library may negotiate differently on its second try. A handler
+// (or a compressing middleware inside this one) whose response depends on
+// those fields should either give covered requests one form, or add the
+// fields to the fingerprint (WithFingerprintHeaders("Accept-Encoding")),
+// so that a retry that negotiates otherwise gets 422 rather than a body it
+// cannot decode. The idem proxy stores the identity form: it does not pass
+// the client's Accept-Encoding on with covered requests, so its transport
+// asks the upstream for gzip itself and decodes it.
+//
 // Stored responses are one opaque blob in a versioned binary encoding; the
 // Executor compresses it above a threshold (idem.WithCompressAbove) and can
 // encrypt it (idem.WithEncryption).

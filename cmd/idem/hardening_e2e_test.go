@@ -2,6 +2,8 @@ package main
 
 import (
 	"bufio"
+	"compress/gzip"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -9,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -311,5 +314,62 @@ func TestMaxResponseLowered(t *testing.T) {
 	if res.status != 201 || !res.replayed() || len(res.body) != len("execution 1 of big: ")+len(body) || up.executions("big") != 1 {
 		t.Errorf("retry after lowering --max-response: got %d replayed=%v, %d bytes after %d executions, want the stored response",
 			res.status, res.replayed(), len(res.body), up.executions("big"))
+	}
+}
+
+// gzipUpstream answers with a gzip-encoded body when the request accepts
+// gzip, and plain text otherwise.
+type gzipUpstream struct{ calls atomic.Int64 }
+
+func (u *gzipUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	io.Copy(io.Discard, r.Body)
+	n := u.calls.Add(1)
+	msg := fmt.Sprintf("created order %d", n)
+	w.Header().Set("Content-Type", "text/plain")
+	w.Header().Set("Vary", "Accept-Encoding")
+	if strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
+		w.Header().Set("Content-Encoding", "gzip")
+		w.WriteHeader(http.StatusCreated)
+		zw := gzip.NewWriter(w)
+		io.WriteString(zw, msg)
+		zw.Close()
+		return
+	}
+	w.WriteHeader(http.StatusCreated)
+	io.WriteString(w, msg)
+}
+
+// TestProxyGzipReplay: a response to a client that accepted gzip is
+// replayed in a form that a retry without Accept-Encoding: gzip can read.
+func TestProxyGzipReplay(t *testing.T) {
+	t.Parallel()
+	gu := &gzipUpstream{}
+	srv := httptest.NewServer(gu)
+	t.Cleanup(srv.Close)
+	px := startProxy(t, srv.URL, []string{"--data", t.TempDir()})
+	// The header is set explicitly, so the client's transport does not
+	// decode: the bytes on the wire are seen.
+	decode := func(res response) string {
+		if res.header.Get("Content-Encoding") != "gzip" {
+			return res.body
+		}
+		zr, err := gzip.NewReader(strings.NewReader(res.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(zr)
+		return string(b)
+	}
+	first := post(t, px.url("/orders"), "gz", "x", "Accept-Encoding", "gzip")
+	if first.status != 201 || decode(first) != "created order 1" {
+		t.Fatalf("first: got %d %q", first.status, decode(first))
+	}
+	retry := post(t, px.url("/orders"), "gz", "x", "Accept-Encoding", "identity")
+	if !retry.replayed() || retry.header.Get("Content-Encoding") != "" || retry.body != "created order 1" {
+		t.Errorf("retry accepting identity only: got %d replayed=%v Content-Encoding %q body %q, want the plain replay",
+			retry.status, retry.replayed(), retry.header.Get("Content-Encoding"), retry.body)
+	}
+	if gu.calls.Load() != 1 {
+		t.Errorf("upstream calls: got %d, want 1", gu.calls.Load())
 	}
 }

@@ -146,6 +146,12 @@ func newGateway(target *url.URL, transport http.RoundTripper, mw *idemhttp.Middl
 				// the client its 100 Continue then: forwarding Expect
 				// would relay the upstream's as a second one.
 				pr.Out.Header.Del("Expect")
+				// The response is stored for retries that may not accept
+				// the encoding this client accepts: without the client's
+				// Accept-Encoding the transport asks for gzip itself and
+				// decodes it, so the identity form is stored, which every
+				// retry accepts.
+				pr.Out.Header.Del("Accept-Encoding")
 			}
 			stripTrailers(pr.Out.Trailer, g.fenceHeader)
 			if g.fenceHeader != "" {
