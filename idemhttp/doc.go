@@ -27,7 +27,9 @@
 //     returns "") is answered with 400 (TypePrincipalMissing), unless
 //     WithEmptyPrincipal(true) lets such requests share one scope.
 //   - The body is read, up to a limit (413, TypeBodyTooLarge, before the
-//     handler runs), and the request's fingerprint is computed as it is
+//     handler runs; 408, TypeBodyTimeout, if the connection's read deadline
+//     passes first; 503, TypeServerBusy, if the bodies held in memory reached
+//     WithMaxBufferedBodies), and the request's fingerprint is computed as it is
 //     read: SHA-256 over the method, path, query, selected fields and body
 //     (optionally in a canonical JSON form). The handler still sees the
 //     whole body.
