@@ -2,7 +2,9 @@ package idem
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -67,6 +69,7 @@ func (e *Executor) BeginBatch(ctx context.Context, keys []Key, fingerprints []st
 	}
 	// Repeat the acquisitions whose outcome is unknown, as Begin does.
 	var acqs []Acquisition
+	sent := time.Now()
 	r := acquireRepeats()
 	errs := r.batch(ctx, func(js []int) []error {
 		if js == nil {
@@ -85,7 +88,7 @@ func (e *Executor) BeginBatch(ctx context.Context, keys []Key, fingerprints []st
 			out[i] = Began{Ctx: ctx, Err: fmt.Errorf("idem: acquire: %w", errs[j])}
 			continue
 		}
-		c, a, err := e.begun(ctx, skeys[j], acqs[j])
+		c, a, err := e.begun(ctx, skeys[j], acqs[j], sent)
 		out[i] = Began{c, a, err}
 	}
 	return out
@@ -112,7 +115,24 @@ func (e *Executor) CommitBatch(ctx context.Context, attempts []*Attempt, values 
 		}
 		return errs
 	}
-	return e.CommitBatchWith(ctx, attempts, values, func(ctx context.Context, cs []BatchCompletion) []error {
+	// An attempt with an effect is committed alone, with its effect:
+	// CompleteBatch applies none.
+	var alone []int
+	if len(values) == len(attempts) {
+		for i, a := range attempts {
+			if a != nil && a.hasEffect() {
+				alone = append(alone, i)
+			}
+		}
+	}
+	batch := attempts
+	if len(alone) > 0 {
+		batch = slices.Clone(attempts)
+		for _, i := range alone {
+			batch[i] = nil
+		}
+	}
+	errs := e.CommitBatchWith(ctx, batch, values, func(ctx context.Context, cs []BatchCompletion) []error {
 		keys := make([]string, len(cs))
 		leases := make([]Lease, len(cs))
 		blobs := make([][]byte, len(cs))
@@ -121,6 +141,10 @@ func (e *Executor) CommitBatch(ctx context.Context, attempts []*Attempt, values 
 		}
 		return bs.CompleteBatch(ctx, keys, leases, blobs, e.retention)
 	})
+	for _, i := range alone {
+		errs[i] = attempts[i].Commit(ctx, values[i])
+	}
+	return errs
 }
 
 // BatchCompletion is one record that CommitBatchWith asks its store call to
@@ -136,6 +160,11 @@ type BatchCompletion struct {
 	Result []byte
 	// Retention is how long the COMPLETED record is kept.
 	Retention time.Duration
+	// Effect, if not nil, is the attempt's effect (SetEffect): the store
+	// call applies it atomically with this completion, as
+	// EffectStore.CompleteEffect does, and answers an *EffectError when it
+	// fails.
+	Effect *Effect
 }
 
 // CommitBatchWith is CommitBatch with the store call made by complete, for
@@ -147,8 +176,11 @@ type BatchCompletion struct {
 // does. complete must answer one error per element of cs with the meaning
 // of Store.Complete's, and must be safe to call again with a subset of the
 // completions it was given. A value over the size limit is committed with
-// Commit (which fails the key) without complete. CommitBatchWith returns
-// one error per attempt; a nil or replayed attempt gets nil.
+// Commit (which fails the key) without complete. An attempt's effect is in
+// its BatchCompletion; when complete answers that it failed (ErrEffect),
+// the attempt ends as Commit's does then: released or FAILED per the
+// failure policy. CommitBatchWith returns one error per attempt; a nil or
+// replayed attempt gets nil.
 func (e *Executor) CommitBatchWith(ctx context.Context, attempts []*Attempt, values [][]byte, complete func(ctx context.Context, cs []BatchCompletion) []error) []error {
 	errs := make([]error, len(attempts))
 	if len(values) != len(attempts) || complete == nil {
@@ -175,7 +207,7 @@ func (e *Executor) CommitBatchWith(ctx context.Context, attempts []*Attempt, val
 			errs[i] = err
 			continue
 		}
-		cs = append(cs, BatchCompletion{Index: i, Key: a.key, Lease: a.lease, Result: blob, Retention: e.retention})
+		cs = append(cs, BatchCompletion{Index: i, Key: a.key, Lease: a.lease, Result: blob, Retention: e.retention, Effect: a.effect})
 	}
 	if len(cs) == 0 {
 		return errs
@@ -188,9 +220,13 @@ func (e *Executor) CommitBatchWith(ctx context.Context, attempts []*Attempt, val
 		return complete(ctx, subset(cs, js))
 	})
 	for j, c := range cs {
-		attempts[c.Index].cancel(nil)
-		if cerrs[j] != nil {
-			errs[c.Index] = fmt.Errorf("idem: complete: %w", cerrs[j])
+		a := attempts[c.Index]
+		a.cancel(nil)
+		switch err := cerrs[j]; {
+		case errors.Is(err, ErrEffect):
+			errs[c.Index] = a.effectFailed(ctx, err)
+		case err != nil:
+			errs[c.Index] = fmt.Errorf("idem: complete: %w", err)
 		}
 	}
 	return errs
