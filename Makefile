@@ -127,10 +127,13 @@ bench: check-redis
 bench-streams: check-redis
 	$(GO) test -run '^$$' -bench 'Consumer/.*/batch=100' -benchtime 50000x -count 5 ./consumer/redisstream/ | $(GO) run ./internal/benchratio -metric msgs/s -base plain
 
-## bench-http: idemhttp against the bare handler under wrk (needs wrk).
+## bench-http: idemhttp (both Redis clients), Fiber's idempotency middleware,
+## a plain reverse proxy and the idem proxy against the bare handler under
+## wrk, interleaved rounds, with the ratios of the performance targets
+## (needs wrk; about 6 minutes; ARGS=-only=regexp narrows it).
 bench-http: check-redis
 	@command -v wrk >/dev/null 2>&1 || { echo "wrk is needed: sudo apt-get install -y wrk"; exit 1; }
-	$(GO) run ./internal/httpbench
+	$(GO) run ./internal/httpbench $(ARGS)
 
 ## bench-proxy: the proxy's new-key throughput on both stores (needs wrk).
 bench-proxy: check-redis
