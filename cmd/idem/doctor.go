@@ -64,9 +64,16 @@ For Redis (on a Cluster, on every primary):
   cluster           every one of the 16384 slots assigned, cluster_state ok
   round trip        median of 10 PINGs; WARN above 5ms
 
+For PostgreSQL (--postgres; with --redis too for the hybrid commit gate):
+  tables            idem_completions (pggate) or idem_records (pgstore) exist
+                    in the search_path (FAIL when neither does)
+  indexes, rights   each table's indexes, and SELECT, INSERT, UPDATE, DELETE
+  relay backlog     WARN when completions older than 1m are not relayed
+  pgstore functions the 7 transition functions exist and are executable
+
 For the embedded store: the file opens (or is in use by a running proxy).`,
 		flags: func(fs *flagSet) func(context.Context, *env, []string) error {
-			var s storeFlags
+			s := storeFlags{hybrid: true}
 			s.register(fs)
 			return func(ctx context.Context, e *env, args []string) error {
 				if len(args) > 0 {
@@ -76,10 +83,14 @@ For the embedded store: the file opens (or is in use by a running proxy).`,
 					return err
 				}
 				r := &report{w: e.stdout}
-				if s.redisURL == "" && s.cluster == "" {
-					doctorBolt(r, &s)
-				} else {
+				switch {
+				case s.redisURL != "" || s.cluster != "":
 					doctorRedis(ctx, r, &s)
+				case s.postgres == "":
+					doctorBolt(r, &s)
+				}
+				if s.postgres != "" {
+					doctorPostgres(ctx, r, &s)
 				}
 				fmt.Fprintf(e.stdout, "%d OK, %d WARN, %d FAIL\n", r.counts[vOK], r.counts[vWarn], r.counts[vFail])
 				if r.counts[vFail] > 0 {

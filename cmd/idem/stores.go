@@ -15,6 +15,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/boltstore"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -26,6 +27,8 @@ type storeFlags struct {
 	prefix      string
 	data        string
 	dataDefault string
+	postgres    string // pgstore, or with Redis the commit gate's database (doctor, relay)
+	hybrid      bool   // --postgres may come with --redis (doctor, relay)
 }
 
 const (
@@ -41,12 +44,21 @@ func (s *storeFlags) register(fs *flagSet) {
 	fs.String(&s.cluster, "redis-cluster", "ADDRS", "", "Redis Cluster for the records: host:port,host:port,... or a redis:// URL with addr= parameters")
 	fs.String(&s.prefix, "redis-prefix", "PREFIX", redisstore.DefaultPrefix, "prefix of the record keys in Redis")
 	fs.String(&s.data, "data", "DIR", defaultDataDir, "directory of the embedded store (file DIR/"+dataFile+"), used when no Redis is given")
+	fs.String(&s.postgres, "postgres", "URL", "", "PostgreSQL for the records (pgstore), e.g. postgres://user:password@host:5432/db; its tables go in the first schema of the search_path")
 }
 
 // validate checks the flags without I/O.
 func (s *storeFlags) validate() error {
 	if s.redisURL != "" && s.cluster != "" {
 		return usagef("--redis and --redis-cluster exclude each other; give one")
+	}
+	if s.postgres != "" {
+		if !s.hybrid && (s.redisURL != "" || s.cluster != "") {
+			return usagef("--postgres and --redis exclude each other; give one store")
+		}
+		if _, err := pgxpool.ParseConfig(s.postgres); err != nil {
+			return urlFlagError("--postgres", s.postgres, err, "postgres")
+		}
 	}
 	if s.redisURL != "" {
 		if _, err := redis.ParseURL(s.redisURL); err != nil {
@@ -128,6 +140,8 @@ func (s *storeFlags) open(ctx context.Context, create bool) (*openedStore, error
 		}
 		c := redis.NewClusterClient(opt)
 		return s.openRedis(ctx, c, "redis cluster "+strings.Join(opt.Addrs, ","))
+	case s.postgres != "":
+		return s.openPostgres(ctx, create)
 	}
 	return s.openBolt(create)
 }
