@@ -100,6 +100,8 @@ func doctorBolt(r *report, s *storeFlags) {
 	switch {
 	case errors.Is(err, boltstore.ErrLocked):
 		r.add(vOK, "embedded store", "%s is in use by a running proxy (Redis checks do not apply)", path)
+	case errors.Is(err, boltstore.ErrCorrupt):
+		r.add(vFail, "embedded store", "%v", damagedStoreError(path, err))
 	case err != nil:
 		r.add(vFail, "embedded store", "%s does not open: %v", path, err)
 	default:

@@ -190,6 +190,9 @@ func (s *storeFlags) openBolt(create bool) (*openedStore, error) {
 	if errors.Is(err, boltstore.ErrLocked) {
 		return nil, fmt.Errorf("the embedded store %s is in use by another process (a running proxy?); stop it first", path)
 	}
+	if errors.Is(err, boltstore.ErrCorrupt) {
+		return nil, damagedStoreError(path, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("cannot open the embedded store in %s: %v", s.data, err)
 	}
@@ -206,6 +209,14 @@ func (s *storeFlags) openBolt(create bool) (*openedStore, error) {
 		},
 		close: st.Close,
 	}, nil
+}
+
+// damagedStoreError is the one line that reports a damaged embedded store
+// file: which file, what to do, and bbolt's finding last.
+func damagedStoreError(path string, err error) error {
+	detail := strings.Join(strings.Fields(err.Error()), " ") // one line whatever bbolt said
+	return fmt.Errorf("the embedded store %s is damaged and cannot be read (%s); move the file aside to start with an empty store, or restore it from a backup",
+		path, detail)
 }
 
 // redisLogger receives go-redis's own log lines (dial failures, pool
