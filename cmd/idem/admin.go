@@ -93,6 +93,7 @@ func (a *adminFlags) open(ctx context.Context) (*openedStore, *idem.Executor, er
 	if a.maxResponse > 1<<30 {
 		return nil, nil, usagef("--max-response %s is over the limit of 1GiB", formatSize(a.maxResponse))
 	}
+	a.store.allowEviction = true // reading and deleting records evicts nothing
 	st, err := a.store.open(ctx, false)
 	if err != nil {
 		return nil, nil, err

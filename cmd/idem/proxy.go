@@ -67,7 +67,11 @@ connections, lets the requests in flight finish and stores their responses
 (up to --shutdown-timeout), then exits.
 
 Records are kept in the embedded store under --data, or in Redis with
---redis or --redis-cluster (which several proxies can share).
+--redis or --redis-cluster (which several proxies can share). The proxy
+refuses to start on a Redis older than 7.0 and on one whose
+maxmemory-policy is not noeviction (every other policy can evict records,
+and a retried request then runs again), unless --allow-eviction is given;
+where the server refuses INFO and CONFIG GET it logs one warning and starts.
 
 With --otel-endpoint the proxy sends OpenTelemetry traces over OTLP/HTTP: a
 server span per request (a child of the client's W3C traceparent, if any)
@@ -118,6 +122,7 @@ func registerProxyFlags(fs *flagSet) *proxyConfig {
 	fs.String(&c.scopeHeader, "scope-header", "NAME", "", "scope keys by the value of this request header (hashed), e.g. Authorization")
 	fs.String(&c.fenceHeader, "fence-header", "NAME", "Idempotency-Fence", "request header that tells the upstream the request's fencing token; a client's own is removed (empty: off)")
 	fs.Var(durationValue{&c.wait}, "wait", "DURATION", "how long a retry waits for the first request to finish before 409 (0: answer 409 at once)")
+	fs.Bool(&c.store.allowEviction, "allow-eviction", false, "start on a Redis whose maxmemory-policy is not noeviction (it may evict records: retried requests then run again)")
 	fs.Bool(&c.failOpen, "fail-open", false, "when the store is unreachable, forward requests unprotected instead of answering 503")
 	fs.Var(durationValue{&c.upstreamTimeout}, "upstream-timeout", "DURATION", "how long to wait for the upstream's response header (0: no limit); then 504")
 	fs.Var(durationValue{&c.shutdownTimeout}, "shutdown-timeout", "DURATION", "how long a shutdown waits for requests in flight")
@@ -258,6 +263,7 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 			return err
 		}
 	}
+	c.store.logger = log
 	opened, err := c.store.open(ctx, true)
 	if err != nil {
 		return err

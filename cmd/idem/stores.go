@@ -27,6 +27,11 @@ type storeFlags struct {
 	prefix      string
 	data        string
 	dataDefault string
+	// allowEviction accepts a Redis whose maxmemory-policy may evict
+	// records: the proxy's --allow-eviction, and always for the admin
+	// commands, which only read and delete records.
+	allowEviction bool
+	logger        *slog.Logger // for the store's start warning; nil: slog.Default()
 }
 
 const (
@@ -152,10 +157,17 @@ func (s *storeFlags) openRedis(ctx context.Context, c redis.UniversalClient, des
 		c.Close()
 		return nil, fmt.Errorf("%s is not reachable: %v", describe, err)
 	}
-	st, err := redisstore.New(c, redisstore.WithPrefix(s.prefix))
+	opts := []redisstore.Option{redisstore.WithPrefix(s.prefix)}
+	if s.allowEviction {
+		opts = append(opts, redisstore.WithAllowEviction())
+	}
+	if s.logger != nil {
+		opts = append(opts, redisstore.WithLogger(s.logger))
+	}
+	st, err := redisstore.New(c, opts...)
 	if err != nil {
 		c.Close()
-		return nil, usagef("%v", err)
+		return nil, storeError(err)
 	}
 	return &openedStore{
 		store:    st,
@@ -172,6 +184,23 @@ func (s *storeFlags) openRedis(ctx context.Context, c redis.UniversalClient, des
 		redis:    c,
 		close:    c.Close,
 	}, nil
+}
+
+// storeError turns an error of redisstore.New into the command's one line,
+// naming the flags instead of the library's options.
+func storeError(err error) error {
+	var ee *redisstore.EvictionError
+	var ve *redisstore.VersionError
+	switch {
+	case errors.As(err, &ee):
+		return fmt.Errorf("redis %s has maxmemory-policy %s, which can evict idempotency records (a retried request then runs again); set maxmemory-policy noeviction on the server (keep caches on another Redis), or pass --allow-eviction to accept that risk",
+			ee.Addr, ee.Policy)
+	case errors.As(err, &ve):
+		return fmt.Errorf("redis %s runs Redis %s; idem needs Redis %s or later, or Valkey: upgrade the server", ve.Addr, ve.Version, ve.Need)
+	case errors.Is(err, idem.ErrInvalid):
+		return usagef("%v", err)
+	}
+	return err
 }
 
 // dataPath returns the embedded store's file.
