@@ -67,8 +67,10 @@ func WithWait(numReplicas int, timeout time.Duration) Option {
 
 // WithWaitAOF makes acquire and complete wait until the write was fsynced to
 // the AOF of numLocal (0 or 1) primaries and numReplicas replicas (WAITAOF,
-// Redis 7.2 and later), on the same connection as the script. Errors as for
-// WithWait. The default is not to wait.
+// Redis 7.2 and later: New refuses an older server), on the same connection
+// as the script. Errors as for WithWait. With appendfsync everysec the
+// server fsyncs once a second, so each acquire and complete may wait up to
+// a second. The default is not to wait.
 func WithWaitAOF(numLocal, numReplicas int, timeout time.Duration) Option {
 	return func(c *config) {
 		c.wait = &waitConfig{aof: true, local: numLocal, replicas: numReplicas, timeout: timeout}
