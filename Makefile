@@ -9,11 +9,11 @@ FUZZTIME ?= 10s
 # dependencies, which have go.mod files of their own).
 MODULES  := $(shell find . -name go.mod -not -path './.cache/*' -not -path './bin/*' -exec dirname {} \; | sort)
 
-.PHONY: test vet race fuzz soak chaos chaos-long chaos-report bench bench-streams bench-http bench-proxy check-redis check-brokers demo
+.PHONY: test vet race fuzz soak chaos chaos-long chaos-report bench bench-streams bench-http bench-proxy bench-postgres check-redis check-brokers check-postgres demo
 
 ## test: formatting, vet, the race-enabled tests of every module and the
 ## short variant of the reliability suite (make chaos).
-test: check-redis check-brokers vet race chaos
+test: check-redis check-brokers check-postgres vet race chaos
 
 check-redis:
 	@command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 || { \
@@ -29,6 +29,16 @@ check-brokers:
 	@(exec 3<>/dev/tcp/127.0.0.1/4222) 2>/dev/null || { \
 	  echo "nats-server with JetStream is needed on 127.0.0.1:4222 by consumer/nats and chaos/brokercrash."; \
 	  echo "Install and start it with: sudo apt-get install -y nats-server && nats-server -a 127.0.0.1 -p 4222 -js &"; exit 1; }
+
+# The postgres module (pggate, pgstore) and its scenarios run against a
+# real PostgreSQL; each test makes a schema of its own and drops it.
+IDEM_POSTGRES_URL ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
+export IDEM_POSTGRES_URL
+check-postgres:
+	@(exec 3<>/dev/tcp/127.0.0.1/5432) 2>/dev/null || { \
+	  echo "PostgreSQL is needed on 127.0.0.1:5432 (trust auth, user postgres, database test) by the postgres module."; \
+	  echo "Start it with: pg_ctlcluster --skip-systemctl-redirect \$$(ls /etc/postgresql) main start"; \
+	  echo "(install it first with: sudo apt-get install -y postgresql)"; exit 1; }
 
 vet:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

@@ -96,15 +96,15 @@ func (e *Executor) BeginBatch(ctx context.Context, keys []Key, fingerprints []st
 // Commit's meaning; a nil or replayed attempt gets nil. values must have
 // one entry per attempt; the store does not keep them.
 func (e *Executor) CommitBatch(ctx context.Context, attempts []*Attempt, values [][]byte) []error {
-	errs := make([]error, len(attempts))
-	if len(values) != len(attempts) {
-		for i := range errs {
-			errs[i] = invalidf("%d attempts and %d values", len(attempts), len(values))
-		}
-		return errs
-	}
 	bs, ok := e.store.(BatchStore)
 	if !ok {
+		errs := make([]error, len(attempts))
+		if len(values) != len(attempts) {
+			for i := range errs {
+				errs[i] = invalidf("%d attempts and %d values", len(attempts), len(values))
+			}
+			return errs
+		}
 		for i, a := range attempts {
 			if a != nil {
 				errs[i] = a.Commit(ctx, values[i])
@@ -112,10 +112,52 @@ func (e *Executor) CommitBatch(ctx context.Context, attempts []*Attempt, values 
 		}
 		return errs
 	}
-	keys := make([]string, 0, len(attempts))
-	leases := make([]Lease, 0, len(attempts))
-	blobs := make([][]byte, 0, len(attempts))
-	idx := make([]int, 0, len(attempts))
+	return e.CommitBatchWith(ctx, attempts, values, func(ctx context.Context, cs []BatchCompletion) []error {
+		keys := make([]string, len(cs))
+		leases := make([]Lease, len(cs))
+		blobs := make([][]byte, len(cs))
+		for k, c := range cs {
+			keys[k], leases[k], blobs[k] = c.Key, c.Lease, c.Result
+		}
+		return bs.CompleteBatch(ctx, keys, leases, blobs, e.retention)
+	})
+}
+
+// BatchCompletion is one record that CommitBatchWith asks its store call to
+// complete.
+type BatchCompletion struct {
+	// Index is the position of the attempt in CommitBatchWith's attempts.
+	Index int
+	// Key is the store key; Lease the acquisition being completed.
+	Key   string
+	Lease Lease
+	// Result is the value as the Executor stores it (compressed and
+	// sealed as configured): the blob to write, opaque to the store.
+	Result []byte
+	// Retention is how long the COMPLETED record is kept.
+	Retention time.Duration
+}
+
+// CommitBatchWith is CommitBatch with the store call made by complete, for
+// a store call that does more in the same atomic step as the completions
+// (redisstore's CompleteAndAckBatch acknowledges a stream entry with each
+// one). The Executor checks sizes, encodes the values, ends the attempts
+// and repeats, with the same arguments, the elements of complete's answer
+// whose outcome is unknown (OutcomeUnknown), for up to one lease, as Commit
+// does. complete must answer one error per element of cs with the meaning
+// of Store.Complete's, and must be safe to call again with a subset of the
+// completions it was given. A value over the size limit is committed with
+// Commit (which fails the key) without complete. CommitBatchWith returns
+// one error per attempt; a nil or replayed attempt gets nil.
+func (e *Executor) CommitBatchWith(ctx context.Context, attempts []*Attempt, values [][]byte, complete func(ctx context.Context, cs []BatchCompletion) []error) []error {
+	errs := make([]error, len(attempts))
+	if len(values) != len(attempts) || complete == nil {
+		for i := range errs {
+			errs[i] = invalidf("%d attempts and %d values, or a nil store call", len(attempts), len(values))
+		}
+		return errs
+	}
+	cs := make([]BatchCompletion, 0, len(attempts))
 	for i, a := range attempts {
 		if a == nil || a.replayed {
 			continue
@@ -133,25 +175,22 @@ func (e *Executor) CommitBatch(ctx context.Context, attempts []*Attempt, values 
 			errs[i] = err
 			continue
 		}
-		keys = append(keys, a.key)
-		leases = append(leases, a.lease)
-		blobs = append(blobs, blob)
-		idx = append(idx, i)
+		cs = append(cs, BatchCompletion{Index: i, Key: a.key, Lease: a.lease, Result: blob, Retention: e.retention})
 	}
-	if len(keys) == 0 {
+	if len(cs) == 0 {
 		return errs
 	}
 	// Repeat the completions whose outcome is unknown, as Commit does.
-	cerrs := RepeatUnknown(ctx, e.lease, func(js []int) []error {
+	cerrs := repeatUnknown(ctx, e.lease, func(js []int) []error {
 		if js == nil {
-			return bs.CompleteBatch(ctx, keys, leases, blobs, e.retention)
+			return complete(ctx, cs)
 		}
-		return bs.CompleteBatch(ctx, subset(keys, js), subset(leases, js), subset(blobs, js), e.retention)
+		return complete(ctx, subset(cs, js))
 	})
-	for j, i := range idx {
-		attempts[i].cancel(nil)
+	for j, c := range cs {
+		attempts[c.Index].cancel(nil)
 		if cerrs[j] != nil {
-			errs[i] = fmt.Errorf("idem: complete: %w", cerrs[j])
+			errs[c.Index] = fmt.Errorf("idem: complete: %w", cerrs[j])
 		}
 	}
 	return errs

@@ -77,6 +77,11 @@ func (c *blobCodec) decode(storeKey string, blob []byte) ([]byte, error) {
 		return nil, fmt.Errorf("%w: unknown flags %#x", ErrCorruptResult, flags)
 	}
 	payload := blob[1:len(blob):len(blob)]
+	if c.aead != nil && flags&blobEncrypted == 0 {
+		// Whoever can write to the store could plant a plain result; with
+		// a key configured only sealed results are replayed.
+		return nil, fmt.Errorf("%w: result is not encrypted and a key is configured", ErrCorruptResult)
+	}
 	if flags&blobEncrypted != 0 {
 		if c.aead == nil {
 			return nil, fmt.Errorf("%w: result is encrypted and no key is configured", ErrCorruptResult)

@@ -65,7 +65,9 @@ func WithCompressAbove(n int) Option { return func(e *Executor) { e.codec.compre
 
 // WithEncryption seals stored results with aead (for example AES-GCM), with
 // the store key as associated data, so that a result cannot be read from the
-// store or moved to another key. The default is no encryption.
+// store or moved to another key. With a key set, a stored result that is
+// not sealed is refused (ErrCorruptResult), never replayed: whoever can
+// write to the store cannot plant one. The default is no encryption.
 func WithEncryption(aead cipher.AEAD) Option { return func(e *Executor) { e.codec.aead = aead } }
 
 // Executor runs operations at most once per key on top of a Store. It is safe
@@ -437,7 +439,7 @@ func (a *Attempt) Commit(ctx context.Context, value []byte) error {
 	}
 	defer a.cancel(nil)
 	if len(value) > a.e.codec.maxSize {
-		tooLarge := fmt.Errorf("%w: result of %d bytes is over the limit of %d", ErrResultTooLarge, len(value), a.e.codec.maxSize)
+		tooLarge := resultTooLarge(len(value), a.e.codec.maxSize)
 		if err := a.fail(ctx, tooLarge, true); err != nil {
 			return errors.Join(tooLarge, err)
 		}
@@ -645,17 +647,15 @@ func (r *repeater) batch(ctx context.Context, call func(idx []int) []error) []er
 	}
 }
 
-// RepeatUnknown makes a batch of store calls and repeats, with the same
+// repeatUnknown makes a batch of store calls and repeats, with the same
 // arguments, those whose error leaves the outcome unknown (OutcomeUnknown),
 // as the Store contract allows, pausing from 10ms up to 1s, for at most d
 // in all or until ctx is done. call(nil) makes the whole batch and returns
 // one error per element; call(idx) makes again the elements listed in idx
-// and returns one error per element of idx. RepeatUnknown returns one error
-// per element: the last answer of each. The Executor's CommitBatch
-// does this with d = the lease; a caller that completes records through a
-// store of its own (as consumer/redisstream does) uses it for the same
-// guarantee.
-func RepeatUnknown(ctx context.Context, d time.Duration, call func(idx []int) []error) []error {
+// and returns one error per element of idx. repeatUnknown returns one error
+// per element: the last answer of each. CommitBatchWith does this with d =
+// the lease.
+func repeatUnknown(ctx context.Context, d time.Duration, call func(idx []int) []error) []error {
 	r := within(d)
 	return r.batch(ctx, call)
 }

@@ -467,3 +467,29 @@ func TestDefaults(t *testing.T) {
 		t.Fatalf("DefaultLease %v", idem.DefaultLease)
 	}
 }
+
+// TestEncryptionRefusesPlainResult checks that an executor with a key does
+// not replay a result that is not sealed, such as one planted in the store
+// by whoever can write to it.
+func TestEncryptionRefusesPlainResult(t *testing.T) {
+	block, _ := aes.NewCipher(make([]byte, 32))
+	aead, _ := cipher.NewGCM(block)
+	s, err := memstore.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, _ := idem.New(s)
+	key := idem.Key{ID: "planted"}
+	if _, err := plain.Do(t.Context(), key, "", func(context.Context) ([]byte, error) { return []byte("forged"), nil }); err != nil {
+		t.Fatal(err)
+	}
+	sealed, _ := idem.New(s, idem.WithEncryption(aead))
+	ran := false
+	r, err := sealed.Do(t.Context(), key, "", func(context.Context) ([]byte, error) { ran = true; return nil, nil })
+	if !errors.Is(err, idem.ErrCorruptResult) || r.Replayed || ran {
+		t.Fatalf("plain result under a key: got replayed=%v %q, ran=%v, err %v; want ErrCorruptResult, nothing replayed", r.Replayed, r.Value, ran, err)
+	}
+	if _, err := sealed.DecodeResult(key.Digest(), []byte{0}); !errors.Is(err, idem.ErrCorruptResult) {
+		t.Fatalf("DecodeResult of a plain blob with a key: got %v, want ErrCorruptResult", err)
+	}
+}

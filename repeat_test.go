@@ -280,7 +280,7 @@ func TestLostBatchAcquireRepliesAreRepeated(t *testing.T) {
 	}
 }
 
-// TestRepeatUnknown checks the exported form: the whole batch first
+// TestRepeatUnknown checks repeatUnknown: the whole batch first
 // (idx nil), then only the elements whose outcome is unknown, until each
 // has a definite answer; and no longer than d when one never gets one.
 func TestRepeatUnknown(t *testing.T) {

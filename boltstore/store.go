@@ -92,6 +92,7 @@ type Store struct {
 var (
 	_ idem.Store   = (*Store)(nil)
 	_ idem.Watcher = (*Store)(nil)
+	_ idem.Relayer = (*Store)(nil)
 )
 
 // Open opens the store kept in the file at path, creating the file (not its
@@ -451,6 +452,40 @@ func (s *Store) Complete(ctx context.Context, key string, lease idem.Lease, resu
 		r.state, r.result, r.leaseUntil = idem.StateCompleted, result, 0
 		r.expiresAt = t.now + retention.Microseconds()
 		t.notify(key)
+	})
+}
+
+// RelayCompletion implements idem.Relayer. It returns once the record is
+// on disk.
+func (s *Store) RelayCompletion(ctx context.Context, key string, c idem.Completion) error {
+	if err := idem.ValidateStoreKey(key); err != nil {
+		return err
+	}
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.writeSized(ctx, len(c.Result), func(t *txn) error {
+		sl, err := t.load(key)
+		if err != nil {
+			return err
+		}
+		r := sl.live
+		if r == nil {
+			r = &record{attempts: 1, created: t.now}
+		} else if r.state == idem.StateCompleted {
+			return nil // the first completion stays
+		}
+		r.state, r.fingerprint, r.owner, r.result, r.leaseUntil = idem.StateCompleted, c.Fingerprint, "", c.Result, 0
+		r.fence = max(r.fence, c.Fence)
+		if r.fence > t.lastFence {
+			t.lastFence, t.fenceSet = r.fence, true
+		}
+		r.expiresAt = t.now + c.Retention.Microseconds()
+		t.notify(key)
+		return t.save(sl, r)
 	})
 }
 

@@ -1,33 +1,12 @@
-// Package consumer turns at-least-once delivery into one execution per
-// message key. Broker adapters decorate the broker's own handler shape with
-// a Processor and map its Actions to the broker's acknowledgements.
-//
-// The order of operations for each message is: acquire the key, run the
-// handler (with the lease and fence in its context), complete the key, and
-// only then acknowledge. So:
-//
-//   - a duplicate whose key is COMPLETED is acknowledged without running the
-//     handler (Ack, Replayed);
-//   - a duplicate whose key is IN_PROGRESS elsewhere is never acknowledged:
-//     it is redelivered after the lease left (Retry);
-//   - a handler error releases the key and the message is redelivered
-//     (Retry), until the broker delivered it MaxDeliveries times: then the
-//     key becomes FAILED and the message goes to the dead-letter path
-//     (DeadLetter);
-//   - a message without a key is dead-lettered, never processed twice
-//     silently.
-//
-// A crash anywhere before the acknowledgement leads to a redelivery, which
-// the record turns into a replay (after completion) or a takeover (after the
-// lease). Nothing is lost; effects happen once per key, within the limits
-// of the idem package's guarantees (the fence, for owners that were paused
-// past their lease).
 package consumer
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemgo/idem"
@@ -35,6 +14,17 @@ import (
 
 // ErrNoKey is the error of a message whose key extractor found no key.
 var ErrNoKey = errors.New("consumer: message has no idempotency key")
+
+// ErrPanic is the error of a handler that panicked: the panic is recovered
+// and handled as the handler's error (the key is released and the message
+// redelivered, then dead-lettered after the maximum of deliveries). The
+// panic value is in the error's text; the stack is logged.
+var ErrPanic = errors.New("consumer: handler panicked")
+
+// ErrStopping is the error of a message whose handler did not start
+// because the batch's context was done (the consumer is stopping): its key
+// is released and the message is left for redelivery.
+var ErrStopping = errors.New("consumer: stopping")
 
 // Message is a delivered message, reduced to what idempotency needs.
 type Message struct {
@@ -47,6 +37,9 @@ type Message struct {
 	// Deliveries is how often the broker delivered the message, this
 	// delivery included; 0 if the broker does not say.
 	Deliveries int
+	// ID is the broker's identifier of the message (optional), for a
+	// CommitFunc that acknowledges it with the completion.
+	ID string
 }
 
 // Action is what the adapter must do with a message.
@@ -65,6 +58,7 @@ const (
 
 var actionNames = [...]string{"invalid", "ack", "retry", "dead-letter"}
 
+// String returns the action's name: "ack", "retry" or "dead-letter".
 func (a Action) String() string {
 	if int(a) < len(actionNames) {
 		return actionNames[a]
@@ -80,15 +74,37 @@ type Result struct {
 	// Replayed is true for an Ack of a key that was already COMPLETED: the
 	// handler did not run.
 	Replayed bool
-	// Err says why, for Retry and DeadLetter: the handler's error,
-	// ErrNoKey, idem.ErrMismatch, a *idem.FailedError, an
-	// *idem.InProgressError or a store error.
+	// Err says why, for Retry and DeadLetter: the handler's error (ErrPanic
+	// for a panic), ErrNoKey, an error wrapping idem.ErrInvalid (a key or
+	// fingerprint over its limit), idem.ErrMismatch, a *idem.FailedError,
+	// an *idem.InProgressError, ErrStopping or a store error.
 	Err error
 }
 
 // Handler processes message i of a batch. ctx carries the lease
 // (idem.FenceFrom) and is cancelled if the lease is lost.
 type Handler func(ctx context.Context, i int) error
+
+// CommitFunc completes the keys of the handled messages of a batch:
+// attempts[k] holds the key of msgs[k]. It returns one error per attempt
+// with the meaning of idem.Attempt.Commit's. The default is the executor's
+// CommitBatch; an adapter whose broker can acknowledge in the same atomic
+// call as the completion (Redis Streams) passes its own, built on
+// idem.Executor.CommitBatchWith.
+type CommitFunc func(ctx context.Context, msgs []Message, attempts []*idem.Attempt) []error
+
+// Event is what the event hook (WithEventHook) learns of each message.
+type Event struct {
+	// Result is the Processor's decision.
+	Result Result
+	// KeyDigest is the digest of the message's scoped key (idem.Key.Digest),
+	// empty when it has none: raw keys never reach hooks or logs.
+	KeyDigest string
+	// Deliveries is the message's delivery count (Message.Deliveries).
+	Deliveries int
+	// Duration is how long the handler ran (0 if it did not run).
+	Duration time.Duration
+}
 
 // Option configures a Processor.
 type Option func(*Processor)
@@ -99,13 +115,58 @@ type Option func(*Processor)
 func WithScope(scope string) Option { return func(p *Processor) { p.scope = scope } }
 
 // WithMaxDeliveries sets after how many deliveries a message whose handler
-// keeps failing is dead-lettered (its key becomes FAILED). The default is 5;
-// 0 means never (a failing message is retried forever).
+// keeps failing is dead-lettered (its key becomes FAILED). Deliveries are
+// the larger of the broker's count (Message.Deliveries) and the record's
+// acquisitions in the store, so that a count a restart loses in the broker
+// adapter is still found in the store. The default is 5; 0 means never (a
+// failing message is retried forever).
 func WithMaxDeliveries(n int) Option { return func(p *Processor) { p.maxDeliveries = n } }
 
 // WithRetryDelay sets the redelivery delay after a handler or store error.
 // The default is 1s.
 func WithRetryDelay(d time.Duration) Option { return func(p *Processor) { p.retryDelay = d } }
+
+// WithCommit sets how the keys of handled messages are completed (see
+// CommitFunc). The default is the executor's CommitBatch.
+func WithCommit(f CommitFunc) Option { return func(p *Processor) { p.commit = f } }
+
+// WithEventHook sets a function called once per message with the
+// Processor's decision, for metrics or tracing. It is called from the
+// goroutine that processes the batch, in the batch's order, and must not
+// block. The default is none.
+func WithEventHook(f func(Event)) Option { return func(p *Processor) { p.onEvent = f } }
+
+// WithLogger sets the logger of handler panics (ERROR, with the stack),
+// dead letters (WARN) and retries (DEBUG). Records carry the key's digest,
+// never the key. The default is slog.Default().
+func WithLogger(l *slog.Logger) Option { return func(p *Processor) { p.log = l } }
+
+// Stats are a Processor's counters since New, one per message decision;
+// the same type for every adapter. Safe to copy.
+type Stats struct {
+	// Processed: the handler ran and the key was completed (Ack).
+	Processed int64
+	// Replayed: the key was already COMPLETED, or the message repeated one
+	// completed earlier in its batch; acknowledged without the handler.
+	Replayed int64
+	// Retried: left for redelivery (key in progress elsewhere, handler
+	// error, store error, lease lost, stopping).
+	Retried int64
+	// DeadLettered: sent to the dead-letter path (Invalid included).
+	DeadLettered int64
+	// Invalid: messages without a key, or with a key or fingerprint over
+	// its limit; dead-lettered at once (also counted in DeadLettered).
+	Invalid int64
+	// Panics: handlers that panicked (also counted in Retried or
+	// DeadLettered).
+	Panics int64
+	// Redelivered: messages the broker delivered more than once
+	// (Message.Deliveries > 1), whatever their outcome.
+	Redelivered int64
+	// Errors: broker calls that failed (an acknowledgement, a dead-letter
+	// write, a fetch), as adapters report them with ReportError.
+	Errors int64
+}
 
 // Processor runs handlers at most once per message key. It is safe for
 // concurrent use.
@@ -114,14 +175,21 @@ type Processor struct {
 	scope         string
 	maxDeliveries int
 	retryDelay    time.Duration
+	commit        CommitFunc
+	onEvent       func(Event)
+	log           *slog.Logger
+
+	stats struct {
+		processed, replayed, retried, dead, invalid, panics, redelivered, errors atomic.Int64
+	}
 }
 
-// New returns a Processor on exec.
+// New returns a Processor on exec. Errors wrap idem.ErrInvalid.
 func New(exec *idem.Executor, opts ...Option) (*Processor, error) {
 	if exec == nil {
 		return nil, fmt.Errorf("%w: consumer: nil executor", idem.ErrInvalid)
 	}
-	p := &Processor{exec: exec, scope: "consumer", maxDeliveries: 5, retryDelay: time.Second}
+	p := &Processor{exec: exec, scope: "consumer", maxDeliveries: 5, retryDelay: time.Second, log: slog.Default()}
 	for _, o := range opts {
 		o(p)
 	}
@@ -130,6 +198,13 @@ func New(exec *idem.Executor, opts ...Option) (*Processor, error) {
 		return nil, fmt.Errorf("%w: consumer: max deliveries %d is negative", idem.ErrInvalid, p.maxDeliveries)
 	case p.retryDelay < 0:
 		return nil, fmt.Errorf("%w: consumer: retry delay %v is negative", idem.ErrInvalid, p.retryDelay)
+	case p.log == nil:
+		return nil, fmt.Errorf("%w: consumer: nil logger", idem.ErrInvalid)
+	}
+	if p.commit == nil {
+		p.commit = func(ctx context.Context, _ []Message, attempts []*idem.Attempt) []error {
+			return exec.CommitBatch(ctx, attempts, make([][]byte, len(attempts)))
+		}
 	}
 	return p, nil
 }
@@ -140,101 +215,281 @@ func (p *Processor) Executor() *idem.Executor { return p.exec }
 // Key returns the idem.Key of a message key.
 func (p *Processor) Key(key string) idem.Key { return idem.Key{Scope: p.scope, ID: key} }
 
-// Process runs h for each message whose key is not COMPLETED yet, in order,
-// and returns one Result per message. Messages are acquired before any
-// handler runs and completed after the last one, so that a store that
-// batches does so in about two round trips per batch. A panic in h releases
-// the keys still held and continues.
-func (p *Processor) Process(ctx context.Context, msgs []Message, h Handler) []Result {
-	results := make([]Result, len(msgs))
-	type held struct {
-		ctx context.Context
-		a   *idem.Attempt
+// Stats returns a snapshot of the counters.
+func (p *Processor) Stats() Stats {
+	return Stats{
+		Processed:    p.stats.processed.Load(),
+		Replayed:     p.stats.replayed.Load(),
+		Retried:      p.stats.retried.Load(),
+		DeadLettered: p.stats.dead.Load(),
+		Invalid:      p.stats.invalid.Load(),
+		Panics:       p.stats.panics.Load(),
+		Redelivered:  p.stats.redelivered.Load(),
+		Errors:       p.stats.errors.Load(),
 	}
-	attempts := make([]held, len(msgs))
-	done := make([]bool, len(msgs))
-	defer func() {
-		// After a panic: complete the keys whose handler succeeded (their
-		// effect happened) and give back the others.
-		for i, h := range attempts {
-			if h.a == nil {
-				continue
-			}
-			if done[i] {
-				_ = h.a.Commit(context.WithoutCancel(ctx), nil)
-			} else {
-				_ = h.a.Release(context.WithoutCancel(ctx))
-			}
-		}
-	}()
-	// Acquire every keyed message at once: one pipeline on a BatchStore.
-	keys := make([]idem.Key, 0, len(msgs))
-	fps := make([]string, 0, len(msgs))
-	idx := make([]int, 0, len(msgs))
+}
+
+// ReportError counts a failed broker call of an adapter in Stats.Errors
+// and logs it (WARN). msg says what failed.
+func (p *Processor) ReportError(msg string, err error) {
+	p.stats.errors.Add(1)
+	p.log.Warn("consumer: "+msg, "scope", p.scope, "err", err)
+}
+
+// Process runs h for each message whose key is not COMPLETED yet, in order,
+// and returns one Result per message: Acquire, then Batch.Handle, then
+// Batch.Commit. Messages are acquired before any handler runs and completed
+// after the last one, so that a store that batches does so in about two
+// round trips per batch.
+//
+// A message whose key already appeared earlier in the batch is not
+// acquired and its handler does not run: it follows the first one. If the
+// first was acknowledged, the repeat is acknowledged as a replay (or
+// dead-lettered with idem.ErrMismatch when its fingerprint differs);
+// otherwise it is retried with the first's delay.
+func (p *Processor) Process(ctx context.Context, msgs []Message, h Handler) []Result {
+	b := p.Acquire(ctx, msgs)
+	b.Handle(h)
+	return b.Commit(ctx)
+}
+
+// Batch is a batch of messages between its acquisition and its commit, for
+// adapters that act between the steps (Process runs them in a row). Its
+// methods are called in order from one goroutine: Handle once, then Commit
+// or Abandon once.
+type Batch struct {
+	p         *Processor
+	ctx       context.Context
+	msgs      []Message
+	results   []Result
+	held      []*idem.Attempt
+	ctxs      []context.Context
+	follow    []int // index+1 of the first message with the same key, or 0
+	done      []bool
+	durations []time.Duration
+	invalid   []bool
+}
+
+// Acquire checks every message and acquires the keys of the valid ones in
+// one BeginBatch. A message without a key, or whose key or fingerprint is
+// over its limit, is dead-lettered at once: redelivering it cannot fix it.
+func (p *Processor) Acquire(ctx context.Context, msgs []Message) *Batch {
+	n := len(msgs)
+	b := &Batch{
+		p: p, ctx: ctx, msgs: msgs,
+		results: make([]Result, n), held: make([]*idem.Attempt, n), ctxs: make([]context.Context, n),
+		follow: make([]int, n), done: make([]bool, n), durations: make([]time.Duration, n), invalid: make([]bool, n),
+	}
+	keys := make([]idem.Key, 0, n)
+	fps := make([]string, 0, n)
+	idx := make([]int, 0, n)
+	first := make(map[string]int, n)
 	for i, m := range msgs {
-		if m.Key == "" {
-			results[i] = Result{Action: DeadLetter, Err: ErrNoKey}
+		if err := p.check(m); err != nil {
+			b.invalid[i] = true
+			b.results[i] = Result{Action: DeadLetter, Err: err}
 			continue
 		}
+		if f, ok := first[m.Key]; ok {
+			b.follow[i] = f + 1
+			continue
+		}
+		first[m.Key] = i
 		keys = append(keys, p.Key(m.Key))
 		fps = append(fps, m.Fingerprint)
 		idx = append(idx, i)
 	}
-	for j, b := range p.exec.BeginBatch(ctx, keys, fps) {
+	for j, r := range p.exec.BeginBatch(ctx, keys, fps) {
 		i := idx[j]
 		switch {
-		case b.Err == nil && b.Attempt.Replayed():
-			results[i] = Result{Action: Ack, Replayed: true}
-		case b.Err == nil:
-			attempts[i] = held{b.Ctx, b.Attempt}
+		case r.Err == nil && r.Attempt.Replayed():
+			b.results[i] = Result{Action: Ack, Replayed: true}
+		case r.Err == nil:
+			b.held[i], b.ctxs[i] = r.Attempt, r.Ctx
 		default:
-			results[i] = p.refused(b.Err)
+			b.results[i] = p.refused(r.Err)
 		}
 	}
-	sctx := context.WithoutCancel(ctx)
-	for i, m := range msgs {
-		at := attempts[i]
-		if at.a == nil {
+	return b
+}
+
+// check returns why m cannot be processed, if it cannot.
+func (p *Processor) check(m Message) error {
+	if m.Key == "" {
+		return ErrNoKey
+	}
+	if err := p.Key(m.Key).Validate(); err != nil {
+		return fmt.Errorf("consumer: %w", err)
+	}
+	if len(m.Fingerprint) > idem.MaxFingerprintLen {
+		return fmt.Errorf("consumer: %w: fingerprint is %d bytes, over the limit of %d", idem.ErrInvalid, len(m.Fingerprint), idem.MaxFingerprintLen)
+	}
+	return nil
+}
+
+// Held reports whether message i's key is held by the batch (its handler
+// is to run or ran successfully and it is not committed yet).
+func (b *Batch) Held(i int) bool { return b.held[i] != nil }
+
+// Handle runs h, in order, for every message whose key the batch holds. A
+// panic in h is recovered and handled as an error wrapping ErrPanic. A
+// failed message's key is released for a redelivery or, after the maximum
+// of deliveries or for an error marked with idem.Terminal, stored as
+// FAILED and the message dead-lettered. Once the batch's context is done,
+// no handler starts: the remaining keys are released (ErrStopping).
+func (b *Batch) Handle(h Handler) {
+	p := b.p
+	sctx := context.WithoutCancel(b.ctx)
+	defer func() {
+		// After runtime.Goexit in h: give back the keys not handled.
+		for i, a := range b.held {
+			if a != nil && !b.done[i] {
+				_ = a.Release(sctx)
+				b.held[i] = nil
+				b.results[i] = Result{Action: Retry, Delay: p.retryDelay, Err: ErrStopping}
+			}
+		}
+	}()
+	for i, m := range b.msgs {
+		a := b.held[i]
+		if a == nil {
 			continue
 		}
-		err := h(at.ctx, i)
+		var err error
+		if cerr := b.ctx.Err(); cerr != nil {
+			err = fmt.Errorf("%w: %w", ErrStopping, cerr)
+		} else {
+			start := time.Now()
+			err = p.call(b.ctxs[i], h, i, a)
+			b.durations[i] = time.Since(start)
+		}
 		if err == nil {
-			done[i] = true
+			b.done[i] = true
 			continue
 		}
-		attempts[i].a = nil
-		if idem.IsTerminal(err) || (p.maxDeliveries > 0 && m.Deliveries >= p.maxDeliveries) {
-			ferr := at.a.Fail(sctx, err)
-			results[i] = Result{Action: DeadLetter, Err: errors.Join(err, ferr)}
+		b.held[i] = nil
+		deliveries := max(m.Deliveries, a.Attempts())
+		if !errors.Is(err, ErrStopping) && (idem.IsTerminal(err) || (p.maxDeliveries > 0 && deliveries >= p.maxDeliveries)) {
+			ferr := a.Fail(sctx, err)
+			b.results[i] = Result{Action: DeadLetter, Err: errors.Join(err, ferr)}
 			if ferr != nil && !errors.Is(ferr, idem.ErrLeaseLost) {
 				// The failure was not stored: retry rather than lose it.
-				results[i] = Result{Action: Retry, Delay: p.retryDelay, Err: errors.Join(err, ferr)}
+				b.results[i] = Result{Action: Retry, Delay: p.retryDelay, Err: errors.Join(err, ferr)}
 			}
 			continue
 		}
-		rerr := at.a.Release(sctx)
-		results[i] = Result{Action: Retry, Delay: p.retryDelay, Err: errors.Join(err, rerr)}
+		rerr := a.Release(sctx)
+		b.results[i] = Result{Action: Retry, Delay: p.retryDelay, Err: errors.Join(err, rerr)}
 	}
-	// Complete every handled message at once: one pipeline on a BatchStore.
-	commit := make([]*idem.Attempt, len(msgs))
-	for i := range msgs {
-		if attempts[i].a != nil && done[i] {
-			commit[i] = attempts[i].a
-			attempts[i].a = nil
+}
+
+// call runs h for message i, turning a panic into an error.
+func (p *Processor) call(ctx context.Context, h Handler, i int, a *idem.Attempt) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			p.stats.panics.Add(1)
+			err = fmt.Errorf("%w: %v", ErrPanic, r)
+			p.log.Error("consumer: handler panicked", "scope", p.scope, "key_digest", a.Key(), "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+		}
+	}()
+	return h(ctx, i)
+}
+
+// Commit completes the keys of the successful messages with the
+// processor's CommitFunc, settles the repeats within the batch, counts
+// and reports every message's decision, and returns one Result per
+// message. A message whose key could not be completed (lease lost, store
+// down) is retried: the record decides at its redelivery.
+func (b *Batch) Commit(ctx context.Context) []Result {
+	p := b.p
+	var cmsgs []Message
+	var catt []*idem.Attempt
+	var cidx []int
+	for i, a := range b.held {
+		if a != nil && b.done[i] {
+			cmsgs = append(cmsgs, b.msgs[i])
+			catt = append(catt, a)
+			cidx = append(cidx, i)
+			b.held[i] = nil
 		}
 	}
-	for i, err := range p.exec.CommitBatch(sctx, commit, make([][]byte, len(msgs))) {
+	if len(catt) > 0 {
+		for k, err := range p.commit(context.WithoutCancel(ctx), cmsgs, catt) {
+			i := cidx[k]
+			if err != nil {
+				b.results[i] = Result{Action: Retry, Delay: p.retryDelay, Err: err}
+				continue
+			}
+			b.results[i] = Result{Action: Ack}
+		}
+	}
+	for i, f := range b.follow {
+		if f == 0 {
+			continue
+		}
+		first := b.results[f-1]
 		switch {
-		case commit[i] == nil:
-		case err != nil:
-			// Not completed (lease lost, store down): the message must come
-			// back; the record decides then.
-			results[i] = Result{Action: Retry, Delay: p.retryDelay, Err: err}
+		case first.Action == Ack && b.msgs[i].Fingerprint != b.msgs[f-1].Fingerprint:
+			b.results[i] = Result{Action: DeadLetter, Err: fmt.Errorf("consumer: an earlier message of the batch has the same key: %w", idem.ErrMismatch)}
+		case first.Action == Ack:
+			b.results[i] = Result{Action: Ack, Replayed: true}
 		default:
-			results[i] = Result{Action: Ack}
+			b.results[i] = Result{Action: Retry, Delay: max(first.Delay, time.Millisecond),
+				Err: fmt.Errorf("consumer: an earlier message of the batch with the same key was not completed: %w", first.Err)}
 		}
 	}
-	return results
+	for i := range b.results {
+		p.settled(b.msgs[i], b.results[i], b.durations[i], b.invalid[i])
+	}
+	return b.results
+}
+
+// Abandon ends the batch without telling the store: the keys it holds stay
+// IN_PROGRESS until their lease ends, as after a crash. For tests of
+// adapters that simulate one.
+func (b *Batch) Abandon() {
+	for i, a := range b.held {
+		if a != nil {
+			_ = a.Abandon()
+			b.held[i] = nil
+		}
+	}
+}
+
+// settled counts a decision, logs it and calls the event hook.
+func (p *Processor) settled(m Message, r Result, d time.Duration, invalid bool) {
+	if invalid {
+		p.stats.invalid.Add(1)
+	}
+	if m.Deliveries > 1 {
+		p.stats.redelivered.Add(1)
+	}
+	switch {
+	case r.Action == Ack && r.Replayed:
+		p.stats.replayed.Add(1)
+	case r.Action == Ack:
+		p.stats.processed.Add(1)
+	case r.Action == Retry:
+		p.stats.retried.Add(1)
+	case r.Action == DeadLetter:
+		p.stats.dead.Add(1)
+	}
+	if r.Action == Ack && p.onEvent == nil {
+		return // the hot path: nothing to report
+	}
+	digest := ""
+	if m.Key != "" {
+		digest = p.Key(m.Key).Digest()
+	}
+	switch r.Action {
+	case DeadLetter:
+		p.log.Warn("consumer: dead-lettered", "scope", p.scope, "key_digest", digest, "deliveries", m.Deliveries, "err", r.Err)
+	case Retry:
+		p.log.Debug("consumer: retry", "scope", p.scope, "key_digest", digest, "deliveries", m.Deliveries, "delay", r.Delay, "err", r.Err)
+	}
+	if p.onEvent != nil {
+		p.onEvent(Event{Result: r, KeyDigest: digest, Deliveries: m.Deliveries, Duration: d})
+	}
 }
 
 // refused maps a Begin error to a Result.

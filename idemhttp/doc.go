@@ -15,11 +15,17 @@
 // # What happens to a request
 //
 // Requests whose method is not covered (by default only POST and PATCH are)
-// pass through untouched. For the others:
+// pass through without protection; if one carries an Idempotency-Key, its
+// response gets Idempotency-Key-Ignored: true (IgnoredHeader), so that the
+// key is never ignored silently. Methods are compared ignoring case: "post"
+// is POST. For the others:
 //
 //   - The key is taken from the Idempotency-Key field (see ParseKey). A
 //     missing key (when required, the default), a malformed one or a
 //     repeated field is answered with 400 (TypeKeyMissing, TypeKeyInvalid).
+//   - With WithPrincipal, a request without a principal (the function
+//     returns "") is answered with 400 (TypePrincipalMissing), unless
+//     WithEmptyPrincipal(true) lets such requests share one scope.
 //   - The body is read, up to a limit (413, TypeBodyTooLarge, before the
 //     handler runs), and the request's fingerprint is computed as it is
 //     read: SHA-256 over the method, path, query, selected fields and body
@@ -28,7 +34,12 @@
 //   - The key is acquired from the store. Its scope is the method and the
 //     route (the ServeMux pattern, or the URL path) and, with WithPrincipal,
 //     the principal, so that a client can never replay another client's
-//     response.
+//     response. The same key on another method or route is another key: it
+//     runs on its own, it is not a mismatch. Paths are compared as the
+//     server decoded them (Request.URL.Path), byte for byte: /orders and
+//     /orders/ are two routes, and so are /Orders and /orders; use
+//     ServeMux patterns or WithRoute to group paths. The query is not part
+//     of the scope but of the fingerprint.
 //   - A key that is new (or was released) runs the handler. Its response is
 //     sent to the client as it is written, streaming and flushing included,
 //     and recorded; when the handler returns it is stored, or the key is

@@ -29,25 +29,26 @@ var ErrHijacked = errors.New("idemhttp: handler hijacked the connection")
 type Middleware struct {
 	exec *idem.Executor
 
-	header        string
-	required      bool
-	methods       []string
-	principal     func(*http.Request) string
-	principalSet  bool
-	route         func(*http.Request) string
-	routeSet      bool
-	fpHeaders     []string
-	canonicalJSON bool
-	maxBody       int64
-	maxResponse   int
-	wait          time.Duration
-	policy        Policy
-	deny          map[string]bool
-	failOpen      bool
-	retryAfter    time.Duration
-	logger        *slog.Logger
-	hooks         []Hook
-	errorHandler  ErrorHandler
+	header         string
+	required       bool
+	methods        []string
+	principal      func(*http.Request) string
+	principalSet   bool
+	emptyPrincipal bool
+	route          func(*http.Request) string
+	routeSet       bool
+	fpHeaders      []string
+	canonicalJSON  bool
+	maxBody        int64
+	maxResponse    int
+	wait           time.Duration
+	policy         Policy
+	deny           map[string]bool
+	failOpen       bool
+	retryAfter     time.Duration
+	logger         *slog.Logger
+	hooks          []Hook
+	errorHandler   ErrorHandler
 }
 
 // New returns a Middleware that runs requests through exec. It returns an
@@ -134,21 +135,36 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 		panic("idemhttp: nil handler")
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !m.covers(r.Method) {
+		method, ok := m.covered(r.Method)
+		if !ok {
+			if len(r.Header[m.header]) > 0 {
+				// Say so, rather than let the client believe the request
+				// is protected.
+				w.Header().Set(IgnoredHeader, "true")
+			}
 			next.ServeHTTP(w, r)
 			return
+		}
+		if method != r.Method {
+			// "post" is POST: one scope, one fingerprint, and the handler
+			// sees the method as configured.
+			r = r.WithContext(r.Context())
+			r.Method = method
 		}
 		m.serve(w, r, next)
 	})
 }
 
-func (m *Middleware) covers(method string) bool {
+// covered returns the configured spelling of method if the middleware
+// covers it. Methods are compared ignoring case: net/http accepts "post",
+// and servers behind a proxy often take it for POST.
+func (m *Middleware) covered(method string) (string, bool) {
 	for _, c := range m.methods {
-		if c == method {
-			return true
+		if c == method || strings.EqualFold(c, method) {
+			return c, true
 		}
 	}
-	return false
+	return "", false
 }
 
 func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
@@ -189,6 +205,19 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 
+	var principal string
+	if m.principal != nil {
+		if principal = m.principal(r); principal == "" && !m.emptyPrincipal {
+			m.problem(w, r, start, OutcomeRejected, &Problem{
+				Type:   TypePrincipalMissing,
+				Title:  "Client not identified",
+				Status: http.StatusBadRequest,
+				Detail: "Idempotency keys are kept per client, and this request does not say which client sent it (for example, it lacks its credentials).",
+			})
+			return
+		}
+	}
+
 	body, fp, err := m.fingerprint(r)
 	if err != nil {
 		var mbe *http.MaxBytesError
@@ -212,7 +241,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 
-	key := idem.Key{Scope: m.scope(r), ID: id}
+	key := idem.Key{Scope: m.scopeOf(r, principal), ID: id}
 	ctx, a, err := m.exec.Begin(r.Context(), key, fp)
 	if err != nil && m.wait > 0 && errors.Is(err, idem.ErrInProgress) {
 		ctx, a, err = m.await(r, key, fp, start, err)
@@ -232,6 +261,16 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 // digest has a fixed length and comes last, so no two (route, principal)
 // pairs share a scope.
 func (m *Middleware) scope(r *http.Request) string {
+	var principal string
+	if m.principal != nil {
+		principal = m.principal(r)
+	}
+	return m.scopeOf(r, principal)
+}
+
+// scopeOf is scope with the principal that the principal function returned
+// for r.
+func (m *Middleware) scopeOf(r *http.Request, principal string) string {
 	var route string
 	var kind byte
 	switch {
@@ -245,7 +284,7 @@ func (m *Middleware) scope(r *http.Request) string {
 	var stack [256]byte
 	b := appendScope(stack[:0], r.Method, kind, route)
 	if m.principal != nil {
-		b = appendPrincipal(b, m.principal(r))
+		b = appendPrincipal(b, principal)
 	}
 	return string(b)
 }

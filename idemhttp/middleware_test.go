@@ -1366,7 +1366,7 @@ func testPathKey(t *testing.T, newStore func(t *testing.T) idem.Store) {
 		{"no principal", nil, idemhttp.PathKey("POST", "/payments/7", "k 1")},
 		{"principal", []idemhttp.Option{idemhttp.WithPrincipal(func(r *http.Request) string { return r.Header.Get("X-User") })},
 			idemhttp.PrincipalPathKey("POST", "/payments/7", "alice", "k 1")},
-		{"empty principal", []idemhttp.Option{idemhttp.WithPrincipal(func(r *http.Request) string { return r.Header.Get("X-Nobody") })},
+		{"empty principal", []idemhttp.Option{idemhttp.WithPrincipal(func(r *http.Request) string { return r.Header.Get("X-Nobody") }), idemhttp.WithEmptyPrincipal(true)},
 			idemhttp.PrincipalPathKey("POST", "/payments/7", "", "k 1")},
 	}
 	for _, tt := range tests {

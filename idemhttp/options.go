@@ -15,6 +15,11 @@ const (
 	// ReplayedHeader is added, with the value "true", to replayed
 	// responses.
 	ReplayedHeader = "Idempotent-Replayed"
+	// IgnoredHeader is added, with the value "true", to the response to a
+	// request that carries the key field but whose method the middleware
+	// does not cover (see WithMethods): the request was passed to the
+	// handler without protection, and a retry may run it again.
+	IgnoredHeader = "Idempotency-Key-Ignored"
 	// DefaultMaxBodySize is the largest request body read: 1 MiB.
 	DefaultMaxBodySize = 1 << 20
 	// DefaultMaxResponseSize is the largest response body stored: the
@@ -43,8 +48,12 @@ func WithKeyRequired(required bool) Option {
 }
 
 // WithMethods sets the request methods the middleware covers; requests with
-// other methods pass through untouched. The default is POST and PATCH (PUT
-// and DELETE are idempotent by definition, but may be added).
+// other methods pass through to the handler without protection, and if they
+// carry the key field their response gets IgnoredHeader, so that the client
+// can tell that the key was not used. Methods are compared ignoring case
+// ("post" is POST; the handler then sees the method as given here). The
+// default is POST and PATCH (PUT and DELETE are idempotent by definition,
+// but may be added).
 func WithMethods(methods ...string) Option {
 	return func(m *Middleware) { m.methods = append([]string(nil), methods...) }
 }
@@ -54,12 +63,24 @@ func WithMethods(methods ...string) Option {
 // request's context, so that one client can never replay another client's
 // response: two principals that send the same key get two executions. The
 // principal is hashed (SHA-256) into the key's scope; its raw value is
-// neither stored nor logged. An empty string is a principal like any other,
-// shared by every request for which it is returned: authenticate requests
-// before this middleware runs. principal must be safe for concurrent use.
-// The default is no principal: keys are scoped by method and route only.
+// neither stored nor logged. An empty string means that the request has no
+// principal: it is answered with 400 (TypePrincipalMissing) and the handler
+// does not run, since requests without a principal would share one scope and
+// replay each other's responses; WithEmptyPrincipal(true) lets them. principal
+// must be safe for concurrent use. The default is no principal: keys are
+// scoped by method and route only.
 func WithPrincipal(principal func(r *http.Request) string) Option {
 	return func(m *Middleware) { m.principal = principal; m.principalSet = true }
+}
+
+// WithEmptyPrincipal sets whether a request for which the principal function
+// (WithPrincipal) returns "" is served. When true, all such requests share
+// one anonymous scope, so one anonymous client can be replayed another's
+// response with the same key: use it only where anonymous requests carry
+// random keys and their responses are not private. The default is false:
+// they are answered with 400 (TypePrincipalMissing).
+func WithEmptyPrincipal(allowed bool) Option {
+	return func(m *Middleware) { m.emptyPrincipal = allowed }
 }
 
 // WithRoute sets how the route part of a key's scope is found. The default
@@ -124,7 +145,8 @@ func WithWait(d time.Duration) Option {
 
 // WithPolicy sets which responses are stored and which release the key. It
 // may decide per route from the request. The default is DefaultPolicy;
-// ReleaseServerErrors also releases on every 5xx.
+// ReleaseServerErrors also releases on every 5xx; StoreSuccessOnly stores
+// 2xx responses only (see its risk).
 func WithPolicy(p Policy) Option {
 	return func(m *Middleware) { m.policy = p }
 }

@@ -54,3 +54,18 @@ func ReleaseServerErrors(r *http.Request, status int) Decision {
 	}
 	return DefaultPolicy(r, status)
 }
+
+// StoreSuccessOnly stores 2xx responses only, and releases the key on
+// every other status, so that a retry runs the handler again: the choice of
+// many idempotency middlewares. Its risk is a duplicate effect: a handler
+// that acted and then answered 4xx or 5xx (a charge made, then a 500 from a
+// later step; a 402 after a hold on the card) runs again on the retry. Use
+// it only for handlers whose non-2xx responses leave nothing behind, for
+// example because they run in one database transaction and validate before
+// they write.
+func StoreSuccessOnly(_ *http.Request, status int) Decision {
+	if status >= 200 && status <= 299 {
+		return StoreResponse
+	}
+	return ReleaseKey
+}

@@ -19,6 +19,11 @@ const (
 	// TypeKeyInvalid: 400. The Idempotency-Key field is malformed (see
 	// ParseKey) or appears more than once.
 	TypeKeyInvalid = typeBase + "TypeKeyInvalid"
+	// TypePrincipalMissing: 400. The middleware scopes keys by principal
+	// (WithPrincipal) and the request has none (an empty principal), so
+	// its key cannot be kept apart from other clients' (see
+	// WithEmptyPrincipal). The handler did not run.
+	TypePrincipalMissing = typeBase + "TypePrincipalMissing"
 	// TypeKeyMismatch: 422. The key was already used with a request that
 	// has another fingerprint (method, path, selected fields or body).
 	TypeKeyMismatch = typeBase + "TypeKeyMismatch"

@@ -38,6 +38,7 @@ type Store struct {
 var (
 	_ idem.Store   = (*Store)(nil)
 	_ idem.Watcher = (*Store)(nil)
+	_ idem.Relayer = (*Store)(nil)
 )
 
 type record struct {
@@ -227,6 +228,37 @@ func (s *Store) Complete(ctx context.Context, key string, lease idem.Lease, resu
 	}
 	r.state, r.result, r.leaseUntil = idem.StateCompleted, result, 0
 	r.expiresAt = now + retention.Microseconds()
+	s.notify(key)
+	return nil
+}
+
+// RelayCompletion implements idem.Relayer. The store keeps c.Result
+// without copying it.
+func (s *Store) RelayCompletion(ctx context.Context, key string, c idem.Completion) error {
+	if err := idem.ValidateStoreKey(key); err != nil {
+		return err
+	}
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.micros()
+	r := s.lookup(key, now)
+	if r == nil {
+		s.sweep(now)
+		r = &record{attempts: 1, created: now}
+		s.records[key] = r
+	} else if r.state == idem.StateCompleted {
+		return nil // the first completion stays
+	}
+	r.state, r.fingerprint, r.owner, r.result, r.leaseUntil = idem.StateCompleted, c.Fingerprint, "", c.Result, 0
+	r.fence = max(r.fence, c.Fence)
+	s.lastFence = max(s.lastFence, r.fence)
+	r.expiresAt = now + c.Retention.Microseconds()
 	s.notify(key)
 	return nil
 }

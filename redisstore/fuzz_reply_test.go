@@ -86,6 +86,11 @@ func FuzzParseReply(f *testing.F) {
 				t.Fatalf("parseOK(%q, %#v) = nil, want an error", name, v)
 			}
 		}
+		if err := parseRelay(v); err == nil {
+			if n, ok := asInt(v); !ok || (n != 1 && n != 2) {
+				t.Fatalf("parseRelay(%#v) = nil, want an error", v)
+			}
+		}
 		if st, err := parseFail(v); err == nil && st != idem.StateReleased && st != idem.StateFailed {
 			t.Fatalf("parseFail(%#v) = %v, nil", v, st)
 		}

@@ -134,6 +134,7 @@ type Store struct {
 var (
 	_ idem.Store   = (*Store)(nil)
 	_ idem.Watcher = (*Store)(nil)
+	_ idem.Relayer = (*Store)(nil)
 )
 
 func newStore(b backend, opts []Option) (*Store, error) {
@@ -304,6 +305,27 @@ func (s *Store) Complete(ctx context.Context, key string, lease idem.Lease, resu
 		return perr
 	}
 	return err
+}
+
+// RelayCompletion implements idem.Relayer (relay.lua). result must not be
+// modified during the call.
+func (s *Store) RelayCompletion(ctx context.Context, key string, c idem.Completion) error {
+	if err := idem.ValidateStoreKey(key); err != nil {
+		return err
+	}
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	reply, err := s.run(ctx, relayScript, key, []string{
+		c.Fingerprint, strconv.FormatInt(c.Fence, 10), bytesArg(c.Result), ms(c.Retention), s.pub, s.channel(key),
+	}, true)
+	if reply == nil {
+		return err
+	}
+	if perr := parseRelay(reply); perr != nil {
+		return perr
+	}
+	return err // nil or ErrNotDurable
 }
 
 // Fail implements idem.Store.

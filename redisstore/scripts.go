@@ -54,6 +54,8 @@ var (
 	extendSrc string
 	//go:embed lua/get.lua
 	getSrc string
+	//go:embed lua/relay.lua
+	relaySrc string
 
 	acquireScript      = newScript("acquire", acquireSrc)
 	acquireManyScript  = newScript("acquire_many", acquireLib+acquireManySrc)
@@ -63,6 +65,7 @@ var (
 	releaseScript      = newScript("release", releaseSrc)
 	extendScript       = newScript("extend", extendSrc)
 	getScript          = newScript("get", getSrc)
+	relayScript        = newScript("relay", relaySrc)
 )
 
 // Replies are normalized by the client adapters to nil, int64, string and
@@ -241,4 +244,13 @@ func parseGet(v any) (idem.Record, error) {
 		rec.ExpiresAt = rec.Now.Add(time.Duration(ttl) * time.Millisecond)
 	}
 	return rec, nil
+}
+
+// parseRelay parses the reply of relay.lua: 1 written, 2 already
+// COMPLETED; both are success.
+func parseRelay(v any) error {
+	if n, ok := asInt(v); ok && (n == 1 || n == 2) {
+		return nil
+	}
+	return replyError("relay", v)
 }

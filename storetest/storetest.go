@@ -71,6 +71,7 @@ func Run(t *testing.T, newStore func(t *testing.T) idem.Store) {
 		{"Race64", testRace64},
 		{"ConcurrentInvariants", testConcurrentInvariants},
 		{"SequentialModel", testSequentialModel},
+		{"RelayCompletion", testRelayCompletion},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

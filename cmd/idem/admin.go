@@ -43,7 +43,7 @@ no proxy uses it; Redis can be inspected while proxies run.`
 func (a *adminFlags) register(fs *flagSet, scope bool) {
 	a.fs = fs
 	a.store.register(fs)
-	a.maxResponse = idem.DefaultMaxResultSize
+	a.maxResponse = readLimit
 	if scope {
 		fs.String(&a.method, "method", "METHOD", "POST", "method of the request")
 		fs.String(&a.path, "path", "PATH", "/", "URL path of the request, e.g. /payments (without the query)")
@@ -51,7 +51,7 @@ func (a *adminFlags) register(fs *flagSet, scope bool) {
 		fs.String(&a.scopeHeader, "scope-header", "NAME", "", "the proxy's --scope-header; when set, keys are scoped by --principal (even empty)")
 		fs.String(&a.digest, "digest", "DIGEST", "", "address the record by its digest instead of KEY and the scope flags")
 	}
-	fs.Var(sizeValue{&a.maxResponse}, "max-response", "SIZE", "the proxy's --max-response, to decode stored responses")
+	fs.Var(sizeValue{&a.maxResponse}, "max-response", "SIZE", "largest stored response to decode; the default reads any the proxy stores, whatever its --max-response")
 }
 
 // storeKey returns the store key (digest) that args and the flags address.
@@ -86,12 +86,28 @@ func (a *adminFlags) storeKey(cmd string, args []string) (string, error) {
 	return idemhttp.PathKey(method, a.path, id).Digest(), nil
 }
 
+// notFound is the error of get and rm when the store has no record at
+// key: it says where it looked, and how to look elsewhere, since a key
+// given without the request's method and path is looked for in POST /.
+func (a *adminFlags) notFound(key string, st *openedStore, what string) error {
+	if a.digest != "" {
+		return fmt.Errorf("no record for digest %s in the %s%s", key, st.describe, what)
+	}
+	scope := strings.ToUpper(a.method) + " " + a.path
+	if a.scopeHeader != "" || a.fs.isSet("principal") {
+		scope += " with that --principal"
+	}
+	return fmt.Errorf("no record for this key in scope %s (digest %s) in the %s%s; a key's record belongs to the request's method and path: "+
+		"pass them with --method and --path (e.g. --method POST --path /orders), and --principal if the proxy runs with --scope-header, "+
+		"or give a digest from 'idem ls' with --digest", scope, key, st.describe, what)
+}
+
 func (a *adminFlags) open(ctx context.Context) (*openedStore, *idem.Executor, error) {
 	if err := a.store.validate(); err != nil {
 		return nil, nil, err
 	}
-	if a.maxResponse > 1<<30 {
-		return nil, nil, usagef("--max-response %s is over the limit of 1GiB", formatSize(a.maxResponse))
+	if a.maxResponse > readLimit {
+		return nil, nil, usagef("--max-response %s is over the limit of %s", formatSize(a.maxResponse), formatSize(readLimit))
 	}
 	a.store.allowEviction = true // reading and deleting records evicts nothing
 	st, err := a.store.open(ctx, false)
@@ -173,7 +189,7 @@ size. The body is shown only with --show-body.` + adminScopeDoc,
 				defer st.close()
 				rec, err := st.store.Get(ctx, key)
 				if errors.Is(err, idem.ErrNotFound) {
-					return fmt.Errorf("no record for digest %s in the %s", key, st.describe)
+					return a.notFound(key, st, "")
 				}
 				if err != nil {
 					return fmt.Errorf("reading %s: %v", key, err)
@@ -325,7 +341,8 @@ func rmCommand() *command {
 		doc: `
 Deletes the record of KEY whatever its state, so that the next request with
 the key runs again. A request still running with the key can no longer store
-its response. Use it to repair a key stuck in progress or FAILED.` + adminScopeDoc,
+its response. Use it to repair a key stuck in progress or FAILED. When there
+is no such record, rm says where it looked and exits with status 1.` + adminScopeDoc,
 		flags: func(fs *flagSet) func(context.Context, *env, []string) error {
 			var a adminFlags
 			a.register(fs, true)
@@ -341,8 +358,7 @@ its response. Use it to repair a key stuck in progress or FAILED.` + adminScopeD
 				defer st.close()
 				rec, err := st.store.Get(ctx, key)
 				if errors.Is(err, idem.ErrNotFound) {
-					fmt.Fprintf(e.stdout, "no record for digest %s; nothing to delete\n", key)
-					return nil
+					return a.notFound(key, st, "; nothing deleted")
 				}
 				if err != nil {
 					return fmt.Errorf("reading %s: %v", key, err)

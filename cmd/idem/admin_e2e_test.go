@@ -91,8 +91,14 @@ func TestAdmin(t *testing.T) {
 		if code, _, _ := admin(append([]string{"get", "adm"}, scope...)...); code != 1 {
 			t.Errorf("get after rm: got %d, want 1", code)
 		}
-		if code, out, _ := admin(append([]string{"rm", "adm"}, scope...)...); code != 0 || !strings.Contains(out, "nothing to delete") {
-			t.Errorf("rm again: got %d %q, want 0 and nothing to delete", code, out)
+		// A miss exits 1 and says where it looked and how to look elsewhere.
+		if code, out, stderr := admin(append([]string{"rm", "adm"}, scope...)...); code != 1 || out != "" ||
+			!strings.Contains(stderr, "no record for this key in scope POST /payments with that --principal") || !strings.Contains(stderr, "nothing deleted") {
+			t.Errorf("rm again: got %d %q %q, want 1 and where it looked", code, out, stderr)
+		}
+		if code, _, stderr := admin("get", "adm"); code != 1 || !strings.Contains(stderr, "in scope POST / (digest") ||
+			!strings.Contains(stderr, "pass them with --method and --path") || strings.Count(stderr, "\n") != 1 {
+			t.Errorf("get without --path: got %d %q, want 1 and one line naming the scope searched and the flags", code, stderr)
 		}
 
 		if sk.name == "embedded" {

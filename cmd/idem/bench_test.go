@@ -46,7 +46,7 @@ func newBenchGateway(b *testing.B) *gateway {
 		b.Fatal(err)
 	}
 	log := slog.New(slog.DiscardHandler)
-	mw, err := idemhttp.New(exec, idemhttp.WithHook(obs.hook), idemhttp.WithPolicy(proxyPolicy), idemhttp.WithLogger(log))
+	mw, err := idemhttp.New(exec, idemhttp.WithHook(obs.hook), idemhttp.WithPolicy(proxyPolicy(idemhttp.DefaultPolicy)), idemhttp.WithLogger(log))
 	if err != nil {
 		b.Fatal(err)
 	}

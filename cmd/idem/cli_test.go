@@ -37,6 +37,8 @@ func TestBadInput(t *testing.T) {
 		{"bad upstream URL", nil, []string{"proxy", "--upstream", "localhost:9000"}, exitUsage, "invalid --upstream"},
 		{"unreachable upstream", nil, []string{"proxy", "--upstream", closed}, exitRuntime, "is not reachable"},
 		{"bad redis URL", nil, []string{"proxy", "--upstream", up.url(), "--redis", "localhost:6379"}, exitUsage, "invalid --redis URL"},
+		{"redis without scheme", nil, []string{"proxy", "--upstream", up.url(), "--redis", "localhost:6379"}, exitUsage, "add the scheme: --redis redis://localhost:6379"},
+		{"upstream without scheme", nil, []string{"proxy", "--upstream", "localhost:9000"}, exitUsage, "add the scheme: --upstream http://localhost:9000"},
 		{"unreachable redis", nil, []string{"proxy", "--upstream", up.url(), "--redis", "redis://" + freeAddr(t)}, exitRuntime, "is not reachable"},
 		{"redis and cluster", nil, []string{"proxy", "--upstream", up.url(), "--redis", "redis://x:1", "--redis-cluster", "x:1"}, exitUsage, "exclude each other"},
 		{"bad cluster address", nil, []string{"proxy", "--upstream", up.url(), "--redis-cluster", "x"}, exitUsage, "want host:port"},

@@ -140,7 +140,7 @@ func doctorRedis(ctx context.Context, r *report, d *doctorFlags) {
 	if s.redisURL != "" {
 		opt, err := redis.ParseURL(s.redisURL)
 		if err != nil {
-			r.add(vFail, "connect", "invalid --redis URL: %v", err)
+			r.add(vFail, "connect", "%v", urlFlagError("--redis", s.redisURL, err, "redis"))
 			return
 		}
 		rc := redis.NewClient(opt)

@@ -68,7 +68,7 @@ func newFuzzGateway(t testing.TB, target *url.URL, transport http.RoundTripper) 
 	}
 	obs := newObserver()
 	lease := 10 * time.Second
-	exec, err := idem.New(obs.instrument(store), idem.WithLease(lease), idem.WithRetention(time.Hour), idem.WithMaxResultSize(fuzzMaxResponse))
+	exec, err := idem.New(obs.instrument(store), idem.WithLease(lease), idem.WithRetention(time.Hour), idem.WithMaxResultSize(readLimit))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,9 +78,10 @@ func newFuzzGateway(t testing.TB, target *url.URL, transport http.RoundTripper) 
 		idemhttp.WithMethods(methods...),
 		idemhttp.WithKeyRequired(true),
 		idemhttp.WithMaxBodySize(fuzzMaxBody),
+		idemhttp.WithMaxResponseSize(fuzzMaxResponse),
 		idemhttp.WithLogger(log),
 		idemhttp.WithHook(obs.hook),
-		idemhttp.WithPolicy(proxyPolicy),
+		idemhttp.WithPolicy(proxyPolicy(idemhttp.DefaultPolicy)),
 		idemhttp.WithPrincipal(func(r *http.Request) string {
 			if v := r.Header["X-Scope"]; len(v) > 0 {
 				return v[0]
@@ -128,8 +129,9 @@ var fuzzMethods = []string{http.MethodPost, http.MethodPatch, http.MethodPut, ht
 // header, in front of an upstream that numbers its executions. Method,
 // path, query, Idempotency-Key value, scope value and bodies come from the
 // fuzzer. It checks that the proxy never panics; never answers a 5xx other
-// than 502, 503 or 504; answers an invalid key with 400 and an oversized
-// body with 413 without calling the upstream; for a covered request, that
+// than 502, 503 or 504; answers an invalid key or a request without the
+// scope header with 400 and an oversized body with 413 without calling the
+// upstream; for a covered request, that
 // the same request again gets the original response back (status, body,
 // X-Exec) with Idempotent-Replayed: true, or 422 when the response was over
 // the stored limit, without a second execution; that another body with the
@@ -228,13 +230,20 @@ func FuzzProxyRequest(f *testing.F) {
 		calls := func() int { return up.callsOf(iter) }
 
 		r1 := send("first", scope, body)
-		if method != http.MethodPost && method != http.MethodPatch {
+		if !strings.EqualFold(method, http.MethodPost) && !strings.EqualFold(method, http.MethodPatch) {
 			return // passed through, unprotected
 		}
 		if _, err := idemhttp.ParseKey(key); err != nil {
 			expectProblem("invalid key", r1, 400, idemhttp.TypeKeyInvalid)
 			if calls() != 0 {
 				t.Fatalf("a request with the invalid key %q reached the upstream", key)
+			}
+			return
+		}
+		if scope == "" {
+			expectProblem("no principal", r1, 400, idemhttp.TypePrincipalMissing)
+			if calls() != 0 {
+				t.Fatalf("a request without the scope header reached the upstream")
 			}
 			return
 		}
@@ -280,7 +289,9 @@ func FuzzProxyRequest(f *testing.F) {
 			}
 		}
 
-		if scope2 != scope {
+		if scope2 == "" {
+			expectProblem("no principal", send("no principal", scope2, body), 400, idemhttp.TypePrincipalMissing)
+		} else if scope2 != scope {
 			r4 := send("other principal", scope2, body)
 			if r4.status != http.StatusCreated || r4.header.Get("Idempotent-Replayed") != "" || calls() != 2 {
 				t.Fatalf("other principal, same key: status %d replayed %q, %d upstream calls; want 201, not replayed, 2 calls",

@@ -28,6 +28,8 @@ type proxyConfig struct {
 	maxBody         int64
 	maxResponse     int64
 	scopeHeader     string
+	anonymousScope  bool
+	storePolicy     string
 	fenceHeader     string
 	wait            time.Duration
 	failOpen        bool
@@ -53,11 +55,17 @@ covered (--methods) and that carries an Idempotency-Key header runs at most
 once per key: the upstream's response is stored, and a retry with the same
 key gets it again with Idempotent-Replayed: true. A retry while the first
 request is still running gets 409 (or waits, with --wait); the same key with
-another method, path, query or body gets 422. Other requests pass through.
+another query or body gets 422. Methods are compared ignoring case (post is
+POST). Other requests pass through; if one carries an Idempotency-Key, its
+response gets Idempotency-Key-Ignored: true.
 
 Keys are scoped by method and path, and by the value of --scope-header when
 it is set (for example Authorization), so that one client never gets
-another's response. Raw keys are never stored or logged; their digests are.
+another's response (a covered request without that header gets 400, unless
+--allow-missing-scope): the same key with another method or path is another
+key, and runs again. Paths are compared byte for byte as decoded from the
+request: /orders and /orders/ are two paths. Raw keys are never stored or
+logged; their digests are.
 
 If the upstream cannot be reached, the request was not sent: 502 and the key
 is released. If the upstream does not answer after it got the request (a
@@ -119,7 +127,9 @@ func registerProxyFlags(fs *flagSet) *proxyConfig {
 	fs.Var(durationValue{&c.retention}, "retention", "DURATION", "how long responses are kept and replayed")
 	fs.Var(sizeValue{&c.maxBody}, "max-body", "SIZE", "largest request body (larger: 413), e.g. 1MiB, 512KiB, 1048576")
 	fs.Var(sizeValue{&c.maxResponse}, "max-response", "SIZE", "largest response body stored (larger: sent once, then the key is FAILED and retries get 422)")
-	fs.String(&c.scopeHeader, "scope-header", "NAME", "", "scope keys by the value of this request header (hashed), e.g. Authorization")
+	fs.String(&c.scopeHeader, "scope-header", "NAME", "", "scope keys by the value of this request header (hashed), e.g. Authorization; a covered request without it gets 400")
+	fs.Bool(&c.anonymousScope, "allow-missing-scope", false, "with --scope-header, serve covered requests without the header in one shared scope (anonymous clients can then get each other's responses) instead of 400")
+	fs.String(&c.storePolicy, "store-policy", "NAME", "default", "which upstream answers are stored: default (all but 408, 409, 425, 429, 503), release-5xx (also retry every 5xx), only-2xx (retry every non-2xx: a retry after a 4xx or 5xx that followed a side effect repeats it)")
 	fs.String(&c.fenceHeader, "fence-header", "NAME", "Idempotency-Fence", "request header that tells the upstream the request's fencing token; a client's own is removed (empty: off)")
 	fs.Var(durationValue{&c.wait}, "wait", "DURATION", "how long a retry waits for the first request to finish before 409 (0: answer 409 at once)")
 	fs.Bool(&c.store.allowEviction, "allow-eviction", false, "start on a Redis whose maxmemory-policy is not noeviction (it may evict records: retried requests then run again)")
@@ -142,7 +152,10 @@ func (c *proxyConfig) validate() (*url.URL, error) {
 	}
 	u, err := url.Parse(c.upstream)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, usagef("invalid --upstream %q: want an http:// or https:// URL with a host", c.upstream)
+		if err == nil {
+			err = errors.New("want an http:// or https:// URL with a host")
+		}
+		return nil, urlFlagError("--upstream", c.upstream, err, "http")
 	}
 	if err := c.store.validate(); err != nil {
 		return nil, err
@@ -160,12 +173,15 @@ func (c *proxyConfig) validate() (*url.URL, error) {
 		return nil, usagef("--lease %v is too short", c.lease)
 	case c.retention < c.lease:
 		return nil, usagef("--retention %v is shorter than --lease %v", c.retention, c.lease)
-	case c.maxResponse > 1<<30:
+	case c.maxResponse > maxResponseLimit:
 		return nil, usagef("--max-response %s is over the limit of 1GiB", formatSize(c.maxResponse))
 	case c.shutdownTimeout <= 0:
 		return nil, usagef("--shutdown-timeout must be positive")
 	case c.logFormat != "text" && c.logFormat != "json":
 		return nil, usagef("invalid --log-format %q: want text or json", c.logFormat)
+	}
+	if c.policy() == nil {
+		return nil, usagef("invalid --store-policy %q: want default, release-5xx or only-2xx", c.storePolicy)
 	}
 	if c.scopeHeader != "" && !validToken(c.scopeHeader) {
 		return nil, usagef("invalid --scope-header %q: not a header name", c.scopeHeader)
@@ -185,6 +201,25 @@ func (c *proxyConfig) validate() (*url.URL, error) {
 		return nil, err
 	}
 	return u, nil
+}
+
+// maxResponseLimit is the largest --max-response. Stored responses are
+// read with room for it and their head whatever --max-response says now
+// (readLimit), so that lowering the flag never makes records written
+// before unreadable: the limit applies when storing only.
+const (
+	maxResponseLimit = 1 << 30
+	readLimit        = maxResponseLimit + 1<<20
+)
+
+// policy returns the Policy that --store-policy names, nil if none.
+func (c *proxyConfig) policy() idemhttp.Policy {
+	for _, p := range storePolicies {
+		if p.name == c.storePolicy {
+			return p.policy
+		}
+	}
+	return nil
 }
 
 func validToken(s string) bool {
@@ -305,7 +340,7 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 		store = tr.store(store)
 	}
 	exec, err := idem.New(obs.instrument(store),
-		idem.WithLease(c.lease), idem.WithRetention(c.retention), idem.WithMaxResultSize(int(c.maxResponse)))
+		idem.WithLease(c.lease), idem.WithRetention(c.retention), idem.WithMaxResultSize(readLimit))
 	if err != nil {
 		return usagef("%v", err)
 	}
@@ -313,11 +348,12 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 		idemhttp.WithMethods(c.methods...),
 		idemhttp.WithKeyRequired(c.requireKey),
 		idemhttp.WithMaxBodySize(c.maxBody),
+		idemhttp.WithMaxResponseSize(int(c.maxResponse)),
 		idemhttp.WithWait(c.wait),
 		idemhttp.WithFailOpen(c.failOpen),
 		idemhttp.WithLogger(log),
 		idemhttp.WithHook(obs.hook),
-		idemhttp.WithPolicy(proxyPolicy),
+		idemhttp.WithPolicy(proxyPolicy(c.policy())),
 	}
 	if c.scopeHeader != "" {
 		name := http.CanonicalHeaderKey(c.scopeHeader)
@@ -326,7 +362,7 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 				return v[0]
 			}
 			return ""
-		}))
+		}), idemhttp.WithEmptyPrincipal(c.anonymousScope))
 	}
 	mw, err := idemhttp.New(exec, opts...)
 	if err != nil {

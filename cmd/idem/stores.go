@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -56,7 +55,7 @@ func (s *storeFlags) validate() error {
 	}
 	if s.redisURL != "" {
 		if _, err := redis.ParseURL(s.redisURL); err != nil {
-			return usagef("invalid --redis URL %q: %v", redactURL(s.redisURL), err)
+			return urlFlagError("--redis", s.redisURL, err, "redis")
 		}
 	}
 	if s.cluster != "" {
@@ -77,7 +76,7 @@ func (s *storeFlags) clusterOptions() (*redis.ClusterOptions, error) {
 	if strings.Contains(s.cluster, "://") {
 		o, err := redis.ParseClusterURL(s.cluster)
 		if err != nil {
-			return nil, usagef("invalid --redis-cluster URL %q: %v", redactURL(s.cluster), err)
+			return nil, urlFlagError("--redis-cluster", s.cluster, err, "redis")
 		}
 		return o, nil
 	}
@@ -96,18 +95,6 @@ func (s *storeFlags) clusterOptions() (*redis.ClusterOptions, error) {
 		return nil, usagef("--redis-cluster has no address")
 	}
 	return &redis.ClusterOptions{Addrs: addrs}, nil
-}
-
-// redactURL hides the password of a URL for messages and logs.
-func redactURL(s string) string {
-	u, err := url.Parse(s)
-	if err != nil || u.User == nil {
-		if err != nil && strings.Contains(s, "@") {
-			return "(unparsable URL)"
-		}
-		return s
-	}
-	return u.Redacted()
 }
 
 // openedStore is a store opened by a command, with what admin commands
@@ -135,7 +122,7 @@ func (s *storeFlags) open(ctx context.Context, create bool) (*openedStore, error
 	case s.redisURL != "":
 		opt, err := redis.ParseURL(s.redisURL)
 		if err != nil {
-			return nil, usagef("invalid --redis URL %q: %v", redactURL(s.redisURL), err)
+			return nil, urlFlagError("--redis", s.redisURL, err, "redis")
 		}
 		c := redis.NewClient(opt)
 		return s.openRedis(ctx, c, fmt.Sprintf("redis %s db %d", opt.Addr, opt.DB))

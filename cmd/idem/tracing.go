@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -58,7 +59,10 @@ func (t *tracingFlags) validate() error {
 func (t *tracingFlags) exportURL() (string, error) {
 	u, err := url.Parse(t.endpoint)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return "", usagef("invalid --otel-endpoint %q: want an http:// or https:// URL with a host, e.g. http://127.0.0.1:4318", redactURL(t.endpoint))
+		if err == nil {
+			err = errors.New("want an http:// or https:// URL with a host, e.g. http://127.0.0.1:4318")
+		}
+		return "", urlFlagError("--otel-endpoint", t.endpoint, err, "http")
 	}
 	if u.Path == "" || u.Path == "/" {
 		u.Path = tracesPath

@@ -10,6 +10,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,9 +31,10 @@ import (
 // cancellation: see exchange) and carries what the upstream call found out
 // to the middleware's Policy, which decides what happens to the key:
 //
-//   - The upstream answered: DefaultPolicy (every status is stored except
-//     408, 409, 425, 429 and 503, which release the key), also when the
-//     upstream itself answered 502 or 504.
+//   - The upstream answered: the --store-policy decides, by default
+//     DefaultPolicy (every status is stored except 408, 409, 425, 429 and
+//     503, which release the key), also when the upstream itself answered
+//     502 or 504.
 //   - The request never reached the upstream (no connection, DNS failure,
 //     TLS handshake failure: nothing was written to it): 502, key released,
 //     a retry runs at once.
@@ -136,9 +138,16 @@ func newGateway(target *url.URL, transport http.RoundTripper, mw *idemhttp.Middl
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(target)
 			pr.SetXForwarded()
-			if pr.Out.Body == nil && g.covered[pr.Out.Method] {
+			if pr.Out.Body == nil && g.covers(pr.Out.Method) {
 				hideIdempotencyKey(pr.Out.Header)
 			}
+			if exchangeFrom(pr.Out.Context()) != nil {
+				// The middleware read the body already, and net/http sent
+				// the client its 100 Continue then: forwarding Expect
+				// would relay the upstream's as a second one.
+				pr.Out.Header.Del("Expect")
+			}
+			stripTrailers(pr.Out.Trailer, g.fenceHeader)
 			if g.fenceHeader != "" {
 				setFence(pr.Out, g.fenceHeader)
 			}
@@ -215,6 +224,20 @@ func setFence(out *http.Request, name string) {
 	}
 }
 
+// stripTrailers removes from a request's trailer the fields that only the
+// proxy may tell the upstream, as it does from the header: the fence (name
+// fence, "" for none) and the idempotency key. A client that sends them as
+// trailers (after a chunked body) would otherwise reach the upstream with
+// them.
+func stripTrailers(trailer http.Header, fence string) {
+	for k := range trailer {
+		if sameFieldName(k, "Idempotency-Key") || sameFieldName(k, "X-Idempotency-Key") ||
+			fence != "" && sameFieldName(k, fence) {
+			delete(trailer, k)
+		}
+	}
+}
+
 // sameFieldName reports whether header field name a equals b, ignoring
 // case and taking _ for -.
 func sameFieldName(a, b string) bool {
@@ -256,13 +279,21 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	g.serve(w, r)
 }
 
+// covers reports whether the middleware covers method: the methods are
+// upper case, and compared ignoring case, as the middleware does.
+func (g *gateway) covers(method string) bool {
+	return g.covered[method] || g.covered[strings.ToUpper(method)]
+}
+
 func (g *gateway) serve(w http.ResponseWriter, r *http.Request) {
-	if !g.covered[r.Method] {
+	if !g.covers(r.Method) {
 		g.obs.passed.Inc()
 		if g.tracing != nil {
 			setOutcome(r.Context(), "passthrough")
 		}
-		g.rp.ServeHTTP(w, r)
+		// Through the middleware, which passes the request on to forward
+		// and marks the response if it carries a key.
+		g.protected.ServeHTTP(w, r)
 		return
 	}
 	x := &exchange{parent: r.Context()}
@@ -279,7 +310,7 @@ func (g *gateway) serve(w http.ResponseWriter, r *http.Request) {
 // forward runs the reverse proxy for a request the middleware let through.
 func (g *gateway) forward(w http.ResponseWriter, r *http.Request) {
 	x := exchangeFrom(r.Context())
-	if x == nil { // not covered: cannot happen, but harmless
+	if x == nil { // a request the middleware does not cover
 		g.rp.ServeHTTP(w, r)
 		return
 	}
@@ -299,19 +330,32 @@ func (g *gateway) forward(w http.ResponseWriter, r *http.Request) {
 	g.rp.ServeHTTP(&x.w, r)
 }
 
-// proxyPolicy is the middleware's Policy: see the comment at the top.
-func proxyPolicy(r *http.Request, status int) idemhttp.Decision {
-	if x := exchangeFrom(r.Context()); x != nil {
-		switch {
-		case x.broke:
-			return idemhttp.AbandonKey
-		case x.failed && x.failure == failUnreachable:
-			return idemhttp.ReleaseKey
-		case x.failed:
-			return idemhttp.AbandonKey
+// proxyPolicy returns the middleware's Policy (see the comment at the
+// top): base (--store-policy) decides for the upstream's answers.
+func proxyPolicy(base idemhttp.Policy) idemhttp.Policy {
+	return func(r *http.Request, status int) idemhttp.Decision {
+		if x := exchangeFrom(r.Context()); x != nil {
+			switch {
+			case x.broke:
+				return idemhttp.AbandonKey
+			case x.failed && x.failure == failUnreachable:
+				return idemhttp.ReleaseKey
+			case x.failed:
+				return idemhttp.AbandonKey
+			}
 		}
+		return base(r, status)
 	}
-	return idemhttp.DefaultPolicy(r, status)
+}
+
+// storePolicies are the values of --store-policy.
+var storePolicies = []struct {
+	name   string
+	policy idemhttp.Policy
+}{
+	{"default", idemhttp.DefaultPolicy},
+	{"release-5xx", idemhttp.ReleaseServerErrors},
+	{"only-2xx", idemhttp.StoreSuccessOnly},
 }
 
 // upstreamError is the ReverseProxy's ErrorHandler: the upstream call

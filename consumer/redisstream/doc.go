@@ -15,7 +15,9 @@
 // Run fetches batches: first entries idle for longer than the claim idle
 // time (XAUTOCLAIM: entries of crashed consumers, and entries left pending
 // for a retry), then new entries (XREADGROUP … COUNT batch BLOCK block).
-// For each batch it follows the semantics of consumer.Processor:
+// Each batch goes through a consumer.Processor, the one consumer algorithm
+// of this repository (see package consumer for its rules); this package
+// only translates entries in and actions out:
 //
 //   - every key is acquired before any handler runs, with one
 //     Executor.BeginBatch on the consumer's own Executor: one script call
@@ -23,23 +25,27 @@
 //     two round trips; a key repeated within the batch follows its first
 //     occurrence instead of being acquired again;
 //   - handlers run in stream order, with the lease and fence in their
-//     context (idem.FenceFrom), cancelled if the lease is lost;
+//     context (idem.FenceFrom), cancelled if the lease is lost; a panic is
+//     recovered as consumer.ErrPanic;
 //   - the successful ones are completed and acknowledged in one script call
-//     per 128 entries (redisstore.Store.CompleteAndAckBatch): each record
-//     becomes COMPLETED and its entry is XACKed in the same script, so no
-//     crash can fall between the two;
+//     per 128 entries (redisstore.Store.CompleteAndAckBatch, called by the
+//     Processor's commit hook through idem.Executor.CommitBatchWith, so the
+//     Executor encodes, compresses and seals the result as configured):
+//     each record becomes COMPLETED and its entry is XACKed in the same
+//     script, so no crash can fall between the two;
 //   - a duplicate whose key is COMPLETED is acknowledged (one XACK for the
 //     batch) without running the handler;
 //   - a duplicate whose key is IN_PROGRESS elsewhere, a handler error, a
 //     store error or a lost lease leave the entry pending, never
 //     acknowledged: it is claimed again once idle for the claim idle time;
-//   - after WithMaxDeliveries deliveries (the group's delivery counter), or
-//     for an error marked idem.Terminal, the key becomes FAILED and the entry
-//     is copied to the dead-letter stream ("<stream>:dlq", with "dlq-error",
-//     "dlq-id" and "dlq-deliveries" fields) and acknowledged, in one script;
-//   - an entry without a key (WithKey) is dead-lettered and counted in
-//     Stats.NoKey, as are keys the store refuses (too long) and fingerprint
-//     mismatches.
+//   - after WithMaxDeliveries deliveries (the larger of the group's
+//     delivery counter and the record's acquisitions), or for an error
+//     marked idem.Terminal, the key becomes FAILED and the entry is copied
+//     to the dead-letter stream ("<stream>:dlq", with "dlq-error", "dlq-id"
+//     and "dlq-deliveries" fields) and acknowledged, in one script;
+//   - an entry without a key (WithKey), or with a key or fingerprint over
+//     its limit, is dead-lettered at once and counted in Stats.Invalid;
+//     fingerprint mismatches are dead-lettered too.
 //
 // While handlers run, the lease heartbeat of the Executor extends each
 // record, and the consumer touches its batch's pending entries (XCLAIM …

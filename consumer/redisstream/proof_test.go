@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/internal/prooftest"
 	"github.com/idemgo/idem/internal/redistest"
 	"github.com/idemgo/idem/redisstore"
@@ -96,10 +97,7 @@ func TestProof(t *testing.T) {
 	victim := members[0]
 	var victimBatches atomic.Int32
 	crashed := make(chan struct{})
-	victim.c.crashAt = func(i int, _ redis.XMessage) bool {
-		if i != 0 {
-			return false
-		}
+	victim.c.crash = func() bool {
 		if victimBatches.Add(1) == 3 {
 			close(crashed)
 			return true
@@ -233,7 +231,7 @@ func TestProof(t *testing.T) {
 		}
 		extraRuns += max(snk.Executed[key]-1, 0)
 	}
-	total := Stats{}
+	total := consumer.Stats{}
 	for i, m := range members {
 		s := m.c.Stats()
 		t.Logf("consumer %d: %+v", i, s)
@@ -241,8 +239,8 @@ func TestProof(t *testing.T) {
 		total.Replayed += s.Replayed
 		total.Retried += s.Retried
 		total.DeadLettered += s.DeadLettered
-		total.NoKey += s.NoKey
-		total.Claimed += s.Claimed
+		total.Invalid += s.Invalid
+		total.Redelivered += s.Redelivered
 		total.Errors += s.Errors
 	}
 	dlq, err := pub.XLen(ctx, stream+":dlq").Result()
@@ -257,8 +255,8 @@ func TestProof(t *testing.T) {
 	if lost != 0 || dup != 0 {
 		t.Errorf("lost keys %d, duplicate effects %d; want 0 and 0", lost, dup)
 	}
-	if dlq != noKey || total.NoKey != noKey {
-		t.Errorf("dead-letter stream has %d entries, no-key counter %d; want %d", dlq, total.NoKey, noKey)
+	if dlq != noKey || total.Invalid != noKey {
+		t.Errorf("dead-letter stream has %d entries, no-key counter %d; want %d", dlq, total.Invalid, noKey)
 	}
 	if total.Processed != int64(unique) {
 		t.Errorf("processed %d, want %d (one per key)", total.Processed, unique)
@@ -266,7 +264,7 @@ func TestProof(t *testing.T) {
 	if want := int64(int(published) - unique - noKey); total.Replayed != want {
 		t.Errorf("replayed %d, want %d", total.Replayed, want)
 	}
-	if fmt.Sprint(total.Claimed) == "0" {
+	if fmt.Sprint(total.Redelivered) == "0" {
 		t.Error("nothing was claimed: the crash recovery path did not run")
 	}
 }

@@ -142,30 +142,6 @@ func WithExecutorOptions(opts ...idem.Option) Option {
 // entries only. An existing group is left as it is. The default is "0".
 func WithGroupStart(id string) Option { return func(c *Consumer) { c.groupStart = id } }
 
-// Stats are a Consumer's counters since New. Each counts entries.
-type Stats struct {
-	// Processed: the handler ran and the key was completed and the entry
-	// acknowledged in one script.
-	Processed int64
-	// Replayed: the key was already COMPLETED; acknowledged without running
-	// the handler.
-	Replayed int64
-	// Retried: left pending for redelivery (key in progress elsewhere,
-	// handler error, store error, lease lost).
-	Retried int64
-	// DeadLettered: moved to the dead-letter stream (including NoKey).
-	DeadLettered int64
-	// NoKey: entries without an idempotency key, dead-lettered (also
-	// counted in DeadLettered).
-	NoKey int64
-	// Claimed: entries taken over with XAUTOCLAIM after they were idle for
-	// the claim idle time.
-	Claimed int64
-	// Errors: failed broker or store calls of the loop (reads, claims,
-	// acknowledgements), retried by the loop.
-	Errors int64
-}
-
 // Consumer reads a Redis stream in a consumer group and runs a Handler at
 // most once per idempotency key (see the package documentation). Run it
 // once; its methods are safe for concurrent use.
@@ -191,28 +167,31 @@ type Consumer struct {
 	groupStart    string
 	execOpts      []idem.Option
 
+	proc    *consumer.Processor
 	running atomic.Bool
-	stats   struct {
-		processed, replayed, retried, dead, noKey, claimed, errors atomic.Int64
-	}
 
-	// crashAt, for tests, is called before each handler with the entry's
-	// position in its batch; when it returns true the consumer stops at
-	// once as a crashed process would: nothing more is completed, released
-	// or acknowledged.
-	crashAt func(i int, msg redis.XMessage) bool
+	// crash, for tests, is called once the keys of a batch are acquired,
+	// if it holds any; when it returns true the consumer stops at once as
+	// a crashed process would: nothing more is run, completed, released or
+	// acknowledged.
+	crash func() bool
 	// baseline, for the benchmark, replaces the processing of a batch up to
 	// its tail, which it returns (run as a tail like process's), so that
-	// the same loop runs without idempotency (bench_test.go).
-	baseline func(ctx context.Context, msgs []redis.XMessage, h Handler) (finish func())
+	// the same loop runs without idempotency (bench_test.go); it counts
+	// its acknowledged entries in baselineAcked.
+	baseline      func(ctx context.Context, msgs []redis.XMessage, h Handler) (finish func())
+	baselineAcked atomic.Int64
 }
 
 // New returns a Consumer of stream in group, as consumer name, that reads
 // entries with rdb and keeps idempotency records in store, through an
-// idem.Executor of its own (WithExecutorOptions) that acquires each batch
-// with one BeginBatch. Records are compatible with any other Executor on
-// store. The completion of a key and the XACK of its
-// entry happen in one script on store, so stream, its dead-letter stream
+// idem.Executor of its own (WithExecutorOptions) and a consumer.Processor
+// (the one consumer algorithm) that acquires each batch with one
+// BeginBatch. Records are compatible with any other Executor on store. The
+// completion of a key and the XACK of its entry happen in one script on
+// store (the Processor's commit hook, through
+// idem.Executor.CommitBatchWith, so the result is encoded, and sealed with
+// WithEncryption, by the Executor), so stream, its dead-letter stream
 // and store's records must be able to share a script: on a Cluster, create
 // the store with redisstore.WithHashTag(tag) and name the streams "{tag}…"
 // (see redisstore.Store.CheckStream). New does no I/O. Errors wrap
@@ -269,24 +248,20 @@ func New(rdb redis.UniversalClient, store *redisstore.Store, stream, group, name
 	if err := store.CheckStream(stream, c.dlq); err != nil {
 		return nil, fmt.Errorf("redisstream: %w", err)
 	}
+	c.proc, err = consumer.New(exec, consumer.WithScope(c.scope), consumer.WithMaxDeliveries(c.maxDeliveries),
+		consumer.WithRetryDelay(c.retryDelay), consumer.WithCommit(c.completeAndAck))
+	if err != nil {
+		return nil, fmt.Errorf("redisstream: %w", err)
+	}
 	return c, nil
 }
 
 // Executor returns the consumer's executor, on the store given to New.
 func (c *Consumer) Executor() *idem.Executor { return c.exec }
 
-// Stats returns a snapshot of the counters.
-func (c *Consumer) Stats() Stats {
-	return Stats{
-		Processed:    c.stats.processed.Load(),
-		Replayed:     c.stats.replayed.Load(),
-		Retried:      c.stats.retried.Load(),
-		DeadLettered: c.stats.dead.Load(),
-		NoKey:        c.stats.noKey.Load(),
-		Claimed:      c.stats.claimed.Load(),
-		Errors:       c.stats.errors.Load(),
-	}
-}
+// Stats returns a snapshot of the counters (Errors counts failed reads,
+// claims and acknowledgements, retried by the loop).
+func (c *Consumer) Stats() consumer.Stats { return c.proc.Stats() }
 
 // errCrashed ends Run after a simulated crash (tests).
 var errCrashed = errors.New("redisstream: crashed")
@@ -384,9 +359,6 @@ func (c *Consumer) Run(ctx context.Context, h Handler) error {
 			c.pause(ctx, err)
 			continue
 		}
-		if claimed {
-			c.stats.claimed.Add(int64(len(msgs)))
-		}
 		var crashed bool
 		if prev, crashed = c.process(work, msgs, deliveries, h, prev); crashed {
 			return errCrashed
@@ -397,8 +369,7 @@ func (c *Consumer) Run(ctx context.Context, h Handler) error {
 
 // pause counts a failed call and waits a little before the next.
 func (c *Consumer) pause(ctx context.Context, err error) {
-	_ = err
-	c.stats.errors.Add(1)
+	c.proc.ReportError("reading the stream", err)
 	t := time.NewTimer(50 * time.Millisecond)
 	defer t.Stop()
 	select {
@@ -440,12 +411,6 @@ func (c *Consumer) deliveries(ctx context.Context, msgs []redis.XMessage, claime
 	return out, nil
 }
 
-// held is a message whose key this consumer acquired.
-type held struct {
-	ctx context.Context
-	a   *idem.Attempt
-}
-
 // tail is the end of a batch's processing (complete and acknowledge,
 // dead-letter, count), which runs while the next batch is read, acquired
 // and handled: Redis and the client work at the same time instead of in
@@ -462,15 +427,15 @@ func (t *tail) wait() {
 	}
 }
 
-// process handles one batch, with the semantics of consumer.Processor:
-// acquire every key, run the handlers in order, then complete and
-// acknowledge the successful ones in one pipelined round of
-// complete-and-ack scripts. That last part runs in a goroutine, returned as
-// a tail, once prev, the previous batch's tail, has ended; and if the batch
+// process handles one batch with the Processor: acquire every key, run the
+// handlers in order, then complete and acknowledge the successful ones in
+// one pipelined round of complete-and-ack scripts (the Processor's commit
+// hook, completeAndAck). That last part runs in a goroutine, returned as a
+// tail, once prev, the previous batch's tail, has ended; and if the batch
 // has a key of prev's batch, prev ends before anything is acquired, so
 // that a duplicate in the next batch finds its key completed, as it would
-// without the overlap. It reports whether a simulated crash happened
-// (then prev has ended and no tail runs).
+// without the overlap. It reports whether a simulated crash happened (then
+// prev has ended and no tail runs).
 func (c *Consumer) process(ctx context.Context, msgs []redis.XMessage, deliveries []int, h Handler, prev *tail) (next *tail, crashed bool) {
 	if c.baseline != nil {
 		finish := c.baseline(ctx, msgs, h)
@@ -482,234 +447,78 @@ func (c *Consumer) process(ctx context.Context, msgs []redis.XMessage, deliverie
 		}()
 		return next, false
 	}
-	n := len(msgs)
-	results := make([]consumer.Result, n)
-	attempts := make([]held, n)
-	keys := make([]string, n)
-	next = &tail{done: make(chan struct{}), keys: make(map[string]bool, n)}
+	in := make([]consumer.Message, len(msgs))
+	next = &tail{done: make(chan struct{}), keys: make(map[string]bool, len(msgs))}
 	for i, m := range msgs {
-		keys[i] = c.keyFn(m)
-		if keys[i] == "" {
-			continue
-		}
-		next.keys[keys[i]] = true
-		if prev != nil && prev.keys[keys[i]] {
-			prev.wait()
-		}
-	}
-
-	// Acquire every key in one BeginBatch: on a standalone server or with a
-	// hash tag, one script call per batch (redisstore's batch scripts).
-	// A key repeated in the batch with the same fingerprint follows its
-	// first occurrence (follow[i] is that index + 1): acknowledged as a
-	// replay once the first is completed, retried otherwise. Acquiring it
-	// would only find the key IN_PROGRESS.
-	follow := make([]int, n)
-	type first struct {
-		i  int
-		fp string
-	}
-	firsts := make(map[string]first, n)
-	bkeys := make([]idem.Key, 0, n)
-	bfps := make([]string, 0, n)
-	bidx := make([]int, 0, n)
-	for i := range msgs {
-		if keys[i] == "" {
-			results[i] = consumer.Result{Action: consumer.DeadLetter, Err: consumer.ErrNoKey}
-			continue
-		}
-		fp := ""
+		in[i] = consumer.Message{Key: c.keyFn(m), Deliveries: deliveries[i], ID: m.ID}
 		if c.fpFn != nil {
-			fp = c.fpFn(msgs[i])
+			in[i].Fingerprint = c.fpFn(m)
 		}
-		if f, ok := firsts[keys[i]]; ok && f.fp == fp {
-			follow[i] = f.i + 1
-			continue
-		} else if !ok {
-			firsts[keys[i]] = first{i, fp}
-		}
-		bkeys = append(bkeys, idem.Key{Scope: c.scope, ID: keys[i]})
-		bfps = append(bfps, fp)
-		bidx = append(bidx, i)
-	}
-	for j, b := range c.exec.BeginBatch(ctx, bkeys, bfps) {
-		i := bidx[j]
-		switch {
-		case b.Err == nil && b.Attempt.Replayed():
-			results[i] = consumer.Result{Action: consumer.Ack, Replayed: true}
-		case b.Err == nil:
-			attempts[i] = held{b.Ctx, b.Attempt}
-		default:
-			results[i] = c.refused(b.Err)
+		if k := in[i].Key; k != "" {
+			next.keys[k] = true
+			if prev != nil && prev.keys[k] {
+				prev.wait()
+			}
 		}
 	}
-
-	// Keep the batch's entries from being claimed while handlers run.
-	stopTouch := c.touch(ctx, msgs, attempts)
-
-	sctx := context.WithoutCancel(ctx)
-	done := make([]bool, n)
+	b := c.proc.Acquire(ctx, in)
+	held := make([]string, 0, len(msgs))
 	for i, m := range msgs {
-		at := attempts[i]
-		if at.a == nil {
-			continue
+		if b.Held(i) {
+			held = append(held, m.ID)
 		}
-		if c.crashAt != nil && c.crashAt(i, m) {
-			stopTouch()
-			for _, x := range attempts {
-				if x.a != nil {
-					_ = x.a.Abandon() // stop heartbeats; the records stay IN_PROGRESS
-				}
-			}
-			prev.wait()
-			return nil, true
-		}
-		var err error
-		if ctx.Err() != nil {
-			err = fmt.Errorf("redisstream: shutting down: %w", ctx.Err())
-		} else {
-			err = c.call(at.ctx, h, m)
-		}
-		if err == nil {
-			done[i] = true
-			continue
-		}
-		attempts[i].a = nil
-		if idem.IsTerminal(err) || (c.maxDeliveries > 0 && deliveries[i] >= c.maxDeliveries) {
-			ferr := at.a.Fail(sctx, err)
-			results[i] = consumer.Result{Action: consumer.DeadLetter, Err: errors.Join(err, ferr)}
-			if ferr != nil && !errors.Is(ferr, idem.ErrLeaseLost) {
-				results[i] = consumer.Result{Action: consumer.Retry, Delay: c.retryDelay, Err: errors.Join(err, ferr)}
-			}
-			continue
-		}
-		rerr := at.a.Release(sctx)
-		results[i] = consumer.Result{Action: consumer.Retry, Delay: c.retryDelay, Err: errors.Join(err, rerr)}
 	}
+	if c.crash != nil && len(held) > 0 && c.crash() {
+		b.Abandon() // stop heartbeats; the records stay IN_PROGRESS
+		prev.wait()
+		return nil, true
+	}
+	// Keep the batch's entries from being claimed while handlers run.
+	stopTouch := c.touch(ctx, held)
+	b.Handle(func(ctx context.Context, i int) error { return h(ctx, msgs[i]) })
 	stopTouch()
-
-	// Complete and acknowledge in one pipelined round.
-	var acks []redisstore.StreamAck
-	var ackIdx []int
-	for i := range msgs {
-		at := attempts[i]
-		if at.a == nil || !done[i] {
-			continue
-		}
-		// Stop the heartbeat without a store call; the complete below
-		// checks owner and fence, so only a takeover can refuse it.
-		if err := at.a.Abandon(); err != nil {
-			results[i] = consumer.Result{Action: consumer.Retry, Delay: c.retryDelay, Err: err}
-			continue
-		}
-		acks = append(acks, redisstore.StreamAck{Key: at.a.Key(), Lease: at.a.Lease(), Result: emptyResult, ID: msgs[i].ID})
-		ackIdx = append(ackIdx, i)
-	}
 	prev.wait()
 	go func() {
 		defer close(next.done)
-		c.finish(sctx, msgs, deliveries, results, follow, acks, ackIdx)
+		c.settle(ctx, msgs, deliveries, b.Commit(ctx))
 	}()
 	return next, false
 }
 
-// finish is a batch's tail: it completes and acknowledges acks (the
-// entries ackIdx of msgs), then acts on every entry's result.
-func (c *Consumer) finish(sctx context.Context, msgs []redis.XMessage, deliveries []int, results []consumer.Result, follow []int, acks []redisstore.StreamAck, ackIdx []int) {
-	if len(acks) > 0 {
-		errs := c.completeAndAck(sctx, acks)
-		for j, i := range ackIdx {
-			if errs[j] != nil {
-				// Not completed (lease lost, store down): the entry stays
-				// pending and comes back; the record decides then.
-				results[i] = consumer.Result{Action: consumer.Retry, Delay: c.retryDelay, Err: errs[j]}
-				continue
-			}
-			results[i] = consumer.Result{Action: consumer.Ack}
-		}
-	}
-
-	for i, f := range follow {
-		switch {
-		case f == 0:
-		case results[f-1].Action == consumer.Ack:
-			results[i] = consumer.Result{Action: consumer.Ack, Replayed: true}
-		default:
-			results[i] = consumer.Result{Action: consumer.Retry, Delay: c.retryDelay,
-				Err: fmt.Errorf("redisstream: an earlier entry of the batch with the same key was not completed: %w", results[f-1].Err)}
-		}
-	}
-
-	// Replays: one XACK for all of them.
+// settle carries out the Processor's decisions: the processed entries were
+// acknowledged with their completion; replays get one XACK for all; dead
+// letters are moved to the dead-letter stream; retries stay pending.
+func (c *Consumer) settle(ctx context.Context, msgs []redis.XMessage, deliveries []int, results []consumer.Result) {
+	sctx := context.WithoutCancel(ctx)
 	var replayIDs []string
 	for i, r := range results {
-		switch r.Action {
-		case consumer.Ack:
-			if r.Replayed {
-				replayIDs = append(replayIDs, msgs[i].ID)
-				c.stats.replayed.Add(1)
-			} else {
-				c.stats.processed.Add(1)
-			}
-		case consumer.Retry:
-			c.stats.retried.Add(1)
-		case consumer.DeadLetter:
+		switch {
+		case r.Action == consumer.Ack && r.Replayed:
+			replayIDs = append(replayIDs, msgs[i].ID)
+		case r.Action == consumer.DeadLetter:
 			c.deadLetter(sctx, msgs[i], deliveries[i], r.Err)
 		}
 	}
 	if len(replayIDs) > 0 {
 		if err := c.rdb.XAck(sctx, c.stream, c.group, replayIDs...).Err(); err != nil {
-			c.stats.errors.Add(1) // left pending: claimed and replayed again
+			c.proc.ReportError("acknowledging replays", err) // left pending: claimed and replayed again
 		}
 	}
 }
 
-// completeAndAck completes and acknowledges acks, and repeats, with the
-// same leases, the ones whose outcome is unknown (a timeout, a broken
-// connection) for up to one lease, as Executor.CommitBatch does: an entry
-// left pending with its key IN_PROGRESS would be claimed after the lease
-// and run again.
-func (c *Consumer) completeAndAck(ctx context.Context, acks []redisstore.StreamAck) []error {
-	return idem.RepeatUnknown(ctx, c.exec.Lease(), func(idx []int) []error {
-		batch := acks
-		if idx != nil {
-			batch = make([]redisstore.StreamAck, len(idx))
-			for k, i := range idx {
-				batch[k] = acks[i]
-			}
+// completeAndAck is the Processor's commit hook: the Executor encodes each
+// result and the store completes each key and acknowledges its entry in
+// one script, repeated (as Executor.CommitBatch does) while the outcome is
+// unknown: an entry left pending with its key IN_PROGRESS would be claimed
+// after the lease and run again.
+func (c *Consumer) completeAndAck(ctx context.Context, msgs []consumer.Message, attempts []*idem.Attempt) []error {
+	return c.exec.CommitBatchWith(ctx, attempts, make([][]byte, len(attempts)), func(ctx context.Context, cs []idem.BatchCompletion) []error {
+		acks := make([]redisstore.StreamAck, len(cs))
+		for k, x := range cs {
+			acks[k] = redisstore.StreamAck{Key: x.Key, Lease: x.Lease, Result: x.Result, ID: msgs[x.Index].ID}
 		}
-		return c.store.CompleteAndAckBatch(ctx, c.stream, c.group, c.exec.Retention(), batch)
+		return c.store.CompleteAndAckBatch(ctx, c.stream, c.group, cs[0].Retention, acks)
 	})
-}
-
-// emptyResult is the stored result of a processed message: the Executor's
-// encoding of an empty value (a zero flags byte), which any Executor
-// decodes, whatever its compression or encryption settings.
-var emptyResult = []byte{0}
-
-// call runs h, turning a panic into an error so that the key is released
-// and the entry retried.
-func (c *Consumer) call(ctx context.Context, h Handler, m redis.XMessage) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("redisstream: handler panicked: %v", r)
-		}
-	}()
-	return h(ctx, m)
-}
-
-// refused maps a Begin error to a Result, as consumer.Processor does.
-func (c *Consumer) refused(err error) consumer.Result {
-	var ip *idem.InProgressError
-	var failed *idem.FailedError
-	switch {
-	case errors.As(err, &ip):
-		return consumer.Result{Action: consumer.Retry, Delay: max(ip.RetryAfter, time.Millisecond), Err: err}
-	case errors.As(err, &failed), errors.Is(err, idem.ErrMismatch), errors.Is(err, idem.ErrInvalid):
-		return consumer.Result{Action: consumer.DeadLetter, Err: err}
-	default:
-		return consumer.Result{Action: consumer.Retry, Delay: c.retryDelay, Err: err}
-	}
 }
 
 // deadLetter copies m to the dead-letter stream and acknowledges it in one
@@ -725,33 +534,18 @@ func (c *Consumer) deadLetter(ctx context.Context, m redis.XMessage, deliveries 
 		msg = cause.Error()
 	}
 	fields = append(fields, "dlq-error", msg, "dlq-id", m.ID, "dlq-deliveries", strconv.Itoa(deliveries))
-	ok, err := c.store.DeadLetter(ctx, c.stream, c.group, m.ID, c.dlq, fields)
-	if err != nil {
-		c.stats.errors.Add(1)
-		c.stats.retried.Add(1)
-		return
+	if _, err := c.store.DeadLetter(ctx, c.stream, c.group, m.ID, c.dlq, fields); err != nil {
+		c.proc.ReportError("dead-lettering", err) // left pending: dead-lettered again when claimed
 	}
-	if !ok {
-		return // no longer pending: another consumer dealt with it
-	}
-	c.stats.dead.Add(1)
-	if errors.Is(cause, consumer.ErrNoKey) {
-		c.stats.noKey.Add(1)
-	}
+	// Not pending any more (false): another consumer dealt with it.
 }
 
-// touch resets the idle time of the batch's acquired entries every third of
-// the claim idle time (XCLAIM … JUSTID to this consumer, which does not
-// count a delivery), so that other consumers do not claim entries whose
-// handler is still running: the broker-side counterpart of the lease
-// heartbeat. It returns a function that stops it.
-func (c *Consumer) touch(ctx context.Context, msgs []redis.XMessage, attempts []held) func() {
-	var ids []string
-	for i, at := range attempts {
-		if at.a != nil {
-			ids = append(ids, msgs[i].ID)
-		}
-	}
+// touch resets the idle time of the entries ids (the batch's acquired
+// ones) every third of the claim idle time (XCLAIM … JUSTID to this
+// consumer, which does not count a delivery), so that other consumers do
+// not claim entries whose handler is still running: the broker-side
+// counterpart of the lease heartbeat. It returns a function that stops it.
+func (c *Consumer) touch(ctx context.Context, ids []string) func() {
 	if len(ids) == 0 {
 		return func() {}
 	}
@@ -773,7 +567,7 @@ func (c *Consumer) touch(ctx context.Context, msgs []redis.XMessage, attempts []
 					Stream: c.stream, Group: c.group, Consumer: c.name, MinIdle: 0, Messages: ids,
 				}).Err()
 				if err != nil {
-					c.stats.errors.Add(1)
+					c.proc.ReportError("keeping entries claimed", err)
 				}
 			}
 		}

@@ -2,6 +2,8 @@ package redisstream
 
 import (
 	"context"
+	"crypto/aes"
+	"crypto/cipher"
 	"errors"
 	"strconv"
 	"strings"
@@ -11,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/internal/redistest"
 	"github.com/idemgo/idem/redisstore"
 	"github.com/redis/go-redis/v9"
@@ -136,7 +139,7 @@ func TestProcessReplayAndNoKey(t *testing.T) {
 	if seen["a"] != 1 || seen["b"] != 1 {
 		t.Errorf("handler runs %v, want a:1 b:1", seen)
 	}
-	want := Stats{Processed: 2, Replayed: 1, DeadLettered: 1, NoKey: 1}
+	want := consumer.Stats{Processed: 2, Replayed: 1, DeadLettered: 1, Invalid: 1}
 	if got := c.Stats(); got != want {
 		t.Errorf("stats %+v, want %+v", got, want)
 	}
@@ -172,7 +175,7 @@ func TestDuplicateInNextBatchIsReplayed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Stats{Processed: batch * batches / 2, Replayed: batch * batches / 2}
+	want := consumer.Stats{Processed: batch * batches / 2, Replayed: batch * batches / 2}
 	if got := c.Stats(); got != want {
 		t.Errorf("stats %+v, want %+v", got, want)
 	}
@@ -202,7 +205,7 @@ func TestRetryThenDeadLetter(t *testing.T) {
 		t.Errorf("handler ran %d times, want 3 (max deliveries)", got)
 	}
 	s := c.Stats()
-	if s.Retried != 2 || s.Claimed != 2 {
+	if s.Retried != 2 || s.Redelivered != 2 {
 		t.Errorf("stats %+v, want 2 retries and 2 claims", s)
 	}
 	d := e.dlq()
@@ -299,8 +302,8 @@ func TestLongHandlerKeepsEntry(t *testing.T) {
 	if got := runs.Load(); got != 1 {
 		t.Errorf("handler ran %d times, want 1", got)
 	}
-	if s := c2.Stats(); s.Claimed != 0 {
-		t.Errorf("second consumer claimed %d entries, want 0", s.Claimed)
+	if s := c2.Stats(); s.Redelivered != 0 {
+		t.Errorf("second consumer claimed %d entries, want 0", s.Redelivered)
 	}
 }
 
@@ -481,5 +484,41 @@ func TestRueidisStore(t *testing.T) {
 	}
 	if runs.Load() != 3 || e.pending() != 0 {
 		t.Errorf("runs %d, pending %d; want 3 and 0", runs.Load(), e.pending())
+	}
+}
+
+// TestEncryptedResults runs the consumer with WithEncryption: its results
+// are written by the Executor (sealed), so another Executor with the key
+// replays them, and a duplicate entry is acknowledged as a replay. (Before,
+// the consumer wrote a plain result of its own, which an Executor with a
+// key must refuse.)
+func TestEncryptedResults(t *testing.T) {
+	block, _ := aes.NewCipher(make([]byte, 32))
+	aead, _ := cipher.NewGCM(block)
+	e := newEnv(t, standalone(t), "", time.Second)
+	e.add("key", "a")
+	ran := atomic.Int32{}
+	h := func(context.Context, redis.XMessage) error { ran.Add(1); return nil }
+	c := e.consumer("c1", WithExecutorOptions(idem.WithEncryption(aead)))
+	if err := e.run(c, h, func() bool { return c.Stats().Processed == 1 }); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := e.store.Get(t.Context(), idem.Key{Scope: e.stream, ID: "a"}.Digest())
+	if err != nil || rec.State != idem.StateCompleted {
+		t.Fatalf("record %v %v, want COMPLETED", rec.State, err)
+	}
+	sealed, err := idem.New(e.store, idem.WithEncryption(aead))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sealed.DecodeResult(idem.Key{Scope: e.stream, ID: "a"}.Digest(), rec.Result); err != nil {
+		t.Fatalf("the stored result is not sealed by the Executor: %v", err)
+	}
+	e.add("key", "a")
+	if err := e.run(c, h, func() bool { return c.Stats().Replayed == 1 }); err != nil {
+		t.Fatal(err)
+	}
+	if ran.Load() != 1 || e.pending() != 0 {
+		t.Fatalf("handler ran %d times, pending %d; want 1 and 0", ran.Load(), e.pending())
 	}
 }

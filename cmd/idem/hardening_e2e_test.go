@@ -1,0 +1,315 @@
+package main
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestProxyMethodCase: "post" is POST for the proxy too; a request with a
+// key on a method that is not covered is forwarded with a header that says
+// the key was ignored.
+func TestProxyMethodCase(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t)
+	px := startProxy(t, up.url(), []string{"--data", t.TempDir()})
+	first := send(t, "post", px.url("/orders"), "lower", "x")
+	second := send(t, "post", px.url("/orders"), "lower", "x")
+	third := send(t, "POST", px.url("/orders"), "lower", "x")
+	if first.status != 201 || !second.replayed() || !third.replayed() || up.executions("lower") != 1 {
+		t.Errorf("got %d, replayed %v, %v after %d executions, want 1 execution replayed twice",
+			first.status, second.replayed(), third.replayed(), up.executions("lower"))
+	}
+	res := send(t, http.MethodPut, px.url("/orders"), "put-key", "x")
+	if res.status != 201 || res.header.Get("Idempotency-Key-Ignored") != "true" {
+		t.Errorf("PUT with a key: got %d Idempotency-Key-Ignored %q, want 201 and true", res.status, res.header.Get("Idempotency-Key-Ignored"))
+	}
+	if res := send(t, http.MethodGet, px.url("/orders"), "", ""); res.header.Get("Idempotency-Key-Ignored") != "" {
+		t.Errorf("GET without a key: got Idempotency-Key-Ignored %q, want none", res.header.Get("Idempotency-Key-Ignored"))
+	}
+}
+
+// TestProxyHelpScope: the help says what another method or path does (it
+// is another key), not that it gets 422.
+func TestProxyHelpScope(t *testing.T) {
+	t.Parallel()
+	var out, errOut strings.Builder
+	run(t.Context(), []string{"help", "proxy"}, &out, &errOut, noEnv)
+	help := strings.Join(strings.Fields(out.String()), " ")
+	if strings.Contains(help, "another method, path, query or body gets 422") {
+		t.Errorf("help still says another method or path gets 422")
+	}
+	for _, want := range []string{"the same key with another method or path is another key", "/orders and /orders/ are two paths", "Methods are compared ignoring case"} {
+		if !strings.Contains(help, want) {
+			t.Errorf("help: want %q", want)
+		}
+	}
+	// And it is so: the same key on /orders and /orders/ runs twice.
+	up := newUpstream(t)
+	px := startProxy(t, up.url(), []string{"--data", t.TempDir()})
+	a := post(t, px.url("/orders"), "slash", "x")
+	b := post(t, px.url("/orders/"), "slash", "x")
+	if a.status != 201 || b.status != 201 || b.replayed() || up.executions("slash") != 2 {
+		t.Errorf("got %d then %d (replayed %v) after %d executions, want two executions", a.status, b.status, b.replayed(), up.executions("slash"))
+	}
+}
+
+// trailerUpstream records the trailers of the requests it gets.
+type trailerUpstream struct {
+	mu       sync.Mutex
+	trailers []http.Header
+}
+
+func (u *trailerUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	io.Copy(io.Discard, r.Body)
+	u.mu.Lock()
+	u.trailers = append(u.trailers, r.Trailer.Clone())
+	u.mu.Unlock()
+	w.WriteHeader(http.StatusCreated)
+}
+
+// TestProxyStripsTrailers: a client's Idempotency-Fence or Idempotency-Key
+// sent as a trailer never reaches the upstream, for covered requests and
+// for requests passed through; other trailers do.
+func TestProxyStripsTrailers(t *testing.T) {
+	t.Parallel()
+	tu := &trailerUpstream{}
+	srv := httptest.NewServer(tu)
+	t.Cleanup(srv.Close)
+	px := startProxy(t, srv.URL, []string{"--data", t.TempDir()})
+	for i, tc := range []struct{ method, key string }{{"POST", "trailer-1"}, {"PUT", ""}} {
+		pr, pw := io.Pipe()
+		req, err := http.NewRequest(tc.method, px.url("/orders"), pr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tc.key != "" {
+			req.Header.Set("Idempotency-Key", tc.key)
+		}
+		req.Trailer = http.Header{"Idempotency-Fence": nil, "Idempotency-Key": nil, "Idempotency_fence": nil, "X-Other": nil}
+		go func() {
+			io.WriteString(pw, "body")
+			req.Trailer.Set("Idempotency-Fence", "999999999999999999")
+			req.Trailer.Set("Idempotency-Key", "forged")
+			req.Trailer["Idempotency_fence"] = []string{"999999999999999999"}
+			req.Trailer.Set("X-Other", "kept")
+			pw.Close()
+		}()
+		res, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		readAll(res)
+		if res.StatusCode != 201 {
+			t.Fatalf("%s: got %d, want 201", tc.method, res.StatusCode)
+		}
+		tu.mu.Lock()
+		got := tu.trailers[i]
+		tu.mu.Unlock()
+		for name := range got {
+			if sameFieldName(name, "Idempotency-Fence") || sameFieldName(name, "Idempotency-Key") {
+				t.Errorf("%s: the upstream got the client's trailer %s: %q", tc.method, name, got[name])
+			}
+		}
+		if tc.method == "POST" && got.Get("X-Other") != "kept" {
+			t.Errorf("%s: trailer X-Other: got %q, want kept", tc.method, got.Get("X-Other"))
+		}
+	}
+}
+
+// TestProxyExpectContinue: a request with Expect: 100-continue gets one 100
+// Continue, not the proxy's and then the upstream's.
+func TestProxyExpectContinue(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t)
+	px := startProxy(t, up.url(), []string{"--data", t.TempDir()})
+	for _, key := range []string{"expect", ""} { // covered, and passed through
+		conn, err := net.DialTimeout("tcp", px.addr, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn.SetDeadline(time.Now().Add(10 * time.Second))
+		method := "POST"
+		hdr := "Idempotency-Key: " + key + "\r\n"
+		if key == "" {
+			method, hdr = "PUT", ""
+		}
+		io.WriteString(conn, method+" /orders HTTP/1.1\r\nHost: x\r\n"+hdr+"Content-Length: 4\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n")
+		br := bufio.NewReader(conn)
+		// Wait for the 100 Continue before sending the body, as clients do.
+		line, err := br.ReadString('\n')
+		if err != nil || !strings.HasPrefix(line, "HTTP/1.1 100 ") {
+			t.Fatalf("%s: first line %q, %v, want 100 Continue", method, line, err)
+		}
+		io.WriteString(conn, "body")
+		rest, _ := io.ReadAll(br)
+		conn.Close()
+		if n := strings.Count(string(rest), "HTTP/1.1 100 "); n != 0 {
+			t.Errorf("%s: got %d more 100 Continue responses, want 1 in all:\n%s%s", method, n, line, rest)
+		}
+		if !strings.Contains(string(rest), "HTTP/1.1 201 ") {
+			t.Errorf("%s: got %q, want a 201 after the 100 Continue", method, rest)
+		}
+	}
+}
+
+// TestSecretsRedacted: a password in a URL flag never appears in the
+// message that rejects it, for every flag that takes a URL, whether the
+// URL parses or not.
+func TestSecretsRedacted(t *testing.T) {
+	t.Parallel()
+	const pw = "s3cr3tPW"
+	up := newUpstream(t)
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"redis bad port", []string{"proxy", "--upstream", up.url(), "--redis", "redis://:" + pw + "@localhost:63x79"}},
+		{"redis user bad port", []string{"proxy", "--upstream", up.url(), "--redis", "redis://admin:" + pw + "@localhost:63x79/0"}},
+		{"redis no scheme", []string{"proxy", "--upstream", up.url(), "--redis", "admin:" + pw + "@localhost:6379"}},
+		{"redis bad scheme", []string{"proxy", "--upstream", up.url(), "--redis", "http://:" + pw + "@localhost:6379"}},
+		{"redis-cluster bad port", []string{"proxy", "--upstream", up.url(), "--redis-cluster", "redis://:" + pw + "@localhost:63x79?addr=localhost:7001"}},
+		{"upstream bad host", []string{"proxy", "--upstream", "http://user:" + pw + "@bad host:9000"}},
+		{"upstream bad scheme", []string{"proxy", "--upstream", "ftp://user:" + pw + "@localhost:9000"}},
+		{"upstream no scheme", []string{"proxy", "--upstream", "user:" + pw + "@localhost:9000"}},
+		{"otel-endpoint bad port", []string{"proxy", "--upstream", up.url(), "--otel-endpoint", "http://user:" + pw + "@collector:43x18"}},
+		{"otel-endpoint no scheme", []string{"proxy", "--upstream", up.url(), "--otel-endpoint", "user:" + pw + "@collector:4318"}},
+		{"doctor redis", []string{"doctor", "--redis", "redis://:" + pw + "@localhost:63x79"}},
+		{"get redis", []string{"get", "k", "--redis", "redis://:" + pw + "@localhost:63x79"}},
+		{"ls redis-cluster", []string{"ls", "--redis-cluster", "redis://u:" + pw + "@localhost:63x79"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out, errOut strings.Builder
+			code := run(t.Context(), tc.args, &out, &errOut, noEnv)
+			if code == 0 {
+				t.Fatalf("exit 0, want an error")
+			}
+			if all := out.String() + errOut.String(); strings.Contains(all, pw) || !strings.Contains(all, "xxxxx") {
+				t.Errorf("got %q, want the password hidden as xxxxx", all)
+			}
+		})
+	}
+}
+
+func TestRedactURL(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"redis://:pw@host:6379/0":      "redis://:xxxxx@host:6379/0",
+		"redis://user:pw@host:6379":    "redis://user:xxxxx@host:6379",
+		"https://token@host/path?q=a@": "https://xxxxx@host/path?q=a@",
+		"user:pw@host:6379":            "user:xxxxx@host:6379",
+		"http://host:9000/a@b":         "http://host:9000/a@b",
+		"host:6379":                    "host:6379",
+		"redis://:p@ss@host:1":         "redis://:xxxxx@host:1",
+	} {
+		if got := redactURL(in); got != want {
+			t.Errorf("redactURL(%q): got %q, want %q", in, got, want)
+		}
+	}
+}
+
+// TestProxyScopeHeaderRequired: with --scope-header, requests without the
+// header do not share one scope (where anonymous clients got each other's
+// responses): 400, unless --allow-missing-scope.
+func TestProxyScopeHeaderRequired(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t)
+	px := startProxy(t, up.url(), []string{"--data", t.TempDir()}, "--scope-header", "Authorization")
+	for range 2 {
+		res := post(t, px.url("/orders"), "anon", "x")
+		if res.status != 400 || !strings.Contains(res.body, "TypePrincipalMissing") {
+			t.Errorf("without Authorization: got %d %q, want 400 TypePrincipalMissing", res.status, res.body)
+		}
+	}
+	if res := post(t, px.url("/orders"), "anon", "x", "Authorization", "Bearer a"); res.status != 201 || up.executions("anon") != 1 {
+		t.Errorf("with Authorization: got %d after %d executions, want 201 after 1", res.status, up.executions("anon"))
+	}
+	if res := send(t, http.MethodGet, px.url("/orders"), "", ""); res.status != 201 {
+		t.Errorf("GET (not covered) without Authorization: got %d, want it passed through", res.status)
+	}
+
+	up2 := newUpstream(t)
+	open := startProxy(t, up2.url(), []string{"--data", t.TempDir()}, "--scope-header", "Authorization", "--allow-missing-scope")
+	first, second := post(t, open.url("/orders"), "anon", "x"), post(t, open.url("/orders"), "anon", "x")
+	if first.status != 201 || !second.replayed() || up2.executions("anon") != 1 {
+		t.Errorf("--allow-missing-scope: got %d then replayed=%v after %d executions, want one shared execution", first.status, second.replayed(), up2.executions("anon"))
+	}
+}
+
+// TestProxyStorePolicy: --store-policy chooses which upstream answers are
+// stored.
+func TestProxyStorePolicy(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		policy             string
+		rerun500, rerun402 bool
+	}{
+		{"default", false, false},
+		{"release-5xx", true, false},
+		{"only-2xx", true, true},
+	} {
+		t.Run(tc.policy, func(t *testing.T) {
+			t.Parallel()
+			up := newUpstream(t)
+			px := startProxy(t, up.url(), []string{"--data", t.TempDir()}, "--store-policy", tc.policy)
+			for _, s := range []struct {
+				status string
+				rerun  bool
+			}{{"500", tc.rerun500}, {"402", tc.rerun402}, {"201", false}} {
+				key := tc.policy + "-" + s.status
+				first := post(t, px.url("/orders"), key, "x", "X-Test-Status", s.status)
+				retry := post(t, px.url("/orders"), key, "x")
+				want := 1
+				if s.rerun {
+					want = 2
+				}
+				if first.status != atoi(s.status) || up.executions(key) != want || retry.replayed() == s.rerun {
+					t.Errorf("%s: got %d, then %d replayed=%v after %d executions, want %d executions", s.status, first.status, retry.status, retry.replayed(), up.executions(key), want)
+				}
+			}
+		})
+	}
+	code, _, stderr := runIdem(t, "proxy", "--upstream", "http://127.0.0.1:1", "--store-policy", "sometimes")
+	if code != exitUsage || !strings.Contains(stderr, "invalid --store-policy") {
+		t.Errorf("bad policy: got %d %q, want a usage error", code, stderr)
+	}
+}
+
+func atoi(s string) int {
+	n, _ := strconv.Atoi(s)
+	return n
+}
+
+// TestMaxResponseLowered: --max-response limits what is stored, never what
+// is read: a response stored under a larger limit is still replayed after
+// the proxy restarts with a smaller one, and idem get decodes it without
+// being told the limit.
+func TestMaxResponseLowered(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t)
+	data := []string{"--data", t.TempDir()}
+	body := strings.Repeat("a", 2<<20) // 2 MiB, stored compressed
+	px := startProxy(t, up.url(), data, "--max-body", "4MiB", "--max-response", "4MiB")
+	if res := post(t, px.url("/big"), "big", body); res.status != 201 {
+		t.Fatalf("first: got %d", res.status)
+	}
+	px.terminate()
+	px.wait()
+	code, out, stderr := runIdem(t, append([]string{"get", "big", "--path", "/big", "--show-body"}, data...)...)
+	if code != 0 || !strings.Contains(out, "status      201") || !strings.Contains(out, "execution 1 of big: aaaa") {
+		t.Errorf("get: got %d %q %q, want the stored 201 and its body", code, out[:min(len(out), 400)], stderr)
+	}
+	px = startProxy(t, up.url(), data, "--max-body", "4MiB", "--max-response", "1KiB")
+	res := post(t, px.url("/big"), "big", body)
+	if res.status != 201 || !res.replayed() || len(res.body) != len("execution 1 of big: ")+len(body) || up.executions("big") != 1 {
+		t.Errorf("retry after lowering --max-response: got %d replayed=%v, %d bytes after %d executions, want the stored response",
+			res.status, res.replayed(), len(res.body), up.executions("big"))
+	}
+}

@@ -1,0 +1,36 @@
+// Package consumer turns at-least-once delivery into one execution per
+// message key. It holds the one consumer algorithm, Processor, that every
+// broker adapter of this repository (consumer/redisstream, consumer/kafka,
+// consumer/nats, consumer/rabbitmq, consumer/sqs) runs: an adapter turns
+// broker messages into Messages and the Processor's Actions into the
+// broker's acknowledgements, nothing more.
+//
+// The order of operations for each message is: acquire the key, run the
+// handler (with the lease and fence in its context), complete the key, and
+// only then acknowledge. So:
+//
+//   - a duplicate whose key is COMPLETED is acknowledged without running the
+//     handler (Ack, Replayed);
+//   - a duplicate whose key is IN_PROGRESS elsewhere is never acknowledged:
+//     it is redelivered after the lease left (Retry);
+//   - a handler error, or a panic (recovered as ErrPanic), releases the key
+//     and the message is redelivered (Retry), until it was delivered
+//     MaxDeliveries times (the larger of the broker's count and the record's
+//     acquisitions in the store, so a restart loses no count): then the key
+//     becomes FAILED and the message goes to the dead-letter path
+//     (DeadLetter);
+//   - a message without a key, or with a key or fingerprint over its limit,
+//     is dead-lettered at once: redelivering it cannot fix it;
+//   - a message whose key repeats an earlier message of the same batch
+//     follows that message (see Processor.Process).
+//
+// A crash anywhere before the acknowledgement leads to a redelivery, which
+// the record turns into a replay (after completion) or a takeover (after the
+// lease). Nothing is lost; effects happen once per key, within the limits
+// of the idem package's guarantees (the fence, for owners that were paused
+// past their lease).
+//
+// Every decision is counted in Stats, reported to the event hook
+// (WithEventHook) and logged with log/slog under the key's digest, never
+// the key.
+package consumer

@@ -1,0 +1,4 @@
+package idem
+
+// RepeatUnknown exposes repeatUnknown to the external tests.
+var RepeatUnknown = repeatUnknown

@@ -1,0 +1,51 @@
+// Package pggate makes an operation's effect on the caller's own Postgres
+// database commit exactly once per idempotency key: the commit gate of
+// DESIGN.md §6.
+//
+// idem's Executor guarantees one execution per key while its store holds
+// the record. When the store loses the record (a Redis failover without
+// WAIT, a crash between the effect and the completion, a full store) or an
+// owner resumes after its lease was taken over, an effect could run twice.
+// The gate closes that gap for effects that are writes to Postgres: inside
+// the operation's transaction, after its effect and before its commit, the
+// gate inserts a completion row whose primary key is the record's digest.
+// The database is then the final arbiter: exactly one transaction per
+// digest commits; any other conflicts, is rolled back with its effect, and
+// replays the committed result.
+//
+//	gate, err := pggate.New(exec, pool) // exec: an idem.Executor on redisstore or pgstore
+//	...
+//	res, err := gate.Do(ctx, idem.Key{Scope: "payments", ID: id}, fingerprint,
+//		func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+//			_, err := tx.Exec(ctx, `INSERT INTO payments (id, amount) VALUES ($1, $2)`, id, amount)
+//			return []byte(`{"status":"paid"}`), err
+//		})
+//
+// # Modes
+//
+// Hybrid (an Executor on redisstore): Redis keeps the lock, the fence, the
+// wake-ups and the fast replay; Postgres keeps the truth. After the commit
+// the gate writes the completion into Redis (idem.Relayer). If that fails,
+// or the process dies first, the row stays unrelayed and a relay copies it
+// into Redis: every Gate runs one in the background (WithRelayInterval),
+// and `idem relay` runs it for operators. A janitor deletes rows after the
+// Executor's retention (WithSweepInterval).
+//
+// pgstore (an Executor on pgstore, the whole store in Postgres): the record
+// is completed inside the same transaction, so a stale owner is refused
+// before anything commits, and there is nothing to relay.
+//
+// # Guarantees
+//
+// Exactly one transaction commits an effect per key within the retention
+// window, whatever the store says, provided the effect is made through the
+// transaction the gate hands over. Effects outside the transaction (an
+// HTTP call, a message) are not covered: use fences for those.
+//
+// # Schema
+//
+// Gate.Migrate creates the table idem_completions in the first schema of
+// the connection's search_path; schema.sql (Schema) holds the same SQL for
+// migration tools. The gate needs SELECT, INSERT, UPDATE and DELETE on it.
+// A missing table is reported as ErrNoTable.
+package pggate

@@ -1,0 +1,385 @@
+package pggate
+
+import (
+	"context"
+	"database/sql"
+	_ "embed"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/postgres/internal/pgq"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Schema is the SQL that creates the completion table and its indexes
+// (schema.sql in this package), for teams that apply migrations with their
+// own tool. Gate.Migrate runs it.
+//
+//go:embed schema.sql
+var Schema string
+
+// Table is the name of the completion table.
+const Table = "idem_completions"
+
+// Defaults of the options.
+const (
+	DefaultRelayInterval = time.Second
+	DefaultRelayDelay    = 5 * time.Second
+	DefaultSweepInterval = time.Minute
+	DefaultBatchSize     = 500
+)
+
+// Errors of the gate. Test for them with errors.Is.
+var (
+	// ErrNoTable is returned when the completion table does not exist:
+	// run Gate.Migrate, or apply schema.sql (Schema) with your migration
+	// tool.
+	ErrNoTable = errors.New("pggate: the completion table " + Table + " does not exist: run Gate.Migrate or apply pggate's schema.sql")
+
+	// ErrTxDone is returned when the function committed or rolled back the
+	// transaction itself: the gate commits it. The key becomes FAILED (the
+	// effect may have committed without its completion, so running the
+	// function again could repeat it).
+	ErrTxDone = errors.New("pggate: the function committed or rolled back the transaction; return instead and let the gate commit it")
+
+	// ErrNoRelayer is returned by New when the Executor's store (or a store
+	// it wraps) does not implement idem.Relayer.
+	ErrNoRelayer = errors.New("pggate: the store does not implement idem.Relayer")
+)
+
+// TxCompleter is implemented by stores whose records live in the same
+// Postgres database as the effects (pgstore): the gate completes the record
+// inside the caller's transaction, which also refuses a stale owner (a
+// lease that was taken over) before anything commits. It returns an error
+// wrapping idem.ErrLeaseLost when lease no longer holds the record. Stores
+// outside this module cannot implement it.
+type TxCompleter interface {
+	CompleteTx(ctx context.Context, tx pgq.Querier, key string, lease idem.Lease, result []byte, retention time.Duration) error
+}
+
+// Option configures a Gate.
+type Option func(*config)
+
+type config struct {
+	relayInterval time.Duration
+	relayDelay    time.Duration
+	sweepInterval time.Duration
+	batch         int
+	log           *slog.Logger
+}
+
+// WithRelayInterval sets how often the gate's background goroutine relays
+// committed completions that the store did not get (see Gate.Relay). Zero
+// disables the background relay and janitor (run `idem relay`, or call
+// Relay and Sweep yourself). The default is DefaultRelayInterval (1s).
+func WithRelayInterval(d time.Duration) Option { return func(c *config) { c.relayInterval = d } }
+
+// WithRelayDelay sets the age after which an unrelayed completion is
+// relayed: younger rows are left to the attempt that committed them, which
+// completes the store itself right after its commit. The default is
+// DefaultRelayDelay (5s).
+func WithRelayDelay(d time.Duration) Option { return func(c *config) { c.relayDelay = d } }
+
+// WithSweepInterval sets how often the background janitor deletes
+// completion rows past their retention (see Gate.Sweep). Zero disables it.
+// The default is DefaultSweepInterval (1m).
+func WithSweepInterval(d time.Duration) Option { return func(c *config) { c.sweepInterval = d } }
+
+// WithBatchSize sets how many rows one statement of the relay or the
+// janitor handles. The default is DefaultBatchSize (500).
+func WithBatchSize(n int) Option { return func(c *config) { c.batch = n } }
+
+// WithLogger sets where the background relay and janitor report their
+// errors. The default is slog.Default().
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.log = l } }
+
+// Gate runs operations whose effect is a write to Postgres so that the
+// effect commits at most once per key, whatever the store says: the
+// completion row is inserted in the operation's own transaction. T is the
+// transaction type handed to the operation: pgx.Tx (New) or *sql.Tx
+// (NewSQL). A Gate is safe for concurrent use; Close stops its background
+// goroutine.
+type Gate[T any] struct {
+	e       *idem.Executor
+	db      pgq.DB[T]
+	relayer idem.Relayer
+	txc     TxCompleter // nil unless the store lives in this database
+	cfg     config
+
+	marks   chan string // digests whose completion the store holds
+	stop    chan struct{}
+	stopped chan struct{}
+	once    sync.Once
+}
+
+// New returns a Gate on e and a pgx pool; its operations receive a pgx.Tx.
+// e's store (or a store it wraps, see idem.StoreAs) must implement
+// idem.Relayer (redisstore, memstore, boltstore and pgstore do). New does no
+// I/O; it starts the background relay and janitor.
+func New(e *idem.Executor, pool *pgxpool.Pool, opts ...Option) (*Gate[pgx.Tx], error) {
+	if pool == nil {
+		return nil, fmt.Errorf("%w: nil pool", idem.ErrInvalid)
+	}
+	return newGate[pgx.Tx](e, pgq.Pgx{Pool: pool}, opts)
+}
+
+// NewSQL is New for a database/sql pool opened with pgx's stdlib driver
+// (github.com/jackc/pgx/v5/stdlib); its operations receive a *sql.Tx.
+func NewSQL(e *idem.Executor, db *sql.DB, opts ...Option) (*Gate[*sql.Tx], error) {
+	if db == nil {
+		return nil, fmt.Errorf("%w: nil database", idem.ErrInvalid)
+	}
+	return newGate[*sql.Tx](e, pgq.SQL{DB: db}, opts)
+}
+
+func newGate[T any](e *idem.Executor, db pgq.DB[T], opts []Option) (*Gate[T], error) {
+	if e == nil {
+		return nil, fmt.Errorf("%w: nil executor", idem.ErrInvalid)
+	}
+	c := config{
+		relayInterval: DefaultRelayInterval,
+		relayDelay:    DefaultRelayDelay,
+		sweepInterval: DefaultSweepInterval,
+		batch:         DefaultBatchSize,
+		log:           slog.Default(),
+	}
+	for _, o := range opts {
+		o(&c)
+	}
+	switch {
+	case c.relayInterval < 0 || c.relayDelay < 0 || c.sweepInterval < 0:
+		return nil, fmt.Errorf("%w: negative relay interval, relay delay or sweep interval", idem.ErrInvalid)
+	case c.batch <= 0:
+		return nil, fmt.Errorf("%w: batch size %d is not positive", idem.ErrInvalid, c.batch)
+	case c.log == nil:
+		return nil, fmt.Errorf("%w: nil logger", idem.ErrInvalid)
+	}
+	r, ok := idem.StoreAs[idem.Relayer](e.Store())
+	if !ok {
+		return nil, fmt.Errorf("%w (%T)", ErrNoRelayer, e.Store())
+	}
+	txc, _ := idem.StoreAs[TxCompleter](e.Store())
+	g := &Gate[T]{
+		e: e, db: db, relayer: r, txc: txc, cfg: c,
+		marks:   make(chan string, 4*c.batch),
+		stop:    make(chan struct{}),
+		stopped: make(chan struct{}),
+	}
+	go g.background()
+	return g, nil
+}
+
+// Close stops the background relay and janitor and records, in one last
+// statement, which completions the store received. It does not close the
+// pool or the Executor's store.
+func (g *Gate[T]) Close() error {
+	g.once.Do(func() { close(g.stop) })
+	<-g.stopped
+	return nil
+}
+
+// Migrate creates the completion table and its indexes if they do not exist
+// (Schema). It is safe to run at every start, from several processes at
+// once (a transaction-scoped advisory lock orders them).
+func (g *Gate[T]) Migrate(ctx context.Context) error {
+	tx, _, err := g.db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("pggate: migrate: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext('idem_completions'))"); err != nil {
+		return fmt.Errorf("pggate: migrate: %w", err)
+	}
+	if _, err := tx.Exec(ctx, Schema); err != nil {
+		return fmt.Errorf("pggate: migrate: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("pggate: migrate: %w", err)
+	}
+	return nil
+}
+
+// Do runs fn at most once per key, with a transaction in which fn makes its
+// effect; the effect commits at most once per key, even when the store lost
+// the record or a stale owner resumes after its lease.
+//
+// Do acquires key through the Executor (a replay, an *idem.InProgressError,
+// idem.ErrMismatch and an *idem.FailedError are returned as Executor.Do
+// returns them), begins a transaction and calls fn with it. When fn returns
+// a value, Do inserts the completion row (digest, fingerprint, fence,
+// result) in the same transaction and commits:
+//
+//   - If a completion for the key already committed (a previous owner's
+//     effect that the store does not know of, or a retry that raced this
+//     one), the insert conflicts, the transaction (with fn's effect) is
+//     rolled back, the store is repaired with the committed completion and
+//     Do returns its result with Replayed set (or idem.ErrMismatch if that
+//     completion had another fingerprint).
+//   - After the commit, Do writes the completion into the store
+//     (idem.Relayer). If that fails, the effect stands and Do succeeds; the
+//     relay repairs the store later, and until then a duplicate gets an
+//     *idem.InProgressError or, if the store lost the record, a replay
+//     through the conflict above.
+//   - On a pgstore store the record is completed inside the transaction
+//     too, so an owner whose lease was taken over is refused (an error
+//     wrapping idem.ErrLeaseLost) before anything commits.
+//
+// If fn returns an error, the transaction is rolled back and the error
+// follows the Executor's failure policy (the key is released or FAILED). If
+// fn panics, the transaction is rolled back, the key released and the panic
+// continues. fn must neither commit nor roll back the transaction
+// (ErrTxDone). A result over the Executor's size limit rolls the
+// transaction back and makes the key FAILED. If Postgres cannot be reached
+// before the commit, the transaction is rolled back and the key released;
+// if the commit's own outcome is unknown (the connection broke), Do returns
+// the error and releases the key: a retry with the same key either finds
+// the committed completion (and replays it) or runs fn again, never both.
+func (g *Gate[T]) Do(ctx context.Context, key idem.Key, fingerprint string, fn func(ctx context.Context, tx T) ([]byte, error)) (idem.Result, error) {
+	if fn == nil {
+		return idem.Result{}, fmt.Errorf("%w: nil function", idem.ErrInvalid)
+	}
+	actx, a, err := g.e.Begin(ctx, key, fingerprint)
+	if err != nil {
+		return idem.Result{}, err
+	}
+	if a.Replayed() {
+		return idem.Result{Value: a.Value(), Replayed: true}, nil
+	}
+	sctx := context.WithoutCancel(ctx)
+	tx, handle, err := g.db.Begin(actx)
+	if err != nil {
+		return idem.Result{}, errors.Join(fmt.Errorf("pggate: begin: %w", err), a.Release(sctx))
+	}
+	ended := false
+	defer func() {
+		if !ended { // fn panicked or called runtime.Goexit
+			_ = tx.Rollback(sctx)
+			_ = a.Release(sctx)
+		}
+	}()
+	v, ferr := fn(actx, handle)
+	ended = true
+	res := idem.Result{Value: v, Fence: a.Lease().Fence}
+	if ferr != nil {
+		_ = tx.Rollback(sctx)
+		return res, a.Abort(sctx, ferr)
+	}
+	return g.commit(actx, sctx, a, tx, fingerprint, res)
+}
+
+// insertCompletion inserts the completion row, or replaces one whose
+// retention ended (the janitor had not deleted it yet). It affects no row
+// when a live completion for the digest already committed; when another
+// transaction inserted one and has not committed yet, it waits for it.
+const insertCompletion = `INSERT INTO idem_completions AS c (digest, fingerprint, fence, result, expires_at, relayed)
+VALUES ($1, $2, $3, $4, now() + $5 * interval '1 microsecond', $6)
+ON CONFLICT (digest) DO UPDATE SET fingerprint = excluded.fingerprint, fence = excluded.fence,
+  result = excluded.result, created_at = excluded.created_at, expires_at = excluded.expires_at, relayed = excluded.relayed
+WHERE c.expires_at <= now()`
+
+// commit inserts the completion of a's value in tx and commits it.
+func (g *Gate[T]) commit(actx, sctx context.Context, a *idem.Attempt, tx pgq.Tx, fingerprint string, res idem.Result) (idem.Result, error) {
+	blob, err := g.e.EncodeResult(a.Key(), res.Value)
+	if err != nil { // too large: a retry would roll back again
+		_ = tx.Rollback(sctx)
+		return res, errors.Join(fmt.Errorf("%w; the transaction was rolled back and the key is FAILED", err), a.Fail(sctx, err))
+	}
+	lease := a.Lease()
+	inTx := g.txc != nil
+	if inTx {
+		if err := g.txc.CompleteTx(actx, tx, a.Key(), lease, blob, g.e.Retention()); err != nil {
+			_ = tx.Rollback(sctx)
+			if errors.Is(err, idem.ErrLeaseLost) {
+				_ = a.Abandon() // the record has a newer owner
+				return res, fmt.Errorf("pggate: the transaction was rolled back: %w", err)
+			}
+			return res, g.failed(sctx, a, err)
+		}
+	}
+	n, err := tx.Exec(actx, insertCompletion, a.Key(), fingerprint, lease.Fence, blob, g.e.Retention().Microseconds(), inTx)
+	if err != nil {
+		_ = tx.Rollback(sctx)
+		return res, g.failed(sctx, a, err)
+	}
+	if n == 0 {
+		_ = tx.Rollback(sctx)
+		return g.replay(actx, a, fingerprint)
+	}
+	if err := tx.Commit(actx); err != nil {
+		// The commit may or may not have happened. Releasing is safe
+		// either way: the next attempt's insert conflicts with a committed
+		// completion and replays it.
+		return res, errors.Join(fmt.Errorf("pggate: commit (the effect may have committed; retry with the same key): %w", err), a.Release(sctx))
+	}
+	_ = a.Abandon() // ends the attempt; the completion is written below
+	if !inTx {
+		g.relay(sctx, a.Key(), idem.Completion{Fingerprint: fingerprint, Fence: lease.Fence, Result: blob, Retention: g.e.Retention()})
+	}
+	return res, nil
+}
+
+// failed ends an attempt whose insert or in-transaction completion failed
+// (the transaction was rolled back) and returns the error to report.
+func (g *Gate[T]) failed(sctx context.Context, a *idem.Attempt, err error) error {
+	switch {
+	case pgq.TxDone(err):
+		return errors.Join(ErrTxDone, a.Fail(sctx, ErrTxDone))
+	case pgq.Code(err) == pgq.UndefinedTable:
+		return errors.Join(fmt.Errorf("%w: %w", ErrNoTable, err), a.Release(sctx))
+	}
+	return errors.Join(fmt.Errorf("pggate: insert completion: %w", err), a.Release(sctx))
+}
+
+// replay answers an attempt whose insert found a committed completion:
+// the store gets that completion and the caller its result.
+func (g *Gate[T]) replay(ctx context.Context, a *idem.Attempt, fingerprint string) (idem.Result, error) {
+	defer a.Abandon()
+	var (
+		c      idem.Completion
+		leftUS int64
+	)
+	err := g.db.QueryRow(ctx, `SELECT fingerprint, fence, result, (extract(epoch FROM expires_at - now()) * 1000000)::bigint
+FROM idem_completions WHERE digest = $1`, a.Key()).Scan(&c.Fingerprint, &c.Fence, &c.Result, &leftUS)
+	if err != nil {
+		return idem.Result{}, fmt.Errorf("pggate: the transaction was rolled back (a completion committed first) and reading it failed: %w", err)
+	}
+	c.Retention = time.Duration(leftUS) * time.Microsecond
+	if c.Retention >= time.Millisecond {
+		g.relay(context.WithoutCancel(ctx), a.Key(), c)
+	}
+	if c.Fingerprint != fingerprint {
+		return idem.Result{}, idem.ErrMismatch
+	}
+	v, err := g.e.DecodeResult(a.Key(), c.Result)
+	if err != nil {
+		return idem.Result{}, err
+	}
+	return idem.Result{Value: v, Replayed: true}, nil
+}
+
+// relay writes a committed completion into the store, repeating a call
+// whose outcome is unknown a few times. On success the row is marked
+// relayed (in a later batch); otherwise the relay takes it.
+func (g *Gate[T]) relay(ctx context.Context, key string, c idem.Completion) {
+	pause := 10 * time.Millisecond
+	for i := 0; ; i++ {
+		err := g.relayer.RelayCompletion(ctx, key, c)
+		if err == nil {
+			select {
+			case g.marks <- key:
+			default: // the marker is behind: the relay will find the row
+			}
+			return
+		}
+		if !idem.OutcomeUnknown(err) || i == 2 {
+			return
+		}
+		time.Sleep(pause)
+		pause *= 2
+	}
+}

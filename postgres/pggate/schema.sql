@@ -1,0 +1,19 @@
+-- idem commit gate: the completion table (pggate, schema version 1).
+--
+-- Gate.Migrate runs this file. Teams with their own migration tool apply it
+-- as it is; the table lives in the first schema of the connection's
+-- search_path. One row per record digest: the database's unique key makes it
+-- the final arbiter of which attempt's effect commits.
+CREATE TABLE IF NOT EXISTS idem_completions (
+    digest      text        NOT NULL PRIMARY KEY,  -- idem.Key.Digest, never the raw key
+    fingerprint text        NOT NULL,              -- of the request that committed
+    fence       bigint      NOT NULL,              -- of the attempt that committed
+    result      bytea       NOT NULL,              -- the stored result, as the Executor encodes it
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    expires_at  timestamptz NOT NULL,              -- now() + the Executor's retention
+    relayed     boolean     NOT NULL DEFAULT false -- the store holds the completion
+);
+-- The janitor deletes expired rows, oldest first.
+CREATE INDEX IF NOT EXISTS idem_completions_expires_at ON idem_completions (expires_at);
+-- The relay finds the rows the store may lack.
+CREATE INDEX IF NOT EXISTS idem_completions_unrelayed ON idem_completions (created_at) WHERE NOT relayed;

@@ -1,0 +1,63 @@
+package idem_test
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/memstore"
+)
+
+// wrapped decorates a store and hides its optional methods, as a tracing
+// wrapper does; with unwrap set it implements idem.Unwrapper.
+type wrapped struct {
+	idem.Store
+}
+
+type unwrapping struct{ wrapped }
+
+func (u unwrapping) Unwrap() idem.Store { return u.Store }
+
+func TestStoreAsLooksThroughWrappers(t *testing.T) {
+	ms, err := memstore.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := idem.StoreAs[idem.Relayer](ms); !ok {
+		t.Fatal("StoreAs[Relayer](memstore): got false, want true")
+	}
+	if _, ok := idem.StoreAs[idem.Relayer](wrapped{ms}); ok {
+		t.Fatal("StoreAs through a wrapper without Unwrap: got true, want false")
+	}
+	r, ok := idem.StoreAs[idem.Relayer](unwrapping{wrapped{unwrapping{wrapped{ms}}}})
+	if !ok || r != idem.Relayer(ms) {
+		t.Fatalf("StoreAs through two unwrapping wrappers: got %v %v, want the memstore", r, ok)
+	}
+	if _, ok := idem.StoreAs[idem.Relayer](unwrapping{wrapped{nil}}); ok {
+		t.Fatal("StoreAs of a wrapper of nil: got true, want false")
+	}
+}
+
+func TestEncodeResult(t *testing.T) {
+	ms, _ := memstore.New()
+	e, err := idem.New(ms, idem.WithMaxResultSize(1000), idem.WithCompressAbove(10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	value := bytes.Repeat([]byte("abc"), 100)
+	blob, err := e.EncodeResult("k", value)
+	if err != nil {
+		t.Fatalf("EncodeResult: %v", err)
+	}
+	if len(blob) >= len(value) {
+		t.Errorf("blob of %d bytes for %d compressible bytes: not compressed", len(blob), len(value))
+	}
+	got, err := e.DecodeResult("k", blob)
+	if err != nil || !bytes.Equal(got, value) {
+		t.Fatalf("DecodeResult: got %q, %v, want the value", got, err)
+	}
+	if _, err := e.EncodeResult("k", make([]byte, 1001)); !errors.Is(err, idem.ErrResultTooLarge) {
+		t.Fatalf("EncodeResult over the limit: got %v, want ErrResultTooLarge", err)
+	}
+}
