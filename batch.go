@@ -2,7 +2,9 @@ package idem
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -112,7 +114,24 @@ func (e *Executor) CommitBatch(ctx context.Context, attempts []*Attempt, values 
 		}
 		return errs
 	}
-	return e.CommitBatchWith(ctx, attempts, values, func(ctx context.Context, cs []BatchCompletion) []error {
+	// An attempt with an effect is committed alone, with its effect:
+	// CompleteBatch applies none.
+	var alone []int
+	if len(values) == len(attempts) {
+		for i, a := range attempts {
+			if a != nil && a.hasEffect() {
+				alone = append(alone, i)
+			}
+		}
+	}
+	batch := attempts
+	if len(alone) > 0 {
+		batch = slices.Clone(attempts)
+		for _, i := range alone {
+			batch[i] = nil
+		}
+	}
+	errs := e.CommitBatchWith(ctx, batch, values, func(ctx context.Context, cs []BatchCompletion) []error {
 		keys := make([]string, len(cs))
 		leases := make([]Lease, len(cs))
 		blobs := make([][]byte, len(cs))
@@ -121,6 +140,10 @@ func (e *Executor) CommitBatch(ctx context.Context, attempts []*Attempt, values 
 		}
 		return bs.CompleteBatch(ctx, keys, leases, blobs, e.retention)
 	})
+	for _, i := range alone {
+		errs[i] = attempts[i].Commit(ctx, values[i])
+	}
+	return errs
 }
 
 // BatchCompletion is one record that CommitBatchWith asks its store call to
@@ -136,6 +159,11 @@ type BatchCompletion struct {
 	Result []byte
 	// Retention is how long the COMPLETED record is kept.
 	Retention time.Duration
+	// Effect, if not nil, is the attempt's effect (SetEffect): the store
+	// call applies it atomically with this completion, as
+	// EffectStore.CompleteEffect does, and answers an *EffectError when it
+	// fails.
+	Effect *Effect
 }
 
 // CommitBatchWith is CommitBatch with the store call made by complete, for
@@ -147,8 +175,11 @@ type BatchCompletion struct {
 // does. complete must answer one error per element of cs with the meaning
 // of Store.Complete's, and must be safe to call again with a subset of the
 // completions it was given. A value over the size limit is committed with
-// Commit (which fails the key) without complete. CommitBatchWith returns
-// one error per attempt; a nil or replayed attempt gets nil.
+// Commit (which fails the key) without complete. An attempt's effect is in
+// its BatchCompletion; when complete answers that it failed (ErrEffect),
+// the attempt ends as Commit's does then: released or FAILED per the
+// failure policy. CommitBatchWith returns one error per attempt; a nil or
+// replayed attempt gets nil.
 func (e *Executor) CommitBatchWith(ctx context.Context, attempts []*Attempt, values [][]byte, complete func(ctx context.Context, cs []BatchCompletion) []error) []error {
 	errs := make([]error, len(attempts))
 	if len(values) != len(attempts) || complete == nil {
@@ -175,7 +206,7 @@ func (e *Executor) CommitBatchWith(ctx context.Context, attempts []*Attempt, val
 			errs[i] = err
 			continue
 		}
-		cs = append(cs, BatchCompletion{Index: i, Key: a.key, Lease: a.lease, Result: blob, Retention: e.retention})
+		cs = append(cs, BatchCompletion{Index: i, Key: a.key, Lease: a.lease, Result: blob, Retention: e.retention, Effect: a.effect})
 	}
 	if len(cs) == 0 {
 		return errs
@@ -188,9 +219,13 @@ func (e *Executor) CommitBatchWith(ctx context.Context, attempts []*Attempt, val
 		return complete(ctx, subset(cs, js))
 	})
 	for j, c := range cs {
-		attempts[c.Index].cancel(nil)
-		if cerrs[j] != nil {
-			errs[c.Index] = fmt.Errorf("idem: complete: %w", cerrs[j])
+		a := attempts[c.Index]
+		a.cancel(nil)
+		switch err := cerrs[j]; {
+		case errors.Is(err, ErrEffect):
+			errs[c.Index] = a.effectFailed(ctx, err)
+		case err != nil:
+			errs[c.Index] = fmt.Errorf("idem: complete: %w", err)
 		}
 	}
 	return errs

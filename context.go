@@ -9,6 +9,7 @@ type leaseKey struct{}
 type leaseCtx struct {
 	context.Context
 	lease Lease
+	a     *Attempt // for SetEffect
 }
 
 func (c *leaseCtx) Value(key any) any {

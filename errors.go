@@ -122,8 +122,12 @@ func invalidf(format string, args ...any) error {
 // timeout, a broken connection, a server error), and repeating the call
 // with the same arguments resolves it (see Store). It is false for nil and
 // for the errors that answer the call: ErrLeaseLost, ErrNotFound,
-// ErrInvalid and ErrNotDurable.
+// ErrInvalid, ErrNotDurable and ErrEffect.
 func OutcomeUnknown(err error) bool {
 	return err != nil && !errors.Is(err, ErrLeaseLost) && !errors.Is(err, ErrNotFound) &&
-		!errors.Is(err, ErrInvalid) && !errors.Is(err, ErrNotDurable)
+		!errors.Is(err, ErrInvalid) && !errors.Is(err, ErrNotDurable) && !errors.Is(err, ErrEffect)
 }
+
+// errAttemptEnded is returned by the methods of an Attempt that already
+// ended.
+var errAttemptEnded = fmt.Errorf("%w: attempt already ended", ErrLeaseLost)

@@ -271,6 +271,7 @@ type Attempt struct {
 	mu       sync.Mutex
 	finished bool
 	lost     bool
+	effect   *Effect // SetEffect; read once finished
 }
 
 // Begin acquires key for the caller. It returns the same errors as Do. On
@@ -343,7 +344,7 @@ func (e *Executor) begun(ctx context.Context, skey string, acq Acquisition) (con
 	}
 	cctx, cancel := context.WithCancelCause(ctx)
 	a.cancel = cancel
-	a.lctx = leaseCtx{Context: cctx, lease: acq.Lease}
+	a.lctx = leaseCtx{Context: cctx, lease: acq.Lease, a: a}
 	a.beat = beaters.Get().(*beater)
 	a.beat.a.Store(a)
 	a.beat.t.Reset(e.lease / 3)
@@ -406,7 +407,7 @@ func (a *Attempt) end() error {
 		if a.replayed {
 			return nil
 		}
-		return fmt.Errorf("%w: attempt already ended", ErrLeaseLost)
+		return errAttemptEnded
 	}
 	a.finished = true
 	if a.beat.t.Stop() {
@@ -450,6 +451,9 @@ func (a *Attempt) Commit(ctx context.Context, value []byte) error {
 		return err
 	}
 	if err := a.finish(ctx, endComplete, blob, false); err != nil {
+		if errors.Is(err, ErrEffect) {
+			return a.effectFailed(ctx, err)
+		}
 		return fmt.Errorf("idem: complete: %w", err)
 	}
 	return nil
@@ -565,7 +569,12 @@ func (a *Attempt) finish(ctx context.Context, op ending, blob []byte, terminal b
 		var err error
 		switch op {
 		case endComplete:
-			err = a.e.store.Complete(ctx, a.key, a.lease, blob, a.e.retention)
+			if a.effect != nil {
+				// SetEffect checked that the store is an EffectStore.
+				err = a.e.store.(EffectStore).CompleteEffect(ctx, a.key, a.lease, blob, a.e.retention, *a.effect)
+			} else {
+				err = a.e.store.Complete(ctx, a.key, a.lease, blob, a.e.retention)
+			}
 		case endFail:
 			_, err = a.e.store.Fail(ctx, a.key, a.lease, Failure{
 				Result:      blob,

@@ -20,12 +20,24 @@ type goRedis struct {
 
 func newGoRedis(c *redis.Client) *goRedis { return &goRedis{c: c, hub: &hub{open: openGoRedis(c)}} }
 
-func (b *goRedis) run(ctx context.Context, s *script, key string, args []string, w *waitConfig) (any, int64, error) {
+func (b *goRedis) run(ctx context.Context, s *script, keys, args []string, w *waitConfig, fcall bool) (any, int64, error) {
 	if w == nil {
-		v, err := s.gr.Run(ctx, b.c, []string{key}, anyArgs(args)...).Result()
+		v, err := callGoRedis(ctx, b.c, s, keys, args, fcall)
 		return v, 0, err
 	}
-	return runWait(ctx, b.c, s, key, args, w)
+	return runWait(ctx, b.c, s, keys, args, w, fcall)
+}
+
+// callGoRedis runs s once: FCALL (FCALL_RO) in Functions mode, otherwise
+// EVALSHA falling back to EVAL.
+func callGoRedis(ctx context.Context, c redis.UniversalClient, s *script, keys, args []string, fcall bool) (any, error) {
+	switch {
+	case fcall && s.ro:
+		return c.FCallRo(ctx, s.fn, keys, anyArgs(args)...).Result()
+	case fcall:
+		return c.FCall(ctx, s.fn, keys, anyArgs(args)...).Result()
+	}
+	return s.gr.Run(ctx, c, keys, anyArgs(args)...).Result()
 }
 
 func (b *goRedis) del(ctx context.Context, key string) error { return b.c.Del(ctx, key).Err() }
@@ -41,17 +53,17 @@ func (b *goRedis) nodes(context.Context) ([]node, error) { return []node{goRedis
 // goRedisCluster is the backend for a go-redis *redis.ClusterClient.
 type goRedisCluster struct{ c *redis.ClusterClient }
 
-func (b *goRedisCluster) run(ctx context.Context, s *script, key string, args []string, w *waitConfig) (any, int64, error) {
+func (b *goRedisCluster) run(ctx context.Context, s *script, keys, args []string, w *waitConfig, fcall bool) (any, int64, error) {
 	if w == nil {
-		v, err := s.gr.Run(ctx, b.c, []string{key}, anyArgs(args)...).Result()
+		v, err := callGoRedis(ctx, b.c, s, keys, args, fcall)
 		return v, 0, err
 	}
 	// WAIT has no key: send it on a connection to the key's primary.
-	node, err := b.c.MasterForKey(ctx, key)
+	node, err := b.c.MasterForKey(ctx, keys[0])
 	if err != nil {
 		return nil, 0, err
 	}
-	return runWait(ctx, node, s, key, args, w)
+	return runWait(ctx, node, s, keys, args, w, fcall)
 }
 
 func (b *goRedisCluster) del(ctx context.Context, key string) error { return b.c.Del(ctx, key).Err() }
@@ -83,18 +95,22 @@ func anyArgs(args []string) []any {
 	return out
 }
 
-// runWait sends EVALSHA (EVAL after NOSCRIPT) and WAIT or WAITAOF in one
-// pipeline, which go-redis sends on one connection.
-func runWait(ctx context.Context, c *redis.Client, s *script, key string, args []string, w *waitConfig) (any, int64, error) {
+// runWait sends EVALSHA (EVAL after NOSCRIPT), or FCALL in Functions mode,
+// and WAIT or WAITAOF in one pipeline, which go-redis sends on one
+// connection.
+func runWait(ctx context.Context, c *redis.Client, s *script, keys, args []string, w *waitConfig, fcall bool) (any, int64, error) {
 	a := anyArgs(args)
 	for try := 0; ; try++ {
 		var eval *redis.Cmd
 		var wait redis.Cmder
 		_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
-			if try == 0 {
-				eval = s.gr.EvalSha(ctx, p, []string{key}, a...)
-			} else {
-				eval = s.gr.Eval(ctx, p, []string{key}, a...)
+			switch {
+			case fcall:
+				eval = p.FCall(ctx, s.fn, keys, a...)
+			case try == 0:
+				eval = s.gr.EvalSha(ctx, p, keys, a...)
+			default:
+				eval = s.gr.Eval(ctx, p, keys, a...)
 			}
 			if w.aof {
 				wait = p.Do(ctx, "WAITAOF", w.local, w.replicas, w.timeoutArg)
@@ -103,7 +119,7 @@ func runWait(ctx context.Context, c *redis.Client, s *script, key string, args [
 			}
 			return nil
 		})
-		if try == 0 && redis.HasErrorPrefix(eval.Err(), "NOSCRIPT") {
+		if !fcall && try == 0 && redis.HasErrorPrefix(eval.Err(), "NOSCRIPT") {
 			continue
 		}
 		if err := eval.Err(); err != nil {

@@ -26,7 +26,9 @@ type config struct {
 	wait         *waitConfig
 	cluster      bool
 	clusterKnown bool
-	hashTag      string // WithHashTag, in hashtag.go
+	hashTag      string      // WithHashTag, in hashtag.go
+	functions    bool        // WithFunctions, in functions.go
+	effects      []effectDef // WithEffect, in effect.go
 
 	allowEviction bool         // WithAllowEviction, in check.go
 	logger        *slog.Logger // WithLogger, in check.go
@@ -103,11 +105,22 @@ func (c *config) validate() error {
 
 // backend is the part of a client library the store uses.
 type backend interface {
-	// run runs s on key's node with EVALSHA, falling back to EVAL, and
-	// returns the reply normalized to nil, int64, string and []any. With a
-	// wait config it sends WAIT/WAITAOF on the same connection after the
-	// script and returns the number of acknowledgements too.
-	run(ctx context.Context, s *script, key string, args []string, w *waitConfig) (reply any, acks int64, err error)
+	// run runs s with keys and args on the node of keys[0]: with EVALSHA,
+	// falling back to EVAL, or with FCALL (FCALL_RO for a read) when fcall
+	// is set. It returns the reply normalized to nil, int64, string and
+	// []any. With a wait config it sends WAIT/WAITAOF on the same
+	// connection after the script and returns the number of
+	// acknowledgements too.
+	run(ctx context.Context, s *script, keys, args []string, w *waitConfig, fcall bool) (reply any, acks int64, err error)
+	// runMulti runs many calls of s in one pipeline, as run does, and
+	// returns one normalized reply or error per call.
+	runMulti(ctx context.Context, s *script, calls []evalCall, fcall bool) ([]any, []error)
+	// load sends FUNCTION LOAD code to every primary that does not have
+	// the library yet.
+	load(ctx context.Context, code string) error
+	// libraries returns the names of idem's Functions libraries loaded on
+	// each primary.
+	libraries(ctx context.Context) ([]string, error)
 	del(ctx context.Context, key string) error
 	// scan calls fn with the name of every hash whose name matches the
 	// SCAN pattern match, on every node that holds keys, until fn returns
@@ -129,6 +142,9 @@ type Store struct {
 	pub    string // notification command, "" for none
 	wait   *waitConfig
 	tag    string // WithHashTag; prefix already ends with {tag}
+	fcall  bool   // WithFunctions
+	// effects are the registered effects (WithEffect) by name.
+	effects map[string]*script
 }
 
 var (
@@ -148,6 +164,19 @@ func newStore(b backend, opts []Option) (*Store, error) {
 	if err := validateHashTag(c.hashTag); err != nil {
 		return nil, err
 	}
+	s := &Store{b: b, prefix: c.prefix + hashTagPart(c.hashTag), tag: c.hashTag, wait: c.wait, fcall: c.functions}
+	if c.notify {
+		s.pub = b.publishCommand()
+	}
+	if c.functions {
+		coreLibrary()
+	}
+	effects, err := buildEffects(c.effects, c.functions)
+	if err != nil {
+		return nil, err
+	}
+	s.effects = effects
+	// The options are valid: now the server.
 	ctx, cancel := context.WithTimeout(context.Background(), StartCheckTimeout)
 	defer cancel()
 	nodes, err := b.nodes(ctx)
@@ -156,10 +185,6 @@ func newStore(b backend, opts []Option) (*Store, error) {
 	}
 	if err := checkServer(ctx, nodes, &c); err != nil {
 		return nil, err
-	}
-	s := &Store{b: b, prefix: c.prefix + hashTagPart(c.hashTag), tag: c.hashTag, wait: c.wait}
-	if c.notify {
-		s.pub = b.publishCommand()
 	}
 	return s, nil
 }
@@ -240,11 +265,24 @@ func bytesArg(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b
 func inProgressTTL(d time.Duration) string { return ms(2*d + idem.InProgressGrace) }
 
 func (s *Store) run(ctx context.Context, sc *script, key string, args []string, durable bool) (any, error) {
+	return s.runKeys(ctx, sc, []string{s.Key(key)}, args, durable)
+}
+
+// runKeys runs sc with keys and args (keys[0] is a record). In Functions
+// mode, a node that has not the library gets it, and the call is made
+// again.
+func (s *Store) runKeys(ctx context.Context, sc *script, keys, args []string, durable bool) (any, error) {
 	var w *waitConfig
 	if durable {
 		w = s.wait
 	}
-	reply, acks, err := s.b.run(ctx, sc, s.Key(key), args, w)
+	reply, acks, err := s.b.run(ctx, sc, keys, args, w, s.fcall)
+	if s.fcall && functionNotFound(err) {
+		if lerr := s.load(ctx, sc.lib); lerr != nil {
+			return nil, lerr
+		}
+		reply, acks, err = s.b.run(ctx, sc, keys, args, w, s.fcall)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("redisstore: %s: %w", sc.name, err)
 	}

@@ -85,18 +85,30 @@ func clients(t *testing.T, standalone *redistest.Server, cluster *redistest.Clus
 	return out
 }
 
+// mode is how a store runs its transitions: cached scripts (the default)
+// or Redis Functions.
+type mode struct {
+	name string
+	opts []redisstore.Option
+}
+
+var modes = []mode{{"scripts", nil}, {"functions", []redisstore.Option{redisstore.WithFunctions()}}}
+
 // TestConformance runs the conformance suite on a real standalone
-// redis-server and a real 3-master Redis Cluster, through both clients.
+// redis-server and a real 3-master Redis Cluster, through both clients, in
+// script mode and in Functions mode.
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	standalone := redistest.Start(t)
 	cluster := redistest.StartCluster(t, 3)
 	for _, c := range clients(t, standalone, cluster) {
-		t.Run(c.name, func(t *testing.T) {
-			t.Parallel()
-			s := c.newStore(t)
-			storetest.Run(t, func(*testing.T) idem.Store { return s })
-		})
+		for _, m := range modes {
+			t.Run(c.name+"/"+m.name, func(t *testing.T) {
+				t.Parallel()
+				s := c.newStore(t, m.opts...)
+				storetest.Run(t, func(*testing.T) idem.Store { return s })
+			})
+		}
 	}
 }
 

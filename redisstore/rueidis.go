@@ -27,9 +27,11 @@ func newRueidis(c rueidis.Client) *rueidisBackend {
 	return b
 }
 
-func (b *rueidisBackend) run(ctx context.Context, s *script, key string, args []string, w *waitConfig) (any, int64, error) {
-	keys := []string{key}
+func (b *rueidisBackend) run(ctx context.Context, s *script, keys, args []string, w *waitConfig, fcall bool) (any, int64, error) {
 	if w == nil {
+		if fcall {
+			return normalize(b.c.Do(ctx, fcallCmd(b.c, s, keys, args)))
+		}
 		return normalize(s.ru.Exec(ctx, b.c, keys, args))
 	}
 	// WAIT must follow the script on the same connection: a dedicated
@@ -37,19 +39,22 @@ func (b *rueidisBackend) run(ctx context.Context, s *script, key string, args []
 	var reply any
 	var acks int64
 	err := b.c.Dedicated(func(dc rueidis.DedicatedClient) error {
-		waitCmd := dc.B().Wait().Numreplicas(int64(w.replicas)).Timeout(w.timeout.Milliseconds()).Build()
-		if w.aof {
-			waitCmd = dc.B().Waitaof().Numlocal(int64(w.local)).Numreplicas(int64(w.replicas)).Timeout(w.timeout.Milliseconds()).Build()
-		}
-		evalsha := dc.B().Evalsha().Sha1(s.gr.Hash()).Numkeys(1).Key(key).Arg(args...).Build()
-		resps := dc.DoMulti(ctx, evalsha, waitCmd)
-		if rerr, ok := rueidis.IsRedisErr(resps[0].Error()); ok && rerr.IsNoScript() {
-			eval := dc.B().Eval().Script(s.src).Numkeys(1).Key(key).Arg(args...).Build()
-			waitCmd = dc.B().Wait().Numreplicas(int64(w.replicas)).Timeout(w.timeout.Milliseconds()).Build()
+		waitCmd := func() rueidis.Completed {
 			if w.aof {
-				waitCmd = dc.B().Waitaof().Numlocal(int64(w.local)).Numreplicas(int64(w.replicas)).Timeout(w.timeout.Milliseconds()).Build()
+				return dc.B().Waitaof().Numlocal(int64(w.local)).Numreplicas(int64(w.replicas)).Timeout(w.timeout.Milliseconds()).Build()
 			}
-			resps = dc.DoMulti(ctx, eval, waitCmd)
+			return dc.B().Wait().Numreplicas(int64(w.replicas)).Timeout(w.timeout.Milliseconds()).Build()
+		}
+		var resps []rueidis.RedisResult
+		if fcall {
+			resps = dc.DoMulti(ctx, fcallCmd(dc, s, keys, args), waitCmd())
+		} else {
+			evalsha := dc.B().Evalsha().Sha1(s.gr.Hash()).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
+			resps = dc.DoMulti(ctx, evalsha, waitCmd())
+			if rerr, ok := rueidis.IsRedisErr(resps[0].Error()); ok && rerr.IsNoScript() {
+				eval := dc.B().Eval().Script(s.src).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
+				resps = dc.DoMulti(ctx, eval, waitCmd())
+			}
 		}
 		var err error
 		reply, _, err = normalize(resps[0])
@@ -64,6 +69,14 @@ func (b *rueidisBackend) run(ctx context.Context, s *script, key string, args []
 		return err
 	})
 	return reply, acks, err
+}
+
+// fcallCmd builds the FCALL (FCALL_RO for a read) of s.
+func fcallCmd(c interface{ B() rueidis.Builder }, s *script, keys, args []string) rueidis.Completed {
+	if s.ro {
+		return c.B().FcallRo().Function(s.fn).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
+	}
+	return c.B().Fcall().Function(s.fn).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
 }
 
 func (b *rueidisBackend) del(ctx context.Context, key string) error {

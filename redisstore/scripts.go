@@ -12,15 +12,45 @@ import (
 )
 
 // script is one Lua script, ready for both client libraries. Each library's
-// EVALSHA-with-EVAL-fallback helper computes the SHA from the source.
+// EVALSHA-with-EVAL-fallback helper computes the SHA from the source. In
+// Functions mode the same source is the body of the function fn of the
+// library lib (see functions.go).
 type script struct {
 	name string
 	src  string
+	ro   bool // reads only: a no-writes function, called with FCALL_RO
 	gr   *redis.Script
 	ru   *rueidis.Lua
+
+	fn  string   // Functions mode: the function's name, set by buildLibrary
+	lib *library // Functions mode: the library that defines fn
 }
 
+// registry holds every script made with newScript: Functions mode loads
+// them all as one library (coreLibrary), so a script added to the package
+// is a function of the library with no other change.
+var registry []*script
+
+// newScript makes a script of the package and registers it for Functions
+// mode. It is called when the package's variables are initialized.
 func newScript(name, src string) *script {
+	s := makeScript(name, src)
+	registry = append(registry, s)
+	return s
+}
+
+// newReadOnlyScript is newScript for a script that writes nothing: in
+// Functions mode it is a no-writes function, called with FCALL_RO (which a
+// client may send to a replica).
+func newReadOnlyScript(name, src string) *script {
+	s := newScript(name, src)
+	s.ro = true
+	return s
+}
+
+// makeScript makes a script that is not part of the package's library (a
+// registered effect's).
+func makeScript(name, src string) *script {
 	return &script{name: name, src: src, gr: redis.NewScript(src), ru: rueidis.NewLuaScript(src)}
 }
 
@@ -64,7 +94,7 @@ var (
 	failScript         = newScript("fail", failSrc)
 	releaseScript      = newScript("release", releaseSrc)
 	extendScript       = newScript("extend", extendSrc)
-	getScript          = newScript("get", getSrc)
+	getScript          = newReadOnlyScript("get", getSrc)
 	relayScript        = newScript("relay", relaySrc)
 )
 

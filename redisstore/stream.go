@@ -36,34 +36,36 @@ type evalCall struct {
 	args []string
 }
 
-// multiRunner runs many calls of one script in one pipeline and returns one
-// normalized reply or error per call. All three backends implement it.
-type multiRunner interface {
-	runMulti(ctx context.Context, s *script, calls []evalCall) ([]any, []error)
+func (b *goRedis) runMulti(ctx context.Context, s *script, calls []evalCall, fcall bool) ([]any, []error) {
+	return pipelineGoRedis(ctx, b.c, s, calls, fcall)
 }
 
-func (b *goRedis) runMulti(ctx context.Context, s *script, calls []evalCall) ([]any, []error) {
-	return pipelineGoRedis(ctx, b.c, s, calls)
-}
-
-func (b *goRedisCluster) runMulti(ctx context.Context, s *script, calls []evalCall) ([]any, []error) {
+func (b *goRedisCluster) runMulti(ctx context.Context, s *script, calls []evalCall, fcall bool) ([]any, []error) {
 	// The cluster client splits the pipeline by node.
-	return pipelineGoRedis(ctx, b.c, s, calls)
+	return pipelineGoRedis(ctx, b.c, s, calls, fcall)
 }
 
 // pipelineGoRedis sends EVALSHA for every call in one pipeline, then EVAL,
-// in a second pipeline, for those that got NOSCRIPT.
-func pipelineGoRedis(ctx context.Context, c redis.UniversalClient, s *script, calls []evalCall) ([]any, []error) {
+// in a second pipeline, for those that got NOSCRIPT; or FCALL for every
+// call in Functions mode.
+func pipelineGoRedis(ctx context.Context, c redis.UniversalClient, s *script, calls []evalCall, fcall bool) ([]any, []error) {
 	cmds := make([]*redis.Cmd, len(calls))
 	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, cl := range calls {
-			cmds[i] = s.gr.EvalSha(ctx, p, cl.keys, anyArgs(cl.args)...)
+			switch {
+			case fcall && s.ro:
+				cmds[i] = p.FCallRo(ctx, s.fn, cl.keys, anyArgs(cl.args)...)
+			case fcall:
+				cmds[i] = p.FCall(ctx, s.fn, cl.keys, anyArgs(cl.args)...)
+			default:
+				cmds[i] = s.gr.EvalSha(ctx, p, cl.keys, anyArgs(cl.args)...)
+			}
 		}
 		return nil
 	})
 	var again []int
 	for i, cmd := range cmds {
-		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+		if !fcall && redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
 			again = append(again, i)
 		}
 	}
@@ -88,18 +90,22 @@ func pipelineGoRedis(ctx context.Context, c redis.UniversalClient, s *script, ca
 }
 
 // runMulti sends EVALSHA for every call in one pipeline, then EVAL, in a
-// second pipeline, for those that got NOSCRIPT, as pipelineGoRedis does.
-// (rueidis's Lua.ExecMulti would send SCRIPT LOAD to every node first, a
-// round trip more for each batch.)
-func (b *rueidisBackend) runMulti(ctx context.Context, s *script, calls []evalCall) ([]any, []error) {
+// second pipeline, for those that got NOSCRIPT, as pipelineGoRedis does; or
+// FCALL for every call in Functions mode. (rueidis's Lua.ExecMulti would
+// send SCRIPT LOAD to every node first, a round trip more for each batch.)
+func (b *rueidisBackend) runMulti(ctx context.Context, s *script, calls []evalCall, fcall bool) ([]any, []error) {
 	cmds := make(rueidis.Commands, len(calls))
 	for i, cl := range calls {
-		cmds[i] = b.c.B().Evalsha().Sha1(s.gr.Hash()).Numkeys(int64(len(cl.keys))).Key(cl.keys...).Arg(cl.args...).Build()
+		if fcall {
+			cmds[i] = fcallCmd(b.c, s, cl.keys, cl.args)
+		} else {
+			cmds[i] = b.c.B().Evalsha().Sha1(s.gr.Hash()).Numkeys(int64(len(cl.keys))).Key(cl.keys...).Arg(cl.args...).Build()
+		}
 	}
 	results := b.c.DoMulti(ctx, cmds...)
 	var again []int
 	for i, r := range results {
-		if rerr, ok := rueidis.IsRedisErr(r.Error()); ok && rerr.IsNoScript() {
+		if rerr, ok := rueidis.IsRedisErr(r.Error()); ok && rerr.IsNoScript() && !fcall {
 			again = append(again, i)
 		}
 	}
@@ -121,23 +127,45 @@ func (b *rueidisBackend) runMulti(ctx context.Context, s *script, calls []evalCa
 	return replies, errs
 }
 
+// runMulti runs calls of sc in one pipeline. In Functions mode, the calls
+// that found a node without the library are made again once it is loaded.
 func (s *Store) runMulti(ctx context.Context, sc *script, calls []evalCall) ([]any, []error) {
-	m, ok := s.b.(multiRunner)
-	if !ok { // every backend implements it; kept for a future one
-		replies := make([]any, len(calls))
-		errs := make([]error, len(calls))
-		for i := range calls {
-			errs[i] = fmt.Errorf("redisstore: %s: backend %T cannot pipeline", sc.name, s.b)
+	replies, errs := s.b.runMulti(ctx, sc, calls, s.fcall)
+	if s.fcall {
+		var again []int
+		for i, err := range errs {
+			if functionNotFound(err) {
+				again = append(again, i)
+			}
 		}
-		return replies, errs
+		if len(again) > 0 {
+			if lerr := s.load(ctx, sc.lib); lerr != nil {
+				for _, i := range again {
+					errs[i] = lerr
+				}
+			} else {
+				r2, e2 := s.b.runMulti(ctx, sc, subset(calls, again), s.fcall)
+				for k, i := range again {
+					replies[i], errs[i] = r2[k], e2[k]
+				}
+			}
+		}
 	}
-	replies, errs := m.runMulti(ctx, sc, calls)
 	for i, err := range errs {
 		if err != nil {
 			errs[i] = fmt.Errorf("redisstore: %s: %w", sc.name, err)
 		}
 	}
 	return replies, errs
+}
+
+// subset returns the elements of s at the indices idx, in that order.
+func subset[T any](s []T, idx []int) []T {
+	out := make([]T, len(idx))
+	for k, i := range idx {
+		out[k] = s[i]
+	}
+	return out
 }
 
 // AcquireBatch runs Acquire for every keys[i] with reqs[i], in one script
@@ -213,6 +241,11 @@ type StreamAck struct {
 	Result []byte
 	// ID is the stream entry ID.
 	ID string
+	// Effect, if not nil, is applied in the same call, after the owner and
+	// fence check and before the COMPLETED write and the XACK (see
+	// WithEffect and Store.CompleteEffect): the attempt's effect, from
+	// idem.Attempt.Effect.
+	Effect *idem.Effect
 }
 
 // CompleteAndAck does what Complete does and, in the same Lua script,
@@ -230,12 +263,16 @@ func (s *Store) CompleteAndAck(ctx context.Context, key string, lease idem.Lease
 
 // CompleteAndAckBatch runs CompleteAndAck for every element of acks, as
 // CompleteBatch runs Complete, and returns one error per element (nil:
-// completed and acknowledged). It is safe for concurrent use.
+// completed and acknowledged). An element with an Effect is completed,
+// with its effect, and acknowledged in one call of its effect's script; a
+// failed effect gives an *idem.EffectError and acknowledges nothing. It is
+// safe for concurrent use.
 func (s *Store) CompleteAndAckBatch(ctx context.Context, stream, group string, retention time.Duration, acks []StreamAck) []error {
 	errs := make([]error, len(acks))
 	retentionErr := idem.ValidateDuration("retention", retention)
 	calls := make([]evalCall, 0, len(acks))
 	idx := make([]int, 0, len(acks))
+	var effects []int
 	for i, a := range acks {
 		if s.wait != nil {
 			errs[i] = errBatchWait
@@ -253,6 +290,10 @@ func (s *Store) CompleteAndAckBatch(ctx context.Context, stream, group string, r
 			errs[i] = retentionErr
 			continue
 		}
+		if a.Effect != nil {
+			effects = append(effects, i)
+			continue
+		}
 		calls = append(calls, evalCall{
 			keys: []string{s.Key(a.Key), stream},
 			args: []string{a.Lease.Owner, strconv.FormatInt(a.Lease.Fence, 10), string(a.Result), ms(retention), s.pub, s.channel(a.Key), group, a.ID},
@@ -260,6 +301,9 @@ func (s *Store) CompleteAndAckBatch(ctx context.Context, stream, group string, r
 		idx = append(idx, i)
 	}
 	s.runOKBatch(ctx, completeAckScript, completeAckManyScript, packCompleteAck, calls, idx, errs)
+	if len(effects) > 0 {
+		s.completeAckEffects(ctx, stream, group, retention, acks, effects, errs)
+	}
 	return errs
 }
 

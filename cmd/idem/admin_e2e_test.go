@@ -5,7 +5,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/redistest"
+	"github.com/idemgo/idem/redisstore"
+	"github.com/redis/go-redis/v9"
 )
 
 // TestAdmin runs get, ls and rm against both stores, for a proxy that
@@ -134,6 +137,27 @@ func TestDoctor(t *testing.T) {
 		}
 		if keys := srv.Do(t, "DBSIZE"); keys != "0" {
 			t.Errorf("DBSIZE after doctor: got %s, want 0 (the scratch keys deleted)", keys)
+		}
+	})
+	t.Run("functions", func(t *testing.T) {
+		t.Parallel()
+		srv := redistest.Start(t, "--appendonly", "yes")
+		_, out, _ := runIdem(t, "doctor", "--redis", "redis://"+srv.Addr())
+		if want := "OK    functions: no idem library loaded (script mode; Functions mode loads " + redisstore.LibraryName(); !strings.Contains(out, want) {
+			t.Errorf("stdout:\n%s\nwant %q", out, want)
+		}
+		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+		defer rdb.Close()
+		s, err := redisstore.New(rdb, redisstore.WithFunctions())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Get(t.Context(), idem.Key{ID: "k"}.Digest()); err != idem.ErrNotFound {
+			t.Fatalf("Get in Functions mode: got %v, want ErrNotFound", err)
+		}
+		_, out, _ = runIdem(t, "doctor", "--redis", "redis://"+srv.Addr())
+		if want := "OK    functions: library " + redisstore.LibraryName() + " of this version loaded"; !strings.Contains(out, want) {
+			t.Errorf("stdout:\n%s\nwant %q", out, want)
 		}
 	})
 	t.Run("bad", func(t *testing.T) {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemgo/idem/boltstore"
 	"github.com/idemgo/idem/internal/redisinfo"
+	"github.com/idemgo/idem/redisstore"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -269,6 +270,7 @@ func doctorNode(ctx context.Context, r *report, d *doctorFlags, n *redis.Client,
 	} else {
 		r.add(vOK, prefix+"lua", "EVAL works")
 	}
+	doctorFunctions(cctx, r, n, prefix)
 
 	// Round trip.
 	var rtts []time.Duration
@@ -286,6 +288,31 @@ func doctorNode(ctx context.Context, r *report, d *doctorFlags, n *redis.Client,
 		r.add(vWarn, prefix+"round trip", "median PING %s over 10; each request makes 2-3 round trips to the store", med.Round(time.Microsecond))
 	} else {
 		r.add(vOK, prefix+"round trip", "median PING %s over 10", med.Round(time.Microsecond))
+	}
+}
+
+// doctorFunctions reports which of idem's Functions libraries the server
+// holds (redisstore.WithFunctions loads idem_<version> at first use).
+func doctorFunctions(ctx context.Context, r *report, n *redis.Client, prefix string) {
+	want := redisstore.LibraryName()
+	libs, err := n.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: "idem*"}).Result()
+	if err != nil {
+		r.add(vWarn, prefix+"functions", "FUNCTION LIST failed (%v); Functions mode needs FUNCTION LOAD, FCALL and FCALL_RO", err)
+		return
+	}
+	var names []string
+	loaded := false
+	for _, l := range libs {
+		names = append(names, l.Name)
+		loaded = loaded || l.Name == want
+	}
+	switch {
+	case loaded:
+		r.add(vOK, prefix+"functions", "library %s of this version loaded (idem libraries: %s)", want, strings.Join(names, ", "))
+	case len(names) > 0:
+		r.add(vOK, prefix+"functions", "library %s of this version not loaded yet (loaded at first use in Functions mode); other idem libraries: %s", want, strings.Join(names, ", "))
+	default:
+		r.add(vOK, prefix+"functions", "no idem library loaded (script mode; Functions mode loads %s at first use)", want)
 	}
 }
 

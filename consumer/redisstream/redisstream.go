@@ -515,7 +515,9 @@ func (c *Consumer) completeAndAck(ctx context.Context, msgs []consumer.Message, 
 	return c.exec.CommitBatchWith(ctx, attempts, make([][]byte, len(attempts)), func(ctx context.Context, cs []idem.BatchCompletion) []error {
 		acks := make([]redisstore.StreamAck, len(cs))
 		for k, x := range cs {
-			acks[k] = redisstore.StreamAck{Key: x.Key, Lease: x.Lease, Result: x.Result, ID: msgs[x.Index].ID}
+			// A handler's effect (idem.SetEffect) is applied in the same
+			// call as the completion and the XACK.
+			acks[k] = redisstore.StreamAck{Key: x.Key, Lease: x.Lease, Result: x.Result, ID: msgs[x.Index].ID, Effect: x.Effect}
 		}
 		return c.store.CompleteAndAckBatch(ctx, c.stream, c.group, cs[0].Retention, acks)
 	})

@@ -10,8 +10,11 @@
 -- memory per record counts. It returns 1 if it wrote the record, 2 if the
 -- record was already completed by this fence with this result (a repeated
 -- call after a lost reply), 0 if the lease is lost (nothing written), or nil
--- and an error message.
-local function complete(key, owner, fence_arg, result, retention_ms)
+-- and an error message. before, if not nil, is called with the fence after
+-- the checks and right before the write (complete_effect.lua applies the
+-- effect there); when it returns an error message, complete writes nothing
+-- and returns nil and that message.
+local function complete(key, owner, fence_arg, result, retention_ms, before)
   local v = redis.call('GET', key)
   if not v then
     return 0
@@ -26,6 +29,12 @@ local function complete(key, owner, fence_arg, result, retention_ms)
   end
   if s ~= 'p' or o ~= owner or n ~= fence then
     return 0
+  end
+  if before then
+    local err = before(n)
+    if err then
+      return nil, err
+    end
   end
   redis.call('SET', key, cmsgpack.pack(1, 'c', f, '', n, 0, a, 0, result), 'PX', retention_ms)
   return 1

@@ -1,0 +1,129 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"time"
+)
+
+// Effect is work on data that lives in the store's own server (a counter,
+// a hash, a stream entry) that the store applies in the same atomic call as
+// the completion of an attempt: after it checked that the attempt still
+// owns the record and before it writes COMPLETED. So the effect happens
+// exactly once per key, with the completion and never without it: a stale
+// owner's effect is never applied, and a completion repeated after a lost
+// reply does not apply it twice.
+//
+// What Name, Keys and Args mean is the store's: redisstore runs the Lua
+// body registered under Name (redisstore.WithEffect) with Keys as its KEYS
+// and Args as its ARGV. An operation attaches an effect to its attempt with
+// SetEffect.
+type Effect struct {
+	// Name is the name under which the effect was registered with the
+	// store.
+	Name string
+	// Keys are the keys the effect touches. On a Redis Cluster they must
+	// share the record's hash tag (see redisstore.Store.EffectKey).
+	Keys []string
+	// Args are the effect's arguments.
+	Args []string
+}
+
+// EffectStore is implemented by stores that apply an Effect atomically with
+// a completion (redisstore, with effects registered when the store is
+// built). The Executor calls CompleteEffect instead of Complete for an
+// attempt that carries an effect (SetEffect).
+//
+// This is part of the store-writer API, like Store: applications use
+// SetEffect.
+type EffectStore interface {
+	Store
+	// CheckEffect reports, without I/O, whether the store can apply e with
+	// the completion of the record key: e names a registered effect and its
+	// keys are allowed. Errors wrap ErrInvalid.
+	CheckEffect(key string, e Effect) error
+	// CompleteEffect does what Complete does and, in the same atomic call,
+	// applies e after the owner and fence check and before the COMPLETED
+	// write. A stale owner gets ErrLeaseLost and e is not applied. Repeating
+	// a call that succeeded (same lease and result) succeeds again without
+	// applying e again. When e itself fails, CompleteEffect returns an
+	// *EffectError and writes no COMPLETED record; whatever e wrote before
+	// it failed stays (an effect checks its input before its first write).
+	CompleteEffect(ctx context.Context, key string, lease Lease, result []byte, retention time.Duration, e Effect) error
+}
+
+// ErrEffect is wrapped by the *EffectError a store returns when an
+// attempt's effect failed (see EffectStore): the record was not completed.
+var ErrEffect = errors.New("idem: effect failed")
+
+// EffectError is returned by EffectStore.CompleteEffect (and so by Do and
+// Commit) when the effect itself failed: it raised an error or returned one.
+// The completion was not written. Do and Commit then end the attempt as if
+// the operation had returned this error: the failure policy decides
+// whether the key is released (the default: the next call runs the
+// operation again) or becomes FAILED.
+type EffectError struct {
+	// Name is the effect's name.
+	Name string
+	// Message is the error the effect raised.
+	Message string
+}
+
+func (e *EffectError) Error() string { return "idem: effect " + e.Name + " failed: " + e.Message }
+
+// Unwrap returns ErrEffect.
+func (e *EffectError) Unwrap() error { return ErrEffect }
+
+// SetEffect attaches e to the attempt that runs with ctx (the context Do,
+// Typed.Do and Begin give the operation, or one derived from it): when the
+// operation succeeds, its completion applies e atomically with the
+// COMPLETED record (see Effect). A second call replaces the effect; an
+// operation that fails drops it (nothing is applied without a completion).
+// SetEffect copies e's slices.
+//
+// It returns an error wrapping ErrInvalid outside an attempt, when the
+// store applies no effects (it is not an EffectStore), or when the store
+// refuses e (an unknown name, a key outside the record's hash tag), and an
+// error wrapping ErrLeaseLost when the attempt already ended. It is safe
+// for concurrent use.
+func SetEffect(ctx context.Context, e Effect) error {
+	c, ok := ctx.Value(leaseKey{}).(*leaseCtx)
+	if !ok || c.a == nil {
+		return invalidf("SetEffect outside an attempt")
+	}
+	a := c.a
+	es, ok := a.e.store.(EffectStore)
+	if !ok {
+		return invalidf("store %T applies no effects", a.e.store)
+	}
+	if err := es.CheckEffect(a.key, e); err != nil {
+		return err
+	}
+	e.Keys, e.Args = slices.Clone(e.Keys), slices.Clone(e.Args)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.finished {
+		return errAttemptEnded
+	}
+	a.effect = &e
+	return nil
+}
+
+// hasEffect reports whether the operation attached an effect.
+func (a *Attempt) hasEffect() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.effect != nil
+}
+
+// effectFailed ends an attempt whose completion was refused because its
+// effect failed (err wraps ErrEffect): nothing was written, so the
+// operation failed after all, and the failure policy decides whether the
+// key is released or FAILED.
+func (a *Attempt) effectFailed(ctx context.Context, err error) error {
+	if ferr := a.fail(ctx, err, a.e.policy(err)); ferr != nil {
+		return errors.Join(err, ferr)
+	}
+	return err
+}

@@ -1,0 +1,261 @@
+package idem_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/memstore"
+)
+
+// effectStore is an EffectStore on memstore for the Executor's tests: an
+// effect is a Go function, applied under a lock with the completion. The
+// real atomic store is redisstore (its tests run on Redis).
+type effectStore struct {
+	*memstore.Store
+	mu      sync.Mutex
+	effects map[string]func(e idem.Effect) error
+	applied []idem.Effect
+	// lostReplies makes that many CompleteEffect calls report an unknown
+	// outcome after they completed.
+	lostReplies int
+	calls       int
+}
+
+func (s *effectStore) CheckEffect(key string, e idem.Effect) error {
+	if _, ok := s.effects[e.Name]; !ok {
+		return errors.Join(idem.ErrInvalid, errors.New("unknown effect "+e.Name))
+	}
+	return nil
+}
+
+func (s *effectStore) CompleteEffect(ctx context.Context, key string, lease idem.Lease, result []byte, retention time.Duration, e idem.Effect) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls++
+	err := s.completeEffect(ctx, key, lease, result, retention, e)
+	if err == nil && s.lostReplies > 0 {
+		s.lostReplies--
+		return errors.New("connection reset")
+	}
+	return err
+}
+
+func (s *effectStore) completeEffect(ctx context.Context, key string, lease idem.Lease, result []byte, retention time.Duration, e idem.Effect) error {
+	rec, err := s.Get(ctx, key)
+	if err != nil {
+		return err
+	}
+	if rec.State == idem.StateCompleted && rec.Fence == lease.Fence {
+		return nil // a repetition: applied already
+	}
+	if rec.State != idem.StateInProgress || rec.Owner != lease.Owner || rec.Fence != lease.Fence {
+		return idem.ErrLeaseLost
+	}
+	if err := s.effects[e.Name](e); err != nil {
+		return &idem.EffectError{Name: e.Name, Message: err.Error()}
+	}
+	s.applied = append(s.applied, e)
+	return s.Complete(ctx, key, lease, result, retention)
+}
+
+func newEffectExec(t *testing.T, opts ...idem.Option) (*idem.Executor, *effectStore) {
+	t.Helper()
+	m, err := memstore.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &effectStore{Store: m, effects: map[string]func(idem.Effect) error{
+		"ok":   func(idem.Effect) error { return nil },
+		"fail": func(idem.Effect) error { return errors.New("out of stock") },
+	}}
+	exec, err := idem.New(s, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return exec, s
+}
+
+func TestSetEffectOutsideAttempt(t *testing.T) {
+	if err := idem.SetEffect(t.Context(), idem.Effect{Name: "ok"}); !errors.Is(err, idem.ErrInvalid) {
+		t.Fatalf("got %v, want ErrInvalid", err)
+	}
+}
+
+func TestSetEffectStoreWithoutEffects(t *testing.T) {
+	exec, _ := newExec(t)
+	_, err := exec.Do(t.Context(), idem.Key{ID: "k"}, "", func(ctx context.Context) ([]byte, error) {
+		return nil, idem.SetEffect(ctx, idem.Effect{Name: "ok"})
+	})
+	if !errors.Is(err, idem.ErrInvalid) {
+		t.Fatalf("got %v, want ErrInvalid", err)
+	}
+}
+
+func TestDoAppliesEffectWithCompletion(t *testing.T) {
+	exec, s := newEffectExec(t)
+	for range 3 {
+		res, err := exec.Do(t.Context(), idem.Key{ID: "k"}, "", func(ctx context.Context) ([]byte, error) {
+			keys := []string{"a"}
+			if err := idem.SetEffect(ctx, idem.Effect{Name: "ok", Keys: keys, Args: []string{"1"}}); err != nil {
+				return nil, err
+			}
+			keys[0] = "changed after SetEffect"
+			return []byte("v"), nil
+		})
+		if err != nil || string(res.Value) != "v" {
+			t.Fatalf("Do: got %q, %v", res.Value, err)
+		}
+	}
+	if len(s.applied) != 1 || s.applied[0].Keys[0] != "a" {
+		t.Fatalf("applied: got %+v, want the one effect as set", s.applied)
+	}
+}
+
+func TestSetEffectUnknownName(t *testing.T) {
+	exec, _ := newEffectExec(t)
+	_, err := exec.Do(t.Context(), idem.Key{ID: "k"}, "", func(ctx context.Context) ([]byte, error) {
+		return nil, idem.SetEffect(ctx, idem.Effect{Name: "nope"})
+	})
+	if !errors.Is(err, idem.ErrInvalid) {
+		t.Fatalf("got %v, want ErrInvalid", err)
+	}
+}
+
+func TestEffectDroppedWhenOperationFails(t *testing.T) {
+	exec, s := newEffectExec(t)
+	boom := errors.New("boom")
+	_, err := exec.Do(t.Context(), idem.Key{ID: "k"}, "", func(ctx context.Context) ([]byte, error) {
+		if err := idem.SetEffect(ctx, idem.Effect{Name: "ok"}); err != nil {
+			return nil, err
+		}
+		return nil, boom
+	})
+	if !errors.Is(err, boom) {
+		t.Fatalf("got %v, want boom", err)
+	}
+	if len(s.applied) != 0 || s.calls != 0 {
+		t.Fatalf("got %d effects applied in %d calls, want none", len(s.applied), s.calls)
+	}
+}
+
+func TestFailingEffectReleasesOrFails(t *testing.T) {
+	for _, terminal := range []bool{false, true} {
+		t.Run(map[bool]string{false: "retryable", true: "terminal"}[terminal], func(t *testing.T) {
+			var opts []idem.Option
+			if terminal {
+				opts = append(opts, idem.WithFailurePolicy(func(err error) bool { return errors.Is(err, idem.ErrEffect) }))
+			}
+			exec, s := newEffectExec(t, opts...)
+			key := idem.Key{ID: "k"}
+			_, err := exec.Do(t.Context(), key, "", func(ctx context.Context) ([]byte, error) {
+				return []byte("v"), idem.SetEffect(ctx, idem.Effect{Name: "fail"})
+			})
+			var ee *idem.EffectError
+			if !errors.As(err, &ee) || ee.Name != "fail" || ee.Message != "out of stock" {
+				t.Fatalf("got %v, want an *EffectError", err)
+			}
+			if s.calls != 1 {
+				t.Fatalf("got %d CompleteEffect calls, want 1 (an effect error is not repeated)", s.calls)
+			}
+			rec, err := s.Get(t.Context(), key.Digest())
+			want := idem.StateReleased
+			if terminal {
+				want = idem.StateFailed
+			}
+			if err != nil || rec.State != want {
+				t.Fatalf("record: got %v, %v, want %v", rec.State, err, want)
+			}
+		})
+	}
+}
+
+func TestEffectCompletionRepeatedAfterLostReply(t *testing.T) {
+	exec, s := newEffectExec(t)
+	s.lostReplies = 2
+	_, err := exec.Do(t.Context(), idem.Key{ID: "k"}, "", func(ctx context.Context) ([]byte, error) {
+		return []byte("v"), idem.SetEffect(ctx, idem.Effect{Name: "ok"})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.calls != 3 || len(s.applied) != 1 {
+		t.Fatalf("got %d calls and %d effects, want 3 calls and 1 effect", s.calls, len(s.applied))
+	}
+}
+
+func TestCommitBatchAppliesEffects(t *testing.T) {
+	exec, s := newEffectExec(t)
+	began := exec.BeginBatch(t.Context(), []idem.Key{{ID: "a"}, {ID: "b"}}, []string{"", ""})
+	attempts := make([]*idem.Attempt, len(began))
+	for i, b := range began {
+		if b.Err != nil {
+			t.Fatal(b.Err)
+		}
+		attempts[i] = b.Attempt
+	}
+	if err := idem.SetEffect(began[0].Ctx, idem.Effect{Name: "ok", Keys: []string{"x"}}); err != nil {
+		t.Fatal(err)
+	}
+	for i, err := range exec.CommitBatch(t.Context(), attempts, [][]byte{[]byte("1"), []byte("2")}) {
+		if err != nil {
+			t.Fatalf("CommitBatch[%d]: %v", i, err)
+		}
+	}
+	if len(s.applied) != 1 {
+		t.Fatalf("got %d effects applied, want 1", len(s.applied))
+	}
+	if err := idem.SetEffect(began[1].Ctx, idem.Effect{Name: "ok"}); !errors.Is(err, idem.ErrLeaseLost) {
+		t.Fatalf("SetEffect after the commit: got %v, want ErrLeaseLost", err)
+	}
+}
+
+// TestCommitBatchWithPassesEffects: a commit hook gets each attempt's
+// effect with its completion, and an effect error it answers ends the
+// attempt as Commit would (released by the default policy).
+func TestCommitBatchWithPassesEffects(t *testing.T) {
+	exec, s := newEffectExec(t)
+	began := exec.BeginBatch(t.Context(), []idem.Key{{ID: "a"}, {ID: "b"}, {ID: "c"}}, []string{"", "", ""})
+	attempts := make([]*idem.Attempt, len(began))
+	for i, b := range began {
+		if b.Err != nil {
+			t.Fatal(b.Err)
+		}
+		attempts[i] = b.Attempt
+	}
+	for i, name := range []string{"ok", "fail"} {
+		if err := idem.SetEffect(began[i].Ctx, idem.Effect{Name: name}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got []string
+	errs := exec.CommitBatchWith(t.Context(), attempts, make([][]byte, 3), func(ctx context.Context, cs []idem.BatchCompletion) []error {
+		out := make([]error, len(cs))
+		for k, c := range cs {
+			if c.Effect == nil {
+				got = append(got, "")
+				out[k] = s.Complete(ctx, c.Key, c.Lease, c.Result, c.Retention)
+				continue
+			}
+			got = append(got, c.Effect.Name)
+			out[k] = s.CompleteEffect(ctx, c.Key, c.Lease, c.Result, c.Retention, *c.Effect)
+		}
+		return out
+	})
+	if want := []string{"ok", "fail", ""}; !slices.Equal(got, want) {
+		t.Fatalf("effects passed: got %q, want %q", got, want)
+	}
+	if errs[0] != nil || !errors.Is(errs[1], idem.ErrEffect) || errs[2] != nil {
+		t.Fatalf("errors: got %v, want nil, an effect error, nil", errs)
+	}
+	for i, want := range []idem.State{idem.StateCompleted, idem.StateReleased, idem.StateCompleted} {
+		rec, err := s.Get(t.Context(), attempts[i].Key())
+		if err != nil || rec.State != want {
+			t.Fatalf("record %d: got %v, %v, want %v", i, rec.State, err, want)
+		}
+	}
+}

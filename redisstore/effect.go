@@ -1,0 +1,249 @@
+package redisstore
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/idemgo/idem"
+)
+
+//go:embed lua/complete_effect.lua
+var completeEffectSrc string
+
+// Limits on a registered effect and on one application of it.
+const (
+	// MaxEffectNameLen is the longest effect name.
+	MaxEffectNameLen = 64
+	// MaxEffectKeys is the largest number of keys of one Effect.
+	MaxEffectKeys = 256
+	// MaxEffectArgs is the largest number of arguments of one Effect.
+	MaxEffectArgs = 4096
+)
+
+// effectDef is an effect given to WithEffect.
+type effectDef struct{ name, body string }
+
+// WithEffect registers the Redis-side effect name, applied with the
+// completion of a record when the operation attached an idem.Effect of that
+// name (idem.SetEffect): atomically, in the completion's script or function
+// call, after the check that the caller still owns the record and before
+// the COMPLETED write (DESIGN.md §7). So the effect happens once per key,
+// exactly when the completion does: a stale owner's effect is never
+// applied, and a completion repeated after a lost reply finds the record
+// completed by its own fence and does not apply the effect again.
+//
+// body is the body of a Lua function called as effect(KEYS, ARGV, FENCE):
+// KEYS are the Effect's Keys, ARGV its Args, both as an EVAL script sees
+// them, and FENCE the attempt's fencing token as a decimal string. Its
+// return value is ignored, except an error: a body that raises one (error,
+// a failing redis.call) or returns redis.error_reply(message) fails the
+// completion: no COMPLETED record is written (nor, for CompleteAndAck, the
+// XACK), and the call returns an *idem.EffectError with the message. Redis
+// does not undo what a script wrote before it failed, so a body must check
+// everything (types, amounts, stock) before its first write — "validate
+// before the first write" — as idem's own scripts do. For example:
+//
+//	redisstore.WithEffect("reserve", `
+//	  local stock = tonumber(redis.call('GET', KEYS[1]) or '0')
+//	  local n = tonumber(ARGV[1])
+//	  if not n or n <= 0 then return redis.error_reply('bad amount') end
+//	  if stock < n then return redis.error_reply('out of stock') end
+//	  redis.call('DECRBY', KEYS[1], n)
+//	  redis.call('XADD', KEYS[2], '*', 'sku', ARGV[2], 'n', n, 'fence', FENCE)`)
+//
+// Effects run as scripts (one per effect: the completion, the body, then
+// the effect's call, cached by SHA) or, with WithFunctions, as a second
+// library idemfx_<version> loaded beside idem's. On a Cluster, and with a
+// hash tag, every key of an Effect must carry the record's hash tag (see
+// EffectKey); CheckEffect refuses other keys before anything is sent. The
+// commands a body calls must be allowed to the Redis user (ACL).
+//
+// name must be 1 to MaxEffectNameLen letters, digits or underscores, and
+// registered once per store. The default is no effects.
+func WithEffect(name, body string) Option {
+	return func(c *config) { c.effects = append(c.effects, effectDef{name, body}) }
+}
+
+// buildEffects makes the scripts of the registered effects, and in
+// Functions mode their library.
+func buildEffects(defs []effectDef, functions bool) (map[string]*script, error) {
+	if len(defs) == 0 {
+		return nil, nil
+	}
+	m := make(map[string]*script, len(defs))
+	scripts := make([]*script, 0, len(defs))
+	for _, d := range defs {
+		if err := validEffectName(d.name); err != nil {
+			return nil, err
+		}
+		if _, dup := m[d.name]; dup {
+			return nil, fmt.Errorf("%w: effect %q registered twice", idem.ErrInvalid, d.name)
+		}
+		if strings.TrimSpace(d.body) == "" {
+			return nil, fmt.Errorf("%w: effect %q has an empty body", idem.ErrInvalid, d.name)
+		}
+		src := completeLib + "local function effect(KEYS, ARGV, FENCE)\n" + d.body + "\nend\n" + completeEffectSrc
+		sc := makeScript(d.name, src)
+		m[d.name] = sc
+		scripts = append(scripts, sc)
+	}
+	if functions {
+		buildLibrary("idemfx", scripts)
+	}
+	return m, nil
+}
+
+func validEffectName(name string) error {
+	if name == "" || len(name) > MaxEffectNameLen {
+		return fmt.Errorf("%w: effect name %q is not 1 to %d bytes", idem.ErrInvalid, name, MaxEffectNameLen)
+	}
+	for _, r := range name {
+		if !(r == '_' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z') {
+			return fmt.Errorf("%w: effect name %q has a character other than a letter, a digit or '_'", idem.ErrInvalid, name)
+		}
+	}
+	return nil
+}
+
+// EffectKey returns a key name for an effect's data that carries the hash
+// tag of key's record, so that the completion call may touch both on a
+// Redis Cluster: "{<tag>}<name>", where tag is the store's hash tag
+// (WithHashTag) or, without one, the digest of key — then the data belongs
+// to that one record's slot, and data shared by many records (a stock
+// counter) needs a store with a hash tag. On a standalone server without a
+// hash tag any key name may be used instead.
+func (s *Store) EffectKey(key idem.Key, name string) string {
+	tag := s.tag
+	if tag == "" {
+		tag = key.Digest()
+	}
+	return "{" + tag + "}" + name
+}
+
+// CheckEffect implements idem.EffectStore: it reports, without I/O, whether
+// e names an effect registered with WithEffect, has at most MaxEffectKeys
+// keys and MaxEffectArgs arguments, no empty key, does not name the record
+// itself, and — on a Cluster or with a hash tag — whether every key carries
+// the hash tag of key's record (EffectKey makes such keys). Errors wrap
+// idem.ErrInvalid.
+func (s *Store) CheckEffect(key string, e idem.Effect) error {
+	if err := idem.ValidateStoreKey(key); err != nil {
+		return err
+	}
+	if _, ok := s.effects[e.Name]; !ok {
+		return fmt.Errorf("%w: no effect %q is registered with the store (redisstore.WithEffect)", idem.ErrInvalid, e.Name)
+	}
+	if len(e.Keys) > MaxEffectKeys || len(e.Args) > MaxEffectArgs {
+		return fmt.Errorf("%w: effect %q has %d keys and %d arguments, over the limits of %d and %d",
+			idem.ErrInvalid, e.Name, len(e.Keys), len(e.Args), MaxEffectKeys, MaxEffectArgs)
+	}
+	record := s.Key(key)
+	tag := ""
+	if s.tag != "" || s.isCluster() {
+		tag = KeyHashTag(record)
+	}
+	for _, k := range e.Keys {
+		switch {
+		case k == "":
+			return fmt.Errorf("%w: effect %q has an empty key", idem.ErrInvalid, e.Name)
+		case k == record:
+			return fmt.Errorf("%w: effect %q names idem's own record", idem.ErrInvalid, e.Name)
+		case tag != "" && KeyHashTag(k) != tag:
+			return fmt.Errorf("%w: effect %q key %q has hash tag %q, want the record's %q (make it with Store.EffectKey)",
+				idem.ErrInvalid, e.Name, k, KeyHashTag(k), tag)
+		}
+	}
+	return nil
+}
+
+// CompleteEffect implements idem.EffectStore: Complete with the registered
+// effect e applied in the same script or function call (see WithEffect). It
+// returns an error wrapping idem.ErrLeaseLost, and applies nothing, when
+// the caller no longer owns the record; an *idem.EffectError, and writes no
+// COMPLETED record, when the effect failed. Repeating a call that
+// succeeded (same lease and result) succeeds again and does not apply e
+// again. With WithWait or WithWaitAOF it waits as Complete does. result
+// must not be modified during the call. It is safe for concurrent use.
+func (s *Store) CompleteEffect(ctx context.Context, key string, lease idem.Lease, result []byte, retention time.Duration, e idem.Effect) error {
+	if err := checkOwner(key, lease); err != nil {
+		return err
+	}
+	if err := idem.ValidateDuration("retention", retention); err != nil {
+		return err
+	}
+	if err := s.CheckEffect(key, e); err != nil {
+		return err
+	}
+	c := s.effectCall(key, lease, result, retention, e, "", "", "")
+	reply, err := s.runKeys(ctx, s.effects[e.Name], c.keys, c.args, true)
+	if reply == nil {
+		return effectError(e.Name, err)
+	}
+	if perr := parseOK(e.Name, reply); perr != nil {
+		return perr
+	}
+	return err // nil or ErrNotDurable
+}
+
+// effectCall is the call of complete_effect.lua for e: with an XACK of the
+// entry id of stream in group when group is not "".
+func (s *Store) effectCall(key string, lease idem.Lease, result []byte, retention time.Duration, e idem.Effect, stream, group, id string) evalCall {
+	c := evalCall{keys: make([]string, 0, 2+len(e.Keys)), args: make([]string, 0, 8+len(e.Args))}
+	c.keys = append(c.keys, s.Key(key))
+	if group != "" {
+		c.keys = append(c.keys, stream)
+	}
+	c.keys = append(c.keys, e.Keys...)
+	c.args = append(c.args, lease.Owner, strconv.FormatInt(lease.Fence, 10), bytesArg(result), ms(retention), s.pub, s.channel(key), group, id)
+	c.args = append(c.args, e.Args...)
+	return c
+}
+
+// effectErrorPrefix starts the error reply of complete_effect.lua for a
+// failed effect.
+const effectErrorPrefix = "IDEMEFFECT "
+
+// effectError turns the error reply of a failed effect into an
+// *idem.EffectError (wrapped with the store's context); other errors are
+// returned as they are.
+func effectError(name string, err error) error {
+	if msg, ok := serverError(err); ok && strings.HasPrefix(msg, effectErrorPrefix) {
+		return fmt.Errorf("redisstore: %w", &idem.EffectError{Name: name, Message: strings.TrimPrefix(msg, effectErrorPrefix)})
+	}
+	return err
+}
+
+// completeAckEffects completes and acknowledges the elements idx of acks
+// that carry an effect, each in one call of its effect's script (all in
+// one pipeline per effect), and sets errs.
+func (s *Store) completeAckEffects(ctx context.Context, stream, group string, retention time.Duration, acks []StreamAck, idx []int, errs []error) {
+	byName := map[string][]int{}
+	for _, i := range idx {
+		if err := s.CheckEffect(acks[i].Key, *acks[i].Effect); err != nil {
+			errs[i] = err
+			continue
+		}
+		byName[acks[i].Effect.Name] = append(byName[acks[i].Effect.Name], i)
+	}
+	for name, is := range byName {
+		calls := make([]evalCall, len(is))
+		for k, i := range is {
+			a := acks[i]
+			calls[k] = s.effectCall(a.Key, a.Lease, a.Result, retention, *a.Effect, stream, group, a.ID)
+		}
+		replies, rerrs := s.runMulti(ctx, s.effects[name], calls)
+		for k, i := range is {
+			if rerrs[k] != nil {
+				errs[i] = effectError(name, rerrs[k])
+				continue
+			}
+			errs[i] = parseOK(name, replies[k])
+		}
+	}
+}
+
+var _ idem.EffectStore = (*Store)(nil)

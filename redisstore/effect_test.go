@@ -1,0 +1,354 @@
+package redisstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/redistest"
+	"github.com/idemgo/idem/redisstore"
+	"github.com/redis/go-redis/v9"
+)
+
+// The effects of these tests. Each checks its input before its first
+// write.
+var testEffects = []redisstore.Option{
+	// count adds ARGV[1] to the counter KEYS[1] and appends the fence to
+	// the list KEYS[2].
+	redisstore.WithEffect("count", `
+local n = tonumber(ARGV[1])
+if not n then return redis.error_reply('not a number: ' .. tostring(ARGV[1])) end
+redis.call('INCRBY', KEYS[1], n)
+redis.call('RPUSH', KEYS[2], FENCE)`),
+	// half_written writes, then fails: what "validate before the first
+	// write" guards against.
+	redisstore.WithEffect("half_written", `
+redis.call('SET', KEYS[1], 'written')
+redis.call('HSET', KEYS[2], 'f', 'v')
+redis.call('INCR', KEYS[2])`),
+}
+
+// emptyResult is the Executor's encoding of an empty value.
+var emptyResult = []byte{0}
+
+func effectStore(t *testing.T, c client, m mode, opts ...redisstore.Option) *redisstore.Store {
+	t.Helper()
+	all := append(append(append([]redisstore.Option{}, m.opts...), testEffects...), opts...)
+	return c.newStore(t, all...)
+}
+
+// rawClient returns a go-redis client on the test's standalone server or
+// Cluster, for reading what the effects wrote.
+func rawClient(t *testing.T, c client, standalone *redistest.Server, cluster *redistest.Cluster) redis.UniversalClient {
+	if strings.HasPrefix(c.name, "cluster") {
+		r := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs()})
+		t.Cleanup(func() { r.Close() })
+		return r
+	}
+	return goRedisClient(t, standalone.Addr())
+}
+
+// count is the effect "count" for key, on keys named after it (a store
+// with a hash tag gives every record the same tag).
+func count(t *testing.T, s *redisstore.Store, key idem.Key) idem.Effect {
+	name := key.Scope + "/" + key.ID
+	return idem.Effect{Name: "count", Keys: []string{s.EffectKey(key, name+":counter"), s.EffectKey(key, name+":fences")}, Args: []string{"1"}}
+}
+
+// TestEffectAppliedOnce applies an effect with the completion, repeats the
+// completion as after a lost reply, and runs the key again through the
+// Executor: the effect is applied once, with the fence of its completion.
+func TestEffectAppliedOnce(t *testing.T) {
+	t.Parallel()
+	standalone := redistest.Start(t)
+	cluster := redistest.StartCluster(t, 3)
+	for _, c := range clients(t, standalone, cluster) {
+		for _, m := range modes {
+			t.Run(c.name+"/"+m.name, func(t *testing.T) {
+				t.Parallel()
+				s := effectStore(t, c, m)
+				raw := rawClient(t, c, standalone, cluster)
+				ctx := t.Context()
+				key := idem.Key{Scope: c.name + m.name, ID: "once"}
+				e := count(t, s, key)
+				a := acquire(t, s, key.Digest())
+				for i := range 3 {
+					if err := s.CompleteEffect(ctx, key.Digest(), a.Lease, emptyResult, time.Hour, e); err != nil {
+						t.Fatalf("CompleteEffect #%d: %v", i+1, err)
+					}
+				}
+				exec, err := idem.New(s)
+				if err != nil {
+					t.Fatal(err)
+				}
+				res, err := exec.Do(ctx, key, "fp", func(ctx context.Context) ([]byte, error) {
+					t.Error("the operation ran again")
+					return nil, nil
+				})
+				if err != nil || !res.Replayed {
+					t.Fatalf("Do after the completion: got %+v, %v, want a replay", res, err)
+				}
+				if n, _ := raw.Get(ctx, e.Keys[0]).Int(); n != 1 {
+					t.Fatalf("counter: got %d, want 1", n)
+				}
+				fences, _ := raw.LRange(ctx, e.Keys[1], 0, -1).Result()
+				if want := fmt.Sprint(a.Lease.Fence); len(fences) != 1 || fences[0] != want {
+					t.Fatalf("fences: got %v, want [%s]", fences, want)
+				}
+				rec, err := s.Get(ctx, key.Digest())
+				if err != nil || rec.State != idem.StateCompleted || string(rec.Result) != string(emptyResult) {
+					t.Fatalf("record: got %+v, %v", rec, err)
+				}
+			})
+		}
+	}
+}
+
+// TestEffectThroughDo attaches the effect with idem.SetEffect in Do and
+// Typed.Do; duplicates apply nothing.
+func TestEffectThroughDo(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	for _, c := range clients(t, srv, nil) {
+		for _, m := range modes {
+			t.Run(c.name+"/"+m.name, func(t *testing.T) {
+				s := effectStore(t, c, m)
+				raw := goRedisClient(t, srv.Addr())
+				exec, err := idem.New(s)
+				if err != nil {
+					t.Fatal(err)
+				}
+				key := idem.Key{Scope: c.name + m.name, ID: "do"}
+				typed := idem.Typed[int]{Executor: exec}
+				for range 5 {
+					v, _, err := typed.Do(t.Context(), key, "", func(ctx context.Context) (int, error) {
+						return 42, idem.SetEffect(ctx, count(t, s, key))
+					})
+					if err != nil || v != 42 {
+						t.Fatalf("Typed.Do: got %d, %v", v, err)
+					}
+				}
+				if n, _ := raw.Get(t.Context(), count(t, s, key).Keys[0]).Int(); n != 1 {
+					t.Fatalf("counter: got %d, want 1", n)
+				}
+			})
+		}
+	}
+}
+
+// TestEffectStaleOwner lets a lease expire and another owner take the key
+// over: the stale owner's completion applies nothing and writes nothing.
+func TestEffectStaleOwner(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	for _, c := range clients(t, srv, nil) {
+		for _, m := range modes {
+			t.Run(c.name+"/"+m.name, func(t *testing.T) {
+				s := effectStore(t, c, m)
+				raw := goRedisClient(t, srv.Addr())
+				ctx := t.Context()
+				key := idem.Key{Scope: c.name + m.name, ID: "stale"}
+				req := func(owner string) idem.AcquireRequest {
+					return idem.AcquireRequest{Fingerprint: "fp", Owner: owner, Lease: 20 * time.Millisecond, Retention: time.Hour}
+				}
+				old, err := s.Acquire(ctx, key.Digest(), req("old"))
+				if err != nil || old.Outcome != idem.Acquired {
+					t.Fatalf("Acquire: %+v, %v", old, err)
+				}
+				var taken idem.Acquisition
+				for deadline := time.Now().Add(5 * time.Second); taken.Outcome != idem.TakenOver; {
+					if time.Now().After(deadline) {
+						t.Fatalf("no takeover: last %+v", taken)
+					}
+					if taken, err = s.Acquire(ctx, key.Digest(), req("new")); err != nil {
+						t.Fatal(err)
+					}
+				}
+				e := count(t, s, key)
+				err = s.CompleteEffect(ctx, key.Digest(), old.Lease, []byte("old"), time.Hour, e)
+				if !errors.Is(err, idem.ErrLeaseLost) {
+					t.Fatalf("stale CompleteEffect: got %v, want ErrLeaseLost", err)
+				}
+				if n, _ := raw.Exists(ctx, e.Keys...).Result(); n != 0 {
+					t.Fatalf("the stale owner's effect was applied: %d keys exist", n)
+				}
+				if err := s.CompleteEffect(ctx, key.Digest(), taken.Lease, []byte("new"), time.Hour, e); err != nil {
+					t.Fatalf("new owner's CompleteEffect: %v", err)
+				}
+				if n, _ := raw.Get(ctx, e.Keys[0]).Int(); n != 1 {
+					t.Fatalf("counter: got %d, want 1", n)
+				}
+			})
+		}
+	}
+}
+
+// TestEffectErrorWritesNoCompletion: an effect that refuses (error reply),
+// one that raises (a command on a key of the wrong type) and one that
+// writes and then fails each leave the record IN_PROGRESS, and the first
+// two write nothing; the third shows why an effect must check its input
+// before its first write: Redis keeps what it wrote.
+func TestEffectErrorWritesNoCompletion(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	for _, c := range clients(t, srv, nil) {
+		for _, m := range modes {
+			t.Run(c.name+"/"+m.name, func(t *testing.T) {
+				s := effectStore(t, c, m)
+				raw := goRedisClient(t, srv.Addr())
+				ctx := t.Context()
+				for _, tc := range []struct {
+					name    string
+					effect  func(key idem.Key) idem.Effect
+					setup   func(key idem.Key)
+					message string
+					kept    int64 // keys of the effect that exist after
+				}{
+					{"refused", func(key idem.Key) idem.Effect {
+						e := count(t, s, key)
+						e.Args = []string{"many"}
+						return e
+					}, nil, "not a number: many", 0},
+					{"raised", func(key idem.Key) idem.Effect { return count(t, s, key) }, func(key idem.Key) {
+						raw.HSet(ctx, count(t, s, key).Keys[0], "not", "a counter")
+					}, "WRONGTYPE", 1},
+					{"half written", func(key idem.Key) idem.Effect {
+						return idem.Effect{Name: "half_written", Keys: []string{s.EffectKey(key, "a"), s.EffectKey(key, "b")}}
+					}, nil, "WRONGTYPE", 2},
+				} {
+					key := idem.Key{Scope: c.name + m.name, ID: tc.name}
+					if tc.setup != nil {
+						tc.setup(key)
+					}
+					e := tc.effect(key)
+					a := acquire(t, s, key.Digest())
+					err := s.CompleteEffect(ctx, key.Digest(), a.Lease, []byte("r"), time.Hour, e)
+					var ee *idem.EffectError
+					if !errors.As(err, &ee) || ee.Name != e.Name || !strings.Contains(ee.Message, tc.message) {
+						t.Fatalf("%s: got %v, want an *idem.EffectError with %q", tc.name, err, tc.message)
+					}
+					if idem.OutcomeUnknown(err) {
+						t.Fatalf("%s: an effect error leaves the outcome unknown", tc.name)
+					}
+					rec, err := s.Get(ctx, key.Digest())
+					if err != nil || rec.State != idem.StateInProgress {
+						t.Fatalf("%s: record: got %v, %v, want IN_PROGRESS", tc.name, rec.State, err)
+					}
+					if n, _ := raw.Exists(ctx, e.Keys...).Result(); n != tc.kept {
+						t.Fatalf("%s: got %d keys of the effect, want %d", tc.name, n, tc.kept)
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestEffectKeysOutsideTheSlot: on a Cluster, an effect key without the
+// record's hash tag is refused before anything is sent (the client points
+// at no server at all), and so is an unknown effect.
+func TestEffectKeysOutsideTheSlot(t *testing.T) {
+	t.Parallel()
+	nowhere := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}, MaxRetries: -1})
+	t.Cleanup(func() { nowhere.Close() })
+	for _, tag := range []string{"", "orders"} {
+		var opts []redisstore.Option
+		if tag != "" {
+			opts = append(opts, redisstore.WithHashTag(tag))
+		}
+		s, err := redisstore.New(nowhere, append(opts, testEffects...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := idem.Key{ID: "k"}
+		lease := idem.Lease{Owner: "o", Fence: 1}
+		for _, e := range []idem.Effect{
+			{Name: "count", Keys: []string{"counter", s.EffectKey(key, "fences")}, Args: []string{"1"}},
+			{Name: "count", Keys: []string{s.EffectKey(idem.Key{ID: "other"}, "counter")}, Args: []string{"1"}},
+			{Name: "count", Keys: []string{"{other}counter"}, Args: []string{"1"}},
+			{Name: "count", Keys: []string{s.Key(key.Digest())}},
+			{Name: "nope"},
+		} {
+			if tag != "" && e.Keys != nil && e.Keys[0] == s.EffectKey(idem.Key{ID: "other"}, "counter") {
+				continue // with a store tag every record shares it
+			}
+			err := s.CompleteEffect(t.Context(), key.Digest(), lease, []byte("r"), time.Hour, e)
+			if !errors.Is(err, idem.ErrInvalid) {
+				t.Fatalf("tag %q, effect %+v: got %v, want ErrInvalid", tag, e, err)
+			}
+		}
+		if err := s.CheckEffect(key.Digest(), count(t, s, key)); err != nil {
+			t.Fatalf("tag %q: a key from EffectKey: %v", tag, err)
+		}
+	}
+}
+
+func TestWithEffectValidation(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	t.Cleanup(func() { c.Close() })
+	for _, opts := range [][]redisstore.Option{
+		{redisstore.WithEffect("", "return 1")},
+		{redisstore.WithEffect("a-b", "return 1")},
+		{redisstore.WithEffect(strings.Repeat("a", redisstore.MaxEffectNameLen+1), "return 1")},
+		{redisstore.WithEffect("a", " ")},
+		{redisstore.WithEffect("a", "return 1"), redisstore.WithEffect("a", "return 2")},
+	} {
+		if _, err := redisstore.New(c, opts...); !errors.Is(err, idem.ErrInvalid) {
+			t.Errorf("got %v, want ErrInvalid", err)
+		}
+	}
+}
+
+// TestCompleteAndAckEffect completes, applies the effect and acknowledges
+// the entry in one call; repeated, nothing is applied twice; a failed
+// effect acknowledges nothing.
+func TestCompleteAndAckEffect(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	for _, c := range clients(t, srv, nil) {
+		for _, m := range modes {
+			t.Run(c.name+"/"+m.name, func(t *testing.T) {
+				s := effectStore(t, c, m, redisstore.WithHashTag("t"))
+				raw := goRedisClient(t, srv.Addr())
+				ctx := t.Context()
+				stream := "{t}stream-" + c.name + m.name
+				if err := raw.XGroupCreateMkStream(ctx, stream, "g", "0").Err(); err != nil {
+					t.Fatal(err)
+				}
+				var ids []string
+				for range 2 {
+					id, _ := raw.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: []string{"k", "v"}}).Result()
+					ids = append(ids, id)
+				}
+				if err := raw.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: "c", Streams: []string{stream, ">"}}).Err(); err != nil {
+					t.Fatal(err)
+				}
+				k1, k2 := idem.Key{Scope: stream, ID: "1"}, idem.Key{Scope: stream, ID: "2"}
+				a1, a2 := acquire(t, s, k1.Digest()), acquire(t, s, k2.Digest())
+				good := count(t, s, k1)
+				bad := count(t, s, k2)
+				bad.Args = []string{"x"}
+				acks := []redisstore.StreamAck{
+					{Key: k1.Digest(), Lease: a1.Lease, Result: []byte("r"), ID: ids[0], Effect: &good},
+					{Key: k2.Digest(), Lease: a2.Lease, Result: []byte("r"), ID: ids[1], Effect: &bad},
+				}
+				for range 2 {
+					errs := s.CompleteAndAckBatch(ctx, stream, "g", time.Hour, acks)
+					if errs[0] != nil || !errors.Is(errs[1], idem.ErrEffect) {
+						t.Fatalf("CompleteAndAckBatch: got %v, want nil and an effect error", errs)
+					}
+				}
+				if n, _ := raw.Get(ctx, good.Keys[0]).Int(); n != 1 {
+					t.Fatalf("counter: got %d, want 1", n)
+				}
+				pending, _ := raw.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: stream, Group: "g", Start: "-", End: "+", Count: 10}).Result()
+				if len(pending) != 1 || pending[0].ID != ids[1] {
+					t.Fatalf("pending: got %+v, want only the entry whose effect failed", pending)
+				}
+			})
+		}
+	}
+}
