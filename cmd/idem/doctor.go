@@ -99,7 +99,7 @@ For the embedded store: the file opens (or is in use by a running proxy).`,
 					return usagef("--wait-replicas %d is negative", d.waitReplicas)
 				}
 				r := &report{w: e.stdout}
-				if d.store.redisURL == "" && d.store.cluster == "" {
+				if !d.store.redis() {
 					doctorBolt(r, &d.store)
 				} else {
 					doctorRedis(ctx, r, &d)
@@ -145,6 +145,14 @@ func doctorRedis(ctx context.Context, r *report, d *doctorFlags) {
 			return
 		}
 		rc := redis.NewClient(opt)
+		c, nodes = rc, []*redis.Client{rc}
+	} else if s.sentinel != "" {
+		opt, err := s.sentinelOptions()
+		if err != nil {
+			r.add(vFail, "connect", "%v", err)
+			return
+		}
+		rc := redis.NewFailoverClient(opt)
 		c, nodes = rc, []*redis.Client{rc}
 	} else {
 		opt, err := s.clusterOptions()

@@ -75,8 +75,9 @@ connections, lets the requests in flight finish and stores their responses
 (up to --shutdown-timeout), then exits.
 
 Records are kept in the embedded store under --data, or in Redis with
---redis or --redis-cluster (which several proxies can share). The proxy
-refuses to start on a Redis older than 7.0 and on one whose
+--redis, --redis-cluster or --redis-sentinel (which several proxies can
+share; behind Sentinels the proxy follows a failover to the new primary).
+The proxy refuses to start on a Redis older than 7.0 and on one whose
 maxmemory-policy is not noeviction (every other policy can evict records,
 and a retried request then runs again), unless --allow-eviction is given;
 where the server refuses INFO and CONFIG GET it logs one warning and starts.

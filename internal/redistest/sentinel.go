@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -25,6 +26,9 @@ type Sentinel struct {
 	MasterName string
 	data       []*Server // the first one is the first primary
 	sentinels  []*Server
+
+	mu       sync.Mutex
+	password string // of the data servers, once RequirePass set it
 }
 
 // StartSentinel starts a primary, replicas replicas of it (each started
@@ -52,6 +56,49 @@ func StartSentinel(t testing.TB, replicas int, args ...string) *Sentinel {
 		return s.healthy(primary.Addr(), replicas)
 	})
 	return s
+}
+
+// RequirePass sets password on every data server (requirepass, and
+// masterauth so that replicas still sync) and tells every Sentinel
+// (SENTINEL SET auth-pass), as an operator would; the harness's own
+// commands to the data servers authenticate from then on.
+func (s *Sentinel) RequirePass(t testing.TB, password string) {
+	t.Helper()
+	for _, d := range s.data {
+		d.Do(t, "CONFIG", "SET", "masterauth", password)
+	}
+	for _, n := range s.sentinels {
+		n.Do(t, "SENTINEL", "SET", s.MasterName, "auth-pass", password)
+	}
+	for _, d := range s.data {
+		d.Do(t, "CONFIG", "SET", "requirepass", password)
+	}
+	s.mu.Lock()
+	s.password = password
+	s.mu.Unlock()
+}
+
+// dataCommand is Command on a data server, authenticated once RequirePass
+// set a password.
+func (s *Sentinel) dataCommand(d *Server, args ...string) (string, error) {
+	s.mu.Lock()
+	pw := s.password
+	s.mu.Unlock()
+	if pw == "" {
+		return d.Command(args...)
+	}
+	replies, err := roundTrip(d.Addr(), commandTimeout, []string{"AUTH", pw}, args)
+	if err != nil {
+		return "", err
+	}
+	for _, r := range replies {
+		if e, ok := r.(ReplyError); ok {
+			return "", e
+		}
+	}
+	var b strings.Builder
+	render(&b, replies[1])
+	return strings.TrimSpace(b.String()), nil
 }
 
 // Data returns the primary and the replicas, in the order they were
@@ -110,7 +157,7 @@ func (s *Sentinel) WaitFailover(t testing.TB, old *Server) *Server {
 		if srv == nil {
 			return fmt.Errorf("the sentinels name %s, which is none of the data servers", named)
 		}
-		info, err := srv.Command("INFO", "replication")
+		info, err := s.dataCommand(srv, "INFO", "replication")
 		if err != nil {
 			return err
 		}
@@ -155,7 +202,7 @@ func (s *Sentinel) server(addr string) *Server {
 // healthy reports whether primary has replicas online replicas and every
 // Sentinel sees it as a primary with those replicas and 2 other Sentinels.
 func (s *Sentinel) healthy(primary string, replicas int) error {
-	info, err := s.server(primary).Command("INFO", "replication")
+	info, err := s.dataCommand(s.server(primary), "INFO", "replication")
 	if err != nil {
 		return err
 	}
