@@ -104,7 +104,7 @@ func TestDoInProgress(t *testing.T) {
 }
 
 func TestHeartbeatKeepsTheLease(t *testing.T) {
-	const lease = 60 * time.Millisecond
+	const lease = 300 * time.Millisecond
 	e, s := newExec(t, idem.WithLease(lease), idem.WithRetention(time.Hour))
 	key := idem.Key{ID: "long"}
 	var fence int64

@@ -26,6 +26,12 @@ var ErrPanic = errors.New("consumer: handler panicked")
 // is released and the message is left for redelivery.
 var ErrStopping = errors.New("consumer: stopping")
 
+// IsInvalid reports whether err is the error of a message that cannot be
+// processed however often it is delivered: it has no key (ErrNoKey), or
+// its key or fingerprint is over its limit (idem.ErrInvalid). Such a
+// message is dead-lettered at once.
+func IsInvalid(err error) bool { return errors.Is(err, ErrNoKey) || errors.Is(err, idem.ErrInvalid) }
+
 // Message is a delivered message, reduced to what idempotency needs.
 type Message struct {
 	// Key is the message's idempotency key, as the adapter's key extractor
@@ -358,6 +364,8 @@ func (b *Batch) Handle(h Handler) {
 		var err error
 		if cerr := b.ctx.Err(); cerr != nil {
 			err = fmt.Errorf("%w: %w", ErrStopping, cerr)
+		} else if b.ctxs[i].Err() != nil {
+			err = context.Cause(b.ctxs[i]) // the lease was lost before the handler started
 		} else {
 			start := time.Now()
 			err = p.call(b.ctxs[i], h, i, a)

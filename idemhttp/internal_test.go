@@ -212,7 +212,13 @@ func TestCaptureWriter(t *testing.T) {
 	if err != nil || string(res.body) != "helloworld" || res.header.Get("X-A") != "1" || res.header.Get("X-Late") != "" {
 		t.Errorf("got %v %q %v, want X-A only and \"helloworld\"", err, res.body, res.header)
 	}
+	if rec.Body.Len() != 0 || !c.holding() {
+		t.Fatalf("held response: the client got %q before it was sent", rec.Body.String())
+	}
 	c.Write([]byte("!"))
+	if got := rec.Result().Header; got.Get("X-A") != "1" || got.Get("X-Late") != "" {
+		t.Errorf("sent fields: got %v, want X-A only, as at WriteHeader", got)
+	}
 	if !c.overflow || c.buf != nil || rec.Body.String() != "helloworld!" {
 		t.Errorf("over the limit: got overflow=%v, %d bytes kept, client got %q, want overflow, none kept, client got all", c.overflow, len(c.buf), rec.Body.String())
 	}

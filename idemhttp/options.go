@@ -143,6 +143,31 @@ func WithWait(d time.Duration) Option {
 	return func(m *Middleware) { m.wait = d }
 }
 
+// WithStreamOnFlush sets whether a handler that flushes its response makes
+// it a stream. The middleware holds a response back from the client until
+// it is stored, so that a client is never told a success that was not
+// recorded; a stream is sent as it is written instead, and stored after the
+// handler returns (see the package documentation). With true, the first
+// flush sends what was held and streams the rest; with false, flushes of a
+// held response do nothing, and only text/event-stream responses and
+// bodies over the size limit stream. Use false for handlers that flush
+// without streaming, such as net/http/httputil.ReverseProxy, which flushes
+// every response of unknown length. The default is true.
+func WithStreamOnFlush(on bool) Option {
+	return func(m *Middleware) { m.streamOnFlush = on }
+}
+
+// WithStreamAll makes every response a stream: sent to the client as the
+// handler writes it, and stored after the handler returns. A client then
+// gets its response sooner, but if storing fails it has been told the
+// handler's answer although nothing was recorded, and a retry after the
+// lease runs the handler again. Use it only where that is acceptable; the
+// reliability suite uses it as the negative control of record before
+// success. The default is false.
+func WithStreamAll(on bool) Option {
+	return func(m *Middleware) { m.streamAll = on }
+}
+
 // WithPolicy sets which responses are stored and which release the key. It
 // may decide per route from the request. The default is DefaultPolicy;
 // ReleaseServerErrors also releases on every 5xx; StoreSuccessOnly stores

@@ -55,7 +55,7 @@ func newObserver() *observer {
 	reg := metrics.NewRegistry()
 	o := &observer{reg: reg}
 	reqs := reg.CounterVec("idem_requests_total",
-		"Requests with a covered method, by what the idempotency layer did: executed (forwarded, response stored), replayed, conflict (409, in progress), mismatch (422), failed (422, key FAILED), rejected (400/413), released (forwarded, key released), abandoned (forwarded, outcome unknown, key left to its lease), store-error (503), failed-open, no-key.",
+		"Requests with a covered method, by what the idempotency layer did: executed (forwarded, response stored), replayed, conflict (409, in progress), mismatch (422), failed (422, key FAILED), rejected (400/413), released (forwarded, key released), abandoned (forwarded, outcome unknown, key left to its lease), not-recorded (forwarded, response not stored: 503 outcome unknown, key left to its lease), store-error (503), failed-open, no-key.",
 		"outcome")
 	durs := reg.HistogramVec("idem_request_duration_seconds",
 		"Time from receiving a covered request to the end of its handling, upstream included, by outcome.",

@@ -68,7 +68,12 @@ request: /orders and /orders/ are two paths. Raw keys are never stored or
 logged; their digests are.
 
 If the upstream cannot be reached, the request was not sent: 502 and the key
-is released. If the upstream does not answer after it got the request (a
+is released. The upstream's response is stored before it is sent to the
+client (text/event-stream responses and bodies over --max-response stream
+through); if the store cannot record it, the client gets 503 with
+Retry-After (TypeOutcomeUnknown: it may have taken effect, retry with the
+same key) and the key stays in progress until its lease ends. If the
+upstream does not answer after it got the request (a
 timeout: 504), the key stays in progress until its lease ends, since the
 upstream may have acted. On SIGTERM or SIGINT the proxy stops accepting
 connections, lets the requests in flight finish and stores their responses
@@ -320,7 +325,7 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 	var tr *tracing
 	shutdownTracing := func() {}
 	if c.tracing.endpoint != "" {
-		tr, err = c.tracing.start(ctx, log)
+		tr, err = c.tracing.start(ctx, log, e.getenv)
 		if err != nil {
 			return err
 		}
@@ -355,6 +360,10 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 		idemhttp.WithLogger(log),
 		idemhttp.WithHook(obs.hook),
 		idemhttp.WithPolicy(proxyPolicy(c.policy())),
+		// ReverseProxy flushes every response of unknown length (chunked):
+		// only text/event-stream and bodies over --max-response stream;
+		// the rest is stored before it is sent.
+		idemhttp.WithStreamOnFlush(false),
 	}
 	if c.scopeHeader != "" {
 		name := http.CanonicalHeaderKey(c.scopeHeader)
