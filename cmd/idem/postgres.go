@@ -96,8 +96,8 @@ what it did.`,
 				if len(args) > 0 {
 					return usagef("relay: unexpected argument %q", args[0])
 				}
-				if s.postgres == "" || (s.redisURL == "" && s.cluster == "") {
-					return usagef("relay needs --postgres (the gate's database) and --redis or --redis-cluster")
+				if s.postgres == "" || !s.redis() {
+					return usagef("relay needs --postgres (the gate's database) and --redis, --redis-cluster or --redis-sentinel")
 				}
 				if interval <= 0 || delay < 0 {
 					return usagef("relay: --interval must be positive and --delay not negative")
