@@ -1,10 +1,12 @@
 package idemhttp_test
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -160,4 +162,48 @@ func TestBodyTimeout(t *testing.T) {
 	if c.n.Load() != 0 {
 		t.Errorf("executions: got %d, want 0", c.n.Load())
 	}
+}
+
+// TestRetryAfterEstimated: the Retry-After of a 409 comes from how long
+// requests take, not from the whole lease left (30s for a request that
+// takes milliseconds).
+func TestRetryAfterEstimated(t *testing.T) {
+	t.Parallel()
+	b := newBlocking()
+	var fast atomic.Bool
+	h := newMiddleware(t, newMemExecutor(t, idem.WithLease(30*time.Second)),
+		idemhttp.WithPrincipal(func(r *http.Request) string { return "p" })).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if fast.Load() {
+			b.counter.ServeHTTP(w, r)
+			return
+		}
+		b.ServeHTTP(w, r)
+	}))
+	inFlight := func() (response, func()) {
+		done := make(chan struct{})
+		go func() { post(h, "slow", "b"); close(done) }()
+		<-b.started
+		return post(h, "slow", "b"), func() { b.release <- struct{}{}; <-done }
+	}
+	// Nothing finished yet: the lease left.
+	res, finish := inFlight()
+	checkProblem(t, res, 409, idemhttp.TypeInProgress)
+	checkRetryAfter(t, res, 29, 30)
+	finish()
+	// Requests on this route take milliseconds: 1 s.
+	fast.Store(true)
+	for i := range 5 {
+		post(h, fmt.Sprintf("fast-%d", i), "b")
+	}
+	fast.Store(false)
+	b.release = make(chan struct{})
+	r2 := request("POST", "/payments", "slow-2", "b")
+	done := make(chan struct{})
+	go func() { serve(h, r2); close(done) }()
+	<-b.started
+	res = post(h, "slow-2", "b")
+	checkProblem(t, res, 409, idemhttp.TypeInProgress)
+	checkRetryAfter(t, res, 1, 1)
+	close(b.release)
+	<-done
 }
