@@ -72,7 +72,9 @@
 //     (TypeOutcomeUnknown), never the handler's response.
 //
 // Error responses are RFC 9457 problem details (application/problem+json)
-// unless WithErrorHandler says otherwise. Hooks (WithHook) see every outcome
+// unless WithErrorHandler says otherwise: WriteStripeError answers in
+// Stripe's shape with Stripe-Should-Retry, for clients that read every JSON
+// body as an API object, and TemplateErrorHandler in any JSON shape. Hooks (WithHook) see every outcome
 // with its duration, for metrics and tracing.
 //
 // # Fields that are not stored

@@ -109,12 +109,7 @@ func WriteProblem(w http.ResponseWriter, r *http.Request, p *Problem) {
 	if err != nil { // cannot happen for strings and an int
 		body = []byte(`{"type":"about:blank","status":` + strconv.Itoa(p.Status) + `}`)
 	}
-	h := w.Header()
-	h.Set("Content-Type", "application/problem+json")
-	h.Set("Content-Length", strconv.Itoa(len(body)))
-	h.Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(p.Status)
-	_, _ = w.Write(body)
+	writeJSON(w, "application/problem+json", p.Status, body)
 }
 
 // retryAfterSeconds renders d as the delay-seconds of Retry-After: whole
