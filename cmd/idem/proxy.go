@@ -85,7 +85,12 @@ connections, lets the requests in flight finish and stores their responses
 (up to --shutdown-timeout), then exits.
 
 Records are kept in the embedded store under --data, or in Redis with
---redis or --redis-cluster (which several proxies can share).
+--redis, --redis-cluster or --redis-sentinel (which several proxies can
+share; behind Sentinels the proxy follows a failover to the new primary).
+The proxy refuses to start on a Redis older than 7.0 and on one whose
+maxmemory-policy is not noeviction (every other policy can evict records,
+and a retried request then runs again), unless --allow-eviction is given;
+where the server refuses INFO and CONFIG GET it logs one warning and starts.
 
 With --otel-endpoint the proxy sends OpenTelemetry traces over OTLP/HTTP: a
 server span per request (a child of the client's W3C traceparent, if any)
@@ -141,6 +146,7 @@ func registerProxyFlags(fs *flagSet) *proxyConfig {
 	fs.String(&c.fenceHeader, "fence-header", "NAME", "Idempotency-Fence", "request header that tells the upstream the request's fencing token; a client's own is removed (empty: off)")
 	fs.String(&c.errorBody, "error-body", "SHAPE", "problem", "shape of error bodies: problem (RFC 9457 application/problem+json), stripe ({\"error\":{...}} with Stripe-Should-Retry, for Stripe's SDKs), a JSON template, or @FILE holding one (placeholders {{type}} {{code}} {{title}} {{detail}} {{status}} {{retry}})")
 	fs.Var(durationValue{&c.wait}, "wait", "DURATION", "how long a retry waits for the first request to finish before 409 (0: answer 409 at once)")
+	fs.Bool(&c.store.allowEviction, "allow-eviction", false, "start on a Redis whose maxmemory-policy is not noeviction (it may evict records: retried requests then run again)")
 	fs.Bool(&c.failOpen, "fail-open", false, "when the store is unreachable, forward requests unprotected instead of answering 503")
 	fs.Var(durationValue{&c.bodyTimeout}, "body-timeout", "DURATION", "how long a request's body may take to arrive, from its header (then 408, or a cut-off upstream request if not covered; 0: no limit)")
 	fs.Int(&c.maxConcurrent, "max-concurrent", "N", defaultMaxConcurrent, "requests handled at once; more get 503 with Retry-After (0: no limit)")
@@ -352,6 +358,7 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 			return err
 		}
 	}
+	c.store.logger = log
 	opened, err := c.store.open(ctx, true)
 	if err != nil {
 		return err
