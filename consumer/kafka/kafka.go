@@ -90,6 +90,7 @@ type config struct {
 	concurrency   int
 	shutdown      time.Duration
 	onError       func(error)
+	procOpts      []consumer.Option
 }
 
 // WithKeyHeader takes the idempotency key from the record header name (the
@@ -183,6 +184,17 @@ func WithShutdownTimeout(d time.Duration) Option { return func(c *config) { c.sh
 // return quickly. The default is none.
 func WithErrorHook(f func(err error)) Option { return func(c *config) { c.onError = f } }
 
+// WithProcessorOptions passes options to the consumer.Processor that the
+// Consumer builds (the one consumer algorithm): the per-message event hook
+// (consumer.WithEventHook), the logger (consumer.WithLogger), the
+// compensation hook (consumer.WithOnLeaseLost), duplicates passed on
+// (consumer.WithPassDuplicates). The Consumer's own options of the same
+// meaning (scope, maximum of deliveries, retry delay) are applied after
+// them. The default is none.
+func WithProcessorOptions(opts ...consumer.Option) Option {
+	return func(c *config) { c.procOpts = append(c.procOpts, opts...) }
+}
+
 // Stats are the counters of a Consumer: consumer.Stats, the one type of
 // every adapter, counted by its Processor. Errors counts failed
 // dead-letter produces (the record is retried) and failed commits.
@@ -262,8 +274,8 @@ func New(exec *idem.Executor, h Handler, kopts []kgo.Opt, opts ...Option) (*Cons
 	if cfg.dlq == nil {
 		cfg.dlq = func(topic string) string { return topic + DefaultDLQSuffix }
 	}
-	proc, err := consumer.New(exec, consumer.WithScope(cfg.scope),
-		consumer.WithMaxDeliveries(cfg.maxDeliveries), consumer.WithRetryDelay(cfg.retryDelay))
+	proc, err := consumer.New(exec, append(cfg.procOpts, consumer.WithScope(cfg.scope),
+		consumer.WithMaxDeliveries(cfg.maxDeliveries), consumer.WithRetryDelay(cfg.retryDelay))...)
 	if err != nil {
 		return nil, err
 	}

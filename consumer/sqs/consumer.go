@@ -100,10 +100,10 @@ func New(client API, queueURL, deadLetterURL string, exec *idem.Executor, h Hand
 	if err := c.validate(client, exec); err != nil {
 		return nil, err
 	}
-	proc, err := consumer.New(exec,
+	proc, err := consumer.New(exec, append(c.cfg.procOpts,
 		consumer.WithScope(c.cfg.scope),
 		consumer.WithMaxDeliveries(c.cfg.maxDeliveries),
-		consumer.WithRetryDelay(c.cfg.retryDelay))
+		consumer.WithRetryDelay(c.cfg.retryDelay))...)
 	if err != nil {
 		return nil, err
 	}
