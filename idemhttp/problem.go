@@ -40,6 +40,16 @@ const (
 	// TypeBodyTooLarge: 413. The request body is over the limit (see
 	// WithMaxBodySize). The handler did not run.
 	TypeBodyTooLarge = typeBase + "TypeBodyTooLarge"
+	// TypeBodyTimeout: 408. The request body did not arrive before the
+	// connection's read deadline (the server's ReadTimeout, or a deadline
+	// set with http.ResponseController, as the idem proxy's --body-timeout
+	// does). The handler did not run.
+	TypeBodyTimeout = typeBase + "TypeBodyTimeout"
+	// TypeServerBusy: 503, with Retry-After. The request bodies held in
+	// memory reached their bound (WithMaxBufferedBodies), or, in the idem
+	// proxy, so did the requests in flight (--max-concurrent). The handler
+	// did not run.
+	TypeServerBusy = typeBase + "TypeServerBusy"
 	// TypeBodyUnreadable: 400. Reading the request body failed.
 	TypeBodyUnreadable = typeBase + "TypeBodyUnreadable"
 	// TypeStoreUnavailable: 503, with Retry-After. The store could not be

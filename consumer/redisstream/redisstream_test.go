@@ -408,7 +408,8 @@ func TestCluster(t *testing.T) {
 }
 
 func TestNewValidates(t *testing.T) {
-	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
+	// redisstore.New checks the server; New itself sends nothing.
+	rdb := redis.NewClient(&redis.Options{Addr: redistest.Start(t).Addr()})
 	t.Cleanup(func() { rdb.Close() })
 	store, _ := redisstore.New(rdb)
 	tagged, _ := redisstore.New(rdb, redisstore.WithHashTag("t"))

@@ -12,8 +12,8 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/memstore"
-	"github.com/idemgo/idem/postgres/internal/pgtest"
 	"github.com/idemgo/idem/postgres/pggate"
+	"github.com/idemgo/idem/postgres/pgtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib"

@@ -8,9 +8,9 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/postgres/internal/pgtest"
 	"github.com/idemgo/idem/postgres/pggate"
 	"github.com/idemgo/idem/postgres/pgstore"
+	"github.com/idemgo/idem/postgres/pgtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
