@@ -79,6 +79,7 @@ type Executor struct {
 	maxAttempts int
 	policy      FailurePolicy
 	codec       blobCodec
+	onLeaseLost func(context.Context, LeaseLost)
 
 	ownerPrefix string
 	ownerSeq    atomic.Uint64
@@ -248,7 +249,8 @@ type Result struct {
 // releases the key (retryable) or stores the failure (terminal). If fn
 // panics, the key is released and the panic continues. If the lease was lost
 // while fn ran, Do returns an error wrapping ErrLeaseLost and nothing is
-// stored. Store errors are returned wrapped.
+// stored (see WithOnLeaseLost to compensate). Store errors are returned
+// wrapped.
 //
 // Once fn has run, the store call that ends the attempt (complete, fail or
 // release) is repeated with the same lease while it fails with an error
@@ -279,9 +281,14 @@ func (e *Executor) Do(ctx context.Context, key Key, fingerprint string, fn func(
 	sctx := withoutCancel(ctx)
 	res := Result{Value: v, Fence: a.lease.Fence}
 	if ferr != nil {
-		return res, a.Abort(sctx, ferr)
+		err = a.Abort(sctx, ferr)
+	} else {
+		err = a.Commit(sctx, v)
 	}
-	return res, a.Commit(sctx, v)
+	if e.onLeaseLost != nil && errors.Is(err, ErrLeaseLost) {
+		e.onLeaseLost(sctx, LeaseLost{Key: key, Fence: a.lease.Fence, Err: ferr})
+	}
+	return res, err
 }
 
 // Attempt is one acquisition of a key, returned by Begin, for callers that

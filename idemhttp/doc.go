@@ -27,7 +27,9 @@
 //     returns "") is answered with 400 (TypePrincipalMissing), unless
 //     WithEmptyPrincipal(true) lets such requests share one scope.
 //   - The body is read, up to a limit (413, TypeBodyTooLarge, before the
-//     handler runs), and the request's fingerprint is computed as it is
+//     handler runs; 408, TypeBodyTimeout, if the connection's read deadline
+//     passes first; 503, TypeServerBusy, if the bodies held in memory reached
+//     WithMaxBufferedBodies), and the request's fingerprint is computed as it is
 //     read: SHA-256 over the method, path, query, selected fields and body
 //     (optionally in a canonical JSON form). The handler still sees the
 //     whole body.
@@ -53,8 +55,11 @@
 //   - A completed key replays the stored status, fields and body, byte for
 //     byte, with Idempotent-Replayed: true added.
 //   - A key in progress is answered with 409 (TypeInProgress) and a
-//     Retry-After from the lease left, or, with WithWait, waits for the
-//     first request to finish and replays its response.
+//     Retry-After estimated from how long requests take: a moving average
+//     of the route's recent execution times (of all routes, for a route
+//     with none yet), at least a second and never more than the lease left.
+//     With WithWait, the request waits for the first one to finish instead
+//     and replays its response.
 //   - A key used before with another fingerprint: 422 (TypeKeyMismatch).
 //   - A FAILED key: 422 (TypeKeyFailed). This happens when the first
 //     response was over the stored-size limit (WithMaxResponseSize): it was
@@ -67,7 +72,9 @@
 //     (TypeOutcomeUnknown), never the handler's response.
 //
 // Error responses are RFC 9457 problem details (application/problem+json)
-// unless WithErrorHandler says otherwise. Hooks (WithHook) see every outcome
+// unless WithErrorHandler says otherwise: WriteStripeError answers in
+// Stripe's shape with Stripe-Should-Retry, for clients that read every JSON
+// body as an API object, and TemplateErrorHandler in any JSON shape. Hooks (WithHook) see every outcome
 // with its duration, for metrics and tracing.
 //
 // # Fields that are not stored
@@ -120,6 +127,19 @@
 // key. Holding a response back costs the time of the completion before the
 // first byte (see the README's benchmark), and memory up to the limit per
 // request, as recording it did already.
+//
+// # Content negotiation
+//
+// A stored response is replayed as it was stored, whatever the retry's
+// Accept-Encoding or Accept fields say: a retry is the same request, but a
+// client library may negotiate differently on its second try. A handler
+// (or a compressing middleware inside this one) whose response depends on
+// those fields should either give covered requests one form, or add the
+// fields to the fingerprint (WithFingerprintHeaders("Accept-Encoding")),
+// so that a retry that negotiates otherwise gets 422 rather than a body it
+// cannot decode. The idem proxy stores the identity form: it does not pass
+// the client's Accept-Encoding on with covered requests, so its transport
+// asks the upstream for gzip itself and decodes it.
 //
 // Stored responses are one opaque blob in a versioned binary encoding; the
 // Executor compresses it above a threshold (idem.WithCompressAbove) and can

@@ -1,8 +1,16 @@
 package idemhttp_test
 
 import (
+	"encoding/json"
+	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemhttp"
@@ -89,5 +97,196 @@ func TestEmptyPrincipal(t *testing.T) {
 	first, second := post(h2, "anon", "b"), post(h2, "anon", "b")
 	if first.status != 201 || !second.replayed() || c2.n.Load() != 1 {
 		t.Errorf("WithEmptyPrincipal(true): got %d then replayed=%v after %d executions, want one shared execution", first.status, second.replayed(), c2.n.Load())
+	}
+}
+
+// TestMaxBufferedBodies: bodies held in memory are bounded; a stalled
+// upload holds what it sent, not what it announced; a body over the bound
+// gets 503 while small requests are still served.
+func TestMaxBufferedBodies(t *testing.T) {
+	t.Parallel()
+	var c counter
+	h := newMiddleware(t, newMemExecutor(t), idemhttp.WithMaxBufferedBodies(64<<10)).Handler(&c)
+	// A stalled upload: 48 KiB of an announced 1 MiB arrived.
+	pr, pw := io.Pipe()
+	slow := request("POST", "/up", "slow", "")
+	slow.Body, slow.ContentLength = pr, 1<<20
+	done := make(chan response, 1)
+	go func() { done <- serve(h, slow) }()
+	if _, err := pw.Write(make([]byte, 48<<10)); err != nil { // returns once the middleware read it all
+		t.Fatal(err)
+	}
+	big := strings.Repeat("x", 40<<10)
+	res := serve(h, request("POST", "/up", "big", big))
+	checkProblem(t, res, 503, idemhttp.TypeServerBusy)
+	checkRetryAfter(t, res, 1, 1)
+	if res := post(h, "small", "hello"); res.status != 201 {
+		t.Errorf("small request while the bodies' memory is used up: got %d, want 201", res.status)
+	}
+	pw.Close()
+	if res := <-done; res.status != 201 {
+		t.Errorf("stalled upload, once ended: got %d, want 201", res.status)
+	}
+	// Its memory was given back.
+	if res := serve(h, request("POST", "/up", "big", big)); res.status != 201 {
+		t.Errorf("large request after the upload ended: got %d, want 201", res.status)
+	}
+	if n := c.n.Load(); n != 3 {
+		t.Errorf("executions: got %d, want 3", n)
+	}
+}
+
+// TestBodyTimeout: a body that does not arrive before the connection's
+// read deadline gets 408 (not 400), and the handler does not run.
+func TestBodyTimeout(t *testing.T) {
+	t.Parallel()
+	var c counter
+	srv := httptest.NewUnstartedServer(newMiddleware(t, newMemExecutor(t)).Handler(&c))
+	srv.Config.ReadTimeout = 300 * time.Millisecond
+	srv.Start()
+	t.Cleanup(srv.Close)
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	req, err := http.NewRequest("POST", srv.URL+"/up", pr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Idempotency-Key", "slow")
+	req.ContentLength = 100
+	go pw.Write([]byte("only part of it"))
+	res, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	checkProblem(t, response{status: res.StatusCode, header: res.Header, body: string(b)}, 408, idemhttp.TypeBodyTimeout)
+	if c.n.Load() != 0 {
+		t.Errorf("executions: got %d, want 0", c.n.Load())
+	}
+}
+
+// TestRetryAfterEstimated: the Retry-After of a 409 comes from how long
+// requests take, not from the whole lease left (30s for a request that
+// takes milliseconds).
+func TestRetryAfterEstimated(t *testing.T) {
+	t.Parallel()
+	b := newBlocking()
+	var fast atomic.Bool
+	h := newMiddleware(t, newMemExecutor(t, idem.WithLease(30*time.Second)),
+		idemhttp.WithPrincipal(func(r *http.Request) string { return "p" })).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if fast.Load() {
+			b.counter.ServeHTTP(w, r)
+			return
+		}
+		b.ServeHTTP(w, r)
+	}))
+	inFlight := func() (response, func()) {
+		done := make(chan struct{})
+		go func() { post(h, "slow", "b"); close(done) }()
+		<-b.started
+		return post(h, "slow", "b"), func() { b.release <- struct{}{}; <-done }
+	}
+	// Nothing finished yet: the lease left.
+	res, finish := inFlight()
+	checkProblem(t, res, 409, idemhttp.TypeInProgress)
+	checkRetryAfter(t, res, 29, 30)
+	finish()
+	// Requests on this route take milliseconds: 1 s.
+	fast.Store(true)
+	for i := range 5 {
+		post(h, fmt.Sprintf("fast-%d", i), "b")
+	}
+	fast.Store(false)
+	b.release = make(chan struct{})
+	r2 := request("POST", "/payments", "slow-2", "b")
+	done := make(chan struct{})
+	go func() { serve(h, r2); close(done) }()
+	<-b.started
+	res = post(h, "slow-2", "b")
+	checkProblem(t, res, 409, idemhttp.TypeInProgress)
+	checkRetryAfter(t, res, 1, 1)
+	close(b.release)
+	<-done
+}
+
+// TestErrorShapes: the Stripe preset and a JSON template give clients that
+// read every JSON body as their API's objects an error they recognise, with
+// the same statuses and Retry-After, and Stripe-Should-Retry hints.
+func TestErrorShapes(t *testing.T) {
+	t.Parallel()
+	tmpl, err := idemhttp.TemplateErrorHandler([]byte(`{"err":{"kind":"{{code}}","status":"{{status}}","msg":"{{title}}: {{detail}}","retry":"{{retry}}","tags":["{{type}}",1]}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{"", "{", `{"a":1} {}`, "nope"} {
+		if _, err := idemhttp.TemplateErrorHandler([]byte(bad)); err == nil {
+			t.Errorf("TemplateErrorHandler(%q): got no error", bad)
+		}
+	}
+	for _, tc := range []struct {
+		name    string
+		handler idemhttp.ErrorHandler
+		check   func(t *testing.T, status int, res response, retry bool)
+	}{
+		{"stripe", idemhttp.WriteStripeError, func(t *testing.T, status int, res response, retry bool) {
+			var b struct {
+				Error struct{ Type, Code, Message string }
+			}
+			if err := json.Unmarshal([]byte(res.body), &b); err != nil || b.Error.Code == "" || b.Error.Message == "" {
+				t.Fatalf("%d: body %q, %v: want {\"error\":{...}}", status, res.body, err)
+			}
+			wantType := map[int]string{400: "invalid_request_error", 409: "idempotency_error", 422: "idempotency_error"}[status]
+			if b.Error.Type != wantType {
+				t.Errorf("%d: error type %q, want %q", status, b.Error.Type, wantType)
+			}
+			if got := res.header.Get("Stripe-Should-Retry"); got != strconv.FormatBool(retry) {
+				t.Errorf("%d: Stripe-Should-Retry %q, want %v", status, got, retry)
+			}
+		}},
+		{"template", tmpl, func(t *testing.T, status int, res response, retry bool) {
+			var b struct {
+				Err struct {
+					Kind, Msg string
+					Status    int
+					Retry     bool
+					Tags      []any
+				}
+			}
+			if err := json.Unmarshal([]byte(res.body), &b); err != nil || b.Err.Status != status || b.Err.Retry != retry || b.Err.Kind == "" ||
+				!strings.Contains(b.Err.Msg, ": ") || len(b.Err.Tags) != 2 || !strings.HasPrefix(b.Err.Tags[0].(string), "https://") {
+				t.Errorf("%d: body %q, %v: want the template filled in", status, res.body, err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newBlocking()
+			h := newMiddleware(t, newMemExecutor(t), idemhttp.WithErrorHandler(tc.handler)).Handler(b)
+			check := func(res response, status int, retry bool) {
+				t.Helper()
+				if res.status != status || res.header.Get("Content-Type") != "application/json" {
+					t.Fatalf("got %d %q, want %d application/json", res.status, res.header.Get("Content-Type"), status)
+				}
+				tc.check(t, status, res, retry)
+			}
+			check(post(h, "", "b"), 400, false)
+			done := make(chan struct{})
+			go func() { post(h, "k", "b"); close(done) }()
+			<-b.started
+			res := post(h, "k", "b")
+			check(res, 409, true)
+			if res.header.Get("Retry-After") == "" {
+				t.Errorf("409: no Retry-After")
+			}
+			close(b.release)
+			<-done
+			check(post(h, "k", "other body"), 422, false)
+		})
+	}
+	if got := (&idemhttp.Problem{Type: idemhttp.TypeKeyMismatch}).Code(); got != "key_mismatch" {
+		t.Errorf("Code of TypeKeyMismatch: got %q, want key_mismatch", got)
+	}
+	if got := (&idemhttp.Problem{Type: "about:blank", Status: 502}).Code(); got != "bad_gateway" {
+		t.Errorf("Code of a 502: got %q, want bad_gateway", got)
 	}
 }

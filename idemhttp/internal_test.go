@@ -141,7 +141,7 @@ func TestReadBody(t *testing.T) {
 				ok    bool
 			}{{999, false}, {1000, true}, {4096, true}} {
 				var h bytes.Buffer
-				got, err := readBody(r(), cl, tt.limit, &h)
+				got, err := readBody(r(), cl, tt.limit, &h, nil)
 				if tt.ok && (err != nil || string(got) != body || h.String() != body) {
 					t.Errorf("%s, length %d, limit %d: got %d bytes (%d hashed), %v, want all %d", name, cl, tt.limit, len(got), h.Len(), err, len(body))
 				}
@@ -151,7 +151,7 @@ func TestReadBody(t *testing.T) {
 			}
 		}
 	}
-	if got, err := readBody(http.NoBody, 0, 10, io.Discard); got != nil || err != nil {
+	if got, err := readBody(http.NoBody, 0, 10, io.Discard, nil); got != nil || err != nil {
 		t.Errorf("NoBody: got %q, %v, want nil, nil", got, err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/http"
+	"os"
 	"strings"
 	"time"
 
@@ -36,6 +37,8 @@ type Middleware struct {
 	principal      func(*http.Request) string
 	principalSet   bool
 	emptyPrincipal bool
+	bodies         *bodyBudget // nil: no bound
+	durations      durations   // for the Retry-After of 409
 	route          func(*http.Request) string
 	routeSet       bool
 	fpHeaders      []string
@@ -107,6 +110,8 @@ func New(exec *idem.Executor, opts ...Option) (*Middleware, error) {
 		return nil, invalidf("nil principal function")
 	case m.routeSet && m.route == nil:
 		return nil, invalidf("nil route function")
+	case m.bodies != nil && m.bodies.max <= 0:
+		return nil, invalidf("max buffered bodies %d is not positive", m.bodies.max)
 	case m.maxBody <= 0:
 		return nil, invalidf("max body size %d is not positive", m.maxBody)
 	case m.maxResponse <= 0:
@@ -224,6 +229,29 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 
 	body, fp, err := m.fingerprint(r)
 	if err != nil {
+		if errors.Is(err, errServerBusy) {
+			w.Header().Set("Retry-After", retryAfterSeconds(m.retryAfter))
+			m.log(r, slog.LevelWarn, "idemhttp: request bodies use all the memory allowed", nil, "")
+			m.problem(w, r, start, OutcomeRejected, &Problem{
+				Type:       TypeServerBusy,
+				Title:      "Server busy",
+				Status:     http.StatusServiceUnavailable,
+				Detail:     "The server holds as many request bodies as it may. The request was not processed; retry with the same idempotency key after the time given by Retry-After.",
+				RetryAfter: m.retryAfter,
+				Err:        err,
+			})
+			return
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			m.problem(w, r, start, OutcomeRejected, &Problem{
+				Type:   TypeBodyTimeout,
+				Title:  "Request body too slow",
+				Status: http.StatusRequestTimeout,
+				Detail: "The request body did not arrive in time. The request was not processed; retry with the same idempotency key.",
+				Err:    err,
+			})
+			return
+		}
 		var mbe *http.MaxBytesError
 		if errors.Is(err, errBodyTooLarge) || errors.As(err, &mbe) {
 			m.problem(w, r, start, OutcomeRejected, &Problem{
@@ -245,18 +273,23 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 
+	defer m.bodies.release(cap(body))
+
 	key := idem.Key{Scope: m.scopeOf(r, principal), ID: id}
 	ctx, a, err := m.exec.Begin(r.Context(), key, fp)
 	if err != nil && m.wait > 0 && errors.Is(err, idem.ErrInProgress) {
 		ctx, a, err = m.await(r, key, fp, start, err)
 	}
+	route := m.routeOf(key.Scope)
 	switch {
 	case err != nil:
-		m.fail(w, r, start, err, body, next)
+		m.fail(w, r, start, m.estimateRetry(route, err), body, next)
 	case a.Replayed():
 		m.replay(w, r, start, a.Value())
 	default:
+		began := time.Now()
 		m.execute(w, r, start, ctx, a, body, next)
+		m.durations.observe(route, time.Since(began))
 	}
 }
 
@@ -303,6 +336,9 @@ func appendScope(b []byte, method string, kind byte, route string) []byte {
 }
 
 // appendPrincipal appends the principal part of a scope.
+// principalLen is the length of the principal part of a scope.
+const principalLen = 1 + sha256.Size
+
 func appendPrincipal(b []byte, principal string) []byte {
 	sum := sha256.Sum256([]byte(principal))
 	b = append(b, 0)

@@ -26,7 +26,7 @@ const (
 	// Executor's default maximum result size, 1 MiB.
 	DefaultMaxResponseSize = idem.DefaultMaxResultSize
 	// DefaultRetryAfter is the Retry-After of 503 responses when the store
-	// is unreachable.
+	// is unreachable or the server is busy.
 	DefaultRetryAfter = time.Second
 )
 
@@ -118,6 +118,20 @@ func WithCanonicalJSON(enabled bool) Option {
 // default is DefaultMaxBodySize (1 MiB).
 func WithMaxBodySize(n int64) Option {
 	return func(m *Middleware) { m.maxBody = n }
+}
+
+// WithMaxBufferedBodies bounds the memory of the request bodies that the
+// middleware holds at once, n bytes in all, so that many large or slow
+// uploads cannot exhaust it. The middleware reads each body before the
+// handler runs (to fingerprint it) and keeps it until the handler returns;
+// its buffer grows with the bytes that arrive, not with the length the
+// request announces. The first 16 KiB of each body are not counted, so
+// that small requests are always served; a request whose body would take
+// the total over n is answered with 503 (TypeServerBusy) and Retry-After
+// (WithRetryAfter), and the handler does not run. The default is no bound:
+// the server's own limits (connections, timeouts) apply.
+func WithMaxBufferedBodies(n int64) Option {
+	return func(m *Middleware) { m.bodies = &bodyBudget{max: n} }
 }
 
 // WithMaxResponseSize sets the largest response body, in bytes, that is
@@ -222,9 +236,11 @@ func WithHook(h Hook) Option {
 	return func(m *Middleware) { m.hooks = append(m.hooks, h) }
 }
 
-// WithErrorHandler sets how error responses (400, 409, 413, 422, 500, 503)
-// are written. The default is WriteProblem, which writes RFC 9457 problem
-// details as application/problem+json.
+// WithErrorHandler sets how error responses (400, 408, 409, 413, 422, 500,
+// 503) are written. The default is WriteProblem, which writes RFC 9457
+// problem details as application/problem+json. WriteStripeError writes
+// Stripe's shape, with Stripe-Should-Retry; TemplateErrorHandler any JSON
+// shape.
 func WithErrorHandler(h ErrorHandler) Option {
 	return func(m *Middleware) { m.errorHandler = h }
 }

@@ -25,6 +25,7 @@ type observer struct {
 	overhead  *metrics.Histogram
 	upstream  *metrics.Histogram
 	passed    *metrics.Counter
+	busy      *metrics.Counter
 	inFlight  atomic.Int64
 
 	upstreamErrors [upstreamFailureKinds]*metrics.Counter
@@ -76,6 +77,8 @@ func newObserver() *observer {
 		metrics.DurationBuckets)
 	o.passed = reg.Counter("idem_passthrough_requests_total",
 		"Requests whose method the proxy does not cover (see --methods), forwarded untouched.")
+	o.busy = reg.Counter("idem_busy_requests_total",
+		"Requests answered 503 without being handled because --max-concurrent requests were in flight.")
 	reg.GaugeFunc("idem_requests_in_flight", "Requests being handled.", func() float64 { return float64(o.inFlight.Load()) })
 	uerr := reg.CounterVec("idem_upstream_errors_total",
 		"Upstream calls that failed without a response: unreachable (never sent; key released, 502), timeout (sent; key left to its lease, 504), broken (sent; key left to its lease, 502).",

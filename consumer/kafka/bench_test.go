@@ -33,7 +33,7 @@ func BenchmarkConsume(b *testing.B) {
 				prod := producer(b, addrs)
 				rs := make([]*kgo.Record, 0, 1000)
 				for i := range b.N {
-					rs = append(rs, &kgo.Record{Topic: "bench", Partition: int32(i % 4), Key: []byte("k" + strconv.Itoa(i))})
+					rs = append(rs, &kgo.Record{Topic: "bench", Partition: int32(i % 4), Key: []byte("k" + strconv.Itoa(i)), Headers: keyHeader("k" + strconv.Itoa(i))})
 					if len(rs) == cap(rs) || i == b.N-1 {
 						produce(b, prod, rs...)
 						rs = rs[:0]

@@ -22,8 +22,35 @@ import (
 type Handler func(ctx context.Context, r *kgo.Record) error
 
 // KeyFunc returns the idempotency key of a record; "" means the record has
-// none (it is dead-lettered and counted in Stats.NoKey).
+// none (it is dead-lettered at once).
 type KeyFunc func(r *kgo.Record) string
+
+// KeyHeader returns a KeyFunc that reads the key from the record header
+// name (the first header with that name).
+func KeyHeader(name string) KeyFunc {
+	return func(r *kgo.Record) string {
+		for _, h := range r.Headers {
+			if h.Key == name {
+				return string(h.Value)
+			}
+		}
+		return ""
+	}
+}
+
+// KeyField returns a KeyFunc that reads the key from the top-level field
+// name of the record's JSON value (consumer.JSONField).
+func KeyField(name string) KeyFunc {
+	return func(r *kgo.Record) string { return consumer.JSONField(r.Value, name) }
+}
+
+// KeyHash returns a KeyFunc whose key is the SHA-256 of the listed
+// top-level fields of the record's JSON value (consumer.JSONHash): for
+// payloads with no key of their own whose listed fields identify the
+// operation.
+func KeyHash(fields ...string) KeyFunc {
+	return func(r *kgo.Record) string { return consumer.JSONHash(r.Value, fields...) }
+}
 
 // Defaults of the options.
 const (
@@ -34,6 +61,9 @@ const (
 	DefaultConcurrency     = 16
 	DefaultShutdownTimeout = 30 * time.Second
 	DefaultDLQSuffix       = ".dlq"
+	// DefaultKeyHeader is the record header that holds the idempotency
+	// key by default.
+	DefaultKeyHeader = "Idempotency-Key"
 )
 
 // Header names added to dead-lettered records, after the original headers.
@@ -60,32 +90,36 @@ type config struct {
 	concurrency   int
 	shutdown      time.Duration
 	onError       func(error)
+	procOpts      []consumer.Option
 }
 
 // WithKeyHeader takes the idempotency key from the record header name (the
-// first header with that name). The default is the record key.
+// first header with that name). The default is DefaultKeyHeader
+// ("Idempotency-Key"); a record without it is dead-lettered.
 func WithKeyHeader(name string) Option {
 	return func(c *config) {
 		c.keySet++
-		if name == "" {
-			c.key = nil
-			return
-		}
-		c.key = func(r *kgo.Record) string {
-			for _, h := range r.Headers {
-				if h.Key == name {
-					return string(h.Value)
-				}
-			}
-			return ""
+		c.key = nil
+		if name != "" {
+			c.key = KeyHeader(name)
 		}
 	}
 }
 
-// WithKeyFunc takes the idempotency key from f, for example a field of the
-// payload or a hash of its stable part. The default is the record key. f
-// must be safe for concurrent use.
+// WithKeyFunc takes the idempotency key from f, for example KeyField or
+// KeyHash. The default is the header DefaultKeyHeader. f must be safe for
+// concurrent use.
 func WithKeyFunc(f KeyFunc) Option { return func(c *config) { c.keySet++; c.key = f } }
+
+// WithRecordKey takes the idempotency key from the record key. It is safe
+// only when producers give every operation a record key of its own (a
+// UUID per event). Record keys are usually partition keys (a customer, an
+// account): then a second, different event with the same record key within
+// the retention is acknowledged as a duplicate and its handler never runs.
+// It is not the default for that reason.
+func WithRecordKey() Option {
+	return WithKeyFunc(func(r *kgo.Record) string { return string(r.Key) })
+}
 
 // WithFingerprint sets a function that identifies a record's payload: a
 // record whose key was used before with another fingerprint is
@@ -111,12 +145,13 @@ func WithDeadLetterTopic(topic string) Option {
 func WithScope(scope string) Option { return func(c *config) { c.scope = scope } }
 
 // WithMaxDeliveries sets after how many deliveries a record whose handler
-// keeps failing is dead-lettered. A delivery counts when the handler ran
-// (not when the record only waited for a key in progress elsewhere or
-// came again behind another record). Deliveries are counted in memory per
-// partition and offset, so a restart or a rebalance resets the count (the
-// executor's idem.WithMaxAttempts bounds it across restarts). The default
-// is DefaultMaxDeliveries (5); 0 means never.
+// keeps failing (or panics) is dead-lettered. Kafka keeps no delivery
+// count, so the count is the larger of the handler runs this member saw
+// (in memory; a delivery counts when the handler ran, not when the record
+// only waited for a key in progress elsewhere or came again behind another
+// record) and the acquisitions of the record's key in the store, which a
+// restart or a rebalance does not reset. The default is
+// DefaultMaxDeliveries (5); 0 means never.
 func WithMaxDeliveries(n int) Option { return func(c *config) { c.maxDeliveries = n } }
 
 // WithRetryDelay sets how long a partition waits before a record whose
@@ -149,24 +184,21 @@ func WithShutdownTimeout(d time.Duration) Option { return func(c *config) { c.sh
 // return quickly. The default is none.
 func WithErrorHook(f func(err error)) Option { return func(c *config) { c.onError = f } }
 
-// Stats are the counters of a Consumer.
-type Stats struct {
-	// Processed counts records whose handler ran and whose key completed.
-	Processed uint64
-	// Replayed counts records committed without running the handler
-	// because their key was already COMPLETED.
-	Replayed uint64
-	// Retried counts records that were not committed and are delivered
-	// again, together with the records after them in their partition: key
-	// in progress elsewhere, handler error, store error, failed
-	// dead-letter produce, or a partition revoked while they ran.
-	Retried uint64
-	// DeadLettered counts records produced to the dead-letter topic.
-	DeadLettered uint64
-	// NoKey counts records without a (valid) idempotency key; they are
-	// dead-lettered too.
-	NoKey uint64
+// WithProcessorOptions passes options to the consumer.Processor that the
+// Consumer builds (the one consumer algorithm): the per-message event hook
+// (consumer.WithEventHook), the logger (consumer.WithLogger), the
+// compensation hook (consumer.WithOnLeaseLost), duplicates passed on
+// (consumer.WithPassDuplicates). The Consumer's own options of the same
+// meaning (scope, maximum of deliveries, retry delay) are applied after
+// them. The default is none.
+func WithProcessorOptions(opts ...consumer.Option) Option {
+	return func(c *config) { c.procOpts = append(c.procOpts, opts...) }
 }
+
+// Stats are the counters of a Consumer: consumer.Stats, the one type of
+// every adapter, counted by its Processor. Errors counts failed
+// dead-letter produces (the record is retried) and failed commits.
+type Stats = consumer.Stats
 
 type tp struct {
 	topic     string
@@ -196,8 +228,6 @@ type Consumer struct {
 	crashed atomic.Bool        // test hook: skip every acknowledgement
 	ran     atomic.Bool        // Run was called
 	resumes map[tp]*time.Timer // pending resumes of rewound partitions
-
-	processed, replayed, retried, deadLettered, noKey atomic.Uint64
 }
 
 // New returns a Consumer that runs h for the records of the consumer group
@@ -239,13 +269,13 @@ func New(exec *idem.Executor, h Handler, kopts []kgo.Opt, opts ...Option) (*Cons
 		return nil, fmt.Errorf("%w: kafka: shutdown timeout %v is negative", idem.ErrInvalid, cfg.shutdown)
 	}
 	if cfg.key == nil {
-		cfg.key = func(r *kgo.Record) string { return string(r.Key) }
+		cfg.key = KeyHeader(DefaultKeyHeader)
 	}
 	if cfg.dlq == nil {
 		cfg.dlq = func(topic string) string { return topic + DefaultDLQSuffix }
 	}
-	proc, err := consumer.New(exec, consumer.WithScope(cfg.scope),
-		consumer.WithMaxDeliveries(cfg.maxDeliveries), consumer.WithRetryDelay(cfg.retryDelay))
+	proc, err := consumer.New(exec, append(cfg.procOpts, consumer.WithScope(cfg.scope),
+		consumer.WithMaxDeliveries(cfg.maxDeliveries), consumer.WithRetryDelay(cfg.retryDelay))...)
 	if err != nil {
 		return nil, err
 	}
@@ -283,15 +313,7 @@ func New(exec *idem.Executor, h Handler, kopts []kgo.Opt, opts ...Option) (*Cons
 func (c *Consumer) Client() *kgo.Client { return c.cl }
 
 // Stats returns a snapshot of the counters.
-func (c *Consumer) Stats() Stats {
-	return Stats{
-		Processed:    c.processed.Load(),
-		Replayed:     c.replayed.Load(),
-		Retried:      c.retried.Load(),
-		DeadLettered: c.deadLettered.Load(),
-		NoKey:        c.noKey.Load(),
-	}
-}
+func (c *Consumer) Stats() Stats { return c.proc.Stats() }
 
 func (c *Consumer) assigned(_ context.Context, _ *kgo.Client, m map[string][]int32) {
 	c.mu.Lock()
@@ -340,6 +362,7 @@ func (c *Consumer) revoked(ctx context.Context, cl *kgo.Client, m map[string][]i
 	defer cancel()
 	if err := cl.CommitMarkedOffsets(cctx); err != nil {
 		c.report(fmt.Errorf("kafka: commit on revoke: %w", err))
+		c.proc.ReportError("commit on revoke", err)
 	}
 }
 
@@ -364,12 +387,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if c.ran.Swap(true) {
 		return fmt.Errorf("%w: kafka: Run called twice", idem.ErrInvalid)
 	}
-	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelWork()
-	stop := context.AfterFunc(ctx, func() {
-		t := time.AfterFunc(c.cfg.shutdown, cancelWork)
-		context.AfterFunc(work, func() { t.Stop() })
-	})
+	work, stop := consumer.GraceContext(ctx, c.cfg.shutdown, errShutdownTimeout)
 	defer stop()
 	defer c.stopTimers()
 	for ctx.Err() == nil && !c.crashed.Load() {
@@ -496,7 +514,6 @@ func (c *Consumer) batch(work context.Context, k tp, records []*kgo.Record) (rw 
 	}
 	pt.wg.Add(1)
 	msgs := make([]consumer.Message, len(records))
-	keyErrs := make([]error, len(records))
 	for i, r := range records {
 		msgs[i].Deliveries = pt.deliveries[r.Offset] + 1
 	}
@@ -504,14 +521,7 @@ func (c *Consumer) batch(work context.Context, k tp, records []*kgo.Record) (rw 
 	defer pt.wg.Done()
 
 	for i, r := range records {
-		key := c.cfg.key(r)
-		if key != "" {
-			if err := c.proc.Key(key).Validate(); err != nil {
-				keyErrs[i] = err
-				key = ""
-			}
-		}
-		msgs[i].Key = key
+		msgs[i].Key = c.cfg.key(r)
 		if c.cfg.fingerprint != nil {
 			msgs[i].Fingerprint = c.cfg.fingerprint(r)
 		}
@@ -530,31 +540,18 @@ func (c *Consumer) batch(work context.Context, k tp, records []*kgo.Record) (rw 
 		r := records[i]
 		if rw != nil {
 			// Past the rewind point everything is delivered again, in
-			// order. A record whose handler ran and completed is replayed
-			// then; count its effect now.
-			if res.Action == consumer.Ack && !res.Replayed {
-				c.processed.Add(1)
-			}
+			// order; a record whose handler completed is replayed then.
 			continue
 		}
 		if res.Action == consumer.DeadLetter {
-			if errors.Is(res.Err, consumer.ErrNoKey) {
-				c.noKey.Add(1)
-				if keyErrs[i] != nil {
-					res.Err = errors.Join(res.Err, keyErrs[i])
-				}
-			}
 			c.report(fmt.Errorf("kafka: dead-lettering %s/%d@%d: %w", r.Topic, r.Partition, r.Offset, res.Err))
 			if err := c.deadLetter(ctx, r, res.Err, msgs[i].Deliveries); err != nil {
 				c.report(err)
+				c.proc.ReportError("dead-letter produce", err)
 				res = consumer.Result{Action: consumer.Retry, Delay: c.cfg.retryDelay, Err: err}
-			} else {
-				c.deadLettered.Add(1)
 			}
 		}
-		switch res.Action {
-		case consumer.Retry:
-			c.retried.Add(1)
+		if res.Action == consumer.Retry {
 			c.report(fmt.Errorf("kafka: retrying %s/%d@%d in %v: %w", r.Topic, r.Partition, r.Offset, res.Delay, res.Err))
 			// The delay of a key in progress elsewhere is the rest of its
 			// lease; the owner usually finishes sooner, and the partition
@@ -562,12 +559,6 @@ func (c *Consumer) batch(work context.Context, k tp, records []*kgo.Record) (rw 
 			// retry delay.
 			rw = &rewind{tp: k, part: pt, offset: r.Offset, epoch: r.LeaderEpoch, delay: min(res.Delay, c.cfg.retryDelay)}
 			continue
-		case consumer.Ack:
-			if res.Replayed {
-				c.replayed.Add(1)
-			} else {
-				c.processed.Add(1)
-			}
 		}
 		done = append(done, r)
 	}
@@ -617,3 +608,7 @@ func (c *Consumer) deadLetter(ctx context.Context, r *kgo.Record, cause error, d
 	}
 	return nil
 }
+
+// errShutdownTimeout is the cause of the cancellation of the handlers'
+// contexts when the shutdown timeout passed.
+var errShutdownTimeout = errors.New("kafka: shutdown timeout passed")

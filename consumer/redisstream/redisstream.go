@@ -2,8 +2,6 @@ package redisstream
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"strconv"
@@ -47,25 +45,23 @@ func KeyField(name string) KeyFunc {
 	}
 }
 
-// KeyHash returns a KeyFunc that hashes the named fields (SHA-256 over each
-// field's length and value, base64url): for payloads that carry no key but
+// KeyHash returns a KeyFunc that hashes the named fields
+// (consumer.HashKey of their values): for payloads that carry no key but
 // whose listed fields identify them. A missing field hashes as empty; if
 // all are missing there is no key.
 func KeyHash(fields ...string) KeyFunc {
 	return func(msg redis.XMessage) string {
-		h := sha256.New()
+		vals := make([]string, len(fields))
 		found := false
-		for _, f := range fields {
+		for i, f := range fields {
 			v, ok := msg.Values[f].(string)
 			found = found || ok
-			h.Write(strconv.AppendInt(nil, int64(len(v)), 10))
-			h.Write([]byte{':'})
-			h.Write([]byte(v))
+			vals[i] = v
 		}
 		if !found {
 			return ""
 		}
-		return base64.RawURLEncoding.EncodeToString(h.Sum(nil))
+		return consumer.HashKey(vals...)
 	}
 }
 
@@ -137,6 +133,17 @@ func WithExecutorOptions(opts ...idem.Option) Option {
 	return func(c *Consumer) { c.execOpts = append(c.execOpts, opts...) }
 }
 
+// WithProcessorOptions passes options to the consumer.Processor that the
+// Consumer builds (the one consumer algorithm): the per-message event hook
+// (consumer.WithEventHook), the logger (consumer.WithLogger), the
+// compensation hook (consumer.WithOnLeaseLost), duplicates passed on
+// (consumer.WithPassDuplicates). The Consumer's own options of the same
+// meaning (scope, maximum of deliveries, retry delay) and its commit hook
+// (complete and XACK in one script) are applied after them. The default is none.
+func WithProcessorOptions(opts ...consumer.Option) Option {
+	return func(c *Consumer) { c.procOpts = append(c.procOpts, opts...) }
+}
+
 // WithGroupStart sets the ID from which a consumer group created by Run
 // (XGROUP CREATE … MKSTREAM) starts: "0" for the whole stream, "$" for new
 // entries only. An existing group is left as it is. The default is "0".
@@ -166,6 +173,7 @@ type Consumer struct {
 	shutdown      time.Duration
 	groupStart    string
 	execOpts      []idem.Option
+	procOpts      []consumer.Option
 
 	proc    *consumer.Processor
 	running atomic.Bool
@@ -248,8 +256,8 @@ func New(rdb redis.UniversalClient, store *redisstore.Store, stream, group, name
 	if err := store.CheckStream(stream, c.dlq); err != nil {
 		return nil, fmt.Errorf("redisstream: %w", err)
 	}
-	c.proc, err = consumer.New(exec, consumer.WithScope(c.scope), consumer.WithMaxDeliveries(c.maxDeliveries),
-		consumer.WithRetryDelay(c.retryDelay), consumer.WithCommit(c.completeAndAck))
+	c.proc, err = consumer.New(exec, append(c.procOpts, consumer.WithScope(c.scope), consumer.WithMaxDeliveries(c.maxDeliveries),
+		consumer.WithRetryDelay(c.retryDelay), consumer.WithCommit(c.completeAndAck))...)
 	if err != nil {
 		return nil, fmt.Errorf("redisstream: %w", err)
 	}
@@ -298,12 +306,7 @@ func (c *Consumer) Run(ctx context.Context, h Handler) error {
 	}
 	// Handlers and store calls run on work, which outlives ctx by the
 	// shutdown timeout.
-	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelWork()
-	stopAfter := context.AfterFunc(ctx, func() {
-		t := time.AfterFunc(c.shutdown, cancelWork)
-		context.AfterFunc(work, func() { t.Stop() })
-	})
+	work, stopAfter := consumer.GraceContext(ctx, c.shutdown, errShutdownTimeout)
 	defer stopAfter()
 
 	// prev is the batch whose completion (tail) may still be running while
@@ -577,3 +580,7 @@ func (c *Consumer) touch(ctx context.Context, ids []string) func() {
 	var once sync.Once
 	return func() { once.Do(func() { close(stop); wg.Wait() }) }
 }
+
+// errShutdownTimeout is the cause of the cancellation of the handlers'
+// contexts when the shutdown timeout passed.
+var errShutdownTimeout = errors.New("redisstream: shutdown timeout passed")
