@@ -341,12 +341,7 @@ func (c *Consumer) ProcessBatch(ctx context.Context, msgs []jetstream.Msg) {
 	}
 
 	// Handlers run on a context that survives ctx by the shutdown timeout.
-	hctx, hcancel := context.WithCancelCause(context.WithoutCancel(ctx))
-	defer hcancel(nil)
-	stopShutdown := context.AfterFunc(ctx, func() {
-		t := time.AfterFunc(c.cfg.shutdownTimeout, func() { hcancel(errShutdown) })
-		context.AfterFunc(hctx, func() { t.Stop() })
-	})
+	hctx, stopShutdown := consumer.GraceContext(ctx, c.cfg.shutdownTimeout, errShutdown)
 	defer stopShutdown()
 
 	// Keep the server's AckWait timer from expiring while the batch runs.
