@@ -1,4 +1,4 @@
-// Package shutdown is scenario 11 of the reliability suite
+// Package shutdown is scenario 12 of the reliability suite
 // (RELIABILITY.md): the `idem proxy` binary stopped with SIGTERM while
 // clients read their responses slowly.
 //

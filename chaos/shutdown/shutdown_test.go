@@ -74,7 +74,7 @@ func slowReader(t *testing.T, addr, key string, size int) net.Conn {
 	return conn
 }
 
-// TestSlowReaderAtShutdown is scenario 11 (see the package documentation).
+// TestSlowReaderAtShutdown is scenario 12 (see the package documentation).
 func TestSlowReaderAtShutdown(t *testing.T) {
 	bin := chaostest.BuildIdem(t)
 	readers := chaostest.Size(6, 40)

@@ -1,4 +1,4 @@
-// Package storefull is scenario 10 of the reliability suite
+// Package storefull is scenario 11 of the reliability suite
 // (RELIABILITY.md): a store that takes the acquire of a request and then
 // refuses its completion, in front of the real `idem proxy` binary.
 //

@@ -128,7 +128,7 @@ type outcome struct {
 	unknown int    // 503 TypeOutcomeUnknown answers
 }
 
-// TestStoreFullAfterAcquire is scenario 10 (see the package
+// TestStoreFullAfterAcquire is scenario 11 (see the package
 // documentation), on Redis and on the embedded store, each with its
 // negative control.
 func TestStoreFullAfterAcquire(t *testing.T) {
