@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -30,6 +31,9 @@ type config struct {
 	effects      []effectDef // WithEffect, in effect.go
 	replayCache  *bool       // WithReplayCache, in replaycache.go; nil: the default
 	noPipelining bool        // WithPipelining(false)
+
+	allowEviction bool         // WithAllowEviction, in check.go
+	logger        *slog.Logger // WithLogger, in check.go
 }
 
 // waitConfig is a durability requirement checked after acquire and complete.
@@ -79,8 +83,10 @@ func WithWait(numReplicas int, timeout time.Duration) Option {
 
 // WithWaitAOF makes acquire and complete wait until the write was fsynced to
 // the AOF of numLocal (0 or 1) primaries and numReplicas replicas (WAITAOF,
-// Redis 7.2 and later), on the same connection as the script. Errors as for
-// WithWait. The default is not to wait.
+// Redis 7.2 and later: New refuses an older server), on the same connection
+// as the script. Errors as for WithWait. With appendfsync everysec the
+// server fsyncs once a second, so each acquire and complete may wait up to
+// a second. The default is not to wait.
 func WithWaitAOF(numLocal, numReplicas int, timeout time.Duration) Option {
 	return func(c *config) {
 		c.wait = &waitConfig{aof: true, local: numLocal, replicas: numReplicas, timeout: timeout}
@@ -136,6 +142,9 @@ type backend interface {
 	scan(ctx context.Context, match string, fn func(name string) bool) error
 	watch(ctx context.Context, channel string) (<-chan struct{}, func(), error)
 	publishCommand() string
+	// nodes returns the servers the client knows: the one server, or a
+	// Cluster's primaries and replicas.
+	nodes(ctx context.Context) ([]node, error)
 }
 
 // Store is an idem.Store on Redis, Valkey or a Redis Cluster. Every state
@@ -194,12 +203,29 @@ func newStore(b backend, opts []Option) (*Store, error) {
 			s.cached, s.replays = g, newReplayIndex(replayIndexSize)
 		}
 	}
+	// The options are valid: now the server.
+	ctx, cancel := context.WithTimeout(context.Background(), StartCheckTimeout)
+	defer cancel()
+	nodes, err := b.nodes(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("redisstore: cannot check the server at start: %w", err)
+	}
+	if err := checkServer(ctx, nodes, &c); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 
 // New returns a Store on a go-redis client: a *redis.Client (standalone,
 // Sentinel failover client) or a *redis.ClusterClient. The store does not own
-// the client and does not close it. New does no I/O.
+// the client and does not close it.
+//
+// New checks the server, within StartCheckTimeout: every node the client
+// knows (a Cluster's primaries and replicas) must run Redis 7.0 or later, or
+// Valkey (*VersionError), and have maxmemory-policy noeviction
+// (*EvictionError, unless WithAllowEviction). A server that cannot be
+// reached is an error too; one that refuses INFO and CONFIG GET (ACLs,
+// managed services) is accepted with one warning logged (WithLogger).
 func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 	var c0 config
 	for _, o := range opts {
@@ -220,8 +246,8 @@ func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 }
 
 // NewRueidis returns a Store on a rueidis client (standalone, Sentinel or
-// Cluster). The store does not own the client and does not close it.
-// NewRueidis does no I/O.
+// Cluster). The store does not own the client and does not close it. It
+// checks the server as New does.
 func NewRueidis(client rueidis.Client, opts ...Option) (*Store, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: nil client", idem.ErrInvalid)

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -30,6 +31,7 @@ type proxyConfig struct {
 	scopeHeader     string
 	anonymousScope  bool
 	storePolicy     string
+	errorBody       string
 	fenceHeader     string
 	wait            time.Duration
 	failOpen        bool
@@ -83,7 +85,12 @@ connections, lets the requests in flight finish and stores their responses
 (up to --shutdown-timeout), then exits.
 
 Records are kept in the embedded store under --data, or in Redis with
---redis or --redis-cluster (which several proxies can share).
+--redis, --redis-cluster or --redis-sentinel (which several proxies can
+share; behind Sentinels the proxy follows a failover to the new primary).
+The proxy refuses to start on a Redis older than 7.0 and on one whose
+maxmemory-policy is not noeviction (every other policy can evict records,
+and a retried request then runs again), unless --allow-eviction is given;
+where the server refuses INFO and CONFIG GET it logs one warning and starts.
 
 With --otel-endpoint the proxy sends OpenTelemetry traces over OTLP/HTTP: a
 server span per request (a child of the client's W3C traceparent, if any)
@@ -137,7 +144,9 @@ func registerProxyFlags(fs *flagSet) *proxyConfig {
 	fs.Bool(&c.anonymousScope, "allow-missing-scope", false, "with --scope-header, serve covered requests without the header in one shared scope (anonymous clients can then get each other's responses) instead of 400")
 	fs.String(&c.storePolicy, "store-policy", "NAME", "default", "which upstream answers are stored: default (all but 408, 409, 425, 429, 503), release-5xx (also retry every 5xx), only-2xx (retry every non-2xx: a retry after a 4xx or 5xx that followed a side effect repeats it)")
 	fs.String(&c.fenceHeader, "fence-header", "NAME", "Idempotency-Fence", "request header that tells the upstream the request's fencing token; a client's own is removed (empty: off)")
+	fs.String(&c.errorBody, "error-body", "SHAPE", "problem", "shape of error bodies: problem (RFC 9457 application/problem+json), stripe ({\"error\":{...}} with Stripe-Should-Retry, for Stripe's SDKs), a JSON template, or @FILE holding one (placeholders {{type}} {{code}} {{title}} {{detail}} {{status}} {{retry}})")
 	fs.Var(durationValue{&c.wait}, "wait", "DURATION", "how long a retry waits for the first request to finish before 409 (0: answer 409 at once)")
+	fs.Bool(&c.store.allowEviction, "allow-eviction", false, "start on a Redis whose maxmemory-policy is not noeviction (it may evict records: retried requests then run again)")
 	fs.Bool(&c.failOpen, "fail-open", false, "when the store is unreachable, forward requests unprotected instead of answering 503")
 	fs.Var(durationValue{&c.bodyTimeout}, "body-timeout", "DURATION", "how long a request's body may take to arrive, from its header (then 408, or a cut-off upstream request if not covered; 0: no limit)")
 	fs.Int(&c.maxConcurrent, "max-concurrent", "N", defaultMaxConcurrent, "requests handled at once; more get 503 with Retry-After (0: no limit)")
@@ -230,6 +239,35 @@ const (
 	readLimit        = maxResponseLimit + 1<<20
 )
 
+// errorHandler returns the ErrorHandler that --error-body asks for,
+// reading the template file of @FILE.
+func (c *proxyConfig) errorHandler() (idemhttp.ErrorHandler, error) {
+	v := strings.TrimSpace(c.errorBody)
+	switch {
+	case v == "problem":
+		return idemhttp.WriteProblem, nil
+	case v == "stripe":
+		return idemhttp.WriteStripeError, nil
+	case strings.HasPrefix(v, "@"):
+		tmpl, err := os.ReadFile(v[1:])
+		if err != nil {
+			return nil, usagef("--error-body: cannot read the template: %v", err)
+		}
+		h, err := idemhttp.TemplateErrorHandler(tmpl)
+		if err != nil {
+			return nil, usagef("--error-body: invalid template in %s: %v", v[1:], err)
+		}
+		return h, nil
+	case strings.HasPrefix(v, "{") || strings.HasPrefix(v, "["):
+		h, err := idemhttp.TemplateErrorHandler([]byte(v))
+		if err != nil {
+			return nil, usagef("--error-body: invalid template: %v", err)
+		}
+		return h, nil
+	}
+	return nil, usagef("invalid --error-body %q: want problem, stripe, a JSON template or @FILE", c.errorBody)
+}
+
 // policy returns the Policy that --store-policy names, nil if none.
 func (c *proxyConfig) policy() idemhttp.Policy {
 	for _, p := range storePolicies {
@@ -309,6 +347,10 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 	if err != nil {
 		return err
 	}
+	errorHandler, err := c.errorHandler()
+	if err != nil {
+		return err
+	}
 	log := newLogger(e, c.logFormat, c.logLevel)
 	redisLog.l.Store(log)
 	if c.checkUpstream {
@@ -316,6 +358,7 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 			return err
 		}
 	}
+	c.store.logger = log
 	opened, err := c.store.open(ctx, true)
 	if err != nil {
 		return err
@@ -372,6 +415,7 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 		idemhttp.WithLogger(log),
 		idemhttp.WithHook(obs.hook),
 		idemhttp.WithPolicy(proxyPolicy(c.policy())),
+		idemhttp.WithErrorHandler(errorHandler),
 		// ReverseProxy flushes every response of unknown length (chunked):
 		// only text/event-stream and bodies over --max-response stream;
 		// the rest is stored before it is sent.
@@ -393,6 +437,7 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 	gw := newGateway(target, newTransport(c.upstreamTimeout), mw, c.methods, c.lease, obs, log)
 	gw.tracing = tr
 	gw.bodyTimeout, gw.maxActive = c.bodyTimeout, int64(c.maxConcurrent)
+	gw.errorHandler = errorHandler
 	if c.fenceHeader != "" {
 		gw.fenceHeader = http.CanonicalHeaderKey(c.fenceHeader)
 	}

@@ -134,6 +134,18 @@ type gateway struct {
 	bodyTimeout time.Duration
 	maxActive   int64
 	active      atomic.Int64
+	// errorHandler writes the proxy's own error responses, as the
+	// middleware's (--error-body); nil: idemhttp.WriteProblem.
+	errorHandler idemhttp.ErrorHandler
+}
+
+// writeError writes one of the proxy's own error responses.
+func (g *gateway) writeError(w http.ResponseWriter, r *http.Request, p *idemhttp.Problem) {
+	if g.errorHandler != nil {
+		g.errorHandler(w, r, p)
+		return
+	}
+	idemhttp.WriteProblem(w, r, p)
 }
 
 func newGateway(target *url.URL, transport http.RoundTripper, mw *idemhttp.Middleware, methods []string, lease time.Duration, obs *observer, log *slog.Logger) *gateway {
@@ -344,7 +356,7 @@ func (g *gateway) serve(w http.ResponseWriter, r *http.Request) {
 func (g *gateway) busy(w http.ResponseWriter, r *http.Request) {
 	g.obs.busy.Inc()
 	w.Header().Set("Retry-After", "1")
-	idemhttp.WriteProblem(w, r, &idemhttp.Problem{
+	g.writeError(w, r, &idemhttp.Problem{
 		Type:       idemhttp.TypeServerBusy,
 		Title:      "Server busy",
 		Status:     http.StatusServiceUnavailable,
@@ -459,7 +471,7 @@ func (g *gateway) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 		p.Detail += " It may have processed the request, so the idempotency key stays in progress until its lease ends (see Retry-After); a retry with the same key after that runs the request again."
 		w.Header().Set("Retry-After", strconv.FormatInt(int64((g.lease+time.Second-1)/time.Second), 10))
 	}
-	idemhttp.WriteProblem(w, r, p)
+	g.writeError(w, r, p)
 }
 
 func isTimeout(err error) bool {

@@ -154,7 +154,7 @@ func TestConsume(t *testing.T) {
 		t.Errorf("dead letters: got %+v, want the keyless message with its reason", dl)
 	}
 	got := c.Stats()
-	want := sqsconsumer.Stats{Processed: 4, Replayed: 4, DeadLettered: 1, NoKey: 1}
+	want := sqsconsumer.Stats{Processed: 4, Replayed: 4, DeadLettered: 1, Invalid: 1}
 	if got != want {
 		t.Errorf("stats: got %+v, want %+v", got, want)
 	}

@@ -3,6 +3,7 @@ package sqsconsumer
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"github.com/idemgo/idem/consumer"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
@@ -37,6 +38,7 @@ type FingerprintFunc func(m types.Message) string
 type Option func(*config)
 
 type config struct {
+	procOpts          []consumer.Option
 	key               KeyFunc
 	fingerprint       FingerprintFunc
 	scope             string
@@ -159,4 +161,15 @@ func KeyFromBodyHash(part func(body string) string) KeyFunc {
 		sum := sha256.Sum256([]byte(s))
 		return hex.EncodeToString(sum[:])
 	}
+}
+
+// WithProcessorOptions passes options to the consumer.Processor that the
+// Consumer builds (the one consumer algorithm): the per-message event hook
+// (consumer.WithEventHook), the logger (consumer.WithLogger), the
+// compensation hook (consumer.WithOnLeaseLost), duplicates passed on
+// (consumer.WithPassDuplicates). The Consumer's own options of the same
+// meaning (scope, maximum of deliveries, retry delay) are applied after
+// them. The default is none.
+func WithProcessorOptions(opts ...consumer.Option) Option {
+	return func(c *config) { c.procOpts = append(c.procOpts, opts...) }
 }
