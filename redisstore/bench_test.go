@@ -46,10 +46,6 @@ func benchExecutors(b *testing.B) (*redistest.Server, []benchExecutor) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	grPool, err := redisstore.New(gr, redisstore.WithPipelining(false))
-	if err != nil {
-		b.Fatal(err)
-	}
 	rus, err := redisstore.NewRueidis(ru)
 	if err != nil {
 		b.Fatal(err)
@@ -58,7 +54,7 @@ func benchExecutors(b *testing.B) (*redistest.Server, []benchExecutor) {
 	for _, s := range []struct {
 		name  string
 		store idem.Store
-	}{{"go-redis", grs}, {"go-redis-pool", grPool}, {"rueidis", rus}} {
+	}{{"go-redis", grs}, {"rueidis", rus}} {
 		e, err := idem.New(s.store)
 		if err != nil {
 			b.Fatal(err)

@@ -15,36 +15,14 @@ import (
 // one subscriber connection (hub).
 type goRedis struct {
 	c   *redis.Client
-	ap  scripter // what the scripts run on: the client's autopipeliner, or c
 	hub *hub
 }
 
-// newGoRedis returns the backend for c. With pipelining, the scripts run
-// through the client's blocking autopipeliner (Client.AutoPipeline), which
-// writes the commands of concurrent callers in one pipeline, as rueidis
-// does; closing the client releases it. A client whose autopipeliner cannot
-// be made (its AutoPipelineOptions are invalid) runs them one per
-// connection.
-func newGoRedis(c *redis.Client, pipelining bool) *goRedis {
-	b := &goRedis{c: c, ap: c, hub: &hub{open: openGoRedis(c)}}
-	if pipelining {
-		if ap, err := c.AutoPipeline(); err == nil {
-			b.ap = ap
-		}
-	}
-	return b
-}
-
-// scripter is what callGoRedis needs of a go-redis client.
-type scripter interface {
-	redis.Scripter
-	FCall(ctx context.Context, function string, keys []string, args ...any) *redis.Cmd
-	FCallRo(ctx context.Context, function string, keys []string, args ...any) *redis.Cmd
-}
+func newGoRedis(c *redis.Client) *goRedis { return &goRedis{c: c, hub: &hub{open: openGoRedis(c)}} }
 
 func (b *goRedis) run(ctx context.Context, s *script, keys, args []string, w *waitConfig, fcall bool) (any, int64, error) {
 	if w == nil {
-		v, err := callGoRedis(ctx, b.ap, s, keys, args, fcall)
+		v, err := callGoRedis(ctx, b.c, s, keys, args, fcall)
 		return v, 0, err
 	}
 	return runWait(ctx, b.c, s, keys, args, w, fcall)
@@ -52,7 +30,7 @@ func (b *goRedis) run(ctx context.Context, s *script, keys, args []string, w *wa
 
 // callGoRedis runs s once: FCALL (FCALL_RO) in Functions mode, otherwise
 // EVALSHA falling back to EVAL.
-func callGoRedis(ctx context.Context, c scripter, s *script, keys, args []string, fcall bool) (any, error) {
+func callGoRedis(ctx context.Context, c redis.UniversalClient, s *script, keys, args []string, fcall bool) (any, error) {
 	switch {
 	case fcall && s.ro:
 		return c.FCallRo(ctx, s.fn, keys, anyArgs(args)...).Result()

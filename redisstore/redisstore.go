@@ -30,7 +30,6 @@ type config struct {
 	functions    bool        // WithFunctions, in functions.go
 	effects      []effectDef // WithEffect, in effect.go
 	replayCache  *bool       // WithReplayCache, in replaycache.go; nil: the default
-	noPipelining bool        // WithPipelining(false)
 
 	allowEviction bool         // WithAllowEviction, in check.go
 	logger        *slog.Logger // WithLogger, in check.go
@@ -57,18 +56,6 @@ func WithPrefix(p string) Option { return func(c *config) { c.prefix = p } }
 // processes. The default is true; turn it off to save the publish when no
 // caller waits.
 func WithNotify(on bool) Option { return func(c *config) { c.notify = on } }
-
-// WithPipelining sets whether a store on a go-redis *redis.Client runs its
-// scripts through the client's autopipeliner (Client.AutoPipeline, an
-// experimental go-redis API), which sends the calls of concurrent callers in
-// one pipeline on a held connection, as rueidis does (compare the go-redis
-// rows of BenchmarkLifecycle with and without it).
-// The autopipeliner is the client's own, shared with its other users and
-// configured by its Options.AutoPipelineOptions; closing the client releases
-// it. Calls that wait for replicas (WithWait, WithWaitAOF), watches and
-// deletes use the client's pool as before. The default is true; it has no
-// effect on other clients.
-func WithPipelining(on bool) Option { return func(c *config) { c.noPipelining = !on } }
 
 // WithWait makes acquire and complete wait, on the same connection as the
 // script, until numReplicas replicas acknowledged the write (WAIT
@@ -227,14 +214,10 @@ func newStore(b backend, opts []Option) (*Store, error) {
 // reached is an error too; one that refuses INFO and CONFIG GET (ACLs,
 // managed services) is accepted with one warning logged (WithLogger).
 func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
-	var c0 config
-	for _, o := range opts {
-		o(&c0)
-	}
 	var b backend
 	switch c := client.(type) {
 	case *redis.Client:
-		b = newGoRedis(c, !c0.noPipelining)
+		b = newGoRedis(c)
 	case *redis.ClusterClient:
 		b = &goRedisCluster{c: c}
 	case nil:

@@ -44,15 +44,6 @@ func clients(t *testing.T, standalone *redistest.Server, cluster *redistest.Clus
 				}
 				return s
 			}},
-			// go-redis without its autopipeliner: one script call per
-			// pooled connection.
-			client{"standalone/go-redis-pool", func(t *testing.T, opts ...redisstore.Option) *redisstore.Store {
-				s, err := redisstore.New(goRedisClient(t, addr), append(opts, redisstore.WithPipelining(false))...)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return s
-			}},
 			client{"standalone/rueidis", func(t *testing.T, opts ...redisstore.Option) *redisstore.Store {
 				c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, DisableCache: true})
 				if err != nil {
