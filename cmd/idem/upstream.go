@@ -178,7 +178,9 @@ type deadlineWriter struct {
 }
 
 func (w *deadlineWriter) arm(code int) {
-	if w.armed || (code >= 100 && code < 200 && code != http.StatusSwitchingProtocols) {
+	if w.armed || code < 200 {
+		// Informational, or 101 Switching Protocols: an upgraded
+		// connection (hijacked) keeps no deadline of the response's.
 		return
 	}
 	w.armed = true
