@@ -612,3 +612,20 @@ func (p *Processor) refused(err error) Result {
 		return Result{Action: Retry, Delay: p.retryDelay, Err: err}
 	}
 }
+
+// GraceContext returns the context of an adapter's in-flight work
+// (handlers, broker calls): it is not cancelled with ctx, but grace after
+// ctx is done, with cause, so that a batch under way can finish when Run
+// is told to stop. stop releases it (cancelling it with context.Canceled
+// if it still runs); call it when Run returns.
+func GraceContext(ctx context.Context, grace time.Duration, cause error) (work context.Context, stop func()) {
+	work, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	stopAfter := context.AfterFunc(ctx, func() {
+		t := time.AfterFunc(grace, func() { cancel(cause) })
+		context.AfterFunc(work, func() { t.Stop() })
+	})
+	return work, func() {
+		stopAfter()
+		cancel(context.Canceled)
+	}
+}

@@ -387,12 +387,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if c.ran.Swap(true) {
 		return fmt.Errorf("%w: kafka: Run called twice", idem.ErrInvalid)
 	}
-	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelWork()
-	stop := context.AfterFunc(ctx, func() {
-		t := time.AfterFunc(c.cfg.shutdown, cancelWork)
-		context.AfterFunc(work, func() { t.Stop() })
-	})
+	work, stop := consumer.GraceContext(ctx, c.cfg.shutdown, errShutdownTimeout)
 	defer stop()
 	defer c.stopTimers()
 	for ctx.Err() == nil && !c.crashed.Load() {
@@ -613,3 +608,7 @@ func (c *Consumer) deadLetter(ctx context.Context, r *kgo.Record, cause error, d
 	}
 	return nil
 }
+
+// errShutdownTimeout is the cause of the cancellation of the handlers'
+// contexts when the shutdown timeout passed.
+var errShutdownTimeout = errors.New("kafka: shutdown timeout passed")

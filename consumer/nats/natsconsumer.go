@@ -81,7 +81,7 @@ type config struct {
 // redeliveries, which the server-side window does not cover.
 func WithKeyHeader(name string) Option {
 	return func(c *config) {
-		c.key = func(m jetstream.Msg) string { return m.Headers().Get(name) }
+		c.key = KeyHeader(name)
 		if name == "" {
 			c.key = nil
 		}
@@ -341,12 +341,7 @@ func (c *Consumer) ProcessBatch(ctx context.Context, msgs []jetstream.Msg) {
 	}
 
 	// Handlers run on a context that survives ctx by the shutdown timeout.
-	hctx, hcancel := context.WithCancelCause(context.WithoutCancel(ctx))
-	defer hcancel(nil)
-	stopShutdown := context.AfterFunc(ctx, func() {
-		t := time.AfterFunc(c.cfg.shutdownTimeout, func() { hcancel(errShutdown) })
-		context.AfterFunc(hctx, func() { t.Stop() })
-	})
+	hctx, stopShutdown := consumer.GraceContext(ctx, c.cfg.shutdownTimeout, errShutdown)
 	defer stopShutdown()
 
 	// Keep the server's AckWait timer from expiring while the batch runs.
@@ -441,4 +436,22 @@ func (c *Consumer) deadLetter(m jetstream.Msg, in consumer.Message, cause error)
 		return fmt.Errorf("natsconsumer: dead-letter publish to %q: %w", subject, err)
 	}
 	return nil
+}
+
+// KeyHeader returns a KeyFunc that reads the key from the header name.
+func KeyHeader(name string) KeyFunc {
+	return func(m jetstream.Msg) string { return m.Headers().Get(name) }
+}
+
+// KeyField returns a KeyFunc that reads the key from the top-level field
+// name of the JSON payload (consumer.JSONField).
+func KeyField(name string) KeyFunc {
+	return func(m jetstream.Msg) string { return consumer.JSONField(m.Data(), name) }
+}
+
+// KeyHash returns a KeyFunc whose key is the SHA-256 of the listed
+// top-level fields of the JSON payload (consumer.JSONHash): for payloads
+// with no key of their own whose listed fields identify the operation.
+func KeyHash(fields ...string) KeyFunc {
+	return func(m jetstream.Msg) string { return consumer.JSONHash(m.Data(), fields...) }
 }

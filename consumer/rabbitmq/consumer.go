@@ -121,12 +121,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 
 	// work is the context of handlers and broker calls: it outlives ctx by
 	// the shutdown timeout.
-	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelWork()
-	stop := context.AfterFunc(ctx, func() {
-		t := time.AfterFunc(c.cfg.shutdownTimeout, cancelWork)
-		context.AfterFunc(work, func() { t.Stop() })
-	})
+	work, stop := consumer.GraceContext(ctx, c.cfg.shutdownTimeout, errShutdownTimeout)
 	defer stop()
 
 	backoff := c.cfg.minBackoff
@@ -501,3 +496,7 @@ func (c *Consumer) copyOf(d *amqp.Delivery, r consumer.Result) (exchange, key st
 	msg.Expiration = strconv.FormatInt(delay.Milliseconds(), 10)
 	return "", c.cfg.retryQueue, msg
 }
+
+// errShutdownTimeout is the cause of the cancellation of the handlers'
+// contexts when the shutdown timeout passed.
+var errShutdownTimeout = errors.New("rabbitmq: shutdown timeout passed")

@@ -72,11 +72,11 @@ func TestKeyFuncs(t *testing.T) {
 		want string
 	}{
 		{"message id", MessageIDKey, "m"},
-		{"string header", HeaderKey("s"), "str"},
-		{"bytes header", HeaderKey("b"), "bytes"},
-		{"int header", HeaderKey("i"), "7"},
-		{"float header", HeaderKey("f"), ""},
-		{"missing header", HeaderKey("x"), ""},
+		{"string header", KeyHeader("s"), "str"},
+		{"bytes header", KeyHeader("b"), "bytes"},
+		{"int header", KeyHeader("i"), "7"},
+		{"float header", KeyHeader("f"), ""},
+		{"missing header", KeyHeader("x"), ""},
 		{"body hash", BodyHashKey, "230d8358dc8e8890b4c58deeb62912ee2f20357ae92a5cc861b98e68fe31acb5"},
 		{"empty body hash", BodyHashKey, ""},
 	}
@@ -708,5 +708,12 @@ func TestPoison(t *testing.T) {
 	}
 	if st := c.Stats(); st.DeadLettered != 2 || st.Invalid != 1 {
 		t.Errorf("got %+v, want 2 dead-lettered, 1 of them invalid", st)
+	}
+}
+
+func TestKeyHelpers(t *testing.T) {
+	d := &amqp.Delivery{Headers: amqp.Table{"k": "h1"}, Body: []byte(`{"id":"o-1","amount":5,"at":"now"}`)}
+	if KeyHeader("k")(d) != "h1" || KeyField("id")(d) != "o-1" || KeyHash("id", "amount")(d) != consumer.HashKey("o-1", "5") {
+		t.Fatalf("got %q %q %q", KeyHeader("k")(d), KeyField("id")(d), KeyHash("id", "amount")(d))
 	}
 }

@@ -306,12 +306,7 @@ func (c *Consumer) Run(ctx context.Context, h Handler) error {
 	}
 	// Handlers and store calls run on work, which outlives ctx by the
 	// shutdown timeout.
-	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelWork()
-	stopAfter := context.AfterFunc(ctx, func() {
-		t := time.AfterFunc(c.shutdown, cancelWork)
-		context.AfterFunc(work, func() { t.Stop() })
-	})
+	work, stopAfter := consumer.GraceContext(ctx, c.shutdown, errShutdownTimeout)
 	defer stopAfter()
 
 	// prev is the batch whose completion (tail) may still be running while
@@ -585,3 +580,7 @@ func (c *Consumer) touch(ctx context.Context, ids []string) func() {
 	var once sync.Once
 	return func() { once.Do(func() { close(stop); wg.Wait() }) }
 }
+
+// errShutdownTimeout is the cause of the cancellation of the handlers'
+// contexts when the shutdown timeout passed.
+var errShutdownTimeout = errors.New("redisstream: shutdown timeout passed")

@@ -178,12 +178,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	defer c.running.Store(false)
 
 	// Handlers run with work, which outlives ctx by the shutdown timeout.
-	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelWork()
-	stop := context.AfterFunc(ctx, func() {
-		t := time.AfterFunc(c.cfg.shutdownTimeout, cancelWork)
-		context.AfterFunc(work, func() { t.Stop() })
-	})
+	work, stop := consumer.GraceContext(ctx, c.cfg.shutdownTimeout, errShutdownTimeout)
 	defer stop()
 
 	var wg sync.WaitGroup
@@ -457,3 +452,7 @@ func plainProcess(ctx context.Context, msgs []consumer.Message, h consumer.Handl
 	}
 	return res
 }
+
+// errShutdownTimeout is the cause of the cancellation of the handlers'
+// contexts when the shutdown timeout passed.
+var errShutdownTimeout = errors.New("sqsconsumer: shutdown timeout passed")

@@ -3,10 +3,12 @@ package sqsconsumer
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"github.com/idemgo/idem/consumer"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/idemgo/idem/consumer"
 )
 
 // Defaults of the Consumer's options.
@@ -56,7 +58,7 @@ type config struct {
 
 // WithKeyFunc sets the key extractor. The default is DefaultKey: the
 // MessageDeduplicationId system attribute if present, else the string
-// message attribute "idempotency-key". See also KeyFromAttribute and
+// message attribute "idempotency-key". See also KeyHeader and
 // KeyFromBodyHash.
 func WithKeyFunc(f KeyFunc) Option { return func(c *config) { c.key = f } }
 
@@ -129,12 +131,12 @@ func DefaultKey(m types.Message) string {
 	if id := m.Attributes[string(types.MessageSystemAttributeNameMessageDeduplicationId)]; id != "" {
 		return id
 	}
-	return KeyFromAttribute(DefaultKeyAttribute)(m)
+	return KeyHeader(DefaultKeyAttribute)(m)
 }
 
-// KeyFromAttribute returns a KeyFunc that reads the string message attribute
+// KeyHeader returns a KeyFunc that reads the string message attribute
 // name.
-func KeyFromAttribute(name string) KeyFunc {
+func KeyHeader(name string) KeyFunc {
 	return func(m types.Message) string {
 		if v, ok := m.MessageAttributes[name]; ok && v.StringValue != nil {
 			return *v.StringValue
@@ -172,4 +174,17 @@ func KeyFromBodyHash(part func(body string) string) KeyFunc {
 // them. The default is none.
 func WithProcessorOptions(opts ...consumer.Option) Option {
 	return func(c *config) { c.procOpts = append(c.procOpts, opts...) }
+}
+
+// KeyField returns a KeyFunc that reads the key from the top-level field
+// name of the JSON payload (consumer.JSONField).
+func KeyField(name string) KeyFunc {
+	return func(m types.Message) string { return consumer.JSONField([]byte(aws.ToString(m.Body)), name) }
+}
+
+// KeyHash returns a KeyFunc whose key is the SHA-256 of the listed
+// top-level fields of the JSON payload (consumer.JSONHash): for payloads
+// with no key of their own whose listed fields identify the operation.
+func KeyHash(fields ...string) KeyFunc {
+	return func(m types.Message) string { return consumer.JSONHash([]byte(aws.ToString(m.Body)), fields...) }
 }
