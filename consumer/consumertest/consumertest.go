@@ -106,6 +106,54 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 			t.Errorf("handler ran %d times, want 1 (only the valid message)", n)
 		}
 	})
+	t.Run("ShutdownFinishesOrReleasesInFlight", func(t *testing.T) {
+		h := newHarness(t)
+		started, release := make(chan struct{}), make(chan struct{})
+		var first sync.Once
+		stats, stop := h.Start(t, opts, func(ctx context.Context, key string, payload []byte) (err error) {
+			first.Do(func() {
+				close(started)
+				<-release
+				err = errors.New("interrupted by the shutdown")
+			})
+			return err
+		})
+		h.Publish(t, "inflight", []byte("a"))
+		waitFor(t, "the handler", func() bool {
+			select {
+			case <-started:
+				return true
+			default:
+				return false
+			}
+		})
+		// Stop while the handler runs, then let it fail as a handler
+		// interrupted by a shutdown does: the consumer must leave the
+		// message to be redelivered. (If the stop lands after the failure,
+		// the consumer may redeliver it itself, and a later run completes
+		// it.)
+		stopped := make(chan struct{})
+		go func() { stop(); close(stopped) }()
+		close(release)
+		waitFor(t, "the consumer's stop", func() bool {
+			select {
+			case <-stopped:
+				return true
+			default:
+				return false
+			}
+		})
+		if stats().Processed == 1 {
+			return // completed (and acked, or replayed on redelivery)
+		}
+		r := newRuns()
+		stats2, stop2 := h.Start(t, opts, r.handler(nil))
+		defer stop2()
+		waitFor(t, "the released message's redelivery (else it is lost)", func() bool {
+			st := stats2()
+			return r.count("inflight") == 1 && st.Processed+st.Replayed == 1
+		})
+	})
 }
 
 // runs counts handler runs per key.
