@@ -46,6 +46,11 @@ type Message struct {
 	// ID is the broker's identifier of the message (optional), for a
 	// CommitFunc that acknowledges it with the completion.
 	ID string
+	// Last is true when the broker will not deliver the message again (a
+	// server-side maximum of deliveries reached): then a failure
+	// dead-letters it rather than leave it to be lost, as after the
+	// maximum of deliveries.
+	Last bool
 }
 
 // Action is what the adapter must do with a message.
@@ -178,7 +183,10 @@ func DuplicateFrom(ctx context.Context) (result []byte, ok bool) {
 }
 
 // Stats are a Processor's counters since New, one per message decision;
-// the same type for every adapter. Safe to copy.
+// the same type for every adapter. When the broker call that carries a
+// decision out fails (an acknowledgement, a dead-letter write), Errors
+// counts it too and the message comes back, to be decided again. Safe to
+// copy.
 type Stats struct {
 	// Processed: the handler ran and the key was completed (Ack).
 	Processed int64
@@ -422,7 +430,7 @@ func (b *Batch) Handle(h Handler) {
 		}
 		b.held[i] = nil
 		deliveries := max(m.Deliveries, a.Attempts())
-		if !errors.Is(err, ErrStopping) && (idem.IsTerminal(err) || (p.maxDeliveries > 0 && deliveries >= p.maxDeliveries)) {
+		if !errors.Is(err, ErrStopping) && (idem.IsTerminal(err) || m.Last || (p.maxDeliveries > 0 && deliveries >= p.maxDeliveries)) {
 			ferr := a.Fail(sctx, err)
 			if ran {
 				b.leaseLost(i, a, ferr, err)
@@ -528,7 +536,12 @@ func (b *Batch) Commit(ctx context.Context) []Result {
 				Err: fmt.Errorf("consumer: an earlier message of the batch with the same key was not completed: %w", first.Err)}
 		}
 	}
-	for i := range b.results {
+	for i, r := range b.results {
+		if r.Action == Retry && b.msgs[i].Last {
+			// The broker will not deliver it again: dead-letter rather
+			// than lose it.
+			b.results[i] = Result{Action: DeadLetter, Err: fmt.Errorf("consumer: last delivery: %w", r.Err)}
+		}
 		p.settled(b.msgs[i], b.results[i], b.durations[i], b.invalid[i])
 	}
 	return b.results
@@ -597,5 +610,22 @@ func (p *Processor) refused(err error) Result {
 		return Result{Action: DeadLetter, Err: err}
 	default:
 		return Result{Action: Retry, Delay: p.retryDelay, Err: err}
+	}
+}
+
+// GraceContext returns the context of an adapter's in-flight work
+// (handlers, broker calls): it is not cancelled with ctx, but grace after
+// ctx is done, with cause, so that a batch under way can finish when Run
+// is told to stop. stop releases it (cancelling it with context.Canceled
+// if it still runs); call it when Run returns.
+func GraceContext(ctx context.Context, grace time.Duration, cause error) (work context.Context, stop func()) {
+	work, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	stopAfter := context.AfterFunc(ctx, func() {
+		t := time.AfterFunc(grace, func() { cancel(cause) })
+		context.AfterFunc(work, func() { t.Stop() })
+	})
+	return work, func() {
+		stopAfter()
+		cancel(context.Canceled)
 	}
 }

@@ -110,6 +110,29 @@
 // returns after the server confirmed the subscription. WithNotify(false)
 // turns the publish off.
 //
+// # Local replay cache
+//
+// With a rueidis client, Acquire answers the replay of a COMPLETED or
+// terminal FAILED record from rueidis's client-side cache, with no round
+// trip: such a record does not change until it is deleted or expires. The
+// server keeps the cache consistent (RESP3 client tracking): a write or a
+// delete of the key by any client (idem rm included) invalidates the entry
+// as soon as the server's message arrives; the entry's local time to live is
+// the key's PTTL read with it (at most a minute), less 10 ms, so it never
+// outlives the record's retention; rueidis drops every entry of a connection
+// that breaks. An IN_PROGRESS record is never served from the cache, and the
+// fingerprint is checked as the script checks it (Mismatch). Only a key whose
+// acquire returned a replay is read through the cache (one GET, then local
+// hits), so new keys cost nothing more. The cache's memory is rueidis's, an
+// LRU bounded in bytes per connection (ClientOption.CacheSizeEachConn); the
+// store's index of replayed keys holds at most 65,536 of them.
+//
+// The cache is on by default with rueidis (a client built with DisableCache
+// then reads the key from the server each time, which is correct and a
+// little cheaper than the script), and off with WithWait or WithWaitAOF;
+// WithReplayCache(false) turns it off. With go-redis it is not available
+// yet.
+//
 // # Listing
 //
 // List, for admin tools (idem ls), walks the key space with SCAN MATCH

@@ -15,6 +15,9 @@
 //   - Redis refusing writes (maxmemory reached, OOM) after the commit.
 //   - 4 processes × 5 concurrent duplicates per key, with FLUSHALL every
 //     100ms: 1 effect row per key.
+//   - Postgres connections cut and refused (a restart as the clients see
+//     it, through a TCP proxy: the shared server is not restarted): no
+//     committed completion lost, recovery without a manual step.
 //
 // Tests need Redis (started per test) and PostgreSQL (IDEM_POSTGRES_URL,
 // each test in a schema of its own).

@@ -82,9 +82,17 @@ For Redis (on a Cluster, on every primary):
                     user's ACL; a missing right is named (FAIL; WARN for
                     SUBSCRIBE, without which waiters poll)
 
+For PostgreSQL (--postgres; with --redis too for the hybrid commit gate):
+  tables            idem_completions (pggate) or idem_records (pgstore) exist
+                    in the search_path (FAIL when neither does)
+  indexes, rights   each table's indexes, and SELECT, INSERT, UPDATE, DELETE
+  relay backlog     WARN when completions older than 1m are not relayed
+  pgstore functions the 7 transition functions exist and are executable
+
 For the embedded store: the file opens (or is in use by a running proxy).`,
 		flags: func(fs *flagSet) func(context.Context, *env, []string) error {
 			var d doctorFlags
+			d.store.hybrid = true
 			d.store.register(fs)
 			fs.Int(&d.waitReplicas, "wait-replicas", "N", 0, "the replicas the application waits for (redisstore.WithWait): FAIL when fewer are connected")
 			fs.Bool(&d.waitAOF, "wait-aof", false, "the application waits for the AOF fsync (redisstore.WithWaitAOF): FAIL below Redis 7.2, WARN with appendfsync everysec")
@@ -99,10 +107,14 @@ For the embedded store: the file opens (or is in use by a running proxy).`,
 					return usagef("--wait-replicas %d is negative", d.waitReplicas)
 				}
 				r := &report{w: e.stdout}
-				if !d.store.redis() {
-					doctorBolt(r, &d.store)
-				} else {
+				switch {
+				case d.store.redis():
 					doctorRedis(ctx, r, &d)
+				case d.store.postgres == "":
+					doctorBolt(r, &d.store)
+				}
+				if d.store.postgres != "" {
+					doctorPostgres(ctx, r, &d.store)
 				}
 				fmt.Fprintf(e.stdout, "%d OK, %d WARN, %d FAIL\n", r.counts[vOK], r.counts[vWarn], r.counts[vFail])
 				if r.counts[vFail] > 0 {

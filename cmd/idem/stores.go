@@ -15,6 +15,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/boltstore"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -35,6 +36,8 @@ type storeFlags struct {
 	// commands, which only read and delete records.
 	allowEviction bool
 	logger        *slog.Logger // for the store's start warning; nil: slog.Default()
+	postgres      string       // pgstore, or with Redis the commit gate's database (doctor, relay)
+	hybrid        bool         // --postgres may come with Redis (doctor, relay)
 }
 
 const (
@@ -54,6 +57,7 @@ func (s *storeFlags) register(fs *flagSet) {
 	fs.String(&s.sentinelPW, "redis-sentinel-password", "PASSWORD", "", "password of the Sentinels themselves (requirepass of redis-server --sentinel)")
 	fs.String(&s.prefix, "redis-prefix", "PREFIX", redisstore.DefaultPrefix, "prefix of the record keys in Redis")
 	fs.String(&s.data, "data", "DIR", defaultDataDir, "directory of the embedded store (file DIR/"+dataFile+"), used when no Redis is given")
+	fs.String(&s.postgres, "postgres", "URL", "", "PostgreSQL for the records (pgstore), e.g. postgres://user:password@host:5432/db; its tables go in the first schema of the search_path")
 }
 
 // validate checks the flags without I/O.
@@ -76,6 +80,14 @@ func (s *storeFlags) validate() error {
 	if s.sentinel != "" {
 		if _, err := s.sentinelOptions(); err != nil {
 			return err
+		}
+	}
+	if s.postgres != "" {
+		if !s.hybrid && s.redis() {
+			return usagef("--postgres and --redis exclude each other; give one store")
+		}
+		if _, err := pgxpool.ParseConfig(s.postgres); err != nil {
+			return urlFlagError("--postgres", s.postgres, err, "postgres")
 		}
 	}
 	if s.redisURL != "" {
@@ -194,6 +206,8 @@ func (s *storeFlags) open(ctx context.Context, create bool) (*openedStore, error
 		}
 		c := redis.NewFailoverClient(opt)
 		return s.openRedis(ctx, c, "redis sentinel "+opt.MasterName+"@"+strings.Join(opt.SentinelAddrs, ","))
+	case s.postgres != "":
+		return s.openPostgres(ctx, create)
 	}
 	return s.openBolt(create)
 }

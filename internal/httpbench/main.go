@@ -3,7 +3,9 @@
 // on loopback and a throwaway redis-server on the same machine:
 //
 //   - the bare handler;
-//   - idemhttp on redisstore with each client (go-redis, rueidis);
+//   - idemhttp on redisstore with each client (go-redis, rueidis), and on
+//     go-redis with WithStreamAll (responses written through and stored
+//     afterwards), which shows what record before success costs;
 //   - Fiber v2's idempotency middleware on the same Redis (built from the
 //     benchmark-only module internal/httpbench/fiberpeer, so Fiber never
 //     enters idem's dependencies);
@@ -183,12 +185,12 @@ func main() {
 		waitTCP("127.0.0.1:" + port)
 		return "http://127.0.0.1:" + port
 	}
-	idemMW := func(s idem.Store) http.Handler {
+	idemMW := func(s idem.Store, opts ...idemhttp.Option) http.Handler {
 		exec, err := idem.New(s)
 		if err != nil {
 			log.Fatal(err)
 		}
-		mw, err := idemhttp.New(exec)
+		mw, err := idemhttp.New(exec, opts...)
 		if err != nil {
 			log.Fatal(err)
 		}
@@ -207,6 +209,11 @@ func main() {
 		bare  = "bare handler"
 		ruRow = "idemhttp + redis (rueidis)"
 		grRow = "idemhttp + redis (go-redis)"
+		// The same with every response written through as it is made and
+		// stored afterwards (WithStreamAll), as before record before
+		// success: the difference is what holding a response back until
+		// it is stored costs.
+		grAll = "idemhttp + redis (go-redis), stream all"
 		fiber = "Fiber v2 idempotency + redis"
 		plain = "plain reverse proxy"
 		pxRed = "idem proxy, redis"
@@ -219,6 +226,9 @@ func main() {
 	}
 	if want(grRow) {
 		servers = append(servers, server{grRow, serve(idemMW(grStore)), bare})
+	}
+	if want(grAll) {
+		servers = append(servers, server{grAll, serve(idemMW(grStore, idemhttp.WithStreamAll(true))), bare})
 	}
 	if want(fiber) {
 		servers = append(servers, server{fiber, spawn(fiberBin, "-redis", addr), bare})
