@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -628,4 +629,29 @@ func GraceContext(ctx context.Context, grace time.Duration, cause error) (work c
 		stopAfter()
 		cancel(context.Canceled)
 	}
+}
+
+// KeepAlive calls renew every interval until the returned stop is called:
+// an adapter's broker-side counterpart of the lease heartbeat (a NATS
+// InProgress, an SQS visibility change, a Redis Streams claim), so that
+// the broker does not redeliver messages whose handler still runs. stop
+// returns once no renew is in flight, so that a later broker call on the
+// same messages is not overwritten; it may be called more than once.
+func KeepAlive(interval time.Duration, renew func()) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				renew()
+			}
+		}
+	})
+	var once sync.Once
+	return func() { once.Do(func() { close(done); wg.Wait() }) }
 }
