@@ -335,16 +335,6 @@ func (t *txn) acquire(key string, req idem.AcquireRequest, out *idem.Acquisition
 	return t.save(sl, &next)
 }
 
-func checkOwner(ctx context.Context, key string, lease idem.Lease) error {
-	if err := idem.ValidateStoreKey(key); err != nil {
-		return err
-	}
-	if err := idem.ValidateLease(lease); err != nil {
-		return err
-	}
-	return ctx.Err()
-}
-
 // change runs transition on key's live record (nil if none) and saves the
 // record it returns if it changed, waking the key's watchers if notify. The
 // transition's error is returned and nothing is written.
@@ -372,10 +362,7 @@ func (s *Store) change(ctx context.Context, key string, size int, notify bool, t
 
 // Complete implements idem.Store. It returns once the result is on disk.
 func (s *Store) Complete(ctx context.Context, key string, lease idem.Lease, result []byte, retention time.Duration) error {
-	if err := checkOwner(ctx, key, lease); err != nil {
-		return err
-	}
-	if err := idem.ValidateDuration("retention", retention); err != nil {
+	if err := statemachine.CheckOwned(ctx, key, lease, "retention", retention); err != nil {
 		return err
 	}
 	return s.change(ctx, key, len(result), true, func(cur *record, now int64) (record, bool, error) {
@@ -403,7 +390,7 @@ func (s *Store) RelayCompletion(ctx context.Context, key string, c idem.Completi
 
 // Fail implements idem.Store.
 func (s *Store) Fail(ctx context.Context, key string, lease idem.Lease, f idem.Failure) (idem.State, error) {
-	if err := checkOwner(ctx, key, lease); err != nil {
+	if err := statemachine.CheckOwned(ctx, key, lease, "", 0); err != nil {
 		return 0, err
 	}
 	if err := f.Validate(); err != nil {
@@ -422,10 +409,7 @@ func (s *Store) Fail(ctx context.Context, key string, lease idem.Lease, f idem.F
 
 // Extend implements idem.Store.
 func (s *Store) Extend(ctx context.Context, key string, lease idem.Lease, d time.Duration) error {
-	if err := checkOwner(ctx, key, lease); err != nil {
-		return err
-	}
-	if err := idem.ValidateDuration("lease", d); err != nil {
+	if err := statemachine.CheckOwned(ctx, key, lease, "lease", d); err != nil {
 		return err
 	}
 	return s.change(ctx, key, 0, false, func(cur *record, now int64) (record, bool, error) {
@@ -436,10 +420,7 @@ func (s *Store) Extend(ctx context.Context, key string, lease idem.Lease, d time
 
 // Release implements idem.Store.
 func (s *Store) Release(ctx context.Context, key string, lease idem.Lease, retention time.Duration) error {
-	if err := checkOwner(ctx, key, lease); err != nil {
-		return err
-	}
-	if err := idem.ValidateDuration("retention", retention); err != nil {
+	if err := statemachine.CheckOwned(ctx, key, lease, "retention", retention); err != nil {
 		return err
 	}
 	return s.change(ctx, key, 0, true, func(cur *record, now int64) (record, bool, error) {

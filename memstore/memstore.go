@@ -130,23 +130,10 @@ func (s *Store) Acquire(ctx context.Context, key string, req idem.AcquireRequest
 	return out, nil
 }
 
-func checkOwner(ctx context.Context, key string, lease idem.Lease) error {
-	if err := idem.ValidateStoreKey(key); err != nil {
-		return err
-	}
-	if err := idem.ValidateLease(lease); err != nil {
-		return err
-	}
-	return ctx.Err()
-}
-
 // Complete implements idem.Store. The store keeps result without copying it:
 // the caller must not modify it afterwards.
 func (s *Store) Complete(ctx context.Context, key string, lease idem.Lease, result []byte, retention time.Duration) error {
-	if err := checkOwner(ctx, key, lease); err != nil {
-		return err
-	}
-	if err := idem.ValidateDuration("retention", retention); err != nil {
+	if err := statemachine.CheckOwned(ctx, key, lease, "retention", retention); err != nil {
 		return err
 	}
 	s.mu.Lock()
@@ -186,7 +173,7 @@ func (s *Store) RelayCompletion(ctx context.Context, key string, c idem.Completi
 
 // Fail implements idem.Store.
 func (s *Store) Fail(ctx context.Context, key string, lease idem.Lease, f idem.Failure) (idem.State, error) {
-	if err := checkOwner(ctx, key, lease); err != nil {
+	if err := statemachine.CheckOwned(ctx, key, lease, "", 0); err != nil {
 		return 0, err
 	}
 	if err := f.Validate(); err != nil {
@@ -206,10 +193,7 @@ func (s *Store) Fail(ctx context.Context, key string, lease idem.Lease, f idem.F
 
 // Extend implements idem.Store.
 func (s *Store) Extend(ctx context.Context, key string, lease idem.Lease, d time.Duration) error {
-	if err := checkOwner(ctx, key, lease); err != nil {
-		return err
-	}
-	if err := idem.ValidateDuration("lease", d); err != nil {
+	if err := statemachine.CheckOwned(ctx, key, lease, "lease", d); err != nil {
 		return err
 	}
 	s.mu.Lock()
@@ -226,10 +210,7 @@ func (s *Store) Extend(ctx context.Context, key string, lease idem.Lease, d time
 
 // Release implements idem.Store.
 func (s *Store) Release(ctx context.Context, key string, lease idem.Lease, retention time.Duration) error {
-	if err := checkOwner(ctx, key, lease); err != nil {
-		return err
-	}
-	if err := idem.ValidateDuration("retention", retention); err != nil {
+	if err := statemachine.CheckOwned(ctx, key, lease, "retention", retention); err != nil {
 		return err
 	}
 	s.mu.Lock()

@@ -13,6 +13,7 @@ package statemachine
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"time"
 
@@ -224,4 +225,23 @@ func Release(cur *Record, lease idem.Lease, retention time.Duration, now int64) 
 	next.State, next.LeaseUntil, next.Result = idem.StateReleased, 0, nil
 	next.ExpiresAt = now + retention.Microseconds()
 	return next, true, nil
+}
+
+// CheckOwned validates the arguments of a call made under a lease
+// (Complete, Fail, Extend, Release): the key, the lease, then ctx, then the
+// duration d named what, unless what is empty.
+func CheckOwned(ctx context.Context, key string, lease idem.Lease, what string, d time.Duration) error {
+	if err := idem.ValidateStoreKey(key); err != nil {
+		return err
+	}
+	if err := idem.ValidateLease(lease); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if what == "" {
+		return nil
+	}
+	return idem.ValidateDuration(what, d)
 }
