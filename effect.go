@@ -83,7 +83,8 @@ func (e *EffectError) Unwrap() error { return ErrEffect }
 // SetEffect copies e's slices.
 //
 // It returns an error wrapping ErrInvalid outside an attempt, when the
-// store applies no effects (it is not an EffectStore), or when the store
+// store applies no effects (it is not an EffectStore, nor a wrapper that
+// unwraps to one: see StoreAs), or when the store
 // refuses e (an unknown name, a key outside the record's hash tag), and an
 // error wrapping ErrLeaseLost when the attempt already ended. It is safe
 // for concurrent use.
@@ -93,7 +94,7 @@ func SetEffect(ctx context.Context, e Effect) error {
 		return invalidf("SetEffect outside an attempt")
 	}
 	a := c.a
-	es, ok := a.e.store.(EffectStore)
+	es, ok := StoreAs[EffectStore](a.e.store)
 	if !ok {
 		return invalidf("store %T applies no effects", a.e.store)
 	}

@@ -259,3 +259,22 @@ func TestCommitBatchWithPassesEffects(t *testing.T) {
 		}
 	}
 }
+
+// A wrapper that unwraps to an EffectStore keeps its effects: SetEffect
+// and the completion find the store beneath it.
+func TestEffectThroughWrapper(t *testing.T) {
+	_, s := newEffectExec(t)
+	exec, err := idem.New(unwrapping{wrapped{s}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := exec.Do(t.Context(), idem.Key{ID: "k"}, "", func(ctx context.Context) ([]byte, error) {
+		return []byte("v"), idem.SetEffect(ctx, idem.Effect{Name: "ok", Keys: []string{"a"}})
+	})
+	if err != nil || string(res.Value) != "v" {
+		t.Fatalf("Do: got %q, %v", res.Value, err)
+	}
+	if len(s.applied) != 1 || s.applied[0].Name != "ok" {
+		t.Fatalf("applied: got %+v, want the one effect", s.applied)
+	}
+}
