@@ -9,7 +9,7 @@ FUZZTIME ?= 10s
 # dependencies, which have go.mod files of their own).
 MODULES  := $(shell find . -name go.mod -not -path './.cache/*' -not -path './bin/*' -exec dirname {} \; | sort)
 
-.PHONY: test vet race fuzz soak chaos chaos-long chaos-report bench bench-streams bench-http bench-proxy bench-postgres check-redis check-brokers check-postgres demo
+.PHONY: test vet race fuzz soak chaos chaos-long chaos-report bench bench-streams bench-functions bench-http bench-proxy bench-postgres check-redis check-brokers check-postgres demo
 
 ## test: formatting, vet, the race-enabled tests of every module and the
 ## short variant of the reliability suite (make chaos).
@@ -98,6 +98,12 @@ bench: check-redis
 ## deduplication needs ("floor"), 5 runs each; prints medians and ratios.
 bench-streams: check-redis
 	$(GO) test -run '^$$' -bench 'Consumer/.*/batch=100' -benchtime 50000x -count 5 ./consumer/redisstream/ | $(GO) run ./internal/benchratio -metric msgs/s -base plain
+
+## bench-functions: the Redis time per call of each transition in script
+## mode and in Functions mode (WithFunctions), 7 runs each; prints medians
+## and the Functions/script ratios.
+bench-functions: check-redis
+	$(GO) test -run '^$$' -bench Transitions -benchtime 20000x -count 7 ./redisstore/ | $(GO) run ./internal/benchratio -metric redis-µs/call -base scripts
 
 ## bench-http: idemhttp against the bare handler under wrk (needs wrk).
 bench-http: check-redis
