@@ -103,7 +103,7 @@ bench-streams: check-redis
 ## mode and in Functions mode (WithFunctions), 7 runs each; prints medians
 ## and the Functions/script ratios.
 bench-functions: check-redis
-	$(GO) test -run '^$$' -bench Transitions -benchtime 20000x -count 7 ./redisstore/ | $(GO) run ./internal/benchratio -metric redis-µs/call -base scripts
+	$(GO) test -run '^$$' -bench Transitions -benchtime 20000x -count 7 ./redisstore/ | $(GO) run ./internal/benchratio -metric redis-µs/call -base scripts | $(GO) run ./internal/benchratio -metric redis-cpu-µs/call -base scripts
 
 ## bench-http: idemhttp against the bare handler under wrk (needs wrk).
 bench-http: check-redis

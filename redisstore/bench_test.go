@@ -180,6 +180,26 @@ func usecPerCall(b *testing.B, srv *redistest.Server, cmd string) float64 {
 	return 0
 }
 
+// mainThreadCPU returns the CPU time, in seconds, of the server's main
+// thread (INFO cpu): unlike usec_per_call, it does not count the time the
+// server waits for a CPU on a loaded machine.
+func mainThreadCPU(b *testing.B, srv *redistest.Server) float64 {
+	b.Helper()
+	info, err := srv.Command("INFO", "cpu")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total float64
+	for line := range strings.Lines(info) {
+		name, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if ok && (name == "used_cpu_user_main_thread" || name == "used_cpu_sys_main_thread") {
+			n, _ := strconv.ParseFloat(v, 64)
+			total += n
+		}
+	}
+	return total
+}
+
 // BenchmarkBatch measures Executor.BeginBatch and CommitBatch of 100 new
 // keys (the broker consumers' path): one script call acquires the batch,
 // one completes it. An op is one key; redis-µs/key-transition is the Redis
@@ -225,7 +245,9 @@ func BenchmarkBatch(b *testing.B) {
 
 // BenchmarkTransitions measures each transition's Redis time per call
 // (redis-µs/call: usec_per_call of EVALSHA in script mode, of FCALL or
-// FCALL_RO in Functions mode, from INFO commandstats) in both modes, one
+// FCALL_RO in Functions mode, from INFO commandstats; and redis-cpu-µs/call,
+// the CPU of the server's main thread per call, reading and parsing
+// included, which a loaded machine inflates less) in both modes, one
 // store call per op from 16 goroutines through go-redis. The records each
 // op needs (an acquired key for complete, extend, release and fail; a
 // completed one for replay and get) are made before the measured calls, and
@@ -329,6 +351,7 @@ redis.call('INCRBY', KEYS[1], n)`)
 					}
 				}
 				resetStats(b, srv)
+				cpu := mainThreadCPU(b, srv)
 				var next atomic.Int64
 				b.SetParallelism(max(1, 16/runtime.GOMAXPROCS(0)))
 				b.ResetTimer()
@@ -350,6 +373,7 @@ redis.call('INCRBY', KEYS[1], n)`)
 					}
 				}
 				b.ReportMetric(usecPerCall(b, srv, cmd), "redis-µs/call")
+				b.ReportMetric((mainThreadCPU(b, srv)-cpu)*1e6/float64(b.N), "redis-cpu-µs/call")
 			})
 		}
 	}
