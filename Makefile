@@ -1,19 +1,31 @@
 # idem — make targets. `make test` is what CI runs (see .ci/run).
+#
+# Modules (see CONTRIBUTING.md): the root and every directory with a go.mod
+# are modules, released together at one version (tags vX.Y.Z and
+# <dir>/vX.Y.Z). Each requires its siblings at MODVERSION, the next release,
+# with no replace directive; go.work maps that version to the working tree,
+# so every target here builds the working tree (workspace mode). To add a
+# module or a dependency, edit the go.mod (or the imports) and run
+# `make tidy`; `make modules` builds and vets every module on its own
+# (GOWORK=off) and installs them from a local module proxy.
 SHELL    := /bin/bash
 GO       ?= go
-# Each module is built and tested on its own, as its users build it (its
-# go.mod replaces the root module with ../..); go.work is for editors.
-export GOWORK := off
 FUZZTIME ?= 10s
 # Every module of the repository (the root and the adapters with heavy
 # dependencies, which have go.mod files of their own).
 MODULES  := $(shell find . -name go.mod -not -path './.cache/*' -not -path './bin/*' -exec dirname {} \; | sort)
+# The version every module requires of its siblings (the next release): the
+# one go.work maps to the working tree. make tidy MODVERSION=v0.2.0 moves
+# every module to another.
+MODVERSION ?= $(shell sed -n 's|^[[:space:]]*github.com/idemgo/idem \(v[^ ]*\) =>.*|\1|p' go.work)
+MODPROXY   := $(GO) run -C internal/modproxy .
 
-.PHONY: test vet race fuzz soak chaos chaos-long chaos-report bench bench-streams bench-functions bench-http bench-proxy bench-postgres check-redis check-brokers check-postgres demo
+.PHONY: test vet race modules tidy build release fuzz soak chaos chaos-long chaos-report bench bench-streams bench-functions bench-http bench-proxy bench-postgres check-redis check-brokers check-postgres demo
 
-## test: formatting, vet, the race-enabled tests of every module and the
-## short variant of the reliability suite (make chaos).
-test: check-redis check-brokers check-postgres vet race chaos
+## test: formatting, vet, the race-enabled tests of every module, each
+## module built on its own (make modules) and the short variant of the
+## reliability suite (make chaos).
+test: check-redis check-brokers check-postgres vet race modules chaos
 
 check-redis:
 	@command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 || { \
@@ -43,10 +55,26 @@ check-postgres:
 vet:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	@$(MODPROXY) check -version $(MODVERSION) -repo $(CURDIR)
 	@for m in $(MODULES); do (cd $$m && $(GO) vet ./...) || exit 1; done
 
 race:
-	@for m in $(filter-out ./chaos,$(MODULES)); do (cd $$m && $(GO) test -race -count=1 -timeout 15m ./...) || exit 1; done
+	@for m in $(filter-out ./chaos ./internal/modproxy,$(MODULES)); do (cd $$m && $(GO) test -race -count=1 -timeout 15m ./...) || exit 1; done
+
+## modules: every module as its users get it. A local module proxy serves
+## the tree as if each module were tagged at MODVERSION; in an empty GOPATH,
+## go install of cmd/idem and go get of every module must work, and every
+## module must build and vet on its own (GOWORK=off) with a tidy go.mod.
+## Needs the module proxy for third-party modules (minutes: empty cache).
+modules:
+	cd internal/modproxy && $(GO) test -count=1 -timeout 30m ./...
+
+## tidy: line every module up with MODVERSION (requirements, go.work), then
+## go mod tidy each one on its own against a local module proxy of the tree.
+## To add a dependency: import it (or go mod edit -require), then make tidy.
+tidy:
+	$(MODPROXY) sync -version $(MODVERSION) -repo $(CURDIR)
+	$(MODPROXY) run -version $(MODVERSION) -repo $(CURDIR) -- $(GO) mod tidy
 
 ## chaos: the reliability suite (RELIABILITY.md), short bounded variant, with
 ## the race detector. RUN=regexp selects scenarios. Each scenario appends its
@@ -115,12 +143,46 @@ bench-proxy: check-redis
 	@command -v wrk >/dev/null 2>&1 || { echo "wrk is needed: sudo apt-get install -y wrk"; exit 1; }
 	bash internal/httpbench/proxy/run.sh
 
-## demo: the proxy on its embedded store in front of a toy API (no Redis).
-## Then, in another terminal, send the same request twice:
-##   curl -si -X POST localhost:8080/payments -H 'Idempotency-Key: k1' -d '{"amount":100}'
-demo:
+## build: bin/idem from the working tree.
+build:
 	cd cmd/idem && $(GO) build -o ../../bin/idem .
-	@./bin/idem upstream-demo --listen 127.0.0.1:9000 & demo=$$!; \
+
+## release: idem for every platform in dist/: idem_<version>_<os>_<arch>.tar.gz
+## (.zip for Windows) with the README and LICENSE, and SHA256SUMS. Static
+## (CGO_ENABLED=0), -trimpath, stamped with VERSION, COMMIT and DATE (the
+## commit's date, so that the same commit gives the same binaries).
+VERSION   ?= $(shell git describe --tags --match 'v*' --always --dirty 2>/dev/null || echo devel)
+COMMIT    ?= $(shell git rev-parse HEAD 2>/dev/null)
+DATE      ?= $(shell TZ=UTC git log -1 --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ 2>/dev/null)
+PLATFORMS ?= linux/amd64 linux/arm64 darwin/amd64 darwin/arm64 windows/amd64
+release:
+	@rm -rf dist && mkdir -p dist
+	@set -e; for p in $(PLATFORMS); do \
+	  os=$${p%/*}; arch=$${p#*/}; name=idem_$(VERSION)_$${os}_$${arch}; ext=; [ $$os = windows ] && ext=.exe; \
+	  echo "building $$name"; mkdir -p dist/$$name; \
+	  (cd cmd/idem && CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath -buildvcs=false \
+	    -ldflags "-s -w -X main.buildVersion=$(VERSION) -X main.buildCommit=$(COMMIT) -X main.buildDate=$(DATE)" \
+	    -o ../../dist/$$name/idem$$ext .); \
+	  cp README.md LICENSE dist/$$name/; touch -d '$(DATE)' dist/$$name/*; \
+	  if [ $$os = windows ]; then (cd dist && TZ=UTC zip -qrX $$name.zip $$name); \
+	  else tar -C dist --sort=name --owner=0 --group=0 --numeric-owner --mtime='$(DATE)' -cf - $$name | gzip -n > dist/$$name.tar.gz; fi; \
+	  rm -r dist/$$name; \
+	done
+	@cd dist && sha256sum idem_* > SHA256SUMS && cat SHA256SUMS
+
+## demo: the proxy on its embedded store in front of a toy API (no Redis),
+## on DEMO_PORT (the proxy) and DEMO_UPSTREAM_PORT (the toy API). Then, in
+## another terminal, send the same request twice:
+##   curl -si -X POST localhost:8080/payments -H 'Idempotency-Key: k1' -d '{"amount":100}'
+DEMO_PORT          ?= 8080
+DEMO_UPSTREAM_PORT ?= 9000
+demo:
+	@echo "building bin/idem (the first build compiles every dependency: about a minute)"
+	@cd cmd/idem && $(GO) build -o ../../bin/idem .
+	@echo "starting the toy API (not idempotent) on 127.0.0.1:$(DEMO_UPSTREAM_PORT): bin/idem upstream-demo"
+	@./bin/idem upstream-demo --listen 127.0.0.1:$(DEMO_UPSTREAM_PORT) & demo=$$!; \
 	  trap 'kill $$demo 2>/dev/null' EXIT; \
-	  for i in $$(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/9000) 2>/dev/null && break; sleep 0.05; done; \
-	  ./bin/idem proxy --listen 127.0.0.1:8080 --upstream http://127.0.0.1:9000 --data ./idem-data
+	  for i in $$(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$(DEMO_UPSTREAM_PORT)) 2>/dev/null && break; sleep 0.05; done; \
+	  echo "starting the proxy on 127.0.0.1:$(DEMO_PORT), records in ./idem-data; Ctrl-C stops both. Try:"; \
+	  echo "  curl -si -X POST localhost:$(DEMO_PORT)/payments -H 'Idempotency-Key: order-17' -d '{\"amount\":100}'"; \
+	  ./bin/idem proxy --listen 127.0.0.1:$(DEMO_PORT) --upstream http://127.0.0.1:$(DEMO_UPSTREAM_PORT) --data ./idem-data

@@ -69,6 +69,7 @@ func (e *Executor) BeginBatch(ctx context.Context, keys []Key, fingerprints []st
 	}
 	// Repeat the acquisitions whose outcome is unknown, as Begin does.
 	var acqs []Acquisition
+	sent := time.Now()
 	r := acquireRepeats()
 	errs := r.batch(ctx, func(js []int) []error {
 		if js == nil {
@@ -87,7 +88,7 @@ func (e *Executor) BeginBatch(ctx context.Context, keys []Key, fingerprints []st
 			out[i] = Began{Ctx: ctx, Err: fmt.Errorf("idem: acquire: %w", errs[j])}
 			continue
 		}
-		c, a, err := e.begun(ctx, skeys[j], acqs[j])
+		c, a, err := e.begun(ctx, skeys[j], acqs[j], sent)
 		out[i] = Began{c, a, err}
 	}
 	return out

@@ -1,6 +1,9 @@
 package idem
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 type leaseKey struct{}
 
@@ -43,4 +46,19 @@ func FenceFrom(ctx context.Context) (fence int64, ok bool) {
 func OwnerFrom(ctx context.Context) (owner string, ok bool) {
 	l, ok := LeaseFrom(ctx)
 	return l.Owner, ok
+}
+
+// LeaseDeadline returns the local time at which the lease of the attempt
+// that runs with ctx ends at the latest (see Attempt.LeaseDeadline): the
+// context is cancelled then, with a cause wrapping ErrLeaseLost, unless an
+// extension moved it. ok is false outside an attempt. It is not ctx's
+// Deadline, since every extension moves it and a Deadline does not move:
+// a downstream call that took it for its own timeout would be cut short
+// while the lease is being extended.
+func LeaseDeadline(ctx context.Context) (deadline time.Time, ok bool) {
+	c, ok := ctx.Value(leaseKey{}).(*leaseCtx)
+	if !ok || c.a == nil {
+		return time.Time{}, false
+	}
+	return c.a.deadline.time(), true
 }

@@ -48,7 +48,15 @@
 // extends every third of it while the operation runs. If an extension finds
 // that the key was taken over, the operation's context is cancelled with
 // cause ErrLeaseLost and nothing is stored. Time is always the store's
-// clock, never the caller's.
+// clock, never the caller's, for the record; the caller's own clock only
+// bounds its side: the lease ends, as far as the caller can know, at the
+// send time of the acquire (or of the last successful extension) plus the
+// lease, which is no later than the store's end of it. So an operation
+// never starts after that local deadline (a reply that comes later fails
+// Do with ErrLeaseLost and releases the key), and its context is cancelled
+// at it, with a cause wrapping ErrLeaseLost, unless an extension moved it
+// in time (LeaseDeadline reports it; the context's Deadline does not,
+// because extensions move it).
 //
 // # Failures
 //

@@ -79,6 +79,7 @@ type Executor struct {
 	maxAttempts int
 	policy      FailurePolicy
 	codec       blobCodec
+	onLeaseLost func(context.Context, LeaseLost)
 
 	ownerPrefix string
 	ownerSeq    atomic.Uint64
@@ -154,10 +155,12 @@ func (e *Executor) keyAndOwner(key Key) (skey, owner string) {
 	return s[:DigestLen], s[DigestLen:]
 }
 
-// beater is a reusable heartbeat timer. Arming a pooled timer instead of
-// calling time.AfterFunc per attempt saves two allocations per call.
+// beater holds an attempt's reusable timers: the heartbeat, and the
+// expiry at the lease's local deadline. Arming pooled timers instead of
+// calling time.AfterFunc per attempt saves allocations per call.
 type beater struct {
-	t *time.Timer
+	t *time.Timer // heartbeat
+	x *time.Timer // expiry
 	a atomic.Pointer[Attempt]
 }
 
@@ -165,6 +168,8 @@ var beaters = sync.Pool{New: func() any {
 	b := &beater{}
 	b.t = time.AfterFunc(time.Hour, b.fire)
 	b.t.Stop()
+	b.x = time.AfterFunc(time.Hour, b.expire)
+	b.x.Stop()
 	return b
 }}
 
@@ -173,6 +178,36 @@ func (b *beater) fire() {
 		a.heartbeat()
 	}
 }
+
+// expire runs at the lease's local deadline: unless an extension moved it
+// meanwhile, it cancels the attempt's context, before the store's lease
+// ends. It takes no lock, so that a slow extension cannot delay it.
+func (b *beater) expire() {
+	a := b.a.Load()
+	if a == nil {
+		return
+	}
+	if left := a.deadline.left(); left > 0 {
+		b.x.Reset(left)
+		return
+	}
+	a.cancel(fmt.Errorf("%w: the lease of fence %d ended by the local clock before an extension succeeded", ErrLeaseLost, a.lease.Fence))
+}
+
+// epoch is the origin of localDeadline's monotonic readings.
+var epoch = time.Now()
+
+// localDeadline is the local time at which a lease ends at the latest: the
+// time the call that set it (the acquire, or the last successful
+// extension) was sent, plus the lease. The store computes the lease's end
+// from its own clock when the call arrives, so it ends later than this, by
+// the call's one-way delay, clocks running at the same rate. It is read
+// without a lock.
+type localDeadline struct{ ns atomic.Int64 } // since epoch, monotonic
+
+func (d *localDeadline) set(t time.Time)     { d.ns.Store(int64(t.Sub(epoch))) }
+func (d *localDeadline) time() time.Time     { return epoch.Add(time.Duration(d.ns.Load())) }
+func (d *localDeadline) left() time.Duration { return time.Until(d.time()) }
 
 // withoutCancel returns a context for store calls that must happen even if
 // ctx was cancelled (completing, releasing).
@@ -214,7 +249,8 @@ type Result struct {
 // releases the key (retryable) or stores the failure (terminal). If fn
 // panics, the key is released and the panic continues. If the lease was lost
 // while fn ran, Do returns an error wrapping ErrLeaseLost and nothing is
-// stored. Store errors are returned wrapped.
+// stored (see WithOnLeaseLost to compensate). Store errors are returned
+// wrapped.
 //
 // Once fn has run, the store call that ends the attempt (complete, fail or
 // release) is repeated with the same lease while it fails with an error
@@ -245,9 +281,14 @@ func (e *Executor) Do(ctx context.Context, key Key, fingerprint string, fn func(
 	sctx := withoutCancel(ctx)
 	res := Result{Value: v, Fence: a.lease.Fence}
 	if ferr != nil {
-		return res, a.Abort(sctx, ferr)
+		err = a.Abort(sctx, ferr)
+	} else {
+		err = a.Commit(sctx, v)
 	}
-	return res, a.Commit(sctx, v)
+	if e.onLeaseLost != nil && errors.Is(err, ErrLeaseLost) {
+		e.onLeaseLost(sctx, LeaseLost{Key: key, Fence: a.lease.Fence, Err: ferr})
+	}
+	return res, err
 }
 
 // Attempt is one acquisition of a key, returned by Begin, for callers that
@@ -264,9 +305,10 @@ type Attempt struct {
 	replayed bool
 	value    []byte
 
-	cancel context.CancelCauseFunc
-	beat   *beater
-	lctx   leaseCtx
+	cancel   context.CancelCauseFunc
+	beat     *beater
+	lctx     leaseCtx
+	deadline localDeadline
 
 	mu       sync.Mutex
 	finished bool
@@ -297,6 +339,8 @@ func (e *Executor) Begin(ctx context.Context, key Key, fingerprint string) (cont
 		Retention:   e.retention,
 		MaxAttempts: e.maxAttempts,
 	}
+	// The first send: a repetition returns the acquisition that call made.
+	sent := time.Now()
 	acq, err := e.store.Acquire(ctx, skey, req)
 	// An acquire whose outcome is unknown may have taken the key: repeated
 	// with the same owner it returns that acquisition, instead of leaving
@@ -309,11 +353,12 @@ func (e *Executor) Begin(ctx context.Context, key Key, fingerprint string) (cont
 	if err != nil {
 		return ctx, nil, fmt.Errorf("idem: acquire: %w", err)
 	}
-	return e.begun(ctx, skey, acq)
+	return e.begun(ctx, skey, acq, sent)
 }
 
-// begun turns an acquisition of skey into Begin's results.
-func (e *Executor) begun(ctx context.Context, skey string, acq Acquisition) (context.Context, *Attempt, error) {
+// begun turns an acquisition of skey, whose acquire was sent at sent, into
+// Begin's results.
+func (e *Executor) begun(ctx context.Context, skey string, acq Acquisition, sent time.Time) (context.Context, *Attempt, error) {
 	switch acq.Outcome {
 	case Acquired, TakenOver:
 	case Replay:
@@ -342,12 +387,26 @@ func (e *Executor) begun(ctx context.Context, skey string, acq Acquisition) (con
 		previous: acq.PreviousOwner,
 		attempts: acq.Attempts,
 	}
+	deadline := sent.Add(e.lease)
+	if left := time.Until(deadline); left <= 0 {
+		// The reply came after the lease had ended by the local clock:
+		// another caller may hold the key by now. The operation must not
+		// start; the key is given back (a takeover makes that fail, which
+		// changes nothing).
+		_ = a.finish(withoutCancel(ctx), endRelease, nil, false)
+		return ctx, nil, fmt.Errorf("%w: the acquire's reply came %v after it was sent, after the lease of %v had ended; nothing ran and the key was released",
+			ErrLeaseLost, time.Since(sent).Round(time.Millisecond), e.lease)
+	}
+	a.deadline.set(deadline)
 	cctx, cancel := context.WithCancelCause(ctx)
 	a.cancel = cancel
 	a.lctx = leaseCtx{Context: cctx, lease: acq.Lease, a: a}
 	a.beat = beaters.Get().(*beater)
 	a.beat.a.Store(a)
-	a.beat.t.Reset(e.lease / 3)
+	// The first extension a third of the lease after the acquire was sent,
+	// so that a slow reply leaves it as much time as a fast one.
+	a.beat.t.Reset(max(time.Until(sent.Add(e.lease/3)), 0))
+	a.beat.x.Reset(time.Until(deadline))
 	return &a.lctx, a, nil
 }
 
@@ -375,6 +434,18 @@ func (a *Attempt) Attempts() int { return a.attempts }
 // Key returns the store key (the digest of the idempotency key).
 func (a *Attempt) Key() string { return a.key }
 
+// LeaseDeadline returns the local time at which the attempt's lease ends at
+// the latest: when the acquire (or the last successful extension) was sent,
+// plus the lease. The attempt's context is cancelled then, unless an
+// extension moved it; after the attempt ended it no longer moves. It is the
+// zero time for a replay.
+func (a *Attempt) LeaseDeadline() time.Time {
+	if a.replayed {
+		return time.Time{}
+	}
+	return a.deadline.time()
+}
+
 // heartbeat runs on the lease timer: it extends the lease, or cancels the
 // attempt's context when the lease was lost.
 func (a *Attempt) heartbeat() {
@@ -384,6 +455,7 @@ func (a *Attempt) heartbeat() {
 		return
 	}
 	interval := a.e.lease / 3
+	sent := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), interval)
 	err := a.e.store.Extend(ctx, a.key, a.lease, a.e.lease)
 	cancel()
@@ -392,10 +464,13 @@ func (a *Attempt) heartbeat() {
 		a.cancel(fmt.Errorf("%w: extending the lease of fence %d", ErrLeaseLost, a.lease.Fence))
 		return
 	}
+	if err == nil {
+		a.deadline.set(sent.Add(a.e.lease))
+	}
 	// On other errors (store unreachable) try again at the next tick: the
 	// lease is only lost once somebody else takes the key over, which the
-	// store reports.
-	a.beat.t.Reset(interval)
+	// store reports; until then the local deadline cancels the context.
+	a.beat.t.Reset(max(time.Until(sent.Add(interval)), 0))
 }
 
 // end marks the attempt finished; it reports false if it already was, or if
@@ -410,9 +485,10 @@ func (a *Attempt) end() error {
 		return errAttemptEnded
 	}
 	a.finished = true
-	if a.beat.t.Stop() {
-		// Not firing: the timer can serve another attempt. Otherwise the
-		// firing heartbeat sees finished and returns; the timer is dropped.
+	if stopped := a.beat.t.Stop(); a.beat.x.Stop() && stopped {
+		// Neither firing: the timers can serve another attempt. Otherwise
+		// a firing heartbeat sees finished and returns, a firing expiry
+		// cancels a context that is done with; the timers are dropped.
 		a.beat.a.Store(nil)
 		beaters.Put(a.beat)
 	}

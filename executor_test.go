@@ -104,7 +104,7 @@ func TestDoInProgress(t *testing.T) {
 }
 
 func TestHeartbeatKeepsTheLease(t *testing.T) {
-	const lease = 60 * time.Millisecond
+	const lease = 300 * time.Millisecond
 	e, s := newExec(t, idem.WithLease(lease), idem.WithRetention(time.Hour))
 	key := idem.Key{ID: "long"}
 	var fence int64
@@ -491,5 +491,46 @@ func TestEncryptionRefusesPlainResult(t *testing.T) {
 	}
 	if _, err := sealed.DecodeResult(key.Digest(), []byte{0}); !errors.Is(err, idem.ErrCorruptResult) {
 		t.Fatalf("DecodeResult of a plain blob with a key: got %v, want ErrCorruptResult", err)
+	}
+}
+
+// TestOnLeaseLost checks that Do calls the compensation hook, with the
+// key, the fence and fn's error, when the lease was lost while fn ran, and
+// not otherwise.
+func TestOnLeaseLost(t *testing.T) {
+	var got []idem.LeaseLost
+	s, err := memstore.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := idem.New(s, idem.WithOnLeaseLost(func(_ context.Context, l idem.LeaseLost) { got = append(got, l) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := idem.Key{Scope: "s", ID: "k"}
+	var fence int64
+	boom := errors.New("half done")
+	for _, fnErr := range []error{nil, boom} {
+		_, err = e.Do(t.Context(), key, "", func(ctx context.Context) ([]byte, error) {
+			fence, _ = idem.FenceFrom(ctx)
+			// Another owner takes the key over: here, the record goes.
+			if err := s.Delete(ctx, key.Digest()); err != nil {
+				t.Fatal(err)
+			}
+			return []byte("v"), fnErr
+		})
+		if !errors.Is(err, idem.ErrLeaseLost) {
+			t.Fatalf("Do after losing the lease: got %v, want ErrLeaseLost", err)
+		}
+		if len(got) == 0 || got[len(got)-1].Key != key || got[len(got)-1].Fence != fence || !errors.Is(got[len(got)-1].Err, fnErr) || (fnErr == nil) != (got[len(got)-1].Err == nil) {
+			t.Fatalf("hook calls %+v, want the key, fence %d and error %v", got, fence, fnErr)
+		}
+	}
+	n := len(got)
+	if _, err := e.Do(t.Context(), idem.Key{ID: "fine"}, "", func(context.Context) ([]byte, error) { return nil, nil }); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != n {
+		t.Fatalf("hook called for an attempt that kept its lease: %+v", got)
 	}
 }

@@ -4,7 +4,7 @@ go 1.26.0
 
 require (
 	github.com/aws/aws-sdk-go-v2/service/sqs v1.52.10
-	github.com/idemgo/idem v0.0.0
+	github.com/idemgo/idem v0.1.0
 	github.com/nats-io/nats.go v1.55.0
 	github.com/rabbitmq/amqp091-go v1.16.0
 	github.com/redis/rueidis v1.0.79
@@ -35,12 +35,12 @@ require (
 	github.com/anishathalye/porcupine v1.3.1
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
-	github.com/golang/protobuf v1.5.2 // indirect
+	github.com/golang/protobuf v1.5.4 // indirect
 	github.com/gorilla/mux v1.8.0 // indirect
-	github.com/idemgo/idem/consumer/kafka v0.0.0
-	github.com/idemgo/idem/consumer/nats v0.0.0
-	github.com/idemgo/idem/consumer/rabbitmq v0.0.0
-	github.com/idemgo/idem/consumer/sqs v0.0.0
+	github.com/idemgo/idem/consumer/kafka v0.1.0
+	github.com/idemgo/idem/consumer/nats v0.1.0
+	github.com/idemgo/idem/consumer/rabbitmq v0.1.0
+	github.com/idemgo/idem/consumer/sqs v0.1.0
 	github.com/mattn/go-colorable v0.1.13 // indirect
 	github.com/mattn/go-isatty v0.0.16 // indirect
 	github.com/matttproud/golang_protobuf_extensions v1.0.1 // indirect
@@ -53,16 +53,6 @@ require (
 	github.com/rs/zerolog v1.28.0
 	go.uber.org/atomic v1.12.0 // indirect
 	golang.org/x/sys v0.48.0 // indirect
-	google.golang.org/protobuf v1.28.1 // indirect
+	google.golang.org/protobuf v1.36.12 // indirect
 	gopkg.in/tomb.v1 v1.0.0-20141024135613-dd632973f1e7 // indirect
 )
-
-replace github.com/idemgo/idem => ..
-
-replace github.com/idemgo/idem/consumer/kafka => ../consumer/kafka
-
-replace github.com/idemgo/idem/consumer/nats => ../consumer/nats
-
-replace github.com/idemgo/idem/consumer/rabbitmq => ../consumer/rabbitmq
-
-replace github.com/idemgo/idem/consumer/sqs => ../consumer/sqs

@@ -26,6 +26,12 @@ var ErrPanic = errors.New("consumer: handler panicked")
 // is released and the message is left for redelivery.
 var ErrStopping = errors.New("consumer: stopping")
 
+// IsInvalid reports whether err is the error of a message that cannot be
+// processed however often it is delivered: it has no key (ErrNoKey), or
+// its key or fingerprint is over its limit (idem.ErrInvalid). Such a
+// message is dead-lettered at once.
+func IsInvalid(err error) bool { return errors.Is(err, ErrNoKey) || errors.Is(err, idem.ErrInvalid) }
+
 // Message is a delivered message, reduced to what idempotency needs.
 type Message struct {
 	// Key is the message's idempotency key, as the adapter's key extractor
@@ -141,6 +147,36 @@ func WithEventHook(f func(Event)) Option { return func(p *Processor) { p.onEvent
 // never the key. The default is slog.Default().
 func WithLogger(l *slog.Logger) Option { return func(p *Processor) { p.log = l } }
 
+// WithOnLeaseLost sets the compensation hook: a function called when a
+// handler ran but its lease was lost (another owner took the key over, so
+// the message will run again there, with a higher fence), with the key,
+// the fence and the handler's error (nil if it succeeded). The message is
+// not acknowledged. f can undo the handler's work or flag it; it is
+// called from the goroutine that processes the batch, after the handler
+// and before the batch's acknowledgements. The default is none.
+func WithOnLeaseLost(f func(ctx context.Context, l idem.LeaseLost)) Option {
+	return func(p *Processor) { p.onLeaseLost = f }
+}
+
+// WithPassDuplicates passes a duplicate whose key is COMPLETED to the
+// handler instead of acknowledging it silently (Apache Camel's
+// skipDuplicate=false): its context says so (DuplicateFrom) and carries the
+// stored result; the key is not acquired and the handler's error only
+// delays the acknowledgement (Retry). A repeat of a key within the same
+// batch is not passed on (it is acknowledged after the first). The default
+// is off.
+func WithPassDuplicates() Option { return func(p *Processor) { p.passDuplicates = true } }
+
+// duplicateKey is the context key of a duplicate passed to the handler.
+type duplicateKey struct{}
+
+// DuplicateFrom reports whether ctx is the context of a duplicate passed to
+// the handler (WithPassDuplicates), and returns the key's stored result.
+func DuplicateFrom(ctx context.Context) (result []byte, ok bool) {
+	v, ok := ctx.Value(duplicateKey{}).([]byte)
+	return v, ok
+}
+
 // Stats are a Processor's counters since New, one per message decision;
 // the same type for every adapter. Safe to copy.
 type Stats struct {
@@ -171,13 +207,15 @@ type Stats struct {
 // Processor runs handlers at most once per message key. It is safe for
 // concurrent use.
 type Processor struct {
-	exec          *idem.Executor
-	scope         string
-	maxDeliveries int
-	retryDelay    time.Duration
-	commit        CommitFunc
-	onEvent       func(Event)
-	log           *slog.Logger
+	exec           *idem.Executor
+	scope          string
+	maxDeliveries  int
+	retryDelay     time.Duration
+	commit         CommitFunc
+	onEvent        func(Event)
+	log            *slog.Logger
+	onLeaseLost    func(context.Context, idem.LeaseLost)
+	passDuplicates bool
 
 	stats struct {
 		processed, replayed, retried, dead, invalid, panics, redelivered, errors atomic.Int64
@@ -268,6 +306,7 @@ type Batch struct {
 	done      []bool
 	durations []time.Duration
 	invalid   []bool
+	dups      [][]byte // stored results of duplicates passed to the handler
 }
 
 // Acquire checks every message and acquires the keys of the valid ones in
@@ -304,6 +343,12 @@ func (p *Processor) Acquire(ctx context.Context, msgs []Message) *Batch {
 		switch {
 		case r.Err == nil && r.Attempt.Replayed():
 			b.results[i] = Result{Action: Ack, Replayed: true}
+			if p.passDuplicates {
+				if b.dups == nil {
+					b.dups = make([][]byte, n)
+				}
+				b.dups[i] = append([]byte{}, r.Attempt.Value()...)
+			}
 		case r.Err == nil:
 			b.held[i], b.ctxs[i] = r.Attempt, r.Ctx
 		default:
@@ -351,17 +396,25 @@ func (b *Batch) Handle(h Handler) {
 		}
 	}()
 	for i, m := range b.msgs {
+		if b.dups != nil && b.dups[i] != nil {
+			b.passDuplicate(h, i)
+			continue
+		}
 		a := b.held[i]
 		if a == nil {
 			continue
 		}
+		ran := false
 		var err error
 		if cerr := b.ctx.Err(); cerr != nil {
 			err = fmt.Errorf("%w: %w", ErrStopping, cerr)
+		} else if b.ctxs[i].Err() != nil {
+			err = context.Cause(b.ctxs[i]) // the lease was lost before the handler started
 		} else {
 			start := time.Now()
-			err = p.call(b.ctxs[i], h, i, a)
+			err = p.call(b.ctxs[i], h, i, a.Key())
 			b.durations[i] = time.Since(start)
+			ran = true
 		}
 		if err == nil {
 			b.done[i] = true
@@ -371,6 +424,9 @@ func (b *Batch) Handle(h Handler) {
 		deliveries := max(m.Deliveries, a.Attempts())
 		if !errors.Is(err, ErrStopping) && (idem.IsTerminal(err) || (p.maxDeliveries > 0 && deliveries >= p.maxDeliveries)) {
 			ferr := a.Fail(sctx, err)
+			if ran {
+				b.leaseLost(i, a, ferr, err)
+			}
 			b.results[i] = Result{Action: DeadLetter, Err: errors.Join(err, ferr)}
 			if ferr != nil && !errors.Is(ferr, idem.ErrLeaseLost) {
 				// The failure was not stored: retry rather than lose it.
@@ -379,17 +435,43 @@ func (b *Batch) Handle(h Handler) {
 			continue
 		}
 		rerr := a.Release(sctx)
+		if ran {
+			b.leaseLost(i, a, rerr, err)
+		}
 		b.results[i] = Result{Action: Retry, Delay: p.retryDelay, Err: errors.Join(err, rerr)}
 	}
 }
 
+// passDuplicate runs h for message i, a duplicate of a COMPLETED key
+// (WithPassDuplicates), with the stored result in its context.
+func (b *Batch) passDuplicate(h Handler, i int) {
+	p := b.p
+	ctx := context.WithValue(b.ctx, duplicateKey{}, b.dups[i])
+	start := time.Now()
+	err := p.call(ctx, h, i, p.Key(b.msgs[i].Key).Digest())
+	b.durations[i] = time.Since(start)
+	if err != nil {
+		b.results[i] = Result{Action: Retry, Delay: p.retryDelay, Err: err}
+	}
+}
+
+// leaseLost calls the compensation hook for message i if endErr, the
+// error of the store call that ended its attempt, says that the lease was
+// lost; handlerErr is the handler's error.
+func (b *Batch) leaseLost(i int, a *idem.Attempt, endErr, handlerErr error) {
+	if b.p.onLeaseLost == nil || !errors.Is(endErr, idem.ErrLeaseLost) {
+		return
+	}
+	b.p.onLeaseLost(context.WithoutCancel(b.ctx), idem.LeaseLost{Key: b.p.Key(b.msgs[i].Key), Fence: a.Lease().Fence, Err: handlerErr})
+}
+
 // call runs h for message i, turning a panic into an error.
-func (p *Processor) call(ctx context.Context, h Handler, i int, a *idem.Attempt) (err error) {
+func (p *Processor) call(ctx context.Context, h Handler, i int, digest string) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			p.stats.panics.Add(1)
 			err = fmt.Errorf("%w: %v", ErrPanic, r)
-			p.log.Error("consumer: handler panicked", "scope", p.scope, "key_digest", a.Key(), "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			p.log.Error("consumer: handler panicked", "scope", p.scope, "key_digest", digest, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
 		}
 	}()
 	return h(ctx, i)
@@ -416,6 +498,7 @@ func (b *Batch) Commit(ctx context.Context) []Result {
 	if len(catt) > 0 {
 		for k, err := range p.commit(context.WithoutCancel(ctx), cmsgs, catt) {
 			i := cidx[k]
+			b.leaseLost(i, catt[k], err, nil)
 			if err != nil {
 				b.results[i] = Result{Action: Retry, Delay: p.retryDelay, Err: err}
 				// A refused effect (idem.SetEffect) is a failed message:

@@ -210,3 +210,78 @@ func TestNewInvalid(t *testing.T) {
 		}
 	}
 }
+
+// TestOnLeaseLost: a handler whose lease is lost while it runs (another
+// owner took the key over) is not acknowledged, and the compensation hook
+// gets its key, fence and error.
+func TestOnLeaseLost(t *testing.T) {
+	s, err := memstore.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	exec, err := idem.New(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []idem.LeaseLost
+	p, err := consumer.New(exec, consumer.WithOnLeaseLost(func(_ context.Context, l idem.LeaseLost) { got = append(got, l) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	boom := errors.New("half done")
+	batch := []consumer.Message{{Key: "ok"}, {Key: "failed"}, {Key: "kept"}}
+	fences := map[string]int64{}
+	res := p.Process(t.Context(), batch, func(ctx context.Context, i int) error {
+		fences[batch[i].Key], _ = idem.FenceFrom(ctx)
+		if batch[i].Key == "kept" {
+			return nil
+		}
+		if err := s.Delete(ctx, p.Key(batch[i].Key).Digest()); err != nil {
+			t.Fatal(err)
+		}
+		if batch[i].Key == "failed" {
+			return boom
+		}
+		return nil
+	})
+	if res[0].Action != consumer.Retry || res[1].Action != consumer.Retry || res[2].Action != consumer.Ack {
+		t.Fatalf("results %+v, want the two lost leases retried and the third acked", res)
+	}
+	if len(got) != 2 {
+		t.Fatalf("hook calls %+v, want 2", got)
+	}
+	for _, l := range got {
+		if l.Fence != fences[l.Key.ID] || (l.Key.ID == "failed") != errors.Is(l.Err, boom) || (l.Key.ID == "ok" && l.Err != nil) {
+			t.Errorf("hook call %+v, want fence %d and the handler's error", l, fences[l.Key.ID])
+		}
+	}
+}
+
+// TestPassDuplicates: with WithPassDuplicates a duplicate of a COMPLETED
+// key reaches the handler, marked, instead of being acked silently.
+func TestPassDuplicates(t *testing.T) {
+	p := newProcessor(t, consumer.WithPassDuplicates())
+	var dups, runs int
+	h := func(ctx context.Context, i int) error {
+		if _, ok := consumer.DuplicateFrom(ctx); ok {
+			dups++
+			if _, ok := idem.FenceFrom(ctx); ok {
+				t.Error("a duplicate's context carries a lease")
+			}
+			return nil
+		}
+		runs++
+		return nil
+	}
+	msg := []consumer.Message{{Key: "k"}}
+	p.Process(t.Context(), msg, h)
+	res := p.Process(t.Context(), msg, h)
+	if runs != 1 || dups != 1 || res[0].Action != consumer.Ack || !res[0].Replayed {
+		t.Fatalf("runs %d, duplicates passed %d, result %+v; want 1, 1 and a replayed ack", runs, dups, res[0])
+	}
+	// A failing duplicate handler delays the acknowledgement.
+	res = p.Process(t.Context(), msg, func(context.Context, int) error { return errors.New("not yet") })
+	if res[0].Action != consumer.Retry {
+		t.Fatalf("failing duplicate handler: got %+v, want Retry", res[0])
+	}
+}

@@ -3,6 +3,7 @@ package idemhttp
 import (
 	"bufio"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"slices"
@@ -67,11 +68,17 @@ func (m *Middleware) appendHead(b []byte, status int, h http.Header) []byte {
 	return b
 }
 
-// captureWriter passes a response through to the client and records its
-// status, its fields as they were when the header was written, and its body
-// up to the middleware's limit. It implements Flush, FlushError and Hijack
-// itself, so that handlers that assert http.Flusher keep working, and Unwrap
-// for the rest of http.ResponseController (deadlines, full duplex).
+// captureWriter records a response: its final status, its fields as they
+// were when the header was written, and its body up to the middleware's
+// limit. It holds the response back from the client until the middleware
+// has stored it (see send), except for a stream, which it passes through as
+// it is written: a text/event-stream response, a response whose handler
+// flushes it (unless WithStreamOnFlush(false)), a body over the limit (from
+// the write that crosses it), 101 Switching Protocols and a hijacked
+// connection. Informational responses (103 Early Hints) always pass
+// through. It implements Flush, FlushError and Hijack itself, so that
+// handlers that assert http.Flusher keep working, and Unwrap for the rest
+// of http.ResponseController (deadlines, full duplex).
 type captureWriter struct {
 	w http.ResponseWriter
 	m *Middleware
@@ -81,6 +88,13 @@ type captureWriter struct {
 	head     int    // length of the head in buf
 	overflow bool   // the body went over the limit and is not recorded
 	hijacked bool   // the handler took the connection over
+	sent     bool   // the header went to the client: the rest passes through
+
+	// frozen holds the fields as they were when the handler wrote the
+	// header, once the handler asked for the field map again while the
+	// response was held (to set trailers, or a field net/http would
+	// ignore): the client gets them as net/http would have sent them.
+	frozen http.Header
 }
 
 var (
@@ -89,18 +103,51 @@ var (
 	_ io.StringWriter = (*captureWriter)(nil)
 )
 
-func (c *captureWriter) Header() http.Header { return c.w.Header() }
+func (c *captureWriter) Header() http.Header {
+	if c.holding() && c.frozen == nil {
+		c.frozen = c.w.Header().Clone()
+	}
+	return c.w.Header()
+}
 
 // Unwrap returns the wrapped writer, for http.ResponseController.
 func (c *captureWriter) Unwrap() http.ResponseWriter { return c.w }
 
+// holding reports whether the final header was written and is held back.
+func (c *captureWriter) holding() bool { return c.status != 0 && !c.sent && !c.hijacked }
+
 func (c *captureWriter) WriteHeader(code int) {
-	// Informational responses (103 Early Hints) pass through: the final
-	// status comes later. 101 Switching Protocols is final.
-	if c.status == 0 && !c.hijacked && (code < 100 || code > 199 || code == http.StatusSwitchingProtocols) {
+	switch {
+	case c.hijacked || code < 100 || code > 999:
+		// net/http logs the first and panics on the second, in the
+		// handler, as without the middleware.
+		c.w.WriteHeader(code)
+	case c.status != 0:
+		// A superfluous call: net/http logs it and ignores it.
+		if c.sent {
+			c.w.WriteHeader(code)
+		}
+	case code < 200 && code != http.StatusSwitchingProtocols:
+		// Informational (103 Early Hints): the final status comes later.
+		c.w.WriteHeader(code)
+	default:
 		c.snapshot(code)
+		if c.m.streamAll || code == http.StatusSwitchingProtocols || isEventStream(c.w.Header()) {
+			c.sent = true
+			c.w.WriteHeader(code)
+		}
 	}
-	c.w.WriteHeader(code)
+}
+
+// isEventStream reports whether the fields announce a text/event-stream
+// response (server-sent events), which is always streamed.
+func isEventStream(h http.Header) bool {
+	v := h["Content-Type"]
+	if len(v) == 0 {
+		return false
+	}
+	mt, _, _ := strings.Cut(v[0], ";")
+	return strings.EqualFold(strings.TrimSpace(mt), "text/event-stream")
 }
 
 // snapshot records the final status and the fields as net/http sends them.
@@ -125,33 +172,50 @@ func (c *captureWriter) implicitHeader() {
 	}
 }
 
-func (c *captureWriter) Write(p []byte) (int, error) {
+func (c *captureWriter) Write(p []byte) (int, error) { return write(c, p, c.w.Write) }
+
+func (c *captureWriter) WriteString(s string) (int, error) {
+	return write(c, s, func(s string) (int, error) { return io.WriteString(c.w, s) })
+}
+
+// write records p and holds it back, or writes it to the client with
+// through.
+func write[T ~string | ~[]byte](c *captureWriter, p T, through func(T) (int, error)) (int, error) {
 	c.implicitHeader()
-	n, err := c.w.Write(p)
+	if c.holding() {
+		if !bodyAllowed(c.status) {
+			return 0, http.ErrBodyNotAllowed
+		}
+		if c.keep(len(p)) {
+			c.buf = append(c.buf, p...)
+			return len(p), nil
+		}
+		// Over the limit: keep sent what was held; p goes through.
+	}
+	n, err := through(p)
 	// The whole of p is recorded even if the client went away: the stored
 	// response is what the handler produced, for the client's retry.
-	if err != http.ErrBodyNotAllowed && c.room(len(p)) {
+	if err != http.ErrBodyNotAllowed && c.keep(len(p)) {
 		c.buf = append(c.buf, p...)
 	}
 	return n, err
 }
 
-func (c *captureWriter) WriteString(s string) (int, error) {
-	c.implicitHeader()
-	n, err := io.WriteString(c.w, s)
-	if err != http.ErrBodyNotAllowed && c.room(len(s)) {
-		c.buf = append(c.buf, s...)
-	}
-	return n, err
+// bodyAllowed reports whether a response with the status may have a body,
+// as net/http decides.
+func bodyAllowed(status int) bool {
+	return status >= 200 && status != http.StatusNoContent && status != http.StatusNotModified
 }
 
-// room reports whether n more body bytes are to be recorded. Once the body
-// goes over the limit, nothing more is.
-func (c *captureWriter) room(n int) bool {
+// keep reports whether n more body bytes are to be recorded. Once the body
+// goes over the limit nothing more is: the response is not stored, and a
+// response that was held is sent with what it held.
+func (c *captureWriter) keep(n int) bool {
 	if c.overflow || c.hijacked {
 		return false
 	}
 	if len(c.buf)-c.head+n > c.m.maxResponse {
+		c.send()
 		c.overflow = true
 		c.buf = nil
 		return false
@@ -159,20 +223,57 @@ func (c *captureWriter) room(n int) bool {
 	return true
 }
 
+// send writes a held response to the client: the header as the handler
+// wrote it, and the body recorded so far. From then on the response passes
+// through. It does nothing if the header was sent already or not written.
+func (c *captureWriter) send() {
+	if !c.holding() {
+		return
+	}
+	c.sent = true
+	if c.frozen != nil {
+		// The fields as they were at WriteHeader for the header; the
+		// handler's later values back for the trailers, which net/http
+		// reads from the map when the handler returns.
+		h := c.w.Header()
+		later := maps.Clone(h)
+		clear(h)
+		maps.Copy(h, c.frozen)
+		c.w.WriteHeader(c.status)
+		clear(h)
+		maps.Copy(h, later)
+	} else {
+		c.w.WriteHeader(c.status)
+	}
+	if len(c.buf) > c.head {
+		_, _ = c.w.Write(c.buf[c.head:])
+	}
+}
+
 // FlushError flushes the response to the client, as http.ResponseController
-// does.
+// does. A held response is sent first and streamed from then on, unless
+// WithStreamOnFlush(false) said that flushes do not make a stream: then a
+// held response stays held and the flush does nothing.
 func (c *captureWriter) FlushError() error {
 	c.implicitHeader()
+	if c.holding() {
+		if !c.m.streamOnFlush {
+			return nil
+		}
+		c.send()
+	}
 	return http.NewResponseController(c.w).Flush()
 }
 
 // Flush implements http.Flusher.
 func (c *captureWriter) Flush() { _ = c.FlushError() }
 
-// Hijack takes the connection over, if the wrapped writer supports it. The
-// middleware cannot know what is sent on a hijacked connection, so it
-// releases the key instead of storing a response.
+// Hijack takes the connection over, if the wrapped writer supports it, after
+// sending a held header, as net/http does. The middleware cannot know what
+// is sent on a hijacked connection, so it releases the key instead of
+// storing a response.
 func (c *captureWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	c.send()
 	conn, rw, err := http.NewResponseController(c.w).Hijack()
 	if err == nil {
 		c.hijacked = true
@@ -181,7 +282,7 @@ func (c *captureWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 }
 
 // finish returns the final status, recording the header as net/http sends
-// it if the handler wrote nothing (an implicit 200).
+// it if the handler wrote nothing (an implicit 200). It sends nothing.
 func (c *captureWriter) finish() int {
 	if c.status == 0 && !c.hijacked {
 		c.snapshot(http.StatusOK)

@@ -27,7 +27,9 @@
 //     returns "") is answered with 400 (TypePrincipalMissing), unless
 //     WithEmptyPrincipal(true) lets such requests share one scope.
 //   - The body is read, up to a limit (413, TypeBodyTooLarge, before the
-//     handler runs), and the request's fingerprint is computed as it is
+//     handler runs; 408, TypeBodyTimeout, if the connection's read deadline
+//     passes first; 503, TypeServerBusy, if the bodies held in memory reached
+//     WithMaxBufferedBodies), and the request's fingerprint is computed as it is
 //     read: SHA-256 over the method, path, query, selected fields and body
 //     (optionally in a canonical JSON form). The handler still sees the
 //     whole body.
@@ -41,10 +43,11 @@
 //     ServeMux patterns or WithRoute to group paths. The query is not part
 //     of the scope but of the fingerprint.
 //   - A key that is new (or was released) runs the handler. Its response is
-//     sent to the client as it is written, streaming and flushing included,
-//     and recorded; when the handler returns it is stored, or the key is
+//     recorded and, when the handler returns, stored, or the key is
 //     released, as the Policy says: by default everything is stored except
 //     408, 409, 425, 429 and 503, which say the request was not processed.
+//     A response is sent to the client only once it is stored (see "Record
+//     before success" below), except a stream.
 //     A 500 is stored, since it may follow a side effect. A Policy may also
 //     say AbandonKey when the outcome is unknown (a proxy whose upstream
 //     timed out): nothing is stored and the key stays in progress until its
@@ -62,6 +65,8 @@
 //     when the Executor's maximum of attempts is reached.
 //   - An unreachable store: 503 with Retry-After (TypeStoreUnavailable), or,
 //     with WithFailOpen, the handler runs without protection.
+//   - A handler whose response could not be stored: 503 with Retry-After
+//     (TypeOutcomeUnknown), never the handler's response.
 //
 // Error responses are RFC 9457 problem details (application/problem+json)
 // unless WithErrorHandler says otherwise. Hooks (WithHook) see every outcome
@@ -95,12 +100,48 @@
 // (TestHandlerEffect). An effect that fails stores nothing: the key is
 // released, or failed per the Executor's failure policy.
 //
-// The response is stored after the handler returns, before net/http
-// finishes the response, with a context that does not end when the client
-// goes away. If storing fails, the key stays IN_PROGRESS until its lease
-// expires (retries get 409), and a retry after that runs the handler again.
-// A streamed or hijacked response may reach the client before it is stored
-// or the key released; a retry in that window gets 409.
+// The response is stored after the handler returns, with a context that
+// does not end when the client goes away.
+//
+// # Record before success
+//
+// A client is never told a success that was not recorded. The middleware
+// holds the response back (status, fields and body, up to the stored-size
+// limit, in memory) until the handler returns and the response is stored;
+// only then does its status line reach the client. If it cannot be stored
+// — the store refuses or does not answer the completion, which the Executor
+// repeats for up to one lease while its outcome is unknown, or the lease
+// was lost to a takeover — the client gets 503 with Retry-After
+// (TypeOutcomeUnknown: the request may have taken effect; retry with the
+// same key), an ERROR line is logged and hooks see OutcomeNotRecorded. The
+// key is neither stored nor released: it stays IN_PROGRESS until its lease
+// ends, so a retry before then gets 409, and a retry after it runs the
+// handler again (the client was told the outcome is unknown).
+//
+// Streams keep the pass-through behaviour: a text/event-stream response, a
+// response whose handler flushes it (unless WithStreamOnFlush(false)), and
+// a body over the stored-size limit (from the write that crosses it) are
+// sent as they are written; WithStreamAll makes every response a stream.
+// A stream is stored after the handler returns, so its client may have
+// been told a success that was not recorded if storing then fails (logged
+// at ERROR; hooks see OutcomeExecuted with the store's error). A hijacked
+// response and 101 Switching Protocols pass through too and release the
+// key. Holding a response back costs the time of the completion before the
+// first byte (see the README's benchmark), and memory up to the limit per
+// request, as recording it did already.
+//
+// # Content negotiation
+//
+// A stored response is replayed as it was stored, whatever the retry's
+// Accept-Encoding or Accept fields say: a retry is the same request, but a
+// client library may negotiate differently on its second try. A handler
+// (or a compressing middleware inside this one) whose response depends on
+// those fields should either give covered requests one form, or add the
+// fields to the fingerprint (WithFingerprintHeaders("Accept-Encoding")),
+// so that a retry that negotiates otherwise gets 422 rather than a body it
+// cannot decode. The idem proxy stores the identity form: it does not pass
+// the client's Accept-Encoding on with covered requests, so its transport
+// asks the upstream for gzip itself and decodes it.
 //
 // Stored responses are one opaque blob in a versioned binary encoding; the
 // Executor compresses it above a threshold (idem.WithCompressAbove) and can

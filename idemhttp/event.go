@@ -10,11 +10,13 @@ type Outcome uint8
 
 // The outcomes reported to hooks.
 const (
-	// OutcomeExecuted: the handler ran with the key held. Event.Err is nil
-	// when its response was stored; otherwise it tells why not: an error
-	// wrapping idem.ErrResultTooLarge (the response was over the size
-	// limit; the key is FAILED), idem.ErrLeaseLost, or a store error (the
-	// key stays IN_PROGRESS until its lease expires).
+	// OutcomeExecuted: the handler ran with the key held and the client got
+	// its response. Event.Err is nil when the response was stored;
+	// otherwise it tells why not: an error wrapping idem.ErrResultTooLarge
+	// (the response was over the size limit; the key is FAILED), or, for a
+	// streamed response only (see the package documentation),
+	// idem.ErrLeaseLost or a store error (the key stays IN_PROGRESS until
+	// its lease expires).
 	OutcomeExecuted Outcome = iota + 1
 	// OutcomeReleased: the handler ran, and the key was released so that a
 	// retry runs it again: the Policy said so for the status (by default
@@ -48,9 +50,14 @@ const (
 	// nothing was stored and the key stays IN_PROGRESS until its lease
 	// expires, because the outcome is unknown.
 	OutcomeAbandoned
+	// OutcomeNotRecorded: the handler ran, its response could not be
+	// stored (Event.Err says why: a store error, or idem.ErrLeaseLost), and
+	// the client got 503 (TypeOutcomeUnknown) instead of the response. The
+	// key stays IN_PROGRESS until its lease ends. Event.Status is 503.
+	OutcomeNotRecorded
 )
 
-var outcomeNames = [...]string{"invalid", "executed", "released", "replayed", "conflict", "mismatch", "failed", "rejected", "store-error", "failed-open", "no-key", "abandoned"}
+var outcomeNames = [...]string{"invalid", "executed", "released", "replayed", "conflict", "mismatch", "failed", "rejected", "store-error", "failed-open", "no-key", "abandoned", "not-recorded"}
 
 // String returns a short lower-case name, suitable as a metric label.
 func (o Outcome) String() string {

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"sync"
+	"sync/atomic"
 )
 
 // fpState is the reusable state of one fingerprint: the hash and buffers
@@ -51,7 +52,7 @@ func (m *Middleware) fingerprint(r *http.Request) (body []byte, fp string, err e
 	if m.canonicalJSON {
 		sink = io.Discard
 	}
-	body, err = readBody(r.Body, r.ContentLength, m.maxBody, sink)
+	body, err = readBody(r.Body, r.ContentLength, m.maxBody, sink, m.bodies)
 	if err != nil {
 		return nil, "", err
 	}
@@ -71,24 +72,91 @@ func (m *Middleware) fingerprint(r *http.Request) (body []byte, fp string, err e
 // fingerprintLen is the length of a fingerprint in bytes.
 const fingerprintLen = 16
 
+// errServerBusy is returned by readBody when the body would take the
+// bodies' memory over its bound (WithMaxBufferedBodies).
+var errServerBusy = errors.New("idemhttp: request bodies use all the memory allowed")
+
+// bodyAllowance is the part of each body that a bodyBudget does not count:
+// small requests are never refused for memory, so that a server filled
+// with slow uploads still answers them.
+const bodyAllowance = 16 << 10
+
+// bodyBudget bounds the memory of the request bodies that a middleware
+// holds at once: what each body's buffer holds beyond bodyAllowance. A nil
+// *bodyBudget bounds nothing. It is safe for concurrent use.
+type bodyBudget struct {
+	max  int64
+	used atomic.Int64
+}
+
+func charge(capacity int) int64 { return max(0, int64(capacity)-bodyAllowance) }
+
+// grow reserves what a buffer growing from oldCap to newCap bytes takes
+// beyond its allowance, and reports whether it fits.
+func (b *bodyBudget) grow(oldCap, newCap int) bool {
+	if b == nil {
+		return true
+	}
+	d := charge(newCap) - charge(oldCap)
+	if d <= 0 {
+		return true
+	}
+	if b.used.Add(d) > b.max {
+		b.used.Add(-d)
+		return false
+	}
+	return true
+}
+
+// release gives back the reservation of a buffer of capacity bytes.
+func (b *bodyBudget) release(capacity int) {
+	if b != nil {
+		b.used.Add(-charge(capacity))
+	}
+}
+
 // readBody reads body to its end, writing what it reads to w as it goes. It
 // returns errBodyTooLarge as soon as more than limit bytes arrive (or at
-// once, if contentLength says so), having read at most limit+1 bytes.
-func readBody(body io.Reader, contentLength, limit int64, w io.Writer) ([]byte, error) {
+// once, if contentLength says so), having read at most limit+1 bytes. The
+// buffer grows with what arrives, not with what contentLength announces,
+// so that a slow or stalled upload holds only what it sent; its capacity
+// beyond bodyAllowance is reserved from budget, and readBody returns
+// errServerBusy if budget has no room left. On success the caller releases
+// the reservation (budget.release(cap(body))) once it is done with the
+// body; on error readBody has released it.
+func readBody(body io.Reader, contentLength, limit int64, w io.Writer, budget *bodyBudget) ([]byte, error) {
 	if body == nil || body == http.NoBody {
 		return nil, nil
 	}
 	if contentLength > limit {
 		return nil, errBodyTooLarge
 	}
-	size := int64(512)
+	want := limit + 1 // the most ever needed: room to see the limit exceeded
 	if contentLength >= 0 {
-		size = contentLength + 1 // room to see io.EOF without growing
+		want = contentLength + 1 // room to see io.EOF without growing
 	}
-	buf := make([]byte, 0, min(size, limit+1))
+	// A body announced small gets its buffer at once; a larger one starts
+	// small and grows as its bytes come.
+	initial := want
+	if want > bodyAllowance {
+		initial = 4 << 10
+	}
+	buf := make([]byte, 0, initial)
 	for {
 		if len(buf) == cap(buf) {
-			buf = append(buf, 0)[:len(buf)] // let append pick the growth
+			// Double, up to what is wanted: a few copies for a large body,
+			// and never memory for bytes that did not arrive.
+			newCap := min(int64(2*cap(buf)), limit+1)
+			if want > int64(cap(buf)) && want < newCap {
+				newCap = want
+			}
+			if !budget.grow(cap(buf), int(newCap)) {
+				budget.release(cap(buf))
+				return nil, errServerBusy
+			}
+			nb := make([]byte, len(buf), newCap)
+			copy(nb, buf)
+			buf = nb
 		}
 		end := min(int64(cap(buf)), limit+1)
 		n, err := body.Read(buf[len(buf):end])
@@ -97,12 +165,14 @@ func readBody(body io.Reader, contentLength, limit int64, w io.Writer) ([]byte, 
 			buf = buf[:len(buf)+n]
 		}
 		if int64(len(buf)) > limit {
+			budget.release(cap(buf))
 			return nil, errBodyTooLarge
 		}
 		if err == io.EOF {
 			return buf, nil
 		}
 		if err != nil {
+			budget.release(cap(buf))
 			return nil, err
 		}
 	}

@@ -1,8 +1,12 @@
 package idemhttp_test
 
 import (
+	"io"
 	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemhttp"
@@ -89,5 +93,71 @@ func TestEmptyPrincipal(t *testing.T) {
 	first, second := post(h2, "anon", "b"), post(h2, "anon", "b")
 	if first.status != 201 || !second.replayed() || c2.n.Load() != 1 {
 		t.Errorf("WithEmptyPrincipal(true): got %d then replayed=%v after %d executions, want one shared execution", first.status, second.replayed(), c2.n.Load())
+	}
+}
+
+// TestMaxBufferedBodies: bodies held in memory are bounded; a stalled
+// upload holds what it sent, not what it announced; a body over the bound
+// gets 503 while small requests are still served.
+func TestMaxBufferedBodies(t *testing.T) {
+	t.Parallel()
+	var c counter
+	h := newMiddleware(t, newMemExecutor(t), idemhttp.WithMaxBufferedBodies(64<<10)).Handler(&c)
+	// A stalled upload: 48 KiB of an announced 1 MiB arrived.
+	pr, pw := io.Pipe()
+	slow := request("POST", "/up", "slow", "")
+	slow.Body, slow.ContentLength = pr, 1<<20
+	done := make(chan response, 1)
+	go func() { done <- serve(h, slow) }()
+	if _, err := pw.Write(make([]byte, 48<<10)); err != nil { // returns once the middleware read it all
+		t.Fatal(err)
+	}
+	big := strings.Repeat("x", 40<<10)
+	res := serve(h, request("POST", "/up", "big", big))
+	checkProblem(t, res, 503, idemhttp.TypeServerBusy)
+	checkRetryAfter(t, res, 1, 1)
+	if res := post(h, "small", "hello"); res.status != 201 {
+		t.Errorf("small request while the bodies' memory is used up: got %d, want 201", res.status)
+	}
+	pw.Close()
+	if res := <-done; res.status != 201 {
+		t.Errorf("stalled upload, once ended: got %d, want 201", res.status)
+	}
+	// Its memory was given back.
+	if res := serve(h, request("POST", "/up", "big", big)); res.status != 201 {
+		t.Errorf("large request after the upload ended: got %d, want 201", res.status)
+	}
+	if n := c.n.Load(); n != 3 {
+		t.Errorf("executions: got %d, want 3", n)
+	}
+}
+
+// TestBodyTimeout: a body that does not arrive before the connection's
+// read deadline gets 408 (not 400), and the handler does not run.
+func TestBodyTimeout(t *testing.T) {
+	t.Parallel()
+	var c counter
+	srv := httptest.NewUnstartedServer(newMiddleware(t, newMemExecutor(t)).Handler(&c))
+	srv.Config.ReadTimeout = 300 * time.Millisecond
+	srv.Start()
+	t.Cleanup(srv.Close)
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	req, err := http.NewRequest("POST", srv.URL+"/up", pr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Idempotency-Key", "slow")
+	req.ContentLength = 100
+	go pw.Write([]byte("only part of it"))
+	res, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	checkProblem(t, response{status: res.StatusCode, header: res.Header, body: string(b)}, 408, idemhttp.TypeBodyTimeout)
+	if c.n.Load() != 0 {
+		t.Errorf("executions: got %d, want 0", c.n.Load())
 	}
 }

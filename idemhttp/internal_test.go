@@ -141,7 +141,7 @@ func TestReadBody(t *testing.T) {
 				ok    bool
 			}{{999, false}, {1000, true}, {4096, true}} {
 				var h bytes.Buffer
-				got, err := readBody(r(), cl, tt.limit, &h)
+				got, err := readBody(r(), cl, tt.limit, &h, nil)
 				if tt.ok && (err != nil || string(got) != body || h.String() != body) {
 					t.Errorf("%s, length %d, limit %d: got %d bytes (%d hashed), %v, want all %d", name, cl, tt.limit, len(got), h.Len(), err, len(body))
 				}
@@ -151,7 +151,7 @@ func TestReadBody(t *testing.T) {
 			}
 		}
 	}
-	if got, err := readBody(http.NoBody, 0, 10, io.Discard); got != nil || err != nil {
+	if got, err := readBody(http.NoBody, 0, 10, io.Discard, nil); got != nil || err != nil {
 		t.Errorf("NoBody: got %q, %v, want nil, nil", got, err)
 	}
 }
@@ -212,7 +212,13 @@ func TestCaptureWriter(t *testing.T) {
 	if err != nil || string(res.body) != "helloworld" || res.header.Get("X-A") != "1" || res.header.Get("X-Late") != "" {
 		t.Errorf("got %v %q %v, want X-A only and \"helloworld\"", err, res.body, res.header)
 	}
+	if rec.Body.Len() != 0 || !c.holding() {
+		t.Fatalf("held response: the client got %q before it was sent", rec.Body.String())
+	}
 	c.Write([]byte("!"))
+	if got := rec.Result().Header; got.Get("X-A") != "1" || got.Get("X-Late") != "" {
+		t.Errorf("sent fields: got %v, want X-A only, as at WriteHeader", got)
+	}
 	if !c.overflow || c.buf != nil || rec.Body.String() != "helloworld!" {
 		t.Errorf("over the limit: got overflow=%v, %d bytes kept, client got %q, want overflow, none kept, client got all", c.overflow, len(c.buf), rec.Body.String())
 	}

@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
+	"os"
 	"strings"
 	"time"
 
@@ -35,6 +37,7 @@ type Middleware struct {
 	principal      func(*http.Request) string
 	principalSet   bool
 	emptyPrincipal bool
+	bodies         *bodyBudget // nil: no bound
 	route          func(*http.Request) string
 	routeSet       bool
 	fpHeaders      []string
@@ -45,6 +48,8 @@ type Middleware struct {
 	policy         Policy
 	deny           map[string]bool
 	failOpen       bool
+	streamOnFlush  bool
+	streamAll      bool
 	retryAfter     time.Duration
 	logger         *slog.Logger
 	hooks          []Hook
@@ -58,16 +63,17 @@ func New(exec *idem.Executor, opts ...Option) (*Middleware, error) {
 		return nil, fmt.Errorf("%w: idemhttp: nil executor", idem.ErrInvalid)
 	}
 	m := &Middleware{
-		exec:         exec,
-		header:       DefaultHeader,
-		required:     true,
-		methods:      []string{http.MethodPost, http.MethodPatch},
-		maxBody:      DefaultMaxBodySize,
-		maxResponse:  exec.MaxResultSize(),
-		policy:       DefaultPolicy,
-		deny:         map[string]bool{"Set-Cookie": true},
-		retryAfter:   DefaultRetryAfter,
-		errorHandler: WriteProblem,
+		exec:          exec,
+		header:        DefaultHeader,
+		required:      true,
+		methods:       []string{http.MethodPost, http.MethodPatch},
+		maxBody:       DefaultMaxBodySize,
+		maxResponse:   exec.MaxResultSize(),
+		policy:        DefaultPolicy,
+		deny:          map[string]bool{"Set-Cookie": true},
+		retryAfter:    DefaultRetryAfter,
+		streamOnFlush: true,
+		errorHandler:  WriteProblem,
 	}
 	for _, o := range opts {
 		if o == nil {
@@ -103,6 +109,8 @@ func New(exec *idem.Executor, opts ...Option) (*Middleware, error) {
 		return nil, invalidf("nil principal function")
 	case m.routeSet && m.route == nil:
 		return nil, invalidf("nil route function")
+	case m.bodies != nil && m.bodies.max <= 0:
+		return nil, invalidf("max buffered bodies %d is not positive", m.bodies.max)
 	case m.maxBody <= 0:
 		return nil, invalidf("max body size %d is not positive", m.maxBody)
 	case m.maxResponse <= 0:
@@ -220,6 +228,29 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 
 	body, fp, err := m.fingerprint(r)
 	if err != nil {
+		if errors.Is(err, errServerBusy) {
+			w.Header().Set("Retry-After", retryAfterSeconds(m.retryAfter))
+			m.log(r, slog.LevelWarn, "idemhttp: request bodies use all the memory allowed", nil, "")
+			m.problem(w, r, start, OutcomeRejected, &Problem{
+				Type:       TypeServerBusy,
+				Title:      "Server busy",
+				Status:     http.StatusServiceUnavailable,
+				Detail:     "The server holds as many request bodies as it may. The request was not processed; retry with the same idempotency key after the time given by Retry-After.",
+				RetryAfter: m.retryAfter,
+				Err:        err,
+			})
+			return
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			m.problem(w, r, start, OutcomeRejected, &Problem{
+				Type:   TypeBodyTimeout,
+				Title:  "Request body too slow",
+				Status: http.StatusRequestTimeout,
+				Detail: "The request body did not arrive in time. The request was not processed; retry with the same idempotency key.",
+				Err:    err,
+			})
+			return
+		}
 		var mbe *http.MaxBytesError
 		if errors.Is(err, errBodyTooLarge) || errors.As(err, &mbe) {
 			m.problem(w, r, start, OutcomeRejected, &Problem{
@@ -240,6 +271,8 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		})
 		return
 	}
+
+	defer m.bodies.release(cap(body))
 
 	key := idem.Key{Scope: m.scopeOf(r, principal), ID: id}
 	ctx, a, err := m.exec.Begin(r.Context(), key, fp)
@@ -438,7 +471,9 @@ func (m *Middleware) replay(w http.ResponseWriter, r *http.Request, start time.T
 }
 
 // execute runs next with the key held, then stores the response or
-// releases the key.
+// releases the key. A response that is held back (see captureWriter) is
+// sent only once that is done, so that a client is never told a success
+// that was not recorded.
 func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, start time.Time, ctx context.Context, a *idem.Attempt, body []byte, next http.Handler) {
 	// One allocation for the writer and the body.
 	x := &struct {
@@ -449,6 +484,12 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, start time.
 	x.body.Reset(body)
 	r2 := r.WithContext(ctx)
 	r2.Body = &x.body
+	// The fields set before the handler ran (by outer middleware), for an
+	// error response that replaces the handler's.
+	var before http.Header
+	if h := w.Header(); len(h) > 0 {
+		before = h.Clone()
+	}
 	// The store calls after the handler must not fail because the client
 	// went away, or the key would stay IN_PROGRESS until its lease expires.
 	// They are bounded by the store client's own timeouts.
@@ -460,7 +501,8 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, start time.
 		}
 		// The handler panicked (or called runtime.Goexit): release the key
 		// and let the panic go on, with its stack, to net/http, which
-		// aborts the response (see http.ErrAbortHandler).
+		// aborts the response (see http.ErrAbortHandler). A held response
+		// is dropped.
 		err := a.Release(sctx)
 		m.log(r, slog.LevelWarn, "idemhttp: handler panicked; key released", err, a.Key())
 		m.emit(r, Event{Outcome: OutcomeReleased, Status: cw.status, Duration: time.Since(start), Err: errors.Join(ErrHandlerPanicked, err)})
@@ -482,11 +524,13 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, start time.
 		if err = a.Release(sctx); err != nil {
 			m.log(r, slog.LevelError, "idemhttp: releasing the key", err, a.Key())
 		}
+		cw.send()
 		m.emit(r, Event{Outcome: OutcomeReleased, Status: status, Duration: time.Since(start), Err: err})
 		return
 	case decision == AbandonKey:
 		err = a.Abandon()
 		m.log(r, slog.LevelWarn, "idemhttp: outcome unknown; the key stays in progress until its lease expires", err, a.Key())
+		cw.send()
 		m.emit(r, Event{Outcome: OutcomeAbandoned, Status: status, Duration: time.Since(start), Err: err})
 		return
 	case cw.overflow:
@@ -496,16 +540,54 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, start time.
 			err = errors.Join(cause, ferr)
 		}
 		m.log(r, slog.LevelWarn, "idemhttp: response not stored; the key is FAILED", err, a.Key())
-	default:
+	case cw.sent:
+		// A stream: the client has it already.
 		if err = a.Commit(sctx, cw.buf); err != nil {
 			level := slog.LevelError
 			if errors.Is(err, idem.ErrResultTooLarge) {
 				level = slog.LevelWarn
 			}
-			m.log(r, level, "idemhttp: storing the response", err, a.Key())
+			m.log(r, level, "idemhttp: storing the streamed response", err, a.Key())
 		}
+	default:
+		err = a.Commit(sctx, cw.buf)
+		switch {
+		case err == nil:
+		case errors.Is(err, idem.ErrResultTooLarge):
+			// The encoded response is over the Executor's limit: the key
+			// is FAILED, and the client gets the response once, as one
+			// over the middleware's limit.
+			m.log(r, slog.LevelWarn, "idemhttp: response not stored; the key is FAILED", err, a.Key())
+		default:
+			m.notRecorded(w, r, start, a, before, status, err)
+			return
+		}
+		cw.send()
 	}
 	m.emit(r, Event{Outcome: OutcomeExecuted, Status: status, Duration: time.Since(start), Err: err})
+}
+
+// notRecorded answers a request whose handler ran but whose response could
+// not be stored (Commit failed after repeating the completion while the
+// store allowed): the client is told that the outcome is unknown instead of
+// getting the response, and the key is left IN_PROGRESS until its lease
+// ends, so that a retry before then gets 409 and not a second run.
+func (m *Middleware) notRecorded(w http.ResponseWriter, r *http.Request, start time.Time, a *idem.Attempt, before http.Header, status int, err error) {
+	m.log(r, slog.LevelError, "idemhttp: response not recorded; the client is told the outcome is unknown", errors.Join(fmt.Errorf("handler answered %d", status), err), a.Key())
+	h := w.Header()
+	clear(h)
+	maps.Copy(h, before)
+	retry := max(time.Until(a.LeaseDeadline()), time.Second)
+	h.Set("Retry-After", retryAfterSeconds(retry))
+	m.errorHandler(w, r, &Problem{
+		Type:       TypeOutcomeUnknown,
+		Title:      "Outcome unknown",
+		Status:     http.StatusServiceUnavailable,
+		Detail:     "The request was processed, but its response could not be recorded, so it may have taken effect. Retry with the same idempotency key after the time given by Retry-After: the retry gets the response if it was recorded by then, or runs the request again if not.",
+		RetryAfter: retry,
+		Err:        err,
+	})
+	m.emit(r, Event{Outcome: OutcomeNotRecorded, Status: http.StatusServiceUnavailable, Duration: time.Since(start), Err: err})
 }
 
 // problem writes an error response through the error handler and reports

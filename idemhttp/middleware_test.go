@@ -60,6 +60,8 @@ func runSuite(t *testing.T, newStore func(t *testing.T) idem.Store) {
 		{"StoreDown", testStoreDown},
 		{"FailOpen", testFailOpen},
 		{"CommitFails", testCommitFails},
+		{"CommitRepeated", testCommitRepeated},
+		{"RecordBeforeSuccess", testRecordBeforeSuccess},
 		{"ClientGone", testClientGone},
 		{"Methods", testMethods},
 		{"OptionalKey", testOptionalKey},
@@ -1014,31 +1016,188 @@ func testFailOpen(t *testing.T, newStore func(t *testing.T) idem.Store) {
 	}
 }
 
-// testCommitFails checks that a response is delivered even when it cannot be
-// stored, and that the key is taken over once its lease expires.
+// testCommitFails checks that a response that cannot be stored does not
+// reach the client: it gets 503 TypeOutcomeUnknown with Retry-After, the
+// key stays IN_PROGRESS until its lease ends (a retry gets 409), and then a
+// retry runs the handler again. On code that wrote the response through,
+// the client got the handler's 200.
 func testCommitFails(t *testing.T, newStore func(t *testing.T) idem.Store) {
 	fs := &flakyStore{Store: newStore(t)}
 	var events eventLog
 	var n atomic.Int64
-	exec := newExecutor(t, fs, idem.WithLease(200*time.Millisecond))
-	h := newMiddleware(t, exec, idemhttp.WithHook(events.hook)).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	var logs bytes.Buffer
+	exec := newExecutor(t, fs, idem.WithLease(300*time.Millisecond))
+	mw := newMiddleware(t, exec, idemhttp.WithHook(events.hook), idemhttp.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	inner := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		i := n.Add(1)
 		if i == 1 {
 			fs.down.Store(true) // the store fails while the handler runs
 		}
+		w.Header().Set("Location", "/payments/1")
+		w.Header().Set("Set-Cookie", "session=1")
 		fmt.Fprintf(w, "execution %d", i)
 	}))
-	if res := post(h, "k", ""); res.status != 200 || res.body != "execution 1" {
-		t.Fatalf("first: got %d %q, want 200 \"execution 1\"", res.status, res.body)
+	// An outer middleware's field survives the error response; the
+	// handler's do not.
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Request-Id", "r1")
+		inner.ServeHTTP(w, r)
+	})
+	start := time.Now()
+	res := post(h, "k", "")
+	checkProblem(t, res, 503, idemhttp.TypeOutcomeUnknown)
+	checkRetryAfter(t, res, 1, 1)
+	if res.header.Get("Location") != "" || res.header.Get("Set-Cookie") != "" || res.header.Get("X-Request-Id") != "r1" {
+		t.Errorf("fields: got %v, want X-Request-Id only, none of the handler's", res.header)
 	}
-	if e := events.get(0); e.Outcome != idemhttp.OutcomeExecuted || !errors.Is(e.Err, errStoreDown) {
-		t.Errorf("event: got %v %v, want executed, %v", e.Outcome, e.Err, errStoreDown)
+	if e := events.get(0); e.Outcome != idemhttp.OutcomeNotRecorded || e.Status != 503 || !errors.Is(e.Err, errStoreDown) {
+		t.Errorf("event: got %v %d %v, want not-recorded 503 %v", e.Outcome, e.Status, e.Err, errStoreDown)
+	}
+	if got := idemhttp.OutcomeNotRecorded.String(); got != "not-recorded" {
+		t.Errorf("OutcomeNotRecorded.String(): got %q, want \"not-recorded\"", got)
+	}
+	if !strings.Contains(logs.String(), "level=ERROR") || !strings.Contains(logs.String(), "response not recorded") {
+		t.Errorf("log: got %q, want an ERROR line about the response not recorded", logs.String())
 	}
 	fs.down.Store(false)
-	checkProblem(t, post(h, "k", ""), 409, idemhttp.TypeInProgress)
-	time.Sleep(250 * time.Millisecond)
-	if res := post(h, "k", ""); res.status != 200 || res.body != "execution 2" {
-		t.Errorf("after the lease: got %d %q, want 200 \"execution 2\"", res.status, res.body)
+	// The key was neither stored nor released: until the lease ends a
+	// retry gets 409, then it runs again.
+	rec, err := fs.Get(t.Context(), idemhttp.PathKey("POST", "/payments", "k").Digest())
+	if err != nil || rec.State != idem.StateInProgress {
+		t.Fatalf("record: got %v, %v, want IN_PROGRESS", rec.State, err)
+	}
+	if time.Since(start) < 250*time.Millisecond { // the lease was not over yet
+		checkProblem(t, post(h, "k", ""), 409, idemhttp.TypeInProgress)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		res := post(h, "k", "")
+		if res.status == 200 {
+			if res.body != "execution 2" {
+				t.Errorf("after the lease: got %q, want \"execution 2\"", res.body)
+			}
+			break
+		}
+		if res.status != 409 || time.Now().After(deadline) {
+			t.Fatalf("retry: got %d %q, want 409 until the lease ends, then 200", res.status, res.body)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// countingStore fails the first failures calls of Complete with an error
+// that leaves the outcome unknown, and lets Complete block on gate when it
+// is set.
+type countingStore struct {
+	idem.Store
+	failures atomic.Int64
+	gate     chan struct{} // nil: no blocking
+	entered  chan struct{}
+}
+
+func (s *countingStore) Complete(ctx context.Context, key string, lease idem.Lease, result []byte, retention time.Duration) error {
+	if s.entered != nil {
+		s.entered <- struct{}{}
+	}
+	if s.gate != nil {
+		<-s.gate
+	}
+	if s.failures.Add(-1) >= 0 {
+		return errStoreDown
+	}
+	return s.Store.Complete(ctx, key, lease, result, retention)
+}
+
+// testCommitRepeated checks that a completion the store refuses is
+// repeated while the lease lasts, and that the client gets the handler's
+// response once it was stored.
+func testCommitRepeated(t *testing.T, newStore func(t *testing.T) idem.Store) {
+	cs := &countingStore{Store: newStore(t)}
+	cs.failures.Store(3)
+	var c counter
+	h := newMiddleware(t, newExecutor(t, cs, idem.WithLease(2*time.Second))).Handler(&c)
+	if res := post(h, "k", "x"); res.status != 201 || res.body != "execution 1: x" {
+		t.Fatalf("first: got %d %q, want 201 \"execution 1: x\"", res.status, res.body)
+	}
+	if res := post(h, "k", "x"); res.status != 201 || res.header.Get(idemhttp.ReplayedHeader) != "true" || c.n.Load() != 1 {
+		t.Errorf("retry: got %d replayed=%q after %d executions, want a replayed 201 after 1", res.status, res.header.Get(idemhttp.ReplayedHeader), c.n.Load())
+	}
+}
+
+// testRecordBeforeSuccess checks that the status line of a response that
+// fits the stored-size limit reaches the client only after the response was
+// stored, also when it is larger than net/http's write buffer, and that a
+// handler's flush or a text/event-stream response streams instead.
+func testRecordBeforeSuccess(t *testing.T, newStore func(t *testing.T) idem.Store) {
+	body := strings.Repeat("x", 256<<10) // over net/http's buffers, under 1 MiB
+	for _, tt := range []struct {
+		name   string
+		stream bool
+		write  func(w http.ResponseWriter)
+	}{
+		{"held", false, func(w http.ResponseWriter) {
+			w.WriteHeader(http.StatusCreated)
+			for i := 0; i < len(body); i += 1000 {
+				io.WriteString(w, body[i:min(i+1000, len(body))])
+			}
+		}},
+		{"flushed", true, func(w http.ResponseWriter) {
+			w.WriteHeader(http.StatusCreated)
+			io.WriteString(w, body)
+			w.(http.Flusher).Flush()
+		}},
+		{"event-stream", true, func(w http.ResponseWriter) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.WriteHeader(http.StatusCreated)
+			io.WriteString(w, body)
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			cs := &countingStore{Store: newStore(t), gate: make(chan struct{}), entered: make(chan struct{}, 1)}
+			h := newMiddleware(t, newExecutor(t, cs)).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { tt.write(w) }))
+			srv := httptest.NewServer(h)
+			t.Cleanup(srv.Close)
+			var once sync.Once
+			open := func() { once.Do(func() { close(cs.gate) }) }
+			t.Cleanup(open) // before srv.Close, if the test stops early
+			got := make(chan *http.Response, 1)
+			go func() {
+				req, _ := http.NewRequestWithContext(t.Context(), "POST", srv.URL+"/payments", nil)
+				req.Header.Set("Idempotency-Key", "k")
+				res, err := srv.Client().Do(req)
+				if err != nil {
+					t.Error(err)
+					close(got)
+					return
+				}
+				got <- res
+			}()
+			<-cs.entered // the middleware is storing the response
+			var res *http.Response
+			if tt.stream {
+				// A stream reaches the client before it is stored.
+				res = <-got
+				open()
+			} else {
+				// The header must not arrive while Complete is blocked:
+				// wait on the client a while, then let Complete go.
+				select {
+				case res = <-got:
+					t.Fatalf("the client got %d before the response was stored", res.StatusCode)
+				case <-time.After(200 * time.Millisecond):
+				}
+				open()
+				res = <-got
+			}
+			if res == nil {
+				t.FailNow()
+			}
+			defer res.Body.Close()
+			b, _ := io.ReadAll(res.Body)
+			if res.StatusCode != 201 || string(b) != body {
+				t.Errorf("got %d and %d bytes, want 201 and %d", res.StatusCode, len(b), len(body))
+			}
+		})
 	}
 }
 

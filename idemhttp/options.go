@@ -26,7 +26,7 @@ const (
 	// Executor's default maximum result size, 1 MiB.
 	DefaultMaxResponseSize = idem.DefaultMaxResultSize
 	// DefaultRetryAfter is the Retry-After of 503 responses when the store
-	// is unreachable.
+	// is unreachable or the server is busy.
 	DefaultRetryAfter = time.Second
 )
 
@@ -120,6 +120,20 @@ func WithMaxBodySize(n int64) Option {
 	return func(m *Middleware) { m.maxBody = n }
 }
 
+// WithMaxBufferedBodies bounds the memory of the request bodies that the
+// middleware holds at once, n bytes in all, so that many large or slow
+// uploads cannot exhaust it. The middleware reads each body before the
+// handler runs (to fingerprint it) and keeps it until the handler returns;
+// its buffer grows with the bytes that arrive, not with the length the
+// request announces. The first 16 KiB of each body are not counted, so
+// that small requests are always served; a request whose body would take
+// the total over n is answered with 503 (TypeServerBusy) and Retry-After
+// (WithRetryAfter), and the handler does not run. The default is no bound:
+// the server's own limits (connections, timeouts) apply.
+func WithMaxBufferedBodies(n int64) Option {
+	return func(m *Middleware) { m.bodies = &bodyBudget{max: n} }
+}
+
 // WithMaxResponseSize sets the largest response body, in bytes, that is
 // stored. A larger response is still sent to the client in full, but it
 // cannot be replayed: the key becomes FAILED (the handler ran; running it
@@ -141,6 +155,31 @@ func WithMaxResponseSize(n int) Option {
 // is 0: no waiting.
 func WithWait(d time.Duration) Option {
 	return func(m *Middleware) { m.wait = d }
+}
+
+// WithStreamOnFlush sets whether a handler that flushes its response makes
+// it a stream. The middleware holds a response back from the client until
+// it is stored, so that a client is never told a success that was not
+// recorded; a stream is sent as it is written instead, and stored after the
+// handler returns (see the package documentation). With true, the first
+// flush sends what was held and streams the rest; with false, flushes of a
+// held response do nothing, and only text/event-stream responses and
+// bodies over the size limit stream. Use false for handlers that flush
+// without streaming, such as net/http/httputil.ReverseProxy, which flushes
+// every response of unknown length. The default is true.
+func WithStreamOnFlush(on bool) Option {
+	return func(m *Middleware) { m.streamOnFlush = on }
+}
+
+// WithStreamAll makes every response a stream: sent to the client as the
+// handler writes it, and stored after the handler returns. A client then
+// gets its response sooner, but if storing fails it has been told the
+// handler's answer although nothing was recorded, and a retry after the
+// lease runs the handler again. Use it only where that is acceptable; the
+// reliability suite uses it as the negative control of record before
+// success. The default is false.
+func WithStreamAll(on bool) Option {
+	return func(m *Middleware) { m.streamAll = on }
 }
 
 // WithPolicy sets which responses are stored and which release the key. It

@@ -40,6 +40,16 @@ const (
 	// TypeBodyTooLarge: 413. The request body is over the limit (see
 	// WithMaxBodySize). The handler did not run.
 	TypeBodyTooLarge = typeBase + "TypeBodyTooLarge"
+	// TypeBodyTimeout: 408. The request body did not arrive before the
+	// connection's read deadline (the server's ReadTimeout, or a deadline
+	// set with http.ResponseController, as the idem proxy's --body-timeout
+	// does). The handler did not run.
+	TypeBodyTimeout = typeBase + "TypeBodyTimeout"
+	// TypeServerBusy: 503, with Retry-After. The request bodies held in
+	// memory reached their bound (WithMaxBufferedBodies), or, in the idem
+	// proxy, so did the requests in flight (--max-concurrent). The handler
+	// did not run.
+	TypeServerBusy = typeBase + "TypeServerBusy"
 	// TypeBodyUnreadable: 400. Reading the request body failed.
 	TypeBodyUnreadable = typeBase + "TypeBodyUnreadable"
 	// TypeStoreUnavailable: 503, with Retry-After. The store could not be
@@ -50,6 +60,16 @@ const (
 	// decoded (it was written by an incompatible version or sealed with
 	// another key).
 	TypeStoredResponseCorrupt = typeBase + "TypeStoredResponseCorrupt"
+	// TypeOutcomeUnknown: 503, with Retry-After. The handler ran, but its
+	// response could not be stored (the store refused or did not answer
+	// the completion, or the lease was lost), so the client is not told
+	// the handler's answer: the request may have taken effect. Retry with
+	// the same key after Retry-After: the key stays in progress until then,
+	// and the retry gets the response if it was stored after all, or runs
+	// the request again if not. 503 rather than 500 because it tells
+	// clients, and idempotency layers in front of this one (whose default
+	// policies release the key on 503), to retry.
+	TypeOutcomeUnknown = typeBase + "TypeOutcomeUnknown"
 	// TypeInternal: 500. An unexpected error, for example a store that
 	// rejected the middleware's input.
 	TypeInternal = typeBase + "TypeInternal"

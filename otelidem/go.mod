@@ -3,7 +3,7 @@ module github.com/idemgo/idem/otelidem
 go 1.26.0
 
 require (
-	github.com/idemgo/idem v0.0.0
+	github.com/idemgo/idem v0.1.0
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/sdk v1.47.0
 	go.opentelemetry.io/otel/trace v1.47.0
@@ -19,5 +19,3 @@ require (
 	go.opentelemetry.io/otel/metric v1.47.0 // indirect
 	golang.org/x/sys v0.48.0 // indirect
 )
-
-replace github.com/idemgo/idem => ..

@@ -3,7 +3,7 @@ module github.com/idemgo/idem/postgres
 go 1.26.0
 
 require (
-	github.com/idemgo/idem v0.0.0-00010101000000-000000000000
+	github.com/idemgo/idem v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/redis/go-redis/v9 v9.23.0
 )
@@ -19,5 +19,3 @@ require (
 	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/text v0.41.0 // indirect
 )
-
-replace github.com/idemgo/idem => ..

@@ -16,6 +16,10 @@
 //   - TestCrossPrincipalReplay: with --scope-header Authorization, a second
 //     principal reusing the first one's keys (same or other bodies) runs its
 //     own requests and never receives the first principal's responses.
+//   - TestSlowUploads: 1,000 connections trickling (or stalling in) almost
+//     1 MiB bodies against the proxy at its default settings: its memory
+//     stays under 150 MB and it keeps answering small requests; without
+//     its bounds (the negative control) it goes far over.
 //
 // The tests live in _test.go files; this package has no API.
 package abuse

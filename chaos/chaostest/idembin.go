@@ -26,7 +26,6 @@ func BuildIdem(t testing.TB) string {
 	bin := filepath.Join(t.TempDir(), "idem")
 	cmd := exec.Command("go", "build", "-o", bin, ".")
 	cmd.Dir = src
-	cmd.Env = append(os.Environ(), "GOWORK=off")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("chaostest: building the idem binary in %s: %v\n%s", src, err, out)
 	}

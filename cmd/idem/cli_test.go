@@ -321,3 +321,19 @@ func TestProxyInProcess(t *testing.T) {
 		t.Errorf("log: got %s, want a JSON stop line", stderr.String())
 	}
 }
+
+// TestVersionStamped: the version, commit and date that make release sets
+// at link time are what `idem version` prints.
+func TestVersionStamped(t *testing.T) {
+	old := [3]string{buildVersion, buildCommit, buildDate}
+	t.Cleanup(func() { buildVersion, buildCommit, buildDate = old[0], old[1], old[2] })
+	buildVersion, buildCommit, buildDate = "v1.2.3", "0123456789abcdef0123", "2026-01-02T03:04:05Z"
+	var out, errOut strings.Builder
+	if code := run(t.Context(), []string{"version"}, &out, &errOut, noEnv); code != 0 {
+		t.Fatalf("version: exit %d, %s", code, errOut.String())
+	}
+	want := "idem v1.2.3 (commit 0123456789ab, built 2026-01-02T03:04:05Z, "
+	if !strings.HasPrefix(out.String(), want) {
+		t.Errorf("version: got %q, want it to start with %q", out.String(), want)
+	}
+}

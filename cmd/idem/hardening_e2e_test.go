@@ -2,6 +2,8 @@ package main
 
 import (
 	"bufio"
+	"compress/gzip"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -9,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -311,5 +314,158 @@ func TestMaxResponseLowered(t *testing.T) {
 	if res.status != 201 || !res.replayed() || len(res.body) != len("execution 1 of big: ")+len(body) || up.executions("big") != 1 {
 		t.Errorf("retry after lowering --max-response: got %d replayed=%v, %d bytes after %d executions, want the stored response",
 			res.status, res.replayed(), len(res.body), up.executions("big"))
+	}
+}
+
+// gzipUpstream answers with a gzip-encoded body when the request accepts
+// gzip, and plain text otherwise.
+type gzipUpstream struct{ calls atomic.Int64 }
+
+func (u *gzipUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	io.Copy(io.Discard, r.Body)
+	n := u.calls.Add(1)
+	msg := fmt.Sprintf("created order %d", n)
+	w.Header().Set("Content-Type", "text/plain")
+	w.Header().Set("Vary", "Accept-Encoding")
+	if strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
+		w.Header().Set("Content-Encoding", "gzip")
+		w.WriteHeader(http.StatusCreated)
+		zw := gzip.NewWriter(w)
+		io.WriteString(zw, msg)
+		zw.Close()
+		return
+	}
+	w.WriteHeader(http.StatusCreated)
+	io.WriteString(w, msg)
+}
+
+// TestProxyGzipReplay: a response to a client that accepted gzip is
+// replayed in a form that a retry without Accept-Encoding: gzip can read.
+func TestProxyGzipReplay(t *testing.T) {
+	t.Parallel()
+	gu := &gzipUpstream{}
+	srv := httptest.NewServer(gu)
+	t.Cleanup(srv.Close)
+	px := startProxy(t, srv.URL, []string{"--data", t.TempDir()})
+	// The header is set explicitly, so the client's transport does not
+	// decode: the bytes on the wire are seen.
+	decode := func(res response) string {
+		if res.header.Get("Content-Encoding") != "gzip" {
+			return res.body
+		}
+		zr, err := gzip.NewReader(strings.NewReader(res.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(zr)
+		return string(b)
+	}
+	first := post(t, px.url("/orders"), "gz", "x", "Accept-Encoding", "gzip")
+	if first.status != 201 || decode(first) != "created order 1" {
+		t.Fatalf("first: got %d %q", first.status, decode(first))
+	}
+	retry := post(t, px.url("/orders"), "gz", "x", "Accept-Encoding", "identity")
+	if !retry.replayed() || retry.header.Get("Content-Encoding") != "" || retry.body != "created order 1" {
+		t.Errorf("retry accepting identity only: got %d replayed=%v Content-Encoding %q body %q, want the plain replay",
+			retry.status, retry.replayed(), retry.header.Get("Content-Encoding"), retry.body)
+	}
+	if gu.calls.Load() != 1 {
+		t.Errorf("upstream calls: got %d, want 1", gu.calls.Load())
+	}
+}
+
+// stalledUpload opens a connection to addr and sends a covered request
+// whose header announces size bytes of body, and sent bytes of it.
+func stalledUpload(t *testing.T, addr, key string, size, sent int) net.Conn {
+	t.Helper()
+	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	fmt.Fprintf(conn, "POST /up HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\nContent-Length: %d\r\n\r\n", key, size)
+	if _, err := conn.Write(make([]byte, sent)); err != nil {
+		t.Fatal(err)
+	}
+	return conn
+}
+
+// TestProxySlowUploads: --body-timeout ends a body that does not arrive
+// (408, the upstream never called); the deadline ends with the body, so a
+// slow upstream is not cut off; --max-body-memory refuses a large body
+// while stalled uploads hold the memory, and still serves small requests;
+// --max-concurrent answers 503 beyond its bound.
+func TestProxySlowUploads(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t)
+	px := startProxy(t, up.url(), []string{"--data", t.TempDir()},
+		"--body-timeout", "500ms", "--max-body-memory", "64KiB")
+
+	conn := stalledUpload(t, px.addr, "stalled", 100, 10)
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	res, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("stalled upload: %v, want a 408", err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	if res.StatusCode != 408 || !strings.Contains(string(body), "TypeBodyTimeout") || up.executions("stalled") != 0 {
+		t.Errorf("stalled upload: got %d %q after %d executions, want 408 TypeBodyTimeout and none", res.StatusCode, body, up.executions("stalled"))
+	}
+
+	// The upstream takes longer than --body-timeout once the body is in:
+	// covered and passed through.
+	if res := post(t, px.url("/slow"), "slow-upstream", "x", "X-Test-Sleep", "1200ms"); res.status != 201 {
+		t.Errorf("covered, slow upstream: got %d %q, want 201", res.status, res.body)
+	}
+	if res := send(t, http.MethodPut, px.url("/slow"), "", "x", "X-Test-Sleep", "1200ms"); res.status != 201 {
+		t.Errorf("passed through, slow upstream: got %d %q, want 201", res.status, res.body)
+	}
+
+	// Memory: a stalled upload holds 48 KiB over the allowance; another
+	// 40 KiB body does not fit, a small one does. The two race for the
+	// memory (the stalled bytes may not be read yet when the large body
+	// comes): repeat with new keys until the large body came second.
+	for i := 0; ; i++ {
+		stalledUpload(t, px.addr, fmt.Sprintf("holding-%d", i), 1<<20, 48<<10)
+		res := post(t, px.url("/up"), fmt.Sprintf("big-%d", i), strings.Repeat("x", 40<<10))
+		if res.status == 503 {
+			if !strings.Contains(res.body, "TypeServerBusy") || res.header.Get("Retry-After") != "1" {
+				t.Errorf("big body: got %d %q Retry-After %q, want 503 TypeServerBusy, Retry-After 1", res.status, res.body, res.header.Get("Retry-After"))
+			}
+			break
+		}
+		if i == 50 {
+			t.Fatalf("big body while the memory is held: got %d, want 503", res.status)
+		}
+	}
+	if res := post(t, px.url("/up"), "small", "hello"); res.status != 201 {
+		t.Errorf("small body while the memory is held: got %d, want 201", res.status)
+	}
+
+	// Concurrency: 4 requests in the upstream, a fifth gets 503.
+	up = newUpstream(t)
+	px = startProxy(t, up.url(), []string{"--data", t.TempDir()}, "--max-concurrent", "4")
+	done := make(chan int, 4)
+	for i := range 4 {
+		go func() { done <- post(t, px.url("/c"), fmt.Sprintf("c%d", i), "x", "X-Test-Sleep", "2s").status }()
+	}
+	for range 4 {
+		select {
+		case <-up.started:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the upstream did not get 4 requests")
+		}
+	}
+	res5 := post(t, px.url("/c"), "c-extra", "x")
+	if res5.status != 503 || !strings.Contains(res5.body, "TypeServerBusy") || up.executions("c-extra") != 0 {
+		t.Errorf("over --max-concurrent: got %d %q, want 503 TypeServerBusy", res5.status, res5.body)
+	}
+	for range 4 {
+		if s := <-done; s != 201 {
+			t.Errorf("concurrent request: got %d, want 201", s)
+		}
+	}
+	if n := px.metric("idem_busy_requests_total"); n < 1 {
+		t.Errorf("idem_busy_requests_total: got %v, want at least 1", n)
 	}
 }

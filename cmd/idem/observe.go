@@ -25,6 +25,7 @@ type observer struct {
 	overhead  *metrics.Histogram
 	upstream  *metrics.Histogram
 	passed    *metrics.Counter
+	busy      *metrics.Counter
 	inFlight  atomic.Int64
 
 	upstreamErrors [upstreamFailureKinds]*metrics.Counter
@@ -55,7 +56,7 @@ func newObserver() *observer {
 	reg := metrics.NewRegistry()
 	o := &observer{reg: reg}
 	reqs := reg.CounterVec("idem_requests_total",
-		"Requests with a covered method, by what the idempotency layer did: executed (forwarded, response stored), replayed, conflict (409, in progress), mismatch (422), failed (422, key FAILED), rejected (400/413), released (forwarded, key released), abandoned (forwarded, outcome unknown, key left to its lease), store-error (503), failed-open, no-key.",
+		"Requests with a covered method, by what the idempotency layer did: executed (forwarded, response stored), replayed, conflict (409, in progress), mismatch (422), failed (422, key FAILED), rejected (400/413), released (forwarded, key released), abandoned (forwarded, outcome unknown, key left to its lease), not-recorded (forwarded, response not stored: 503 outcome unknown, key left to its lease), store-error (503), failed-open, no-key.",
 		"outcome")
 	durs := reg.HistogramVec("idem_request_duration_seconds",
 		"Time from receiving a covered request to the end of its handling, upstream included, by outcome.",
@@ -76,6 +77,8 @@ func newObserver() *observer {
 		metrics.DurationBuckets)
 	o.passed = reg.Counter("idem_passthrough_requests_total",
 		"Requests whose method the proxy does not cover (see --methods), forwarded untouched.")
+	o.busy = reg.Counter("idem_busy_requests_total",
+		"Requests answered 503 without being handled because --max-concurrent requests were in flight.")
 	reg.GaugeFunc("idem_requests_in_flight", "Requests being handled.", func() float64 { return float64(o.inFlight.Load()) })
 	uerr := reg.CounterVec("idem_upstream_errors_total",
 		"Upstream calls that failed without a response: unreachable (never sent; key released, 502), timeout (sent; key left to its lease, 504), broken (sent; key left to its lease, 502).",

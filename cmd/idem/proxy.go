@@ -37,6 +37,9 @@ type proxyConfig struct {
 	logFormat       string
 	logLevel        string
 	upstreamTimeout time.Duration
+	bodyTimeout     time.Duration
+	maxConcurrent   int
+	maxBodyMemory   int64
 	shutdownTimeout time.Duration
 	checkUpstream   bool
 	tracing         tracingFlags
@@ -68,7 +71,12 @@ request: /orders and /orders/ are two paths. Raw keys are never stored or
 logged; their digests are.
 
 If the upstream cannot be reached, the request was not sent: 502 and the key
-is released. If the upstream does not answer after it got the request (a
+is released. The upstream's response is stored before it is sent to the
+client (text/event-stream responses and bodies over --max-response stream
+through); if the store cannot record it, the client gets 503 with
+Retry-After (TypeOutcomeUnknown: it may have taken effect, retry with the
+same key) and the key stays in progress until its lease ends. If the
+upstream does not answer after it got the request (a
 timeout: 504), the key stays in progress until its lease ends, since the
 upstream may have acted. On SIGTERM or SIGINT the proxy stops accepting
 connections, lets the requests in flight finish and stores their responses
@@ -112,6 +120,8 @@ func registerProxyFlags(fs *flagSet) *proxyConfig {
 		maxBody:         idemhttp.DefaultMaxBodySize,
 		maxResponse:     idem.DefaultMaxResultSize,
 		upstreamTimeout: 30 * time.Second,
+		bodyTimeout:     defaultBodyTimeout,
+		maxBodyMemory:   defaultMaxBodyMemory,
 		shutdownTimeout: 30 * time.Second,
 	}
 	fs.String(&c.listen, "listen", "ADDR", "127.0.0.1:8080", "address the proxy serves on")
@@ -129,6 +139,9 @@ func registerProxyFlags(fs *flagSet) *proxyConfig {
 	fs.String(&c.fenceHeader, "fence-header", "NAME", "Idempotency-Fence", "request header that tells the upstream the request's fencing token; a client's own is removed (empty: off)")
 	fs.Var(durationValue{&c.wait}, "wait", "DURATION", "how long a retry waits for the first request to finish before 409 (0: answer 409 at once)")
 	fs.Bool(&c.failOpen, "fail-open", false, "when the store is unreachable, forward requests unprotected instead of answering 503")
+	fs.Var(durationValue{&c.bodyTimeout}, "body-timeout", "DURATION", "how long a request's body may take to arrive, from its header (then 408, or a cut-off upstream request if not covered; 0: no limit)")
+	fs.Int(&c.maxConcurrent, "max-concurrent", "N", defaultMaxConcurrent, "requests handled at once; more get 503 with Retry-After (0: no limit)")
+	fs.Var(sizeValue{&c.maxBodyMemory}, "max-body-memory", "SIZE", "memory for the bodies of covered requests held at once, beyond the first 16KiB of each (a body that would go over it: 503 with Retry-After)")
 	fs.Var(durationValue{&c.upstreamTimeout}, "upstream-timeout", "DURATION", "how long to wait for the upstream's response header (0: no limit); then 504")
 	fs.Var(durationValue{&c.shutdownTimeout}, "shutdown-timeout", "DURATION", "how long a shutdown waits for requests in flight")
 	fs.String(&c.adminListen, "admin-listen", "ADDR", "", "address for /metrics, /healthz and /readyz (empty: off)")
@@ -170,6 +183,8 @@ func (c *proxyConfig) validate() (*url.URL, error) {
 		return nil, usagef("--retention %v is shorter than --lease %v", c.retention, c.lease)
 	case c.maxResponse > maxResponseLimit:
 		return nil, usagef("--max-response %s is over the limit of 1GiB", formatSize(c.maxResponse))
+	case c.maxConcurrent < 0:
+		return nil, usagef("--max-concurrent %d is negative", c.maxConcurrent)
 	case c.shutdownTimeout <= 0:
 		return nil, usagef("--shutdown-timeout must be positive")
 	case c.logFormat != "text" && c.logFormat != "json":
@@ -197,6 +212,14 @@ func (c *proxyConfig) validate() (*url.URL, error) {
 	}
 	return u, nil
 }
+
+// Defaults of the resource bounds: with them, 1,000 slow uploads hold
+// the proxy under 150 MB (RELIABILITY.md, "slow uploads").
+const (
+	defaultBodyTimeout   = 30 * time.Second
+	defaultMaxConcurrent = 1024
+	defaultMaxBodyMemory = 32 << 20
+)
 
 // maxResponseLimit is the largest --max-response. Stored responses are
 // read with room for it and their head whatever --max-response says now
@@ -313,7 +336,7 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 	var tr *tracing
 	shutdownTracing := func() {}
 	if c.tracing.endpoint != "" {
-		tr, err = c.tracing.start(ctx, log)
+		tr, err = c.tracing.start(ctx, log, e.getenv)
 		if err != nil {
 			return err
 		}
@@ -343,11 +366,16 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 		idemhttp.WithKeyRequired(c.requireKey),
 		idemhttp.WithMaxBodySize(c.maxBody),
 		idemhttp.WithMaxResponseSize(int(c.maxResponse)),
+		idemhttp.WithMaxBufferedBodies(c.maxBodyMemory),
 		idemhttp.WithWait(c.wait),
 		idemhttp.WithFailOpen(c.failOpen),
 		idemhttp.WithLogger(log),
 		idemhttp.WithHook(obs.hook),
 		idemhttp.WithPolicy(proxyPolicy(c.policy())),
+		// ReverseProxy flushes every response of unknown length (chunked):
+		// only text/event-stream and bodies over --max-response stream;
+		// the rest is stored before it is sent.
+		idemhttp.WithStreamOnFlush(false),
 	}
 	if c.scopeHeader != "" {
 		name := http.CanonicalHeaderKey(c.scopeHeader)
@@ -364,6 +392,7 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 	}
 	gw := newGateway(target, newTransport(c.upstreamTimeout), mw, c.methods, c.lease, obs, log)
 	gw.tracing = tr
+	gw.bodyTimeout, gw.maxActive = c.bodyTimeout, int64(c.maxConcurrent)
 	if c.fenceHeader != "" {
 		gw.fenceHeader = http.CanonicalHeaderKey(c.fenceHeader)
 	}

@@ -13,7 +13,6 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -80,12 +79,12 @@ type tracing struct {
 // startTracing sets up the exporter and the tracer provider. Nothing is
 // sent until the first batch of spans: an unreachable collector is
 // reported in the log, and the proxy serves on.
-func (t *tracingFlags) start(ctx context.Context, log *slog.Logger) (*tracing, error) {
+func (t *tracingFlags) start(ctx context.Context, log *slog.Logger, getenv func(string) string) (*tracing, error) {
 	u, err := t.exportURL()
 	if err != nil {
 		return nil, err
 	}
-	exp, err := otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL(u))
+	exp, err := newOTLPExporter(u, getenv)
 	if err != nil {
 		return nil, usagef("--otel-endpoint: %v", err)
 	}

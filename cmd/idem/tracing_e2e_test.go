@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
-	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
-	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+	collectortrace "go.opentelemetry.io/proto/slim/otlp/collector/trace/v1"
+	commonpb "go.opentelemetry.io/proto/slim/otlp/common/v1"
+	tracepb "go.opentelemetry.io/proto/slim/otlp/trace/v1"
 	"google.golang.org/protobuf/proto"
 )
 

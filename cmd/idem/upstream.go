@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -127,6 +128,12 @@ type gateway struct {
 	// the attempt's fencing token to the upstream ("": off). Set before the
 	// gateway serves.
 	fenceHeader string
+	// bodyTimeout bounds the time a request's body takes to arrive (0: no
+	// bound); maxActive the requests handled at once (0: no bound). Set
+	// before the gateway serves.
+	bodyTimeout time.Duration
+	maxActive   int64
+	active      atomic.Int64
 }
 
 func newGateway(target *url.URL, transport http.RoundTripper, mw *idemhttp.Middleware, methods []string, lease time.Duration, obs *observer, log *slog.Logger) *gateway {
@@ -146,6 +153,12 @@ func newGateway(target *url.URL, transport http.RoundTripper, mw *idemhttp.Middl
 				// the client its 100 Continue then: forwarding Expect
 				// would relay the upstream's as a second one.
 				pr.Out.Header.Del("Expect")
+				// The response is stored for retries that may not accept
+				// the encoding this client accepts: without the client's
+				// Accept-Encoding the transport asks for gzip itself and
+				// decodes it, so the identity form is stored, which every
+				// retry accepts.
+				pr.Out.Header.Del("Accept-Encoding")
 			}
 			stripTrailers(pr.Out.Trailer, g.fenceHeader)
 			if g.fenceHeader != "" {
@@ -268,6 +281,26 @@ func sameFieldName(a, b string) bool {
 func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	g.obs.inFlight.Add(1)
 	defer g.obs.inFlight.Add(-1)
+	if g.maxActive > 0 {
+		if g.active.Add(1) > g.maxActive {
+			g.active.Add(-1)
+			g.busy(w, r)
+			return
+		}
+		defer g.active.Add(-1)
+	}
+	if g.bodyTimeout > 0 && r.Body != nil && r.Body != http.NoBody {
+		// The deadline is the connection's: it would also end the read
+		// that the server's own goroutine makes once the body is in, and
+		// that read failing cancels the request's context. So it is lifted
+		// as soon as the body ends (deadlineBody). A body that did not end
+		// keeps it: after the handler, net/http reads what is left of the
+		// body before it answers, and it must not wait for ever.
+		rc := http.NewResponseController(w)
+		if rc.SetReadDeadline(time.Now().Add(g.bodyTimeout)) == nil {
+			r.Body = &deadlineBody{ReadCloser: r.Body, rc: rc}
+		}
+	}
 	if g.tracing != nil {
 		sw, r2, span := g.tracing.startSpan(w, r)
 		aborted := true
@@ -305,6 +338,36 @@ func (g *gateway) serve(w http.ResponseWriter, r *http.Request) {
 		// that it does not take it for a whole one (as ReverseProxy does).
 		panic(http.ErrAbortHandler)
 	}
+}
+
+// busy answers a request over --max-concurrent.
+func (g *gateway) busy(w http.ResponseWriter, r *http.Request) {
+	g.obs.busy.Inc()
+	w.Header().Set("Retry-After", "1")
+	idemhttp.WriteProblem(w, r, &idemhttp.Problem{
+		Type:       idemhttp.TypeServerBusy,
+		Title:      "Server busy",
+		Status:     http.StatusServiceUnavailable,
+		Detail:     "The proxy handles as many requests as it may at once. The request was not processed; retry with the same idempotency key after the time given by Retry-After.",
+		RetryAfter: time.Second,
+	})
+}
+
+// deadlineBody is a request body read under a connection read deadline,
+// which it lifts when the body has arrived whole.
+type deadlineBody struct {
+	io.ReadCloser
+	rc     *http.ResponseController
+	lifted bool
+}
+
+func (b *deadlineBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF && !b.lifted {
+		b.lifted = true
+		_ = b.rc.SetReadDeadline(time.Time{})
+	}
+	return n, err
 }
 
 // forward runs the reverse proxy for a request the middleware let through.

@@ -23,7 +23,7 @@ import (
 // per poll. b.N records with distinct keys are produced first (not timed);
 // the clock runs until the handler saw all of them.
 //
-//	GOWORK=off go test -run '^$' -bench Consume -benchtime 20000x
+//	go test -run '^$' -bench Consume -benchtime 20000x
 func BenchmarkConsume(b *testing.B) {
 	srv := redistest.Start(b)
 	for _, batch := range []int{1, 100} {
@@ -33,7 +33,7 @@ func BenchmarkConsume(b *testing.B) {
 				prod := producer(b, addrs)
 				rs := make([]*kgo.Record, 0, 1000)
 				for i := range b.N {
-					rs = append(rs, &kgo.Record{Topic: "bench", Partition: int32(i % 4), Key: []byte("k" + strconv.Itoa(i))})
+					rs = append(rs, &kgo.Record{Topic: "bench", Partition: int32(i % 4), Key: []byte("k" + strconv.Itoa(i)), Headers: keyHeader("k" + strconv.Itoa(i))})
 					if len(rs) == cap(rs) || i == b.N-1 {
 						produce(b, prod, rs...)
 						rs = rs[:0]

@@ -45,9 +45,17 @@
 //
 // # Limits
 //
-//   - Delivery counts (WithMaxDeliveries) are handler runs, kept in memory
-//     per partition and offset: a restart or a rebalance resets them. The
-//     executor's idem.WithMaxAttempts bounds attempts across restarts.
+//   - Kafka keeps no delivery count: the count of WithMaxDeliveries is the
+//     larger of the handler runs this member saw and the acquisitions of
+//     the key in the store, which survive a restart or a rebalance. A
+//     handler that panics does not crash the consumer: the panic is the
+//     record's error (consumer.ErrPanic).
+//   - The idempotency key comes from the header Idempotency-Key by default
+//     (WithKeyHeader, WithKeyFunc with KeyField or KeyHash); a record
+//     without one is dead-lettered. The record key is a choice to make
+//     explicitly (WithRecordKey): record keys are usually partition keys,
+//     and two different events with the same one would be taken for
+//     duplicates.
 //   - Kafka has no per-record timer to extend: the group session is kept
 //     alive by franz-go's background heartbeats, and the idempotency lease
 //     by the Executor's heartbeat while the handler runs. If the lease is

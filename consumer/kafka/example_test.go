@@ -2,8 +2,6 @@ package kafka_test
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"log"
 	"os"
@@ -30,7 +28,8 @@ func Example() {
 	prod, _ := kgo.NewClient(seeds)
 	defer prod.Close()
 	for _, id := range []string{"order-1", "order-2", "order-1"} {
-		prod.ProduceSync(context.Background(), &kgo.Record{Topic: "orders", Key: []byte(id)})
+		prod.ProduceSync(context.Background(), &kgo.Record{Topic: "orders", Value: []byte(id),
+			Headers: []kgo.RecordHeader{{Key: kafka.DefaultKeyHeader, Value: []byte(id)}}})
 	}
 
 	store, _ := memstore.New()
@@ -38,7 +37,7 @@ func Example() {
 	done := make(chan struct{}, 3)
 	c, err := kafka.New(exec, func(ctx context.Context, r *kgo.Record) error {
 		fence, _ := idem.FenceFrom(ctx) // pass to the side effect
-		fmt.Printf("charging %s (fence > 0: %v)\n", r.Key, fence > 0)
+		fmt.Printf("charging %s (fence > 0: %v)\n", r.Value, fence > 0)
 		return nil
 	}, []kgo.Opt{seeds, kgo.ConsumerGroup("billing"), kgo.ConsumeTopics("orders")},
 		kafka.WithErrorHook(func(error) {}))
@@ -99,7 +98,7 @@ func consume(ctx context.Context, rdb *redis.Client) error {
 		kgo.ConsumerGroup("billing"),
 		kgo.ConsumeTopics("orders"),
 	},
-		kafka.WithKeyHeader("Idempotency-Key"), // default: the record key
+		kafka.WithKeyHeader("Idempotency-Key"), // the default
 		kafka.WithMaxDeliveries(5),             // then dead-letter, key FAILED
 		kafka.WithScope("billing/orders"),
 	)
@@ -111,15 +110,9 @@ func consume(ctx context.Context, rdb *redis.Client) error {
 
 func charge(context.Context, []byte, int64) error { return nil }
 
-// ExampleWithKeyFunc derives the key from a hash of the stable part of the
+// ExampleKeyHash derives the key from a hash of the stable fields of a JSON
 // payload, for producers that send no key of their own.
-func ExampleWithKeyFunc() {
-	byPayload := kafka.WithKeyFunc(func(r *kgo.Record) string {
-		if len(r.Value) == 0 {
-			return "" // dead-lettered, counted in Stats.NoKey
-		}
-		sum := sha256.Sum256(r.Value)
-		return hex.EncodeToString(sum[:])
-	})
-	_ = byPayload // pass to kafka.New
+func ExampleKeyHash() {
+	byPayload := kafka.WithKeyFunc(kafka.KeyHash("order_id", "amount")) // not "sent_at"
+	_ = byPayload                                                       // pass to kafka.New
 }

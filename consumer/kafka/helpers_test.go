@@ -200,3 +200,9 @@ func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// keyHeader returns the headers of a record whose idempotency key is key
+// (the default key source, the header Idempotency-Key).
+func keyHeader(key string) []kgo.RecordHeader {
+	return []kgo.RecordHeader{{Key: "Idempotency-Key", Value: []byte(key)}}
+}

@@ -22,8 +22,35 @@ import (
 type Handler func(ctx context.Context, r *kgo.Record) error
 
 // KeyFunc returns the idempotency key of a record; "" means the record has
-// none (it is dead-lettered and counted in Stats.NoKey).
+// none (it is dead-lettered at once).
 type KeyFunc func(r *kgo.Record) string
+
+// KeyHeader returns a KeyFunc that reads the key from the record header
+// name (the first header with that name).
+func KeyHeader(name string) KeyFunc {
+	return func(r *kgo.Record) string {
+		for _, h := range r.Headers {
+			if h.Key == name {
+				return string(h.Value)
+			}
+		}
+		return ""
+	}
+}
+
+// KeyField returns a KeyFunc that reads the key from the top-level field
+// name of the record's JSON value (consumer.JSONField).
+func KeyField(name string) KeyFunc {
+	return func(r *kgo.Record) string { return consumer.JSONField(r.Value, name) }
+}
+
+// KeyHash returns a KeyFunc whose key is the SHA-256 of the listed
+// top-level fields of the record's JSON value (consumer.JSONHash): for
+// payloads with no key of their own whose listed fields identify the
+// operation.
+func KeyHash(fields ...string) KeyFunc {
+	return func(r *kgo.Record) string { return consumer.JSONHash(r.Value, fields...) }
+}
 
 // Defaults of the options.
 const (
@@ -34,6 +61,9 @@ const (
 	DefaultConcurrency     = 16
 	DefaultShutdownTimeout = 30 * time.Second
 	DefaultDLQSuffix       = ".dlq"
+	// DefaultKeyHeader is the record header that holds the idempotency
+	// key by default.
+	DefaultKeyHeader = "Idempotency-Key"
 )
 
 // Header names added to dead-lettered records, after the original headers.
@@ -63,29 +93,32 @@ type config struct {
 }
 
 // WithKeyHeader takes the idempotency key from the record header name (the
-// first header with that name). The default is the record key.
+// first header with that name). The default is DefaultKeyHeader
+// ("Idempotency-Key"); a record without it is dead-lettered.
 func WithKeyHeader(name string) Option {
 	return func(c *config) {
 		c.keySet++
-		if name == "" {
-			c.key = nil
-			return
-		}
-		c.key = func(r *kgo.Record) string {
-			for _, h := range r.Headers {
-				if h.Key == name {
-					return string(h.Value)
-				}
-			}
-			return ""
+		c.key = nil
+		if name != "" {
+			c.key = KeyHeader(name)
 		}
 	}
 }
 
-// WithKeyFunc takes the idempotency key from f, for example a field of the
-// payload or a hash of its stable part. The default is the record key. f
-// must be safe for concurrent use.
+// WithKeyFunc takes the idempotency key from f, for example KeyField or
+// KeyHash. The default is the header DefaultKeyHeader. f must be safe for
+// concurrent use.
 func WithKeyFunc(f KeyFunc) Option { return func(c *config) { c.keySet++; c.key = f } }
+
+// WithRecordKey takes the idempotency key from the record key. It is safe
+// only when producers give every operation a record key of its own (a
+// UUID per event). Record keys are usually partition keys (a customer, an
+// account): then a second, different event with the same record key within
+// the retention is acknowledged as a duplicate and its handler never runs.
+// It is not the default for that reason.
+func WithRecordKey() Option {
+	return WithKeyFunc(func(r *kgo.Record) string { return string(r.Key) })
+}
 
 // WithFingerprint sets a function that identifies a record's payload: a
 // record whose key was used before with another fingerprint is
@@ -111,12 +144,13 @@ func WithDeadLetterTopic(topic string) Option {
 func WithScope(scope string) Option { return func(c *config) { c.scope = scope } }
 
 // WithMaxDeliveries sets after how many deliveries a record whose handler
-// keeps failing is dead-lettered. A delivery counts when the handler ran
-// (not when the record only waited for a key in progress elsewhere or
-// came again behind another record). Deliveries are counted in memory per
-// partition and offset, so a restart or a rebalance resets the count (the
-// executor's idem.WithMaxAttempts bounds it across restarts). The default
-// is DefaultMaxDeliveries (5); 0 means never.
+// keeps failing (or panics) is dead-lettered. Kafka keeps no delivery
+// count, so the count is the larger of the handler runs this member saw
+// (in memory; a delivery counts when the handler ran, not when the record
+// only waited for a key in progress elsewhere or came again behind another
+// record) and the acquisitions of the record's key in the store, which a
+// restart or a rebalance does not reset. The default is
+// DefaultMaxDeliveries (5); 0 means never.
 func WithMaxDeliveries(n int) Option { return func(c *config) { c.maxDeliveries = n } }
 
 // WithRetryDelay sets how long a partition waits before a record whose
@@ -239,7 +273,7 @@ func New(exec *idem.Executor, h Handler, kopts []kgo.Opt, opts ...Option) (*Cons
 		return nil, fmt.Errorf("%w: kafka: shutdown timeout %v is negative", idem.ErrInvalid, cfg.shutdown)
 	}
 	if cfg.key == nil {
-		cfg.key = func(r *kgo.Record) string { return string(r.Key) }
+		cfg.key = KeyHeader(DefaultKeyHeader)
 	}
 	if cfg.dlq == nil {
 		cfg.dlq = func(topic string) string { return topic + DefaultDLQSuffix }
@@ -496,7 +530,6 @@ func (c *Consumer) batch(work context.Context, k tp, records []*kgo.Record) (rw 
 	}
 	pt.wg.Add(1)
 	msgs := make([]consumer.Message, len(records))
-	keyErrs := make([]error, len(records))
 	for i, r := range records {
 		msgs[i].Deliveries = pt.deliveries[r.Offset] + 1
 	}
@@ -504,14 +537,7 @@ func (c *Consumer) batch(work context.Context, k tp, records []*kgo.Record) (rw 
 	defer pt.wg.Done()
 
 	for i, r := range records {
-		key := c.cfg.key(r)
-		if key != "" {
-			if err := c.proc.Key(key).Validate(); err != nil {
-				keyErrs[i] = err
-				key = ""
-			}
-		}
-		msgs[i].Key = key
+		msgs[i].Key = c.cfg.key(r)
 		if c.cfg.fingerprint != nil {
 			msgs[i].Fingerprint = c.cfg.fingerprint(r)
 		}
@@ -538,11 +564,8 @@ func (c *Consumer) batch(work context.Context, k tp, records []*kgo.Record) (rw 
 			continue
 		}
 		if res.Action == consumer.DeadLetter {
-			if errors.Is(res.Err, consumer.ErrNoKey) {
+			if consumer.IsInvalid(res.Err) {
 				c.noKey.Add(1)
-				if keyErrs[i] != nil {
-					res.Err = errors.Join(res.Err, keyErrs[i])
-				}
 			}
 			c.report(fmt.Errorf("kafka: dead-lettering %s/%d@%d: %w", r.Topic, r.Partition, r.Offset, res.Err))
 			if err := c.deadLetter(ctx, r, res.Err, msgs[i].Deliveries); err != nil {

@@ -70,7 +70,7 @@ func TestDuplicatesRunOnce(t *testing.T) {
 	var rs []*kgo.Record
 	for i := range 60 {
 		key := fmt.Sprintf("k%d", i%40) // 20 duplicates
-		rs = append(rs, &kgo.Record{Topic: "orders", Partition: int32(i % 3), Key: []byte(key), Value: []byte("v")})
+		rs = append(rs, &kgo.Record{Topic: "orders", Partition: int32(i % 3), Key: []byte(key), Value: []byte("v"), Headers: keyHeader(key)})
 	}
 	produce(t, prod, rs...)
 
@@ -172,7 +172,7 @@ func testHandlerErrorRetried(t *testing.T, batch int, wantOrder string) {
 	prod := producer(t, addrs)
 	var rs []*kgo.Record
 	for _, k := range []string{"a", "flaky", "b", "poison", "c"} {
-		rs = append(rs, &kgo.Record{Topic: "jobs", Key: []byte(k)})
+		rs = append(rs, &kgo.Record{Topic: "jobs", Key: []byte(k), Headers: keyHeader(k)})
 	}
 	produce(t, prod, rs...)
 	var mu sync.Mutex
@@ -233,7 +233,7 @@ func TestInProgressNotAcked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	produce(t, prod, &kgo.Record{Topic: "t", Key: []byte("busy")})
+	produce(t, prod, &kgo.Record{Topic: "t", Key: []byte("busy"), Headers: keyHeader("busy")})
 	var ran atomic.Int32
 	c, err := kafka.New(exec, func(context.Context, *kgo.Record) error { ran.Add(1); return nil },
 		groupOpts(addrs, "g", "t"))
@@ -273,7 +273,7 @@ func TestGracefulShutdown(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			addrs := startCluster(t, 1, "t")
-			produce(t, producer(t, addrs), &kgo.Record{Topic: "t", Key: []byte("k")})
+			produce(t, producer(t, addrs), &kgo.Record{Topic: "t", Key: []byte("k"), Headers: keyHeader("k")})
 			started := make(chan struct{})
 			c, err := kafka.New(prooftest.MemExecutor(t), func(ctx context.Context, r *kgo.Record) error {
 				close(started)
@@ -309,7 +309,7 @@ func TestRebalanceWhileInFlight(t *testing.T) {
 	for i := range n {
 		k := "key-" + strconv.Itoa(i)
 		keys = append(keys, k)
-		rs = append(rs, &kgo.Record{Topic: "t", Partition: int32(i % 6), Key: []byte(k)})
+		rs = append(rs, &kgo.Record{Topic: "t", Partition: int32(i % 6), Key: []byte(k), Headers: keyHeader(k)})
 	}
 	produce(t, prod, rs...)
 	exec := prooftest.MemExecutor(t, idem.WithLease(2*time.Second))
@@ -388,7 +388,7 @@ func (s *losingStore) Extend(ctx context.Context, key string, lease idem.Lease, 
 // committed; it is delivered again and completes then.
 func TestLeaseLostNotAcked(t *testing.T) {
 	addrs := startCluster(t, 1, "t")
-	produce(t, producer(t, addrs), &kgo.Record{Topic: "t", Key: []byte("k")})
+	produce(t, producer(t, addrs), &kgo.Record{Topic: "t", Key: []byte("k"), Headers: keyHeader("k")})
 	inner, err := memstore.New()
 	if err != nil {
 		t.Fatal(err)

@@ -26,7 +26,7 @@ import (
 // and four Run loops on one Consumer), at batch 1 and 100. Every message has a distinct key (the cost of first deliveries, not
 // of replays). Run with:
 //
-//	GOWORK=off go test -run '^$' -bench Consume -benchtime 5000x
+//	go test -run '^$' -bench Consume -benchtime 5000x
 func BenchmarkConsume(b *testing.B) {
 	srv := redistest.Start(b)
 	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()})

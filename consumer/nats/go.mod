@@ -3,7 +3,7 @@ module github.com/idemgo/idem/consumer/nats
 go 1.26.0
 
 require (
-	github.com/idemgo/idem v0.0.0
+	github.com/idemgo/idem v0.1.0
 	github.com/nats-io/nats.go v1.55.0
 	github.com/redis/go-redis/v9 v9.23.0
 )
@@ -18,5 +18,3 @@ require (
 	golang.org/x/crypto v0.57.0 // indirect
 	golang.org/x/sys v0.48.0 // indirect
 )
-
-replace github.com/idemgo/idem => ../..

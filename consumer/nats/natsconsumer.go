@@ -358,29 +358,11 @@ func (c *Consumer) ProcessBatch(ctx context.Context, msgs []jetstream.Msg) {
 		return
 	}
 	in := make([]consumer.Message, len(msgs))
-	var invalid []error // why a message is dead-lettered before Process
 	for i, m := range msgs {
-		key := c.cfg.key(m)
-		var bad error
-		if len(key) > idem.MaxKeyLen {
-			bad = fmt.Errorf("%w: key is %d bytes, over the limit of %d", consumer.ErrNoKey, len(key), idem.MaxKeyLen)
-		}
+		in[i].Key = c.cfg.key(m)
 		if c.cfg.fingerprint != nil {
 			in[i].Fingerprint = c.cfg.fingerprint(m)
-			if len(in[i].Fingerprint) > idem.MaxFingerprintLen {
-				bad = fmt.Errorf("%w: natsconsumer: fingerprint is %d bytes, over the limit of %d", idem.ErrInvalid, len(in[i].Fingerprint), idem.MaxFingerprintLen)
-			}
 		}
-		if bad != nil {
-			// Process dead-letters a message without a key; the reason is
-			// put back below.
-			if invalid == nil {
-				invalid = make([]error, len(msgs))
-			}
-			invalid[i] = bad
-			key, in[i].Fingerprint = "", ""
-		}
-		in[i].Key = key
 		if md, err := m.Metadata(); err == nil {
 			in[i].Deliveries = int(min(md.NumDelivered, 1<<31-1))
 		}
@@ -414,77 +396,10 @@ func (c *Consumer) ProcessBatch(ctx context.Context, msgs []jetstream.Msg) {
 			}
 		}
 	})
-	// A key repeated within the batch (same fingerprint) is processed once:
-	// its copies share the first one's outcome. Given to Process, a copy
-	// would find the key held by this very batch.
-	uniq, from, dupOf := in, []int(nil), []int(nil)
-	seen := make(map[string]int, len(in))
-	for i, m := range in {
-		if m.Key == "" {
-			continue
-		}
-		id := m.Key + "\x00" + m.Fingerprint
-		if first, ok := seen[id]; ok {
-			if dupOf == nil {
-				dupOf = make([]int, len(in))
-				for j := range dupOf {
-					dupOf[j] = -1
-				}
-			}
-			dupOf[i] = first
-			continue
-		}
-		seen[id] = i
-	}
-	if dupOf != nil {
-		uniq = make([]consumer.Message, 0, len(in))
-		from = make([]int, 0, len(in))
-		for i, m := range in {
-			if dupOf[i] < 0 {
-				uniq = append(uniq, m)
-				from = append(from, i)
-			}
-		}
-	}
-	ures := c.proc.Process(hctx, uniq, func(ctx context.Context, i int) (err error) {
-		if from != nil {
-			i = from[i]
-		}
-		defer func() {
-			if r := recover(); r != nil {
-				err = fmt.Errorf("natsconsumer: handler panicked: %v", r)
-			}
-		}()
-		return c.h(ctx, msgs[i])
-	})
+	results := c.proc.Process(hctx, in, func(ctx context.Context, i int) error { return c.h(ctx, msgs[i]) })
 	close(done)
 	wg.Wait()
-
-	results := ures
-	if dupOf != nil {
-		results = make([]consumer.Result, len(in))
-		for j, r := range ures {
-			results[from[j]] = r
-		}
-		for i, first := range dupOf {
-			if first < 0 {
-				continue
-			}
-			switch r := results[first]; r.Action {
-			case consumer.Ack:
-				results[i] = consumer.Result{Action: consumer.Ack, Replayed: true}
-			case consumer.Retry:
-				results[i] = r
-			default:
-				// Redeliver at once: the key's record decides then.
-				results[i] = consumer.Result{Action: consumer.Retry, Err: r.Err}
-			}
-		}
-	}
 	for i, r := range results {
-		if invalid != nil && invalid[i] != nil {
-			r.Err = invalid[i]
-		}
 		c.settle(msgs[i], in[i], r)
 	}
 }
@@ -515,7 +430,7 @@ func (c *Consumer) settle(m jetstream.Msg, in consumer.Message, r consumer.Resul
 			berr = m.NakWithDelay(r.Delay)
 			break
 		}
-		if errors.Is(r.Err, consumer.ErrNoKey) {
+		if consumer.IsInvalid(r.Err) {
 			c.noKey.Add(1)
 		}
 		c.deadLettered.Add(1)

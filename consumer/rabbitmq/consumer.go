@@ -369,20 +369,12 @@ func deliveries(d *amqp.Delivery) int {
 func (c *Consumer) handle(work context.Context, ch *amqp.Channel, batch []amqp.Delivery, multiple bool) error {
 	c.batches.Add(1)
 	msgs := make([]consumer.Message, len(batch))
-	invalid := make([]error, len(batch))
 	for i := range batch {
 		d := &batch[i]
-		m := consumer.Message{Key: c.cfg.key(d), Deliveries: deliveries(d)}
+		msgs[i] = consumer.Message{Key: c.cfg.key(d), Deliveries: deliveries(d)}
 		if c.cfg.fingerprint != nil {
-			m.Fingerprint = c.cfg.fingerprint(d)
+			msgs[i].Fingerprint = c.cfg.fingerprint(d)
 		}
-		if m.Key != "" && c.proc != nil {
-			if err := c.proc.Key(m.Key).Validate(); err != nil {
-				invalid[i] = fmt.Errorf("%w: %w", consumer.ErrNoKey, err)
-				m.Key = ""
-			}
-		}
-		msgs[i] = m
 	}
 	var results []consumer.Result
 	if c.proc != nil {
@@ -392,42 +384,7 @@ func (c *Consumer) handle(work context.Context, ch *amqp.Channel, batch []amqp.D
 	} else {
 		results = c.processRaw(work, msgs, batch)
 	}
-	for i, err := range invalid {
-		if err != nil {
-			results[i].Err = err
-		}
-	}
-	replayInBatch(msgs, results)
 	return c.settle(work, ch, batch, results, multiple)
-}
-
-// replayInBatch turns the Retry of a duplicate that found its key in
-// progress because an earlier message of the same batch held it into the
-// replay it is now that the key is COMPLETED: the same key and fingerprint
-// as a message of the batch that was acked. It saves the trip through the
-// retry queue.
-func replayInBatch(msgs []consumer.Message, results []consumer.Result) {
-	if len(msgs) < 2 {
-		return
-	}
-	var completed map[string]string // key → fingerprint
-	for i, r := range results {
-		if r.Action == consumer.Ack && !r.Replayed && msgs[i].Key != "" {
-			if completed == nil {
-				completed = make(map[string]string)
-			}
-			completed[msgs[i].Key] = msgs[i].Fingerprint
-		}
-	}
-	for i, r := range results {
-		var ip *idem.InProgressError
-		if r.Action != consumer.Retry || !errors.As(r.Err, &ip) {
-			continue
-		}
-		if fp, ok := completed[msgs[i].Key]; ok && fp == msgs[i].Fingerprint {
-			results[i] = consumer.Result{Action: consumer.Ack, Replayed: true}
-		}
-	}
 }
 
 // processRaw is the same loop without idempotency, for the benchmarks.
@@ -521,7 +478,7 @@ func (c *Consumer) count(r consumer.Result, requeued bool) {
 		c.retried.Add(1)
 	case r.Action == consumer.DeadLetter:
 		c.deadLettered.Add(1)
-		if errors.Is(r.Err, consumer.ErrNoKey) {
+		if consumer.IsInvalid(r.Err) {
 			c.noKey.Add(1)
 		}
 	}

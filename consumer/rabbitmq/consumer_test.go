@@ -603,22 +603,6 @@ func TestQuorumQueue(t *testing.T) {
 	}
 }
 
-func TestReplayInBatch(t *testing.T) {
-	inProgress := consumer.Result{Action: consumer.Retry, Delay: time.Second, Err: &idem.InProgressError{RetryAfter: time.Second}}
-	msgs := []consumer.Message{{Key: "a"}, {Key: "a"}, {Key: "b"}, {Key: "a", Fingerprint: "other"}, {Key: "c"}}
-	results := []consumer.Result{{Action: consumer.Ack}, inProgress, inProgress, inProgress, {Action: consumer.Retry, Err: errors.New("boom")}}
-	replayInBatch(msgs, results)
-	want := []consumer.Action{consumer.Ack, consumer.Ack, consumer.Retry, consumer.Retry, consumer.Retry}
-	for i, r := range results {
-		if r.Action != want[i] {
-			t.Errorf("message %d: got %v, want %v", i, r.Action, want[i])
-		}
-	}
-	if !results[1].Replayed {
-		t.Errorf("message 1: got Replayed false, want true")
-	}
-}
-
 // TestDeadLetterExchange: dead letters go to the user's exchange, and a key
 // seen again with another fingerprint is dead-lettered with
 // idem.ErrMismatch.
@@ -693,4 +677,36 @@ func TestGracefulShutdownConcurrent(t *testing.T) {
 	}
 	conn := dial(t)
 	waitFor(t, 5*time.Second, "2 messages back in the queue", func() bool { return depth(t, conn, q) == 2 })
+}
+
+// TestPoison: a handler that panics does not crash the consumer (the panic
+// is the message's error, redelivered, then dead-lettered after the
+// maximum), and a fingerprint over its limit is dead-lettered at its first
+// delivery instead of going round the retry queue forever.
+func TestPoison(t *testing.T) {
+	q := testQueue(t)
+	pub := newPublisher(t, q)
+	proc := prooftest.MemProcessor(t, 2*time.Second, consumer.WithScope(q), consumer.WithMaxDeliveries(2))
+	var panics atomic.Int32
+	c, err := New(amqpURL(), q, proc, func(_ context.Context, d *amqp.Delivery) error {
+		if string(d.Body) == "panic" {
+			panics.Add(1)
+			panic("poison message")
+		}
+		return nil
+	}, WithFingerprint(func(d *amqp.Delivery) string { return string(d.Body) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub.publish(q, msg("boom", "panic"), msg("long", strings.Repeat("f", idem.MaxFingerprintLen+1)))
+	stop := prooftest.Start(t, c.Run)
+	conn := dial(t)
+	waitFor(t, 20*time.Second, "2 dead letters", func() bool { return depth(t, conn, q+".dlq") == 2 })
+	stop()
+	if n := panics.Load(); n != 2 {
+		t.Errorf("got %d panicking runs, want 2 (max deliveries)", n)
+	}
+	if st := c.Stats(); st.DeadLettered != 2 || st.NoKey != 1 {
+		t.Errorf("got %+v, want 2 dead-lettered, 1 of them invalid", st)
+	}
 }

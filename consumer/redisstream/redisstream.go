@@ -2,8 +2,6 @@ package redisstream
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"strconv"
@@ -47,25 +45,23 @@ func KeyField(name string) KeyFunc {
 	}
 }
 
-// KeyHash returns a KeyFunc that hashes the named fields (SHA-256 over each
-// field's length and value, base64url): for payloads that carry no key but
+// KeyHash returns a KeyFunc that hashes the named fields
+// (consumer.HashKey of their values): for payloads that carry no key but
 // whose listed fields identify them. A missing field hashes as empty; if
 // all are missing there is no key.
 func KeyHash(fields ...string) KeyFunc {
 	return func(msg redis.XMessage) string {
-		h := sha256.New()
+		vals := make([]string, len(fields))
 		found := false
-		for _, f := range fields {
+		for i, f := range fields {
 			v, ok := msg.Values[f].(string)
 			found = found || ok
-			h.Write(strconv.AppendInt(nil, int64(len(v)), 10))
-			h.Write([]byte{':'})
-			h.Write([]byte(v))
+			vals[i] = v
 		}
 		if !found {
 			return ""
 		}
-		return base64.RawURLEncoding.EncodeToString(h.Sum(nil))
+		return consumer.HashKey(vals...)
 	}
 }
 

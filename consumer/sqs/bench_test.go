@@ -25,7 +25,7 @@ import (
 // key and the handler does nothing, so the numbers are the overhead of the
 // loop, the SQS calls and the store. Run it with, for example:
 //
-//	GOWORK=off go test -run '^$' -bench Consume -benchtime 3000x
+//	go test -run '^$' -bench Consume -benchtime 3000x
 func BenchmarkConsume(b *testing.B) {
 	srv := redistest.Start(b)
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})

@@ -303,9 +303,6 @@ func (c *Consumer) process(ctx context.Context, msgs []types.Message) {
 		process = plainProcess
 	}
 	results := process(ctx, in, func(hctx context.Context, i int) error {
-		if err := hctx.Err(); err != nil {
-			return context.Cause(hctx) // shutting down or lease lost: do not start
-		}
 		err := c.h(hctx, msgs[i])
 		if err != nil {
 			c.report(fmt.Errorf("sqsconsumer: handler of message %s: %w", aws.ToString(msgs[i].MessageId), err))
@@ -318,25 +315,8 @@ func (c *Consumer) process(ctx context.Context, msgs []types.Message) {
 	bctx := context.WithoutCancel(ctx)
 	var del []types.Message
 	retry := map[int32][]types.Message{}
-	completed := map[string]string{} // key → fingerprint
-	for i, r := range results {
-		if r.Action == consumer.Ack && !r.Replayed {
-			completed[in[i].Key] = in[i].Fingerprint
-		}
-	}
 	for i, r := range results {
 		m := msgs[i]
-		if fp, ok := completed[in[i].Key]; ok && fp == in[i].Fingerprint && r.Action == consumer.Retry && errors.Is(r.Err, idem.ErrInProgress) {
-			// A duplicate of a key this batch completed: it was
-			// IN_PROGRESS only because of this batch, and is COMPLETED
-			// now, so it is a replay.
-			r = consumer.Result{Action: consumer.Ack, Replayed: true}
-		}
-		if r.Action == consumer.Retry && errors.Is(r.Err, idem.ErrInvalid) {
-			// A key or fingerprint the store refuses (too long, control
-			// characters): no redelivery can fix it.
-			r = consumer.Result{Action: consumer.DeadLetter, Err: r.Err}
-		}
 		switch r.Action {
 		case consumer.Ack:
 			del = append(del, m)
@@ -350,9 +330,9 @@ func (c *Consumer) process(ctx context.Context, msgs []types.Message) {
 			s := seconds(r.Delay)
 			retry[s] = append(retry[s], m)
 		case consumer.DeadLetter:
-			if errors.Is(r.Err, consumer.ErrNoKey) {
+			if consumer.IsInvalid(r.Err) {
 				c.noKey.Add(1)
-				c.report(fmt.Errorf("sqsconsumer: message %s: %w", aws.ToString(m.MessageId), consumer.ErrNoKey))
+				c.report(fmt.Errorf("sqsconsumer: message %s: %w", aws.ToString(m.MessageId), r.Err))
 			}
 			if err := c.deadLetter(bctx, m, r.Err); err != nil {
 				// Not dead-lettered: it must come back, the record

@@ -7,7 +7,7 @@ require (
 	github.com/aws/aws-sdk-go-v2/credentials v1.20.15
 	github.com/aws/aws-sdk-go-v2/service/sqs v1.52.10
 	github.com/aws/smithy-go v1.28.8
-	github.com/idemgo/idem v0.0.0
+	github.com/idemgo/idem v0.1.0
 	github.com/redis/go-redis/v9 v9.23.0
 )
 
@@ -19,5 +19,3 @@ require (
 	go.uber.org/atomic v1.12.0 // indirect
 	golang.org/x/sys v0.48.0 // indirect
 )
-
-replace github.com/idemgo/idem => ../..

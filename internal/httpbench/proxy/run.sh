@@ -15,7 +15,7 @@ trap cleanup EXIT
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_port() { for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return; sleep 0.05; done; echo "nothing listens on $1" >&2; exit 1; }
 
-(cd "$root/cmd/idem" && GOWORK=off go build -o "$work/idem" .)
+(cd "$root/cmd/idem" && go build -o "$work/idem" .)
 up=$(port); rp=$(port)
 "$work/idem" upstream-demo --listen "127.0.0.1:$up" >/dev/null 2>&1 & pids+=($!)
 redis-server --port "$rp" --bind 127.0.0.1 --save "" --appendonly no >/dev/null 2>&1 & pids+=($!)

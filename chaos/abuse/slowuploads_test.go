@@ -1,0 +1,241 @@
+package abuse
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemgo/idem/chaos/chaostest"
+)
+
+// slowRSSLimit is the bound on the proxy's resident memory under slow
+// uploads at its default settings.
+const slowRSSLimit = 150 << 20
+
+// TestSlowUploads is scenario 8, slow uploads, on Redis (the embedded
+// store's fsync per request would time the disk, not the proxy), with
+// the proxy at its default settings (--max-body 1MiB, --body-timeout 30s,
+// --max-concurrent 1024, --max-body-memory 32MiB). Injected: 1,000
+// connections, each a covered POST announcing a body of max-body − 1
+// bytes; half send almost all of it at once and then one byte a second
+// (bulk), half only one byte a second (trickle), for 5 s (long: 20 s);
+// meanwhile a client sends a small request with a new key every 100 ms.
+// The small requests are first timed alone (baseline), then during the
+// uploads. Asserted: the proxy's resident memory, sampled every 100 ms, stays under
+// 150 MB; every small request is answered 201 and runs once; no slow upload
+// reaches the upstream; the uploads the proxy refuses get 503 (the bodies'
+// memory is full) or 408 (the body timeout), or find the connection reset
+// before they read the answer (the proxy closes a connection whose body it
+// did not read). Reported: the fast requests'
+// latency (p50, p99, max), how many uploads were held to the end of the
+// window, refused with 503 or ended with 408. Negative control: the same
+// uploads against a proxy whose bounds are lifted (--max-body-memory 16GiB,
+// --max-concurrent 0, --body-timeout 0) must go over 150 MB.
+func TestSlowUploads(t *testing.T) {
+	conns := 1_000
+	window := time.Duration(chaostest.Size(5, 20)) * time.Second
+	bin := chaostest.BuildIdem(t)
+	var c chaostest.Counters
+	figures := map[string]string{"connections": strconv.Itoa(conns), "window": window.String()}
+
+	up := newUpstream(t)
+	args, _ := stores[1].start(t, bin)
+	px := startProxy(t, bin, up.srv.URL, args)
+	base := slowUploads(t, px, 0, 2*time.Second, true)
+	run := slowUploads(t, px, conns, window, true)
+	run.fast += base.fast
+	run.fastOK += base.fastOK
+	c.Attempted.Add(int64(conns) + run.fast)
+	c.Acknowledged.Add(run.fastOK)
+	calls := up.calls.Load()
+	c.Executed.Add(calls)
+	c.Effects.Add(calls)
+	if calls != run.fastOK {
+		c.Duplicated.Add(max(calls-run.fastOK, 0))
+		t.Errorf("the upstream ran %d times, want %d: once per small request, never for a slow upload", calls, run.fastOK)
+	}
+	if run.fastOK != run.fast {
+		c.Lost.Add(run.fast - run.fastOK)
+		t.Errorf("%d of %d small requests were not answered 201", run.fast-run.fastOK, run.fast)
+	}
+	if run.other > 0 {
+		t.Errorf("%d slow uploads got another answer than 503 or 408", run.other)
+	}
+	if run.peakRSS >= slowRSSLimit>>10 {
+		t.Errorf("proxy RSS peaked at %s under %d slow uploads, want below %s", mib(run.peakRSS), conns, mib(slowRSSLimit>>10))
+	}
+	px.alive(t)
+	figures["peak_rss"] = mib(run.peakRSS)
+	figures["fast_requests"] = strconv.FormatInt(run.fast, 10)
+	figures["baseline_p50"] = base.p50.Round(100 * time.Microsecond).String()
+	figures["baseline_p99"] = base.p99.Round(100 * time.Microsecond).String()
+	figures["fast_p50"] = run.p50.Round(100 * time.Microsecond).String()
+	figures["fast_p99"] = run.p99.Round(100 * time.Microsecond).String()
+	figures["fast_max"] = run.max.Round(100 * time.Microsecond).String()
+	figures["held"] = strconv.FormatInt(run.held, 10)
+	figures["refused_503"] = strconv.FormatInt(run.busy, 10)
+	figures["ended_408"] = strconv.FormatInt(run.timedOut, 10)
+	figures["reset"] = strconv.FormatInt(run.reset, 10)
+
+	// Negative control: without the bounds the same uploads take the
+	// proxy over the limit, so the check above can see the fault.
+	t.Run("control without bounds", func(t *testing.T) {
+		up := newUpstream(t)
+		args, _ := stores[1].start(t, bin)
+		px := startProxy(t, bin, up.srv.URL, args, "--max-body-memory", "16GiB", "--max-concurrent", "0", "--body-timeout", "0")
+		run := slowUploads(t, px, conns, window, false)
+		if run.peakRSS < slowRSSLimit>>10 {
+			t.Fatalf("without bounds the proxy's RSS peaked at %s, want over %s: the check cannot see the fault", mib(run.peakRSS), mib(slowRSSLimit>>10))
+		}
+		figures["control_peak_rss"] = mib(run.peakRSS)
+	})
+	chaostest.Report(t, "abuse: slow uploads", command("TestSlowUploads"), &c, figures)
+}
+
+// slowRun is what one run of slow uploads saw.
+type slowRun struct {
+	peakRSS                            int64 // KiB
+	fast, fastOK                       int64
+	p50, p99, max                      time.Duration
+	held, busy, timedOut, reset, other int64
+}
+
+// slowUploads opens conns slow uploads to px, half bulk and half trickle
+// (see TestSlowUploads), keeps them for window while sending a small
+// request every 100 ms and sampling the proxy's memory, then closes them.
+// With fast false it sends no small requests.
+func slowUploads(t *testing.T, px *proxy, conns int, window time.Duration, fast bool) slowRun {
+	t.Helper()
+	const size = maxBody - 1
+	var run slowRun
+	var held, busy, timedOut, reset, other atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	opened := make(chan struct{}, conns)
+	for i := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			bulk := i%2 == 0
+			conn, err := net.DialTimeout("tcp", px.addr, 10*time.Second)
+			if err != nil {
+				other.Add(1)
+				opened <- struct{}{}
+				t.Errorf("slow upload %d: %v", i, err)
+				return
+			}
+			defer conn.Close()
+			// The answer, if the proxy gives one before the window ends.
+			answered := make(chan int, 1)
+			go func() {
+				res, err := http.ReadResponse(bufio.NewReader(conn), nil)
+				if err != nil {
+					answered <- 0
+					return
+				}
+				res.Body.Close()
+				answered <- res.StatusCode
+			}()
+			first := 1
+			if bulk {
+				first = size - 1024
+			}
+			head := fmt.Sprintf("POST /uploads HTTP/1.1\r\nHost: proxy\r\nIdempotency-Key: slow-%d\r\nContent-Length: %d\r\n\r\n", i, size)
+			_, err = conn.Write(append([]byte(head), make([]byte, first)...))
+			opened <- struct{}{}
+			tick := time.NewTicker(time.Second)
+			defer tick.Stop()
+			for sent := first; err == nil && sent < size-1; sent++ {
+				select {
+				case status := <-answered:
+					count(status, &busy, &timedOut, &reset, &other)
+					return
+				case <-stop:
+					held.Add(1)
+					return
+				case <-tick.C:
+					_, err = conn.Write([]byte{0})
+				}
+			}
+			// The write failed: the proxy answered and closed, or reset.
+			select {
+			case status := <-answered:
+				count(status, &busy, &timedOut, &reset, &other)
+			case <-stop:
+				held.Add(1)
+			}
+		}()
+	}
+	for range conns {
+		<-opened
+	}
+
+	var lat []time.Duration
+	var fastWG sync.WaitGroup
+	if fast {
+		fastWG.Add(1)
+		go func() {
+			defer fastWG.Done()
+			client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 30 * time.Second}
+			tick := time.NewTicker(100 * time.Millisecond)
+			defer tick.Stop()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				case <-tick.C:
+				}
+				start := time.Now()
+				res, err := post(client, px.url("/orders"), fmt.Sprintf("fast-%d-%d", conns, i), `{"amount":1}`)
+				lat = append(lat, time.Since(start))
+				run.fast++
+				if err == nil && res.status == http.StatusCreated && !res.replayed() {
+					run.fastOK++
+				}
+			}
+		}()
+	}
+	end := time.After(window)
+	sample := time.NewTicker(100 * time.Millisecond)
+	defer sample.Stop()
+sampling:
+	for {
+		run.peakRSS = max(run.peakRSS, px.memory(t).rss)
+		select {
+		case <-end:
+			break sampling
+		case <-sample.C:
+		}
+	}
+	run.peakRSS = max(run.peakRSS, px.memory(t).hwm)
+	close(stop)
+	fastWG.Wait()
+	wg.Wait()
+	if len(lat) > 0 {
+		run.p50, run.p99 = chaostest.Percentile(lat, 50), chaostest.Percentile(lat, 99)
+		run.max = chaostest.Percentile(lat, 100)
+	}
+	run.held, run.busy, run.timedOut, run.reset, run.other = held.Load(), busy.Load(), timedOut.Load(), reset.Load(), other.Load()
+	return run
+}
+
+// count files the proxy's answer to a slow upload (0: none, the
+// connection was closed or reset).
+func count(status int, busy, timedOut, reset, other *atomic.Int64) {
+	switch status {
+	case 0:
+		reset.Add(1)
+	case http.StatusServiceUnavailable:
+		busy.Add(1)
+	case http.StatusRequestTimeout:
+		timedOut.Add(1)
+	default:
+		other.Add(1)
+	}
+}

@@ -1,0 +1,5 @@
+module github.com/idemgo/idem/internal/modproxy
+
+go 1.26.0
+
+require golang.org/x/mod v0.42.0

@@ -1,0 +1,459 @@
+package pgstore
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/postgres/internal/pgq"
+	"github.com/idemgo/idem/postgres/pggate"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Schema is the SQL that creates the records table and the transition
+// functions (schema.sql in this package), for teams that apply migrations
+// with their own tool. Store.Migrate runs it.
+//
+//go:embed schema.sql
+var Schema string
+
+// Table is the name of the records table.
+const Table = "idem_records"
+
+// channel is the LISTEN/NOTIFY channel of the notifications.
+const channel = "idem_records"
+
+// DefaultSweepInterval is the default of WithSweepInterval.
+const DefaultSweepInterval = time.Minute
+
+// ErrNoSchema is returned when the records table or its functions do not
+// exist: run Store.Migrate, or apply pgstore's schema.sql (Schema).
+var ErrNoSchema = errors.New("pgstore: the table " + Table + " or its functions do not exist: run Store.Migrate or apply pgstore's schema.sql")
+
+// Option configures a Store.
+type Option func(*config)
+
+type config struct {
+	notify        bool
+	sweepInterval time.Duration
+	log           *slog.Logger
+}
+
+// WithNotify sets whether complete, fail and release send a notification
+// (pg_notify on the channel idem_records) so that Executor.Await is woken
+// across processes. The default is true; turn it off to save the
+// notification (Postgres serializes the commits that notify).
+func WithNotify(on bool) Option { return func(c *config) { c.notify = on } }
+
+// WithSweepInterval sets how often a background goroutine deletes expired
+// records (see Sweep). Zero disables it. The default is
+// DefaultSweepInterval (1m).
+func WithSweepInterval(d time.Duration) Option { return func(c *config) { c.sweepInterval = d } }
+
+// WithLogger sets where the background janitor reports its errors. The
+// default is slog.Default().
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.log = l } }
+
+// Store is an idem.Store on PostgreSQL: one row per record in idem_records,
+// every transition one function call (one round trip, atomic under the
+// row's lock), times from the server's clock. It is also an idem.Watcher
+// (LISTEN/NOTIFY), an idem.Relayer and a pggate.TxCompleter, so the commit
+// gate completes its records inside the caller's transaction. It is safe
+// for concurrent use, also by several processes. Close stops its
+// goroutines; it does not close the pool.
+type Store struct {
+	pool *pgxpool.Pool
+	cfg  config
+
+	stop    chan struct{}
+	stopped chan struct{}
+	once    sync.Once
+
+	lmu      sync.Mutex
+	listener *listener // nil until the first Watch, and after it broke
+}
+
+var (
+	_ idem.Store         = (*Store)(nil)
+	_ idem.Watcher       = (*Store)(nil)
+	_ idem.Relayer       = (*Store)(nil)
+	_ pggate.TxCompleter = (*Store)(nil)
+)
+
+// New returns a Store on pool. It does no I/O; it starts the janitor.
+func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("%w: nil pool", idem.ErrInvalid)
+	}
+	c := config{notify: true, sweepInterval: DefaultSweepInterval, log: slog.Default()}
+	for _, o := range opts {
+		o(&c)
+	}
+	if c.sweepInterval < 0 {
+		return nil, fmt.Errorf("%w: negative sweep interval %v", idem.ErrInvalid, c.sweepInterval)
+	}
+	if c.log == nil {
+		return nil, fmt.Errorf("%w: nil logger", idem.ErrInvalid)
+	}
+	s := &Store{pool: pool, cfg: c, stop: make(chan struct{}), stopped: make(chan struct{})}
+	go s.janitor()
+	return s, nil
+}
+
+// Close stops the janitor and the notification listener.
+func (s *Store) Close() error {
+	s.once.Do(func() { close(s.stop) })
+	<-s.stopped
+	s.lmu.Lock()
+	l := s.listener
+	s.listener = nil
+	s.lmu.Unlock()
+	if l != nil {
+		l.close()
+	}
+	return nil
+}
+
+// Migrate creates the records table, its index and the transition
+// functions (Schema); it replaces the functions of an older version. It is
+// safe to run at every start, from several processes at once.
+func (s *Store) Migrate(ctx context.Context) error {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("pgstore: migrate: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext('idem_records'))"); err != nil {
+		return fmt.Errorf("pgstore: migrate: %w", err)
+	}
+	if _, err := tx.Exec(ctx, Schema); err != nil {
+		return fmt.Errorf("pgstore: migrate: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("pgstore: migrate: %w", err)
+	}
+	return nil
+}
+
+func us(d time.Duration) int64 { return d.Microseconds() }
+
+var grace = us(idem.InProgressGrace)
+
+// wrap names the call in err, and turns a missing schema into ErrNoSchema.
+func wrap(call string, err error) error {
+	switch pgq.Code(err) {
+	case pgq.UndefinedTable, pgq.UndefinedFunction:
+		return fmt.Errorf("%w: %w", ErrNoSchema, err)
+	}
+	return fmt.Errorf("pgstore: %s: %w", call, err)
+}
+
+// Acquire implements idem.Store.
+func (s *Store) Acquire(ctx context.Context, key string, req idem.AcquireRequest) (idem.Acquisition, error) {
+	if err := idem.ValidateStoreKey(key); err != nil {
+		return idem.Acquisition{}, err
+	}
+	if err := req.Validate(); err != nil {
+		return idem.Acquisition{}, err
+	}
+	var (
+		code        int
+		attempts    *int
+		fence, left *int64
+		previous    *string
+		state       *string
+		result      []byte
+	)
+	err := s.pool.QueryRow(ctx, `SELECT * FROM idem_acquire($1, $2, $3, $4, $5, $6, $7)`,
+		key, req.Fingerprint, req.Owner, us(req.Lease), us(req.Retention), req.MaxAttempts, grace,
+	).Scan(&code, &fence, &attempts, &previous, &left, &state, &result)
+	if err != nil {
+		return idem.Acquisition{}, wrap("acquire", err)
+	}
+	a := idem.Acquisition{Attempts: deref(attempts)}
+	switch code {
+	case 1, 2:
+		a.Outcome, a.Lease = idem.Acquired, idem.Lease{Owner: req.Owner, Fence: deref(fence)}
+		if code == 2 {
+			a.Outcome, a.PreviousOwner = idem.TakenOver, deref(previous)
+		}
+	case 3:
+		a.Outcome, a.RetryAfter = idem.InProgress, time.Duration(deref(left))*time.Microsecond
+	case 4:
+		st, ok := parseState(deref(state))
+		if !ok || (st != idem.StateCompleted && st != idem.StateFailed) {
+			return idem.Acquisition{}, fmt.Errorf("pgstore: acquire: unexpected state %q", deref(state))
+		}
+		a.Outcome, a.State = idem.Replay, st
+		if len(result) > 0 {
+			a.Result = result
+		}
+	case 5:
+		a = idem.Acquisition{Outcome: idem.Mismatch}
+	default:
+		return idem.Acquisition{}, fmt.Errorf("pgstore: acquire: unexpected code %d", code)
+	}
+	return a, nil
+}
+
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
+}
+
+func parseState(s string) (idem.State, bool) {
+	switch s {
+	case "p":
+		return idem.StateInProgress, true
+	case "c":
+		return idem.StateCompleted, true
+	case "r":
+		return idem.StateReleased, true
+	case "f":
+		return idem.StateFailed, true
+	}
+	return 0, false
+}
+
+func checkOwner(key string, lease idem.Lease) error {
+	if err := idem.ValidateStoreKey(key); err != nil {
+		return err
+	}
+	return idem.ValidateLease(lease)
+}
+
+var errLost = fmt.Errorf("%w: the record is no longer held by this owner and fence", idem.ErrLeaseLost)
+
+// okOrLost turns the 1/0 reply of a transition into nil or errLost.
+func okOrLost(call string, n int, err error) error {
+	switch {
+	case err != nil:
+		return wrap(call, err)
+	case n == 1:
+		return nil
+	case n == 0:
+		return errLost
+	}
+	return fmt.Errorf("pgstore: %s: unexpected reply %d", call, n)
+}
+
+// Complete implements idem.Store.
+func (s *Store) Complete(ctx context.Context, key string, lease idem.Lease, result []byte, retention time.Duration) error {
+	return s.complete(ctx, pgq.Pgx{Pool: s.pool}, key, lease, result, retention)
+}
+
+// CompleteTx implements pggate.TxCompleter: Complete inside the caller's
+// transaction tx. The record's row stays locked until tx ends, so a
+// takeover waits for tx and then finds the record COMPLETED, or the
+// transaction finds the lease lost (idem.ErrLeaseLost) and must roll back.
+// The notification is sent when tx commits.
+func (s *Store) CompleteTx(ctx context.Context, tx pgq.Querier, key string, lease idem.Lease, result []byte, retention time.Duration) error {
+	return s.complete(ctx, tx, key, lease, result, retention)
+}
+
+func (s *Store) complete(ctx context.Context, q pgq.Querier, key string, lease idem.Lease, result []byte, retention time.Duration) error {
+	if err := checkOwner(key, lease); err != nil {
+		return err
+	}
+	if err := idem.ValidateDuration("retention", retention); err != nil {
+		return err
+	}
+	var n int
+	err := q.QueryRow(ctx, `SELECT idem_complete($1, $2, $3, $4, $5, $6)`,
+		key, lease.Owner, lease.Fence, nonNil(result), us(retention), s.cfg.notify).Scan(&n)
+	return okOrLost("complete", n, err)
+}
+
+// nonNil keeps an empty result from being sent as NULL, which no
+// comparison matches.
+func nonNil(b []byte) []byte {
+	if b == nil {
+		return []byte{}
+	}
+	return b
+}
+
+// Fail implements idem.Store.
+func (s *Store) Fail(ctx context.Context, key string, lease idem.Lease, f idem.Failure) (idem.State, error) {
+	if err := checkOwner(key, lease); err != nil {
+		return 0, err
+	}
+	if err := f.Validate(); err != nil {
+		return 0, err
+	}
+	var st string
+	err := s.pool.QueryRow(ctx, `SELECT idem_fail($1, $2, $3, $4, $5, $6, $7, $8)`,
+		key, lease.Owner, lease.Fence, nonNil(f.Result), f.Terminal, us(f.Retention), f.MaxAttempts, s.cfg.notify).Scan(&st)
+	if err != nil {
+		return 0, wrap("fail", err)
+	}
+	if st == "" {
+		return 0, errLost
+	}
+	state, ok := parseState(st)
+	if !ok || (state != idem.StateReleased && state != idem.StateFailed) {
+		return 0, fmt.Errorf("pgstore: fail: unexpected state %q", st)
+	}
+	return state, nil
+}
+
+// Extend implements idem.Store.
+func (s *Store) Extend(ctx context.Context, key string, lease idem.Lease, d time.Duration) error {
+	if err := checkOwner(key, lease); err != nil {
+		return err
+	}
+	if err := idem.ValidateDuration("lease", d); err != nil {
+		return err
+	}
+	var n int
+	err := s.pool.QueryRow(ctx, `SELECT idem_extend($1, $2, $3, $4, $5)`, key, lease.Owner, lease.Fence, us(d), grace).Scan(&n)
+	return okOrLost("extend", n, err)
+}
+
+// Release implements idem.Store.
+func (s *Store) Release(ctx context.Context, key string, lease idem.Lease, retention time.Duration) error {
+	if err := checkOwner(key, lease); err != nil {
+		return err
+	}
+	if err := idem.ValidateDuration("retention", retention); err != nil {
+		return err
+	}
+	var n int
+	err := s.pool.QueryRow(ctx, `SELECT idem_release($1, $2, $3, $4, $5)`, key, lease.Owner, lease.Fence, us(retention), s.cfg.notify).Scan(&n)
+	return okOrLost("release", n, err)
+}
+
+// RelayCompletion implements idem.Relayer.
+func (s *Store) RelayCompletion(ctx context.Context, key string, c idem.Completion) error {
+	if err := idem.ValidateStoreKey(key); err != nil {
+		return err
+	}
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	var n int
+	err := s.pool.QueryRow(ctx, `SELECT idem_relay($1, $2, $3, $4, $5, $6)`,
+		key, c.Fingerprint, c.Fence, c.Result, us(c.Retention), s.cfg.notify).Scan(&n)
+	if err != nil {
+		return wrap("relay", err)
+	}
+	if n != 1 && n != 2 {
+		return fmt.Errorf("pgstore: relay: unexpected reply %d", n)
+	}
+	return nil
+}
+
+// Get implements idem.Store.
+func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
+	if err := idem.ValidateStoreKey(key); err != nil {
+		return idem.Record{}, err
+	}
+	var (
+		now                                 int64
+		st                                  *string
+		fp, owner                           *string
+		fence, leaseUntil, created, expires *int64
+		attempts                            *int
+		result                              []byte
+	)
+	err := s.pool.QueryRow(ctx, `SELECT n.now, r.state::text, r.fingerprint, r.owner, r.fence, r.lease_until, r.attempts, r.created, r.expires_at, r.result
+FROM (SELECT idem_now() AS now) n LEFT JOIN idem_records r ON r.key = $1 AND r.expires_at > n.now`, key).Scan(
+		&now, &st, &fp, &owner, &fence, &leaseUntil, &attempts, &created, &expires, &result)
+	if err != nil {
+		return idem.Record{}, wrap("get", err)
+	}
+	if st == nil {
+		return idem.Record{}, idem.ErrNotFound
+	}
+	state, ok := parseState(*st)
+	if !ok {
+		return idem.Record{}, fmt.Errorf("pgstore: get: unexpected state %q", *st)
+	}
+	rec := idem.Record{
+		State:       state,
+		Fingerprint: deref(fp),
+		Owner:       deref(owner),
+		Fence:       deref(fence),
+		Attempts:    deref(attempts),
+		Created:     time.UnixMicro(deref(created)),
+		ExpiresAt:   time.UnixMicro(deref(expires)),
+		Now:         time.UnixMicro(now),
+	}
+	if len(result) > 0 {
+		rec.Result = result
+	}
+	if state == idem.StateInProgress {
+		rec.LeaseUntil = time.UnixMicro(deref(leaseUntil))
+	}
+	return rec, nil
+}
+
+// Delete implements idem.Store. It sends a notification, so that waiters
+// look again.
+func (s *Store) Delete(ctx context.Context, key string) error {
+	if err := idem.ValidateStoreKey(key); err != nil {
+		return err
+	}
+	sql := `DELETE FROM idem_records WHERE key = $1`
+	if s.cfg.notify {
+		sql = `WITH d AS (DELETE FROM idem_records WHERE key = $1) SELECT pg_notify('idem_records', $1)`
+	}
+	if _, err := s.pool.Exec(ctx, sql, key); err != nil {
+		return wrap("delete", err)
+	}
+	return nil
+}
+
+// Sweep deletes up to batch records whose expiry passed, repeatedly, and
+// returns how many it deleted. The background janitor calls it; `idem`
+// operators may too. It is safe for concurrent use, also from several
+// processes (SKIP LOCKED).
+func (s *Store) Sweep(ctx context.Context) (int, error) {
+	const batch = 1000
+	total := 0
+	for {
+		tag, err := s.pool.Exec(ctx, `DELETE FROM idem_records WHERE key IN (
+  SELECT key FROM idem_records WHERE expires_at <= idem_now() ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)`, batch)
+		if err != nil {
+			return total, wrap("sweep", err)
+		}
+		total += int(tag.RowsAffected())
+		if tag.RowsAffected() < batch {
+			return total, nil
+		}
+	}
+}
+
+func (s *Store) janitor() {
+	defer close(s.stopped)
+	if s.cfg.sweepInterval == 0 {
+		<-s.stop
+		return
+	}
+	t := time.NewTicker(s.cfg.sweepInterval)
+	defer t.Stop()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-s.stop
+		cancel()
+	}()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			if _, err := s.Sweep(ctx); err != nil && ctx.Err() == nil {
+				s.cfg.log.Warn("pgstore: janitor", "error", err)
+			}
+		}
+	}
+}
