@@ -81,12 +81,12 @@ tidy:
 ## counters to CHAOS_REPORT; make chaos-report prints them as a table.
 RUN          ?= .
 CHAOS_REPORT ?= $(CURDIR)/chaos-report.jsonl
-chaos: check-redis
+chaos: check-redis check-postgres
 	@rm -f $(CHAOS_REPORT)
 	cd chaos && IDEM_CHAOS_REPORT=$(CHAOS_REPORT) $(GO) test -race -count=1 -timeout 20m -run '$(RUN)' ./...
 
 ## chaos-long: the same scenarios at soak size (minutes; not run by CI).
-chaos-long: check-redis
+chaos-long: check-redis check-postgres
 	@rm -f $(CHAOS_REPORT)
 	cd chaos && IDEM_CHAOS=long IDEM_CHAOS_REPORT=$(CHAOS_REPORT) $(GO) test -count=1 -timeout 90m -run '$(RUN)' ./...
 
@@ -133,15 +133,24 @@ bench-streams: check-redis
 bench-functions: check-redis
 	$(GO) test -run '^$$' -bench Transitions -benchtime 20000x -count 7 ./redisstore/ | $(GO) run ./internal/benchratio -metric redis-µs/call -base scripts | $(GO) run ./internal/benchratio -metric redis-cpu-µs/call -base scripts
 
-## bench-http: idemhttp against the bare handler under wrk (needs wrk).
+## bench-http: idemhttp (both Redis clients), Fiber's idempotency middleware,
+## a plain reverse proxy and the idem proxy against the bare handler under
+## wrk, interleaved rounds, with the ratios of the performance targets
+## (needs wrk; about 6 minutes; ARGS=-only=regexp narrows it).
 bench-http: check-redis
 	@command -v wrk >/dev/null 2>&1 || { echo "wrk is needed: sudo apt-get install -y wrk"; exit 1; }
-	$(GO) run ./internal/httpbench
+	$(GO) run ./internal/httpbench $(ARGS)
 
 ## bench-proxy: the proxy's new-key throughput on both stores (needs wrk).
 bench-proxy: check-redis
 	@command -v wrk >/dev/null 2>&1 || { echo "wrk is needed: sudo apt-get install -y wrk"; exit 1; }
 	bash internal/httpbench/proxy/run.sh
+
+## bench-postgres: the commit gate side by side in one run: a bare
+## transaction, the hybrid gate (Redis + Postgres) and pgstore (needs
+## PostgreSQL, see check-postgres; starts its own redis-server).
+bench-postgres: check-redis check-postgres
+	cd postgres && $(GO) run ./internal/pgbench
 
 ## build: bin/idem from the working tree.
 build:

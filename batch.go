@@ -10,8 +10,10 @@ import (
 
 // BatchStore is implemented by stores that acquire and complete many keys in
 // about one round trip (redisstore pipelines the scripts). Executor's
-// BeginBatch and CommitBatch use it when the store has it and fall back to
-// one call per key otherwise. Each key keeps its own outcome and error, with
+// BeginBatch and CommitBatch use it when the store has it, also beneath
+// wrappers that follow the Unwrapper convention (StoreAs), and fall back to
+// one call per key otherwise. A wrapper (a decorator for tracing or
+// metrics) should implement it itself when it can, or Unwrap. Each key keeps its own outcome and error, with
 // the meaning of Acquire's and Complete's.
 type BatchStore interface {
 	AcquireBatch(ctx context.Context, keys []string, reqs []AcquireRequest) ([]Acquisition, []error)
@@ -39,7 +41,7 @@ func (e *Executor) BeginBatch(ctx context.Context, keys []Key, fingerprints []st
 		}
 		return out
 	}
-	bs, ok := e.store.(BatchStore)
+	bs, ok := StoreAs[BatchStore](e.store)
 	if !ok {
 		for i, k := range keys {
 			c, a, err := e.Begin(ctx, k, fingerprints[i])
@@ -99,7 +101,7 @@ func (e *Executor) BeginBatch(ctx context.Context, keys []Key, fingerprints []st
 // Commit's meaning; a nil or replayed attempt gets nil. values must have
 // one entry per attempt; the store does not keep them.
 func (e *Executor) CommitBatch(ctx context.Context, attempts []*Attempt, values [][]byte) []error {
-	bs, ok := e.store.(BatchStore)
+	bs, ok := StoreAs[BatchStore](e.store)
 	if !ok {
 		errs := make([]error, len(attempts))
 		if len(values) != len(attempts) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -46,6 +47,11 @@ type Message struct {
 	// ID is the broker's identifier of the message (optional), for a
 	// CommitFunc that acknowledges it with the completion.
 	ID string
+	// Last is true when the broker will not deliver the message again (a
+	// server-side maximum of deliveries reached): then a failure
+	// dead-letters it rather than leave it to be lost, as after the
+	// maximum of deliveries.
+	Last bool
 }
 
 // Action is what the adapter must do with a message.
@@ -178,7 +184,10 @@ func DuplicateFrom(ctx context.Context) (result []byte, ok bool) {
 }
 
 // Stats are a Processor's counters since New, one per message decision;
-// the same type for every adapter. Safe to copy.
+// the same type for every adapter. When the broker call that carries a
+// decision out fails (an acknowledgement, a dead-letter write), Errors
+// counts it too and the message comes back, to be decided again. Safe to
+// copy.
 type Stats struct {
 	// Processed: the handler ran and the key was completed (Ack).
 	Processed int64
@@ -422,7 +431,7 @@ func (b *Batch) Handle(h Handler) {
 		}
 		b.held[i] = nil
 		deliveries := max(m.Deliveries, a.Attempts())
-		if !errors.Is(err, ErrStopping) && (idem.IsTerminal(err) || (p.maxDeliveries > 0 && deliveries >= p.maxDeliveries)) {
+		if !errors.Is(err, ErrStopping) && (idem.IsTerminal(err) || m.Last || (p.maxDeliveries > 0 && deliveries >= p.maxDeliveries)) {
 			ferr := a.Fail(sctx, err)
 			if ran {
 				b.leaseLost(i, a, ferr, err)
@@ -530,7 +539,12 @@ func (b *Batch) Commit(ctx context.Context) []Result {
 				Err: fmt.Errorf("consumer: an earlier message of the batch with the same key was not completed: %w", first.Err)}
 		}
 	}
-	for i := range b.results {
+	for i, r := range b.results {
+		if r.Action == Retry && b.msgs[i].Last {
+			// The broker will not deliver it again: dead-letter rather
+			// than lose it.
+			b.results[i] = Result{Action: DeadLetter, Err: fmt.Errorf("consumer: last delivery: %w", r.Err)}
+		}
 		p.settled(b.msgs[i], b.results[i], b.durations[i], b.invalid[i])
 	}
 	return b.results
@@ -600,4 +614,46 @@ func (p *Processor) refused(err error) Result {
 	default:
 		return Result{Action: Retry, Delay: p.retryDelay, Err: err}
 	}
+}
+
+// GraceContext returns the context of an adapter's in-flight work
+// (handlers, broker calls): it is not cancelled with ctx, but grace after
+// ctx is done, with cause, so that a batch under way can finish when Run
+// is told to stop. stop releases it (cancelling it with context.Canceled
+// if it still runs); call it when Run returns.
+func GraceContext(ctx context.Context, grace time.Duration, cause error) (work context.Context, stop func()) {
+	work, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	stopAfter := context.AfterFunc(ctx, func() {
+		t := time.AfterFunc(grace, func() { cancel(cause) })
+		context.AfterFunc(work, func() { t.Stop() })
+	})
+	return work, func() {
+		stopAfter()
+		cancel(context.Canceled)
+	}
+}
+
+// KeepAlive calls renew every interval until the returned stop is called:
+// an adapter's broker-side counterpart of the lease heartbeat (a NATS
+// InProgress, an SQS visibility change, a Redis Streams claim), so that
+// the broker does not redeliver messages whose handler still runs. stop
+// returns once no renew is in flight, so that a later broker call on the
+// same messages is not overwritten; it may be called more than once.
+func KeepAlive(interval time.Duration, renew func()) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				renew()
+			}
+		}
+	})
+	var once sync.Once
+	return func() { once.Do(func() { close(done); wg.Wait() }) }
 }

@@ -30,7 +30,7 @@ var benchHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request)
 	io.WriteString(w, `{"id":"pay_1","status":"succeeded","amount":1000,"currency":"EUR"}`)
 })
 
-func benchMiddleware(b *testing.B) http.Handler {
+func benchMiddleware(b *testing.B, opts ...idemhttp.Option) http.Handler {
 	b.Helper()
 	s, err := memstore.New()
 	if err != nil {
@@ -40,7 +40,7 @@ func benchMiddleware(b *testing.B) http.Handler {
 	if err != nil {
 		b.Fatal(err)
 	}
-	mw, err := idemhttp.New(exec)
+	mw, err := idemhttp.New(exec, opts...)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -72,6 +72,13 @@ func BenchmarkMiddlewareNewKey(b *testing.B) {
 	benchServe(b, benchMiddleware(b), func(i int) string { return "key-" + strconv.Itoa(i) })
 }
 
+// BenchmarkMiddlewareNewKeyStreamAll is BenchmarkMiddlewareNewKey with
+// the response written through and stored afterwards (WithStreamAll): the
+// difference is what holding a response back until it is stored costs.
+func BenchmarkMiddlewareNewKeyStreamAll(b *testing.B) {
+	benchServe(b, benchMiddleware(b, idemhttp.WithStreamAll(true)), func(i int) string { return "key-" + strconv.Itoa(i) })
+}
+
 func BenchmarkMiddlewareReplay(b *testing.B) {
 	benchServe(b, benchMiddleware(b), func(int) string { return "key" })
 }
@@ -85,8 +92,8 @@ func BenchmarkMiddlewareServer(b *testing.B) {
 		key  func(i int64) string
 	}{
 		{"bare", func(*testing.B) http.Handler { return benchHandler }, nil},
-		{"new-key", benchMiddleware, func(i int64) string { return "key-" + strconv.FormatInt(i, 10) }},
-		{"replay", benchMiddleware, func(int64) string { return "key" }},
+		{"new-key", func(b *testing.B) http.Handler { return benchMiddleware(b) }, func(i int64) string { return "key-" + strconv.FormatInt(i, 10) }},
+		{"replay", func(b *testing.B) http.Handler { return benchMiddleware(b) }, func(int64) string { return "key" }},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			srv := httptest.NewServer(bc.h(b))

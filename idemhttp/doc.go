@@ -55,8 +55,11 @@
 //   - A completed key replays the stored status, fields and body, byte for
 //     byte, with Idempotent-Replayed: true added.
 //   - A key in progress is answered with 409 (TypeInProgress) and a
-//     Retry-After from the lease left, or, with WithWait, waits for the
-//     first request to finish and replays its response.
+//     Retry-After estimated from how long requests take: a moving average
+//     of the route's recent execution times (of all routes, for a route
+//     with none yet), at least a second and never more than the lease left.
+//     With WithWait, the request waits for the first one to finish instead
+//     and replays its response.
 //   - A key used before with another fingerprint: 422 (TypeKeyMismatch).
 //   - A FAILED key: 422 (TypeKeyFailed). This happens when the first
 //     response was over the stored-size limit (WithMaxResponseSize): it was
@@ -69,7 +72,9 @@
 //     (TypeOutcomeUnknown), never the handler's response.
 //
 // Error responses are RFC 9457 problem details (application/problem+json)
-// unless WithErrorHandler says otherwise. Hooks (WithHook) see every outcome
+// unless WithErrorHandler says otherwise: WriteStripeError answers in
+// Stripe's shape with Stripe-Should-Retry, for clients that read every JSON
+// body as an API object, and TemplateErrorHandler in any JSON shape. Hooks (WithHook) see every outcome
 // with its duration, for metrics and tracing.
 //
 // # Fields that are not stored

@@ -1,10 +1,14 @@
 package idemhttp_test
 
 import (
+	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -159,5 +163,130 @@ func TestBodyTimeout(t *testing.T) {
 	checkProblem(t, response{status: res.StatusCode, header: res.Header, body: string(b)}, 408, idemhttp.TypeBodyTimeout)
 	if c.n.Load() != 0 {
 		t.Errorf("executions: got %d, want 0", c.n.Load())
+	}
+}
+
+// TestRetryAfterEstimated: the Retry-After of a 409 comes from how long
+// requests take, not from the whole lease left (30s for a request that
+// takes milliseconds).
+func TestRetryAfterEstimated(t *testing.T) {
+	t.Parallel()
+	b := newBlocking()
+	var fast atomic.Bool
+	h := newMiddleware(t, newMemExecutor(t, idem.WithLease(30*time.Second)),
+		idemhttp.WithPrincipal(func(r *http.Request) string { return "p" })).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if fast.Load() {
+			b.counter.ServeHTTP(w, r)
+			return
+		}
+		b.ServeHTTP(w, r)
+	}))
+	inFlight := func() (response, func()) {
+		done := make(chan struct{})
+		go func() { post(h, "slow", "b"); close(done) }()
+		<-b.started
+		return post(h, "slow", "b"), func() { b.release <- struct{}{}; <-done }
+	}
+	// Nothing finished yet: the lease left.
+	res, finish := inFlight()
+	checkProblem(t, res, 409, idemhttp.TypeInProgress)
+	checkRetryAfter(t, res, 29, 30)
+	finish()
+	// Requests on this route take milliseconds: 1 s.
+	fast.Store(true)
+	for i := range 5 {
+		post(h, fmt.Sprintf("fast-%d", i), "b")
+	}
+	fast.Store(false)
+	b.release = make(chan struct{})
+	r2 := request("POST", "/payments", "slow-2", "b")
+	done := make(chan struct{})
+	go func() { serve(h, r2); close(done) }()
+	<-b.started
+	res = post(h, "slow-2", "b")
+	checkProblem(t, res, 409, idemhttp.TypeInProgress)
+	checkRetryAfter(t, res, 1, 1)
+	close(b.release)
+	<-done
+}
+
+// TestErrorShapes: the Stripe preset and a JSON template give clients that
+// read every JSON body as their API's objects an error they recognise, with
+// the same statuses and Retry-After, and Stripe-Should-Retry hints.
+func TestErrorShapes(t *testing.T) {
+	t.Parallel()
+	tmpl, err := idemhttp.TemplateErrorHandler([]byte(`{"err":{"kind":"{{code}}","status":"{{status}}","msg":"{{title}}: {{detail}}","retry":"{{retry}}","tags":["{{type}}",1]}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{"", "{", `{"a":1} {}`, "nope"} {
+		if _, err := idemhttp.TemplateErrorHandler([]byte(bad)); err == nil {
+			t.Errorf("TemplateErrorHandler(%q): got no error", bad)
+		}
+	}
+	for _, tc := range []struct {
+		name    string
+		handler idemhttp.ErrorHandler
+		check   func(t *testing.T, status int, res response, retry bool)
+	}{
+		{"stripe", idemhttp.WriteStripeError, func(t *testing.T, status int, res response, retry bool) {
+			var b struct {
+				Error struct{ Type, Code, Message string }
+			}
+			if err := json.Unmarshal([]byte(res.body), &b); err != nil || b.Error.Code == "" || b.Error.Message == "" {
+				t.Fatalf("%d: body %q, %v: want {\"error\":{...}}", status, res.body, err)
+			}
+			wantType := map[int]string{400: "invalid_request_error", 409: "idempotency_error", 422: "idempotency_error"}[status]
+			if b.Error.Type != wantType {
+				t.Errorf("%d: error type %q, want %q", status, b.Error.Type, wantType)
+			}
+			if got := res.header.Get("Stripe-Should-Retry"); got != strconv.FormatBool(retry) {
+				t.Errorf("%d: Stripe-Should-Retry %q, want %v", status, got, retry)
+			}
+		}},
+		{"template", tmpl, func(t *testing.T, status int, res response, retry bool) {
+			var b struct {
+				Err struct {
+					Kind, Msg string
+					Status    int
+					Retry     bool
+					Tags      []any
+				}
+			}
+			if err := json.Unmarshal([]byte(res.body), &b); err != nil || b.Err.Status != status || b.Err.Retry != retry || b.Err.Kind == "" ||
+				!strings.Contains(b.Err.Msg, ": ") || len(b.Err.Tags) != 2 || !strings.HasPrefix(b.Err.Tags[0].(string), "https://") {
+				t.Errorf("%d: body %q, %v: want the template filled in", status, res.body, err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newBlocking()
+			h := newMiddleware(t, newMemExecutor(t), idemhttp.WithErrorHandler(tc.handler)).Handler(b)
+			check := func(res response, status int, retry bool) {
+				t.Helper()
+				if res.status != status || res.header.Get("Content-Type") != "application/json" {
+					t.Fatalf("got %d %q, want %d application/json", res.status, res.header.Get("Content-Type"), status)
+				}
+				tc.check(t, status, res, retry)
+			}
+			check(post(h, "", "b"), 400, false)
+			done := make(chan struct{})
+			go func() { post(h, "k", "b"); close(done) }()
+			<-b.started
+			res := post(h, "k", "b")
+			check(res, 409, true)
+			if res.header.Get("Retry-After") == "" {
+				t.Errorf("409: no Retry-After")
+			}
+			close(b.release)
+			<-done
+			check(post(h, "k", "other body"), 422, false)
+		})
+	}
+	if got := (&idemhttp.Problem{Type: idemhttp.TypeKeyMismatch}).Code(); got != "key_mismatch" {
+		t.Errorf("Code of TypeKeyMismatch: got %q, want key_mismatch", got)
+	}
+	if got := (&idemhttp.Problem{Type: "about:blank", Status: 502}).Code(); got != "bad_gateway" {
+		t.Errorf("Code of a 502: got %q, want bad_gateway", got)
 	}
 }

@@ -38,6 +38,7 @@ type Middleware struct {
 	principalSet   bool
 	emptyPrincipal bool
 	bodies         *bodyBudget // nil: no bound
+	durations      durations   // for the Retry-After of 409
 	route          func(*http.Request) string
 	routeSet       bool
 	fpHeaders      []string
@@ -279,13 +280,16 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if err != nil && m.wait > 0 && errors.Is(err, idem.ErrInProgress) {
 		ctx, a, err = m.await(r, key, fp, start, err)
 	}
+	route := m.routeOf(key.Scope)
 	switch {
 	case err != nil:
-		m.fail(w, r, start, err, body, next)
+		m.fail(w, r, start, m.estimateRetry(route, err), body, next)
 	case a.Replayed():
 		m.replay(w, r, start, a.Value())
 	default:
+		began := time.Now()
 		m.execute(w, r, start, ctx, a, body, next)
+		m.durations.observe(route, time.Since(began))
 	}
 }
 
@@ -332,6 +336,9 @@ func appendScope(b []byte, method string, kind byte, route string) []byte {
 }
 
 // appendPrincipal appends the principal part of a scope.
+// principalLen is the length of the principal part of a scope.
+const principalLen = 1 + sha256.Size
+
 func appendPrincipal(b []byte, principal string) []byte {
 	sum := sha256.Sum256([]byte(principal))
 	b = append(b, 0)

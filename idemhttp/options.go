@@ -236,9 +236,11 @@ func WithHook(h Hook) Option {
 	return func(m *Middleware) { m.hooks = append(m.hooks, h) }
 }
 
-// WithErrorHandler sets how error responses (400, 409, 413, 422, 500, 503)
-// are written. The default is WriteProblem, which writes RFC 9457 problem
-// details as application/problem+json.
+// WithErrorHandler sets how error responses (400, 408, 409, 413, 422, 500,
+// 503) are written. The default is WriteProblem, which writes RFC 9457
+// problem details as application/problem+json. WriteStripeError writes
+// Stripe's shape, with Stripe-Should-Retry; TemplateErrorHandler any JSON
+// shape.
 func WithErrorHandler(h ErrorHandler) Option {
 	return func(m *Middleware) { m.errorHandler = h }
 }

@@ -27,8 +27,9 @@ const (
 	// TypeKeyMismatch: 422. The key was already used with a request that
 	// has another fingerprint (method, path, selected fields or body).
 	TypeKeyMismatch = typeBase + "TypeKeyMismatch"
-	// TypeInProgress: 409, with Retry-After. A request with the same key is
-	// still being processed.
+	// TypeInProgress: 409, with Retry-After (estimated from the route's
+	// recent execution times, between 1s and the lease left). A request
+	// with the same key is still being processed.
 	TypeInProgress = typeBase + "TypeInProgress"
 	// TypeKeyFailed: 422. The key is FAILED: the first request ran but its
 	// response could not be stored (it was over the size limit), or the
@@ -108,12 +109,7 @@ func WriteProblem(w http.ResponseWriter, r *http.Request, p *Problem) {
 	if err != nil { // cannot happen for strings and an int
 		body = []byte(`{"type":"about:blank","status":` + strconv.Itoa(p.Status) + `}`)
 	}
-	h := w.Header()
-	h.Set("Content-Type", "application/problem+json")
-	h.Set("Content-Length", strconv.Itoa(len(body)))
-	h.Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(p.Status)
-	_, _ = w.Write(body)
+	writeJSON(w, "application/problem+json", p.Status, body)
 }
 
 // retryAfterSeconds renders d as the delay-seconds of Retry-After: whole

@@ -25,6 +25,11 @@ const (
 	SpanGet      = "idem.get"
 	SpanDelete   = "idem.delete"
 	SpanWatch    = "idem.watch"
+	// SpanAcquireBatch and SpanCompleteBatch cover one batch call of a
+	// store that batches (idem.BatchStore); a store that does not batch
+	// gets one Acquire or Complete span per key under them.
+	SpanAcquireBatch  = "idem.acquire_batch"
+	SpanCompleteBatch = "idem.complete_batch"
 )
 
 // The attribute keys the spans carry.
@@ -38,6 +43,8 @@ const (
 	// KeyFence is the fencing token of the lease handed out (Acquire) or
 	// passed (Complete, Fail, Extend, Release), or the record's (Get).
 	KeyFence = attribute.Key("idem.fence")
+	// KeyBatchSize is the number of keys of a batch call.
+	KeyBatchSize = attribute.Key("idem.batch_size")
 	// KeyAttempts is the record's number of acquisitions (Acquire, Get).
 	KeyAttempts = attribute.Key("idem.attempts")
 	// KeyState is the state the record moved to (Fail), was in (Acquire's
@@ -112,10 +119,68 @@ type watchingStore struct {
 }
 
 var (
-	_ idem.Store   = (*tracedStore)(nil)
-	_ idem.Store   = (*watchingStore)(nil)
-	_ idem.Watcher = (*watchingStore)(nil)
+	_ idem.Store      = (*tracedStore)(nil)
+	_ idem.Store      = (*watchingStore)(nil)
+	_ idem.Watcher    = (*watchingStore)(nil)
+	_ idem.BatchStore = (*tracedStore)(nil)
+	_ idem.Unwrapper  = (*tracedStore)(nil)
 )
+
+// Unwrap returns the decorated store, so that idem.StoreAs finds the
+// capabilities the decorator does not trace itself.
+func (s *tracedStore) Unwrap() idem.Store { return s.inner }
+
+// AcquireBatch implements idem.BatchStore with one span for the batch: a
+// store that batches keeps its one round trip under the decorator; one
+// that does not gets one Acquire per key.
+func (s *tracedStore) AcquireBatch(ctx context.Context, keys []string, reqs []idem.AcquireRequest) ([]idem.Acquisition, []error) {
+	ctx, span := s.tracer.Start(ctx, SpanAcquireBatch, trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(append([]attribute.KeyValue{KeyBatchSize.Int(len(keys))}, s.attrs...)...))
+	defer span.End()
+	if bs, ok := idem.StoreAs[idem.BatchStore](s.inner); ok {
+		out, errs := bs.AcquireBatch(ctx, keys, reqs)
+		recordFirst(span, errs)
+		return out, errs
+	}
+	out := make([]idem.Acquisition, len(keys))
+	errs := make([]error, len(keys))
+	for i, k := range keys {
+		if i < len(reqs) {
+			out[i], errs[i] = s.Acquire(ctx, k, reqs[i])
+		}
+	}
+	return out, errs
+}
+
+// CompleteBatch implements idem.BatchStore as AcquireBatch does.
+func (s *tracedStore) CompleteBatch(ctx context.Context, keys []string, leases []idem.Lease, results [][]byte, retention time.Duration) []error {
+	ctx, span := s.tracer.Start(ctx, SpanCompleteBatch, trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(append([]attribute.KeyValue{KeyBatchSize.Int(len(keys))}, s.attrs...)...))
+	defer span.End()
+	if bs, ok := idem.StoreAs[idem.BatchStore](s.inner); ok {
+		errs := bs.CompleteBatch(ctx, keys, leases, results, retention)
+		recordFirst(span, errs)
+		return errs
+	}
+	errs := make([]error, len(keys))
+	for i, k := range keys {
+		if i < len(leases) && i < len(results) {
+			errs[i] = s.Complete(ctx, k, leases[i], results[i], retention)
+		}
+	}
+	return errs
+}
+
+// recordFirst records the first error of a batch on its span.
+func recordFirst(span trace.Span, errs []error) {
+	for _, err := range errs {
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+			return
+		}
+	}
+}
 
 func (s *tracedStore) start(ctx context.Context, name, key string) (context.Context, trace.Span) {
 	attrs := make([]attribute.KeyValue, 0, len(s.attrs)+1)

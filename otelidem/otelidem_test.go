@@ -3,6 +3,7 @@ package otelidem_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -361,5 +362,77 @@ func TestExecutorParent(t *testing.T) {
 		if names[i] != want[i] {
 			t.Fatalf("got spans %q, want %q", names, want)
 		}
+	}
+}
+
+// batching is a memstore that batches (one call per batch), counting its
+// batch calls.
+type batching struct {
+	*memstore.Store
+	acquires, completes int
+}
+
+func (b *batching) AcquireBatch(ctx context.Context, keys []string, reqs []idem.AcquireRequest) ([]idem.Acquisition, []error) {
+	b.acquires++
+	out := make([]idem.Acquisition, len(keys))
+	errs := make([]error, len(keys))
+	for i, k := range keys {
+		out[i], errs[i] = b.Acquire(ctx, k, reqs[i])
+	}
+	return out, errs
+}
+
+func (b *batching) CompleteBatch(ctx context.Context, keys []string, leases []idem.Lease, results [][]byte, retention time.Duration) []error {
+	b.completes++
+	errs := make([]error, len(keys))
+	for i, k := range keys {
+		errs[i] = b.Complete(ctx, k, leases[i], results[i], retention)
+	}
+	return errs
+}
+
+// TestBatchStorePreserved: a traced store keeps the batching of the store
+// it decorates (the Executor's BeginBatch and CommitBatch make one call
+// per batch through it), with one span per batch call.
+func TestBatchStorePreserved(t *testing.T) {
+	ms, err := memstore.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner := &batching{Store: ms}
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	e, err := idem.New(otelidem.Store(inner, otelidem.WithTracerProvider(tp)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := []idem.Key{{ID: "a"}, {ID: "b"}, {ID: "c"}}
+	began := e.BeginBatch(t.Context(), keys, make([]string, len(keys)))
+	attempts := make([]*idem.Attempt, len(keys))
+	for i, b := range began {
+		if b.Err != nil {
+			t.Fatal(b.Err)
+		}
+		attempts[i] = b.Attempt
+	}
+	for _, err := range e.CommitBatch(t.Context(), attempts, make([][]byte, len(keys))) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if inner.acquires != 1 || inner.completes != 1 {
+		t.Fatalf("batch calls reaching the store: %d acquires, %d completes; want 1 and 1", inner.acquires, inner.completes)
+	}
+	var names []string
+	for _, s := range rec.Ended() {
+		names = append(names, s.Name())
+		wantAttr(t, s, otelidem.KeyBatchSize, attribute.IntValue(3))
+	}
+	if fmt.Sprint(names) != fmt.Sprint([]string{otelidem.SpanAcquireBatch, otelidem.SpanCompleteBatch}) {
+		t.Fatalf("spans %v, want one per batch call", names)
+	}
+	if got, ok := idem.StoreAs[*batching](otelidem.Store(inner)); !ok || got != inner {
+		t.Fatal("StoreAs does not find the decorated store through Unwrap")
 	}
 }

@@ -248,12 +248,15 @@ func TestEffectErrorWritesNoCompletion(t *testing.T) {
 }
 
 // TestEffectKeysOutsideTheSlot: on a Cluster, an effect key without the
-// record's hash tag is refused before anything is sent (the client points
-// at no server at all), and so is an unknown effect.
+// record's hash tag is refused before anything is sent (the stores are
+// built, which checks the servers, and then every node is killed: a call
+// that sent anything would fail to connect), and so is an unknown effect.
 func TestEffectKeysOutsideTheSlot(t *testing.T) {
 	t.Parallel()
-	nowhere := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}, MaxRetries: -1})
+	cluster := redistest.StartCluster(t, 3)
+	nowhere := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs(), MaxRetries: -1})
 	t.Cleanup(func() { nowhere.Close() })
+	stores := make(map[string]*redisstore.Store)
 	for _, tag := range []string{"", "orders"} {
 		var opts []redisstore.Option
 		if tag != "" {
@@ -263,6 +266,13 @@ func TestEffectKeysOutsideTheSlot(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		stores[tag] = s
+	}
+	for _, n := range cluster.Nodes() {
+		n.Kill(t)
+	}
+	for _, tag := range []string{"", "orders"} {
+		s := stores[tag]
 		key := idem.Key{ID: "k"}
 		lease := idem.Lease{Owner: "o", Fence: 1}
 		for _, e := range []idem.Effect{

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
+	"sync"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -45,6 +48,8 @@ func (b *goRedis) watch(ctx context.Context, channel string) (<-chan struct{}, f
 	return b.hub.watch(ctx, channel)
 }
 
+func (b *goRedis) nodes(context.Context) ([]node, error) { return []node{goRedisNode{b.c}}, nil }
+
 // goRedisCluster is the backend for a go-redis *redis.ClusterClient.
 type goRedisCluster struct{ c *redis.ClusterClient }
 
@@ -67,6 +72,19 @@ func (b *goRedisCluster) publishCommand() string { return "SPUBLISH" }
 
 func (b *goRedisCluster) watch(ctx context.Context, channel string) (<-chan struct{}, func(), error) {
 	return watchPubSub(ctx, b.c.SSubscribe(ctx, channel))
+}
+
+func (b *goRedisCluster) nodes(ctx context.Context) ([]node, error) {
+	var mu sync.Mutex
+	var out []node
+	err := b.c.ForEachShard(ctx, func(_ context.Context, c *redis.Client) error {
+		mu.Lock()
+		out = append(out, goRedisNode{c})
+		mu.Unlock()
+		return nil
+	})
+	slices.SortFunc(out, func(a, b node) int { return strings.Compare(a.addr(), b.addr()) })
+	return out, err
 }
 
 func anyArgs(args []string) []any {

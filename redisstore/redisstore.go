@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -28,6 +29,10 @@ type config struct {
 	hashTag      string      // WithHashTag, in hashtag.go
 	functions    bool        // WithFunctions, in functions.go
 	effects      []effectDef // WithEffect, in effect.go
+	replayCache  *bool       // WithReplayCache, in replaycache.go; nil: the default
+
+	allowEviction bool         // WithAllowEviction, in check.go
+	logger        *slog.Logger // WithLogger, in check.go
 }
 
 // waitConfig is a durability requirement checked after acquire and complete.
@@ -56,7 +61,11 @@ func WithNotify(on bool) Option { return func(c *config) { c.notify = on } }
 // script, until numReplicas replicas acknowledged the write (WAIT
 // numReplicas timeout). When fewer acknowledge within timeout, the call
 // returns an error wrapping idem.ErrNotDurable: the transition happened on
-// the primary but may be lost on failover. The default is not to wait.
+// the primary but may be lost on failover. With as many replicas as
+// numReplicas, one node down makes every acquire and complete return
+// ErrNotDurable until it is back (measured: RELIABILITY.md, Sentinel
+// failover): wait for fewer replicas than you run. The default is not to
+// wait.
 func WithWait(numReplicas int, timeout time.Duration) Option {
 	return func(c *config) {
 		c.wait = &waitConfig{replicas: numReplicas, timeout: timeout}
@@ -65,8 +74,10 @@ func WithWait(numReplicas int, timeout time.Duration) Option {
 
 // WithWaitAOF makes acquire and complete wait until the write was fsynced to
 // the AOF of numLocal (0 or 1) primaries and numReplicas replicas (WAITAOF,
-// Redis 7.2 and later), on the same connection as the script. Errors as for
-// WithWait. The default is not to wait.
+// Redis 7.2 and later: New refuses an older server), on the same connection
+// as the script. Errors as for WithWait. With appendfsync everysec the
+// server fsyncs once a second, so each acquire and complete may wait up to
+// a second. The default is not to wait.
 func WithWaitAOF(numLocal, numReplicas int, timeout time.Duration) Option {
 	return func(c *config) {
 		c.wait = &waitConfig{aof: true, local: numLocal, replicas: numReplicas, timeout: timeout}
@@ -122,6 +133,9 @@ type backend interface {
 	scan(ctx context.Context, match string, fn func(name string) bool) error
 	watch(ctx context.Context, channel string) (<-chan struct{}, func(), error)
 	publishCommand() string
+	// nodes returns the servers the client knows: the one server, or a
+	// Cluster's primaries and replicas.
+	nodes(ctx context.Context) ([]node, error)
 }
 
 // Store is an idem.Store on Redis, Valkey or a Redis Cluster. Every state
@@ -136,6 +150,10 @@ type Store struct {
 	fcall  bool   // WithFunctions
 	// effects are the registered effects (WithEffect) by name.
 	effects map[string]*script
+	// cached and replays are the local replay cache (replaycache.go),
+	// nil when it is off.
+	cached  cachedGetter
+	replays *replayIndex
 }
 
 var (
@@ -167,12 +185,38 @@ func newStore(b backend, opts []Option) (*Store, error) {
 		return nil, err
 	}
 	s.effects = effects
+	if g, ok := b.(cachedGetter); ok {
+		on := c.wait == nil
+		if c.replayCache != nil {
+			on = *c.replayCache
+		}
+		if on {
+			s.cached, s.replays = g, newReplayIndex(replayIndexSize)
+		}
+	}
+	// The options are valid: now the server.
+	ctx, cancel := context.WithTimeout(context.Background(), StartCheckTimeout)
+	defer cancel()
+	nodes, err := b.nodes(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("redisstore: cannot check the server at start: %w", err)
+	}
+	if err := checkServer(ctx, nodes, &c); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 
 // New returns a Store on a go-redis client: a *redis.Client (standalone,
 // Sentinel failover client) or a *redis.ClusterClient. The store does not own
-// the client and does not close it. New does no I/O.
+// the client and does not close it.
+//
+// New checks the server, within StartCheckTimeout: every node the client
+// knows (a Cluster's primaries and replicas) must run Redis 7.0 or later, or
+// Valkey (*VersionError), and have maxmemory-policy noeviction
+// (*EvictionError, unless WithAllowEviction). A server that cannot be
+// reached is an error too; one that refuses INFO and CONFIG GET (ACLs,
+// managed services) is accepted with one warning logged (WithLogger).
 func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 	var b backend
 	switch c := client.(type) {
@@ -189,8 +233,8 @@ func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 }
 
 // NewRueidis returns a Store on a rueidis client (standalone, Sentinel or
-// Cluster). The store does not own the client and does not close it.
-// NewRueidis does no I/O.
+// Cluster). The store does not own the client and does not close it. It
+// checks the server as New does.
 func NewRueidis(client rueidis.Client, opts ...Option) (*Store, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: nil client", idem.ErrInvalid)
@@ -274,6 +318,11 @@ func (s *Store) Acquire(ctx context.Context, key string, req idem.AcquireRequest
 	if err := req.Validate(); err != nil {
 		return idem.Acquisition{}, err
 	}
+	if s.replays != nil && s.replays.has(s.Key(key)) {
+		if a, ok := s.cachedReplay(ctx, s.Key(key), req.Fingerprint); ok {
+			return a, nil
+		}
+	}
 	reply, err := s.run(ctx, acquireScript, key, []string{
 		req.Fingerprint, req.Owner, ms(req.Lease), ms(req.Retention), strconv.Itoa(req.MaxAttempts), inProgressTTL(req.Lease),
 	}, true)
@@ -286,6 +335,9 @@ func (s *Store) Acquire(ctx context.Context, key string, req idem.AcquireRequest
 	}
 	if a.Outcome == idem.Acquired || a.Outcome == idem.TakenOver {
 		a.Lease.Owner = req.Owner
+	}
+	if a.Outcome == idem.Replay && s.replays != nil {
+		s.replays.add(s.Key(key))
 	}
 	return a, err // err is nil or ErrNotDurable
 }
@@ -411,6 +463,12 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 func (s *Store) Delete(ctx context.Context, key string) error {
 	if err := idem.ValidateStoreKey(key); err != nil {
 		return err
+	}
+	if s.replays != nil {
+		// The server's invalidation of the cached record may arrive after
+		// the reply to the DEL (Redis 7.0 sends a client's own after it):
+		// the next acquire here must not read the cache before it does.
+		s.replays.remove(s.Key(key))
 	}
 	if err := s.b.del(ctx, s.Key(key)); err != nil {
 		return fmt.Errorf("redisstore: delete: %w", err)

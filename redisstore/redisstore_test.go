@@ -55,6 +55,11 @@ func clients(t *testing.T, standalone *redistest.Server, cluster *redistest.Clus
 					t.Fatal(err)
 				}
 				return s
+			}},
+			// rueidis with its client-side cache on: the store's replay
+			// cache serves replays locally (replaycache.go).
+			client{"standalone/rueidis-cached", func(t *testing.T, opts ...redisstore.Option) *redisstore.Store {
+				return cachedRueidisStore(t, addr, opts...)
 			}})
 	}
 	if cluster != nil {
@@ -227,13 +232,14 @@ func TestWait(t *testing.T) {
 	}
 }
 
-// TestWaitAOFNeedsRedis72 checks that WAITAOF on a server that lacks it
-// fails with the server's error, wrapped, instead of pretending.
+// TestWaitAOFUnsupported checks that a store with WithWaitAOF is refused
+// on a server older than 7.2, which lacks WAITAOF, with a *VersionError
+// that says so, instead of failing every acquire.
 func TestWaitAOFUnsupported(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t, "--appendonly", "yes")
 	version, _ := srv.Command("INFO", "server")
-	if !strings.Contains(version, "redis_version:7.0") && !strings.Contains(version, "redis_version:6") {
+	if !strings.Contains(version, "redis_version:7.0") && !strings.Contains(version, "redis_version:7.1") {
 		// On 7.2 and later WAITAOF works: check it acknowledges.
 		for _, c := range clients(t, srv, nil) {
 			s := c.newStore(t, redisstore.WithWaitAOF(1, 0, time.Second))
@@ -244,12 +250,23 @@ func TestWaitAOFUnsupported(t *testing.T) {
 		}
 		return
 	}
-	for _, c := range clients(t, srv, nil) {
-		s := c.newStore(t, redisstore.WithWaitAOF(1, 0, time.Second))
-		key := idem.Key{Scope: c.name, ID: "aof"}.Digest()
-		_, err := s.Acquire(t.Context(), key, idem.AcquireRequest{Fingerprint: "fp", Owner: "o", Lease: time.Minute, Retention: time.Hour})
-		if err == nil || !strings.Contains(strings.ToLower(err.Error()), "waitaof") && !strings.Contains(strings.ToLower(err.Error()), "unknown command") {
-			t.Fatalf("%s: WAITAOF on Redis 7.0: got %v, want the server's unknown-command error", c.name, err)
+	ru, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ru.Close)
+	for name, newStore := range map[string]func() (*redisstore.Store, error){
+		"go-redis": func() (*redisstore.Store, error) {
+			return redisstore.New(goRedisClient(t, srv.Addr()), redisstore.WithWaitAOF(1, 0, time.Second))
+		},
+		"rueidis": func() (*redisstore.Store, error) {
+			return redisstore.NewRueidis(ru, redisstore.WithWaitAOF(1, 0, time.Second))
+		},
+	} {
+		_, err := newStore()
+		var ve *redisstore.VersionError
+		if !errors.As(err, &ve) || ve.Need != "7.2" || !strings.Contains(err.Error(), "WAITAOF") {
+			t.Errorf("%s: WithWaitAOF on Redis 7.0: got %v, want a *VersionError that needs 7.2 for WAITAOF", name, err)
 		}
 	}
 }

@@ -3,7 +3,9 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/redis/rueidis"
@@ -79,6 +81,15 @@ func fcallCmd(c interface{ B() rueidis.Builder }, s *script, keys, args []string
 
 func (b *rueidisBackend) del(ctx context.Context, key string) error {
 	return b.c.Do(ctx, b.c.B().Del().Key(key).Build()).Error()
+}
+
+func (b *rueidisBackend) nodes(context.Context) ([]node, error) {
+	var out []node
+	for addr, c := range b.c.Nodes() {
+		out = append(out, rueidisNode{a: addr, c: c})
+	}
+	slices.SortFunc(out, func(a, b node) int { return strings.Compare(a.addr(), b.addr()) })
+	return out, nil
 }
 
 func (b *rueidisBackend) publishCommand() string {

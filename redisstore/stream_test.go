@@ -151,8 +151,7 @@ func TestStreamScripts(t *testing.T) {
 }
 
 func TestHashTagOptions(t *testing.T) {
-	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
-	t.Cleanup(func() { rdb.Close() })
+	rdb := goRedisClient(t, redistest.Start(t).Addr())
 	for _, tag := range []string{"a{b", "a}", string(make([]byte, 65))} {
 		if _, err := redisstore.New(rdb, redisstore.WithHashTag(tag)); !errors.Is(err, idem.ErrInvalid) {
 			t.Errorf("WithHashTag(%q): %v, want ErrInvalid", tag, err)

@@ -72,6 +72,7 @@ func Run(t *testing.T, newStore func(t *testing.T) idem.Store) {
 		{"ConcurrentInvariants", testConcurrentInvariants},
 		{"SequentialModel", testSequentialModel},
 		{"RelayCompletion", testRelayCompletion},
+		{"BinaryFingerprint", testBinaryFingerprint},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -182,7 +182,8 @@ func (b *kafkaBroker) env() []string { return []string{envBroker + "=" + b.addrs
 func (b *kafkaBroker) publish(t *testing.T, msgs []message) {
 	rs := make([]*kgo.Record, len(msgs))
 	for i, m := range msgs {
-		rs[i] = &kgo.Record{Topic: kafkaTopic, Key: []byte(m.key), Value: []byte(strconv.Itoa(m.seq))}
+		rs[i] = &kgo.Record{Topic: kafkaTopic, Key: []byte(m.key), Value: []byte(strconv.Itoa(m.seq)),
+			Headers: []kgo.RecordHeader{{Key: kafka.DefaultKeyHeader, Value: []byte(m.key)}}}
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()

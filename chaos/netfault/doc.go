@@ -11,7 +11,10 @@
 // listener closed) for a while. They assert that every key is executed
 // exactly once, that nothing is lost, and that an operation whose reply was
 // lost is resolved by repeating the store call with the same owner, never by
-// running the handler twice.
+// running the handler twice. TestStartAfterLease delays every reply to one
+// owner past its lease and asserts that its operation never starts after
+// the lease's local deadline, while another owner has taken over (its
+// control runs the operation on the late reply, as Begin once did).
 //
 //	make chaos RUN=TestNetwork
 //	make chaos-long RUN=TestNetwork

@@ -520,21 +520,24 @@ func supportsWaitAOF(version string) bool {
 }
 
 // checkWaitAOFRefused checks that on a server without WAITAOF a store
-// configured with it fails with an error instead of pretending the write
-// was durable.
+// configured with it is refused when it is built (a *VersionError), instead
+// of pretending the write was durable.
 func checkWaitAOFRefused(t *testing.T, srv *redistest.Server) {
 	t.Helper()
-	for _, s := range []*redisstore.Store{
-		goRedisStore(t, srv.Addr(), []redisstore.Option{redisstore.WithWaitAOF(1, 0, time.Second)}),
-		rueidisStore(t, srv.Addr(), []redisstore.Option{redisstore.WithWaitAOF(1, 0, time.Second)}),
-	} {
-		exec, err := idem.New(s)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, err = exec.Do(t.Context(), idem.Key{ID: "waitaof"}, "", func(context.Context) ([]byte, error) { return nil, nil })
-		if err == nil {
-			t.Fatal("Do with WithWaitAOF on a server without WAITAOF succeeded, want an error")
+	gr := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { gr.Close() })
+	ru, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ru.Close)
+	aof := redisstore.WithWaitAOF(1, 0, time.Second)
+	_, grErr := redisstore.New(gr, aof)
+	_, ruErr := redisstore.NewRueidis(ru, aof)
+	for _, err := range []error{grErr, ruErr} {
+		var ve *redisstore.VersionError
+		if !errors.As(err, &ve) {
+			t.Fatalf("a store with WithWaitAOF on a server without WAITAOF: got %v, want a *VersionError", err)
 		}
 	}
 }

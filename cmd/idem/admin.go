@@ -109,6 +109,7 @@ func (a *adminFlags) open(ctx context.Context) (*openedStore, *idem.Executor, er
 	if a.maxResponse > readLimit {
 		return nil, nil, usagef("--max-response %s is over the limit of %s", formatSize(a.maxResponse), formatSize(readLimit))
 	}
+	a.store.allowEviction = true // reading and deleting records evicts nothing
 	st, err := a.store.open(ctx, false)
 	if err != nil {
 		return nil, nil, err

@@ -120,15 +120,23 @@ func TestDoctor(t *testing.T) {
 	t.Parallel()
 	t.Run("good", func(t *testing.T) {
 		t.Parallel()
-		srv := redistest.Start(t, "--appendonly", "yes", "--maxmemory-policy", "noeviction")
+		srv := redistest.Start(t, "--appendonly", "yes", "--maxmemory-policy", "noeviction", "--maxmemory", "100mb")
 		code, out, stderr := runIdem(t, "doctor", "--redis", "redis://"+srv.Addr())
-		if code != 0 || strings.Contains(out, "FAIL ") {
-			t.Errorf("exit %d, stdout:\n%s\nstderr: %s\nwant 0 and no FAIL", code, out, stderr)
+		if code != 0 || strings.Contains(out, "FAIL ") || strings.Contains(out, "WARN ") {
+			t.Errorf("exit %d, stdout:\n%s\nstderr: %s\nwant 0 and no FAIL or WARN", code, out, stderr)
 		}
-		for _, want := range []string{"OK    version: redis 7", "OK    maxmemory-policy: noeviction", "OK    persistence: appendonly yes", "OK    lua: EVAL works", "OK    round trip: median PING"} {
+		// Any supported server: Redis 7.0 and later, Valkey.
+		if !regexp.MustCompile(`OK    version: (redis (7|[89]|[1-9][0-9]+)|valkey [0-9]+)\.`).MatchString(out) {
+			t.Errorf("stdout:\n%s\nwant the version OK", out)
+		}
+		for _, want := range []string{"OK    maxmemory-policy: noeviction", "OK    maxmemory: 100", "OK    persistence: appendonly yes", "OK    lua: EVAL works", "OK    round trip: median PING",
+			`OK    rights: acquire, extend, complete, get, release, fail and delete ran on a scratch key of prefix "idem:"`} {
 			if !strings.Contains(out, want) {
 				t.Errorf("stdout:\n%s\nwant %q", out, want)
 			}
+		}
+		if keys := srv.Do(t, "DBSIZE"); keys != "0" {
+			t.Errorf("DBSIZE after doctor: got %s, want 0 (the scratch keys deleted)", keys)
 		}
 	})
 	t.Run("functions", func(t *testing.T) {
@@ -159,10 +167,48 @@ func TestDoctor(t *testing.T) {
 		if code != 1 {
 			t.Errorf("exit code: got %d, want 1", code)
 		}
-		for _, want := range []string{"FAIL  maxmemory-policy: allkeys-lru", "FAIL  persistence: off", "2 FAIL"} {
+		for _, want := range []string{"FAIL  maxmemory-policy: allkeys-lru", "WARN  maxmemory: 0 (no limit)", "FAIL  persistence: off", "2 FAIL"} {
 			if !strings.Contains(out, want) {
 				t.Errorf("stdout:\n%s\nwant %q", out, want)
 			}
+		}
+	})
+	t.Run("acl", func(t *testing.T) {
+		t.Parallel()
+		srv := redistest.Start(t, "--appendonly", "yes", "--maxmemory", "100mb")
+		srv.Do(t, "ACL", "SETUSER", "notime", "on", ">pw", "~*", "&*", "+@all", "-time")
+		srv.Do(t, "ACL", "SETUSER", "nopublish", "on", ">pw", "~*", "&*", "+@all", "-publish")
+		srv.Do(t, "ACL", "SETUSER", "nosubscribe", "on", ">pw", "~*", "&*", "+@all", "-subscribe")
+		for _, tc := range []struct {
+			user string
+			code int
+			want string
+		}{
+			{"notime", 1, "FAIL  rights: the user may not run TIME, which every transition (the server's clock) needs; grant it (ACL SETUSER <user> +time)"},
+			{"nopublish", 1, "FAIL  rights: the user may not run PUBLISH, which complete, fail and release (wake-ups) needs"},
+			{"nosubscribe", 0, "WARN  rights: the user may not run SUBSCRIBE"},
+		} {
+			code, out, _ := runIdem(t, "doctor", "--redis", "redis://"+tc.user+":pw@"+srv.Addr())
+			if code != tc.code || !strings.Contains(out, tc.want) {
+				t.Errorf("user %s: got %d\n%s\nwant %d and %q", tc.user, code, out, tc.code, tc.want)
+			}
+		}
+	})
+	t.Run("durability options", func(t *testing.T) {
+		t.Parallel()
+		srv := redistest.Start(t, "--appendonly", "yes", "--maxmemory", "100mb")
+		code, out, _ := runIdem(t, "doctor", "--redis", "redis://"+srv.Addr(), "--wait-replicas", "1")
+		if code != 1 || !strings.Contains(out, "FAIL  replicas: 0 connected, fewer than the 1 that WAIT needs") {
+			t.Errorf("--wait-replicas 1 without a replica: got %d\n%s\nwant 1 and a FAIL for the replicas", code, out)
+		}
+		info := srv.Do(t, "INFO", "server")
+		code, out, _ = runIdem(t, "doctor", "--redis", "redis://"+srv.Addr(), "--wait-aof")
+		if strings.Contains(info, "redis_version:7.0.") {
+			if code != 1 || !strings.Contains(out, "has no WAITAOF (Redis 7.2 or later)") {
+				t.Errorf("--wait-aof on Redis 7.0: got %d\n%s\nwant 1 and a FAIL for the version", code, out)
+			}
+		} else if !strings.Contains(out, "WARN  waitaof: appendfsync everysec") {
+			t.Errorf("--wait-aof with appendfsync everysec: got %d\n%s\nwant a WARN for the fsync wait", code, out)
 		}
 	})
 	t.Run("rdb only", func(t *testing.T) {

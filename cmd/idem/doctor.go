@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem/boltstore"
+	"github.com/idemgo/idem/internal/redisinfo"
 	"github.com/idemgo/idem/redisstore"
 	"github.com/redis/go-redis/v9"
 )
@@ -39,6 +40,14 @@ func (r *report) add(v verdict, check, format string, args ...any) {
 	fmt.Fprintf(r.w, "%-4s  %s: %s\n", verdictNames[v], check, fmt.Sprintf(format, args...))
 }
 
+// doctorFlags are doctor's flags: the store, and the durability options
+// the application will use.
+type doctorFlags struct {
+	store        storeFlags
+	waitReplicas int
+	waitAOF      bool
+}
+
 // rttWarn is the median PING time above which doctor warns: each request
 // makes two or three store round trips.
 const rttWarn = 5 * time.Millisecond
@@ -53,33 +62,59 @@ Checks the store and prints one line per check: OK, WARN or FAIL with the
 reason. Exits with status 1 if any check FAILs.
 
 For Redis (on a Cluster, on every primary):
-  version           6.2 or later (FAIL below); WARN below 7.0 (no SPUBLISH, so
-                    no wake-ups across a Cluster's nodes; no WAITAOF)
+  version           Redis 7.0 or later, or Valkey (FAIL below: idem's scripts
+                    use SET ... NX GET, SPUBLISH); 7.2 with --wait-aof (WAITAOF)
   maxmemory-policy  must be noeviction (FAIL otherwise): an evicted record lets
                     a retried request run again
+  maxmemory         WARN when 0 (no limit): the kernel kills Redis instead
   persistence       OK with appendonly yes; WARN with RDB snapshots only (the
                     writes since the last snapshot are lost on a crash); FAIL
-                    when both are off (a restart loses every record)
+                    when both are off (a restart loses every record). With
+                    --wait-aof, WARN on appendfsync everysec: WAITAOF then
+                    waits up to a second per acquire and complete
+  replicas          with --wait-replicas N, FAIL when fewer than N replicas
+                    are connected (every WAIT would fall short)
   lua               EVAL must run (the store's transitions are Lua scripts)
   cluster           every one of the 16384 slots assigned, cluster_state ok
   round trip        median of 10 PINGs; WARN above 5ms
+  rights            every transition script runs on a scratch key of the
+                    prefix, and each command they need is tried with the
+                    user's ACL; a missing right is named (FAIL; WARN for
+                    SUBSCRIBE, without which waiters poll)
+
+For PostgreSQL (--postgres; with --redis too for the hybrid commit gate):
+  tables            idem_completions (pggate) or idem_records (pgstore) exist
+                    in the search_path (FAIL when neither does)
+  indexes, rights   each table's indexes, and SELECT, INSERT, UPDATE, DELETE
+  relay backlog     WARN when completions older than 1m are not relayed
+  pgstore functions the 7 transition functions exist and are executable
 
 For the embedded store: the file opens (or is in use by a running proxy).`,
 		flags: func(fs *flagSet) func(context.Context, *env, []string) error {
-			var s storeFlags
-			s.register(fs)
+			var d doctorFlags
+			d.store.hybrid = true
+			d.store.register(fs)
+			fs.Int(&d.waitReplicas, "wait-replicas", "N", 0, "the replicas the application waits for (redisstore.WithWait): FAIL when fewer are connected")
+			fs.Bool(&d.waitAOF, "wait-aof", false, "the application waits for the AOF fsync (redisstore.WithWaitAOF): FAIL below Redis 7.2, WARN with appendfsync everysec")
 			return func(ctx context.Context, e *env, args []string) error {
 				if len(args) > 0 {
 					return usagef("doctor: unexpected argument %q", args[0])
 				}
-				if err := s.validate(); err != nil {
+				if err := d.store.validate(); err != nil {
 					return err
 				}
+				if d.waitReplicas < 0 {
+					return usagef("--wait-replicas %d is negative", d.waitReplicas)
+				}
 				r := &report{w: e.stdout}
-				if s.redisURL == "" && s.cluster == "" {
-					doctorBolt(r, &s)
-				} else {
-					doctorRedis(ctx, r, &s)
+				switch {
+				case d.store.redis():
+					doctorRedis(ctx, r, &d)
+				case d.store.postgres == "":
+					doctorBolt(r, &d.store)
+				}
+				if d.store.postgres != "" {
+					doctorPostgres(ctx, r, &d.store)
 				}
 				fmt.Fprintf(e.stdout, "%d OK, %d WARN, %d FAIL\n", r.counts[vOK], r.counts[vWarn], r.counts[vFail])
 				if r.counts[vFail] > 0 {
@@ -101,6 +136,8 @@ func doctorBolt(r *report, s *storeFlags) {
 	switch {
 	case errors.Is(err, boltstore.ErrLocked):
 		r.add(vOK, "embedded store", "%s is in use by a running proxy (Redis checks do not apply)", path)
+	case errors.Is(err, boltstore.ErrCorrupt):
+		r.add(vFail, "embedded store", "%v", damagedStoreError(path, err))
 	case err != nil:
 		r.add(vFail, "embedded store", "%s does not open: %v", path, err)
 	default:
@@ -109,7 +146,8 @@ func doctorBolt(r *report, s *storeFlags) {
 	}
 }
 
-func doctorRedis(ctx context.Context, r *report, s *storeFlags) {
+func doctorRedis(ctx context.Context, r *report, d *doctorFlags) {
+	s := &d.store
 	var c redis.UniversalClient
 	var nodes []*redis.Client
 	if s.redisURL != "" {
@@ -119,6 +157,14 @@ func doctorRedis(ctx context.Context, r *report, s *storeFlags) {
 			return
 		}
 		rc := redis.NewClient(opt)
+		c, nodes = rc, []*redis.Client{rc}
+	} else if s.sentinel != "" {
+		opt, err := s.sentinelOptions()
+		if err != nil {
+			r.add(vFail, "connect", "%v", err)
+			return
+		}
+		rc := redis.NewFailoverClient(opt)
 		c, nodes = rc, []*redis.Client{rc}
 	} else {
 		opt, err := s.clusterOptions()
@@ -151,15 +197,16 @@ func doctorRedis(ctx context.Context, r *report, s *storeFlags) {
 		if cluster {
 			prefix = n.Options().Addr + " "
 		}
-		doctorNode(ctx, r, n, prefix)
+		doctorNode(ctx, r, d, n, prefix)
 	}
 	if cluster {
 		doctorClusterSlots(ctx, r, nodes[0])
 	}
+	doctorRights(ctx, r, c, s.prefix)
 }
 
 // doctorNode runs the checks of one server.
-func doctorNode(ctx context.Context, r *report, n *redis.Client, prefix string) {
+func doctorNode(ctx context.Context, r *report, d *doctorFlags, n *redis.Client, prefix string) {
 	cctx, cancel := context.WithTimeout(ctx, connectTimeout)
 	defer cancel()
 	info, err := n.Info(cctx).Result() // the default sections; several section names need Redis 7
@@ -167,21 +214,18 @@ func doctorNode(ctx context.Context, r *report, n *redis.Client, prefix string) 
 		r.add(vFail, prefix+"connect", "%s: %v", n.Options().Addr, err)
 		return
 	}
-	fields := parseInfo(info)
+	fields := redisinfo.Parse(info)
 
 	// Version.
-	name, v := "redis", fields["redis_version"]
-	if vv := fields["valkey_version"]; vv != "" {
-		name, v = "valkey", vv
-	}
-	major, minor := parseVersion(fields["redis_version"])
+	name, v := redisinfo.Server(fields)
+	compat, ok := redisinfo.Compatible(fields)
 	switch {
-	case major == 0:
+	case !ok:
 		r.add(vWarn, prefix+"version", "cannot read the server version")
-	case major < 6 || major == 6 && minor < 2:
-		r.add(vFail, prefix+"version", "%s %s is older than 6.2; idem needs 6.2 or later", name, v)
-	case major < 7:
-		r.add(vWarn, prefix+"version", "%s %s works, but 7.0 or later is better: SPUBLISH (wake-ups across a Cluster) and WAITAOF are missing", name, v)
+	case !compat.AtLeast(7, 0):
+		r.add(vFail, prefix+"version", "%s %s is older than 7.0; idem needs Redis 7.0 or later, or Valkey (SET ... NX GET, SPUBLISH); upgrade the server", name, v)
+	case d.waitAOF && !compat.AtLeast(7, 2):
+		r.add(vFail, prefix+"version", "%s %s has no WAITAOF (Redis 7.2 or later); a store with WithWaitAOF is refused", name, v)
 	default:
 		r.add(vOK, prefix+"version", "%s %s", name, v)
 	}
@@ -194,6 +238,13 @@ func doctorNode(ctx context.Context, r *report, n *redis.Client, prefix string) 
 		r.add(vWarn, prefix+"maxmemory-policy", "cannot read it from INFO memory; it must be noeviction")
 	default:
 		r.add(vFail, prefix+"maxmemory-policy", "%s: Redis may evict idempotency records, and a retried request then runs again; set maxmemory-policy noeviction (use a separate Redis for caches)", policy)
+	}
+
+	// Memory limit.
+	if fields["maxmemory"] == "0" {
+		r.add(vWarn, prefix+"maxmemory", "0 (no limit): Redis grows until the machine runs out of memory and the kernel kills it, losing the records written since the last fsync; set maxmemory below the machine's memory")
+	} else if fields["maxmemory"] != "" {
+		r.add(vOK, prefix+"maxmemory", "%s", fields["maxmemory_human"])
 	}
 
 	// Persistence.
@@ -212,12 +263,25 @@ func doctorNode(ctx context.Context, r *report, n *redis.Client, prefix string) 
 			fsync = cfg["appendfsync"]
 		}
 		r.add(vOK, prefix+"persistence", "appendonly yes (appendfsync %s)", fsync)
+		if d.waitAOF && fsync == "everysec" {
+			r.add(vWarn, prefix+"waitaof", "appendfsync everysec: WAITAOF waits for the next fsync, up to a second per acquire and complete; appendfsync always makes it return at once")
+		}
 	case !saveKnown:
 		r.add(vWarn, prefix+"persistence", "appendonly is off and the RDB save rules cannot be read (CONFIG GET refused); turn appendonly on")
 	case save != "":
 		r.add(vWarn, prefix+"persistence", "RDB snapshots only (save %q): records written since the last snapshot are lost on a crash; turn appendonly on", save)
 	default:
 		r.add(vFail, prefix+"persistence", "off (appendonly no, no RDB save rules): a restart loses every record, and retried requests run again; set appendonly yes")
+	}
+
+	// Replicas, when the application waits for them.
+	if d.waitReplicas > 0 {
+		replicas, _ := strconv.Atoi(fields["connected_slaves"])
+		if replicas < d.waitReplicas {
+			r.add(vFail, prefix+"replicas", "%d connected, fewer than the %d that WAIT needs: every acquire and complete would end in ErrNotDurable", replicas, d.waitReplicas)
+		} else {
+			r.add(vOK, prefix+"replicas", "%d connected (WAIT %d)", replicas, d.waitReplicas)
+		}
 	}
 
 	// Lua.
@@ -280,7 +344,7 @@ func doctorClusterSlots(ctx context.Context, r *report, n *redis.Client) {
 		r.add(vFail, "cluster", "CLUSTER INFO failed: %v", err)
 		return
 	}
-	f := parseInfo(info)
+	f := redisinfo.Parse(info)
 	assigned, _ := strconv.Atoi(f["cluster_slots_assigned"])
 	failing, _ := strconv.Atoi(f["cluster_slots_fail"])
 	switch {
@@ -293,34 +357,4 @@ func doctorClusterSlots(ctx context.Context, r *report, n *redis.Client) {
 	default:
 		r.add(vOK, "cluster", "state ok, all 16384 slots assigned, %s known nodes", f["cluster_known_nodes"])
 	}
-}
-
-// parseInfo parses the reply of INFO or CLUSTER INFO.
-func parseInfo(s string) map[string]string {
-	out := make(map[string]string)
-	for line := range strings.Lines(s) {
-		line = strings.TrimSpace(line)
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		if k, v, ok := strings.Cut(line, ":"); ok {
-			out[k] = v
-		}
-	}
-	return out
-}
-
-// parseVersion returns the major and minor numbers of a version such as
-// 7.0.15; zeros if it cannot.
-func parseVersion(v string) (major, minor int) {
-	parts := strings.SplitN(v, ".", 3)
-	if len(parts) < 2 {
-		return 0, 0
-	}
-	major, err1 := strconv.Atoi(parts[0])
-	minor, err2 := strconv.Atoi(parts[1])
-	if err1 != nil || err2 != nil {
-		return 0, 0
-	}
-	return major, minor
 }

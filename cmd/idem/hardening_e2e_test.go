@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -467,5 +469,48 @@ func TestProxySlowUploads(t *testing.T) {
 	}
 	if n := px.metric("idem_busy_requests_total"); n < 1 {
 		t.Errorf("idem_busy_requests_total: got %v, want at least 1", n)
+	}
+}
+
+// TestProxyErrorBody: --error-body stripe gives Stripe's SDKs an error
+// they read as one (and Stripe-Should-Retry); a template gives any shape;
+// the proxy's own errors (upstream unreachable) take the shape too.
+func TestProxyErrorBody(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t)
+	stripe := startProxy(t, up.url(), []string{"--data", t.TempDir()}, "--error-body", "stripe")
+	done := make(chan struct{})
+	go func() { post(t, stripe.url("/v1/customers"), "cus", "x", "X-Test-Sleep", "1s"); close(done) }()
+	if key := <-up.started; key != "cus" {
+		t.Fatalf("upstream started %q", key)
+	}
+	res := post(t, stripe.url("/v1/customers"), "cus", "x")
+	if res.status != 409 || res.header.Get("Content-Type") != "application/json" || res.header.Get("Stripe-Should-Retry") != "true" ||
+		!strings.HasPrefix(res.body, `{"error":{"type":"idempotency_error","code":"in_progress","message":`) {
+		t.Errorf("409: got %d %q Stripe-Should-Retry %q %s", res.status, res.header.Get("Content-Type"), res.header.Get("Stripe-Should-Retry"), res.body)
+	}
+	<-done
+	res = post(t, stripe.url("/v1/customers"), "cus", "other")
+	if res.status != 422 || res.header.Get("Stripe-Should-Retry") != "false" || !strings.Contains(res.body, `"code":"key_mismatch"`) {
+		t.Errorf("422: got %d Stripe-Should-Retry %q %s", res.status, res.header.Get("Stripe-Should-Retry"), res.body)
+	}
+
+	tmpl := filepath.Join(t.TempDir(), "error.json")
+	os.WriteFile(tmpl, []byte(`{"message":"{{detail}}","status":"{{status}}","kind":"{{code}}"}`), 0o600)
+	closed := "http://" + freeAddr(t)
+	custom := startProxy(t, closed, []string{"--data", t.TempDir()}, "--error-body", "@"+tmpl, "--check-upstream=false")
+	res = post(t, custom.url("/orders"), "", "x")
+	if res.status != 400 || !strings.HasPrefix(res.body, `{"kind":"key_missing","message":"`) || !strings.HasSuffix(res.body, `","status":400}`) {
+		t.Errorf("400 with a template: got %d %s", res.status, res.body)
+	}
+	res = post(t, custom.url("/orders"), "k", "x")
+	if res.status != 502 || !strings.Contains(res.body, `"kind":"bad_gateway"`) {
+		t.Errorf("upstream down with a template: got %d %s", res.status, res.body)
+	}
+	for _, bad := range []string{"xml", "{not json", "@" + filepath.Join(t.TempDir(), "missing.json")} {
+		code, _, stderr := runIdem(t, "proxy", "--upstream", closed, "--check-upstream=false", "--error-body", bad)
+		if code != exitUsage || !strings.Contains(stderr, "--error-body") {
+			t.Errorf("--error-body %q: got %d %q, want a usage error", bad, code, stderr)
+		}
 	}
 }

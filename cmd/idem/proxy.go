@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -30,6 +31,7 @@ type proxyConfig struct {
 	scopeHeader     string
 	anonymousScope  bool
 	storePolicy     string
+	errorBody       string
 	fenceHeader     string
 	wait            time.Duration
 	failOpen        bool
@@ -41,6 +43,8 @@ type proxyConfig struct {
 	maxConcurrent   int
 	maxBodyMemory   int64
 	shutdownTimeout time.Duration
+	writeTimeout    time.Duration
+	streamAll       bool
 	checkUpstream   bool
 	tracing         tracingFlags
 }
@@ -80,10 +84,19 @@ upstream does not answer after it got the request (a
 timeout: 504), the key stays in progress until its lease ends, since the
 upstream may have acted. On SIGTERM or SIGINT the proxy stops accepting
 connections, lets the requests in flight finish and stores their responses
-(up to --shutdown-timeout), then exits.
+(up to --shutdown-timeout); then it closes the connections of clients that
+are still being sent a response, stores what the upstream answered them
+(up to another --shutdown-timeout), and exits. A client that takes longer
+than --write-timeout to receive a response loses its connection; the
+response was stored before it was sent, so a retry gets it again.
 
 Records are kept in the embedded store under --data, or in Redis with
---redis or --redis-cluster (which several proxies can share).
+--redis, --redis-cluster or --redis-sentinel (which several proxies can
+share; behind Sentinels the proxy follows a failover to the new primary).
+The proxy refuses to start on a Redis older than 7.0 and on one whose
+maxmemory-policy is not noeviction (every other policy can evict records,
+and a retried request then runs again), unless --allow-eviction is given;
+where the server refuses INFO and CONFIG GET it logs one warning and starts.
 
 With --otel-endpoint the proxy sends OpenTelemetry traces over OTLP/HTTP: a
 server span per request (a child of the client's W3C traceparent, if any)
@@ -123,6 +136,7 @@ func registerProxyFlags(fs *flagSet) *proxyConfig {
 		bodyTimeout:     defaultBodyTimeout,
 		maxBodyMemory:   defaultMaxBodyMemory,
 		shutdownTimeout: 30 * time.Second,
+		writeTimeout:    time.Minute,
 	}
 	fs.String(&c.listen, "listen", "ADDR", "127.0.0.1:8080", "address the proxy serves on")
 	fs.String(&c.upstream, "upstream", "URL", "", "URL of the API behind the proxy, e.g. http://127.0.0.1:9000; required")
@@ -132,18 +146,22 @@ func registerProxyFlags(fs *flagSet) *proxyConfig {
 	fs.Var(durationValue{&c.lease}, "lease", "DURATION", "how long a request holds its key before another may take it over; extended while the upstream works")
 	fs.Var(durationValue{&c.retention}, "retention", "DURATION", "how long responses are kept and replayed")
 	fs.Var(sizeValue{&c.maxBody}, "max-body", "SIZE", "largest request body (larger: 413), e.g. 1MiB, 512KiB, 1048576")
-	fs.Var(sizeValue{&c.maxResponse}, "max-response", "SIZE", "largest response body stored (larger: sent once, then the key is FAILED and retries get 422)")
+	fs.Var(sizeValue{&c.maxResponse}, "max-response", "SIZE", "largest response body stored (larger: sent once, then the key is FAILED and retries get 422); it limits storing only: responses stored under a larger value stay replayable")
 	fs.String(&c.scopeHeader, "scope-header", "NAME", "", "scope keys by the value of this request header (hashed), e.g. Authorization; a covered request without it gets 400")
 	fs.Bool(&c.anonymousScope, "allow-missing-scope", false, "with --scope-header, serve covered requests without the header in one shared scope (anonymous clients can then get each other's responses) instead of 400")
 	fs.String(&c.storePolicy, "store-policy", "NAME", "default", "which upstream answers are stored: default (all but 408, 409, 425, 429, 503), release-5xx (also retry every 5xx), only-2xx (retry every non-2xx: a retry after a 4xx or 5xx that followed a side effect repeats it)")
 	fs.String(&c.fenceHeader, "fence-header", "NAME", "Idempotency-Fence", "request header that tells the upstream the request's fencing token; a client's own is removed (empty: off)")
+	fs.String(&c.errorBody, "error-body", "SHAPE", "problem", "shape of error bodies: problem (RFC 9457 application/problem+json), stripe ({\"error\":{...}} with Stripe-Should-Retry, for Stripe's SDKs), a JSON template, or @FILE holding one (placeholders {{type}} {{code}} {{title}} {{detail}} {{status}} {{retry}})")
 	fs.Var(durationValue{&c.wait}, "wait", "DURATION", "how long a retry waits for the first request to finish before 409 (0: answer 409 at once)")
+	fs.Bool(&c.store.allowEviction, "allow-eviction", false, "start on a Redis whose maxmemory-policy is not noeviction (it may evict records: retried requests then run again)")
 	fs.Bool(&c.failOpen, "fail-open", false, "when the store is unreachable, forward requests unprotected instead of answering 503")
 	fs.Var(durationValue{&c.bodyTimeout}, "body-timeout", "DURATION", "how long a request's body may take to arrive, from its header (then 408, or a cut-off upstream request if not covered; 0: no limit)")
 	fs.Int(&c.maxConcurrent, "max-concurrent", "N", defaultMaxConcurrent, "requests handled at once; more get 503 with Retry-After (0: no limit)")
 	fs.Var(sizeValue{&c.maxBodyMemory}, "max-body-memory", "SIZE", "memory for the bodies of covered requests held at once, beyond the first 16KiB of each (a body that would go over it: 503 with Retry-After)")
 	fs.Var(durationValue{&c.upstreamTimeout}, "upstream-timeout", "DURATION", "how long to wait for the upstream's response header (0: no limit); then 504")
-	fs.Var(durationValue{&c.shutdownTimeout}, "shutdown-timeout", "DURATION", "how long a shutdown waits for requests in flight")
+	fs.Var(durationValue{&c.shutdownTimeout}, "shutdown-timeout", "DURATION", "how long a shutdown waits for requests in flight before it closes their connections")
+	fs.Var(durationValue{&c.writeTimeout}, "write-timeout", "DURATION", "how long a client may take to receive a response, from its first byte (0: no limit; text/event-stream responses have none)")
+	fs.Bool(&c.streamAll, "stream-all", false, "send every response as the upstream sends it and store it afterwards (a client may then be told a success that was not recorded)")
 	fs.String(&c.adminListen, "admin-listen", "ADDR", "", "address for /metrics, /healthz and /readyz (empty: off)")
 	fs.String(&c.logFormat, "log-format", "FORMAT", "text", "log format: text or json")
 	fs.String(&c.logLevel, "log-level", "LEVEL", "info", "log level: debug, info, warn or error")
@@ -187,6 +205,8 @@ func (c *proxyConfig) validate() (*url.URL, error) {
 		return nil, usagef("--max-concurrent %d is negative", c.maxConcurrent)
 	case c.shutdownTimeout <= 0:
 		return nil, usagef("--shutdown-timeout must be positive")
+	case c.writeTimeout < 0:
+		return nil, usagef("--write-timeout must not be negative")
 	case c.logFormat != "text" && c.logFormat != "json":
 		return nil, usagef("invalid --log-format %q: want text or json", c.logFormat)
 	}
@@ -229,6 +249,35 @@ const (
 	maxResponseLimit = 1 << 30
 	readLimit        = maxResponseLimit + 1<<20
 )
+
+// errorHandler returns the ErrorHandler that --error-body asks for,
+// reading the template file of @FILE.
+func (c *proxyConfig) errorHandler() (idemhttp.ErrorHandler, error) {
+	v := strings.TrimSpace(c.errorBody)
+	switch {
+	case v == "problem":
+		return idemhttp.WriteProblem, nil
+	case v == "stripe":
+		return idemhttp.WriteStripeError, nil
+	case strings.HasPrefix(v, "@"):
+		tmpl, err := os.ReadFile(v[1:])
+		if err != nil {
+			return nil, usagef("--error-body: cannot read the template: %v", err)
+		}
+		h, err := idemhttp.TemplateErrorHandler(tmpl)
+		if err != nil {
+			return nil, usagef("--error-body: invalid template in %s: %v", v[1:], err)
+		}
+		return h, nil
+	case strings.HasPrefix(v, "{") || strings.HasPrefix(v, "["):
+		h, err := idemhttp.TemplateErrorHandler([]byte(v))
+		if err != nil {
+			return nil, usagef("--error-body: invalid template: %v", err)
+		}
+		return h, nil
+	}
+	return nil, usagef("invalid --error-body %q: want problem, stripe, a JSON template or @FILE", c.errorBody)
+}
 
 // policy returns the Policy that --store-policy names, nil if none.
 func (c *proxyConfig) policy() idemhttp.Policy {
@@ -309,6 +358,10 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 	if err != nil {
 		return err
 	}
+	errorHandler, err := c.errorHandler()
+	if err != nil {
+		return err
+	}
 	log := newLogger(e, c.logFormat, c.logLevel)
 	redisLog.l.Store(log)
 	if c.checkUpstream {
@@ -316,6 +369,7 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 			return err
 		}
 	}
+	c.store.logger = log
 	opened, err := c.store.open(ctx, true)
 	if err != nil {
 		return err
@@ -372,10 +426,12 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 		idemhttp.WithLogger(log),
 		idemhttp.WithHook(obs.hook),
 		idemhttp.WithPolicy(proxyPolicy(c.policy())),
+		idemhttp.WithErrorHandler(errorHandler),
 		// ReverseProxy flushes every response of unknown length (chunked):
 		// only text/event-stream and bodies over --max-response stream;
 		// the rest is stored before it is sent.
 		idemhttp.WithStreamOnFlush(false),
+		idemhttp.WithStreamAll(c.streamAll),
 	}
 	if c.scopeHeader != "" {
 		name := http.CanonicalHeaderKey(c.scopeHeader)
@@ -392,7 +448,9 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 	}
 	gw := newGateway(target, newTransport(c.upstreamTimeout), mw, c.methods, c.lease, obs, log)
 	gw.tracing = tr
+	gw.writeTimeout = c.writeTimeout
 	gw.bodyTimeout, gw.maxActive = c.bodyTimeout, int64(c.maxConcurrent)
+	gw.errorHandler = errorHandler
 	if c.fenceHeader != "" {
 		gw.fenceHeader = http.CanonicalHeaderKey(c.fenceHeader)
 	}
@@ -446,9 +504,17 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 	clean := true
 	if err := srv.Shutdown(sctx); err != nil {
 		clean = false
-		log.Warn("requests still in flight after the shutdown timeout; their keys stay in progress until their leases end",
+		// Clients still being sent a response (slow readers) lose their
+		// connection. The handlers go on: a response held for storing was
+		// stored already; the rest of one being streamed is read from the
+		// upstream, and its key stored or failed, before the store closes.
+		log.Warn("requests still in flight after the shutdown timeout; closing their connections and storing what the upstream answered",
 			"in_flight", obs.inFlight.Load(), "error", err)
 		srv.Close()
+		if !gw.drain(c.shutdownTimeout) {
+			log.Error("requests still in flight after closing their connections; their keys stay in progress until their leases end",
+				"in_flight", obs.inFlight.Load())
+		}
 	}
 	if admin != nil {
 		actx, acancel := context.WithTimeout(context.Background(), time.Second)

@@ -15,6 +15,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/boltstore"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -23,9 +24,20 @@ import (
 type storeFlags struct {
 	redisURL    string
 	cluster     string
+	sentinel    string // --redis-sentinel NAME@HOST:PORT,...
+	username    string // --redis-username, for --redis-sentinel and --redis-cluster
+	password    string // --redis-password, likewise
+	sentinelPW  string // --redis-sentinel-password: the Sentinels' own
 	prefix      string
 	data        string
 	dataDefault string
+	// allowEviction accepts a Redis whose maxmemory-policy may evict
+	// records: the proxy's --allow-eviction, and always for the admin
+	// commands, which only read and delete records.
+	allowEviction bool
+	logger        *slog.Logger // for the store's start warning; nil: slog.Default()
+	postgres      string       // pgstore, or with Redis the commit gate's database (doctor, relay)
+	hybrid        bool         // --postgres may come with Redis (doctor, relay)
 }
 
 const (
@@ -39,14 +51,44 @@ const (
 func (s *storeFlags) register(fs *flagSet) {
 	fs.String(&s.redisURL, "redis", "URL", "", "Redis server for the records, e.g. redis://:password@host:6379/0 (rediss:// for TLS); several proxies may share it")
 	fs.String(&s.cluster, "redis-cluster", "ADDRS", "", "Redis Cluster for the records: host:port,host:port,... or a redis:// URL with addr= parameters")
+	fs.String(&s.sentinel, "redis-sentinel", "NAME@ADDRS", "", "Redis behind Sentinels: the primary's name and the Sentinels, e.g. mymaster@10.0.0.1:26379,10.0.0.2:26379,10.0.0.3:26379")
+	fs.String(&s.username, "redis-username", "USER", "", "ACL user for --redis-sentinel and --redis-cluster (with --redis, put it in the URL)")
+	fs.String(&s.password, "redis-password", "PASSWORD", "", "password for --redis-sentinel and --redis-cluster (with --redis, put it in the URL); prefer the environment variable")
+	fs.String(&s.sentinelPW, "redis-sentinel-password", "PASSWORD", "", "password of the Sentinels themselves (requirepass of redis-server --sentinel)")
 	fs.String(&s.prefix, "redis-prefix", "PREFIX", redisstore.DefaultPrefix, "prefix of the record keys in Redis")
 	fs.String(&s.data, "data", "DIR", defaultDataDir, "directory of the embedded store (file DIR/"+dataFile+"), used when no Redis is given")
+	fs.String(&s.postgres, "postgres", "URL", "", "PostgreSQL for the records (pgstore), e.g. postgres://user:password@host:5432/db; its tables go in the first schema of the search_path")
 }
 
 // validate checks the flags without I/O.
 func (s *storeFlags) validate() error {
-	if s.redisURL != "" && s.cluster != "" {
-		return usagef("--redis and --redis-cluster exclude each other; give one")
+	given := 0
+	for _, v := range []string{s.redisURL, s.cluster, s.sentinel} {
+		if v != "" {
+			given++
+		}
+	}
+	if given > 1 {
+		return usagef("--redis, --redis-cluster and --redis-sentinel exclude each other; give one")
+	}
+	if s.redisURL != "" && (s.username != "" || s.password != "") {
+		return usagef("--redis-username and --redis-password go with --redis-sentinel or --redis-cluster; with --redis, put them in the URL (redis://user:password@host:port)")
+	}
+	if s.sentinelPW != "" && s.sentinel == "" {
+		return usagef("--redis-sentinel-password needs --redis-sentinel")
+	}
+	if s.sentinel != "" {
+		if _, err := s.sentinelOptions(); err != nil {
+			return err
+		}
+	}
+	if s.postgres != "" {
+		if !s.hybrid && s.redis() {
+			return usagef("--postgres and --redis exclude each other; give one store")
+		}
+		if _, err := pgxpool.ParseConfig(s.postgres); err != nil {
+			return urlFlagError("--postgres", s.postgres, err, "postgres")
+		}
 	}
 	if s.redisURL != "" {
 		if _, err := redis.ParseURL(s.redisURL); err != nil {
@@ -61,7 +103,7 @@ func (s *storeFlags) validate() error {
 	if strings.ContainsAny(s.prefix, "{}") {
 		return usagef("invalid --redis-prefix %q: it must not contain { or }", s.prefix)
 	}
-	if s.redisURL == "" && s.cluster == "" && s.data == "" {
+	if !s.redis() && s.data == "" {
 		return usagef("--data is empty; give a directory for the embedded store")
 	}
 	return nil
@@ -75,21 +117,50 @@ func (s *storeFlags) clusterOptions() (*redis.ClusterOptions, error) {
 		}
 		return o, nil
 	}
+	addrs, err := parseAddrs("--redis-cluster", s.cluster)
+	if err != nil {
+		return nil, err
+	}
+	return &redis.ClusterOptions{Addrs: addrs, Username: s.username, Password: s.password}, nil
+}
+
+// sentinelOptions parses --redis-sentinel NAME@HOST:PORT,... into the
+// options of go-redis's failover client.
+func (s *storeFlags) sentinelOptions() (*redis.FailoverOptions, error) {
+	name, list, ok := strings.Cut(s.sentinel, "@")
+	if !ok || strings.TrimSpace(name) == "" {
+		return nil, usagef("invalid --redis-sentinel %q: want NAME@HOST:PORT,... (the primary's name as the Sentinels know it, then the Sentinels)", s.sentinel)
+	}
+	addrs, err := parseAddrs("--redis-sentinel", list)
+	if err != nil {
+		return nil, err
+	}
+	return &redis.FailoverOptions{
+		MasterName: strings.TrimSpace(name), SentinelAddrs: addrs, SentinelPassword: s.sentinelPW,
+		Username: s.username, Password: s.password,
+	}, nil
+}
+
+// redis reports whether the flags choose a Redis store.
+func (s *storeFlags) redis() bool { return s.redisURL != "" || s.cluster != "" || s.sentinel != "" }
+
+// parseAddrs parses the host:port,host:port,... list of flag.
+func parseAddrs(flag, list string) ([]string, error) {
 	var addrs []string
-	for a := range strings.SplitSeq(s.cluster, ",") {
+	for a := range strings.SplitSeq(list, ",") {
 		a = strings.TrimSpace(a)
 		if a == "" {
 			continue
 		}
 		if _, port, ok := strings.Cut(a, ":"); !ok || port == "" {
-			return nil, usagef("invalid --redis-cluster address %q: want host:port", a)
+			return nil, usagef("invalid %s address %q: want host:port", flag, a)
 		}
 		addrs = append(addrs, a)
 	}
 	if len(addrs) == 0 {
-		return nil, usagef("--redis-cluster has no address")
+		return nil, usagef("%s has no address", flag)
 	}
-	return &redis.ClusterOptions{Addrs: addrs}, nil
+	return addrs, nil
 }
 
 // openedStore is a store opened by a command, with what admin commands
@@ -128,6 +199,15 @@ func (s *storeFlags) open(ctx context.Context, create bool) (*openedStore, error
 		}
 		c := redis.NewClusterClient(opt)
 		return s.openRedis(ctx, c, "redis cluster "+strings.Join(opt.Addrs, ","))
+	case s.sentinel != "":
+		opt, err := s.sentinelOptions()
+		if err != nil {
+			return nil, err
+		}
+		c := redis.NewFailoverClient(opt)
+		return s.openRedis(ctx, c, "redis sentinel "+opt.MasterName+"@"+strings.Join(opt.SentinelAddrs, ","))
+	case s.postgres != "":
+		return s.openPostgres(ctx, create)
 	}
 	return s.openBolt(create)
 }
@@ -139,10 +219,17 @@ func (s *storeFlags) openRedis(ctx context.Context, c redis.UniversalClient, des
 		c.Close()
 		return nil, fmt.Errorf("%s is not reachable: %v", describe, err)
 	}
-	st, err := redisstore.New(c, redisstore.WithPrefix(s.prefix))
+	opts := []redisstore.Option{redisstore.WithPrefix(s.prefix)}
+	if s.allowEviction {
+		opts = append(opts, redisstore.WithAllowEviction())
+	}
+	if s.logger != nil {
+		opts = append(opts, redisstore.WithLogger(s.logger))
+	}
+	st, err := redisstore.New(c, opts...)
 	if err != nil {
 		c.Close()
-		return nil, usagef("%v", err)
+		return nil, storeError(err)
 	}
 	return &openedStore{
 		store:    st,
@@ -161,6 +248,23 @@ func (s *storeFlags) openRedis(ctx context.Context, c redis.UniversalClient, des
 	}, nil
 }
 
+// storeError turns an error of redisstore.New into the command's one line,
+// naming the flags instead of the library's options.
+func storeError(err error) error {
+	var ee *redisstore.EvictionError
+	var ve *redisstore.VersionError
+	switch {
+	case errors.As(err, &ee):
+		return fmt.Errorf("redis %s has maxmemory-policy %s, which can evict idempotency records (a retried request then runs again); set maxmemory-policy noeviction on the server (keep caches on another Redis), or pass --allow-eviction to accept that risk",
+			ee.Addr, ee.Policy)
+	case errors.As(err, &ve):
+		return fmt.Errorf("redis %s runs Redis %s; idem needs Redis %s or later, or Valkey: upgrade the server", ve.Addr, ve.Version, ve.Need)
+	case errors.Is(err, idem.ErrInvalid):
+		return usagef("%v", err)
+	}
+	return err
+}
+
 // dataPath returns the embedded store's file.
 func (s *storeFlags) dataPath() string { return filepath.Join(s.data, dataFile) }
 
@@ -176,6 +280,9 @@ func (s *storeFlags) openBolt(create bool) (*openedStore, error) {
 	st, err := boltstore.Open(path)
 	if errors.Is(err, boltstore.ErrLocked) {
 		return nil, fmt.Errorf("the embedded store %s is in use by another process (a running proxy?); stop it first", path)
+	}
+	if errors.Is(err, boltstore.ErrCorrupt) {
+		return nil, damagedStoreError(path, err)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("cannot open the embedded store in %s: %v", s.data, err)
@@ -193,6 +300,14 @@ func (s *storeFlags) openBolt(create bool) (*openedStore, error) {
 		},
 		close: st.Close,
 	}, nil
+}
+
+// damagedStoreError is the one line that reports a damaged embedded store
+// file: which file, what to do, and bbolt's finding last.
+func damagedStoreError(path string, err error) error {
+	detail := strings.Join(strings.Fields(err.Error()), " ") // one line whatever bbolt said
+	return fmt.Errorf("the embedded store %s is damaged and cannot be read (%s); move the file aside to start with an empty store, or restore it from a backup",
+		path, detail)
 }
 
 // redisLogger receives go-redis's own log lines (dial failures, pool

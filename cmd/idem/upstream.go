@@ -128,13 +128,80 @@ type gateway struct {
 	// the attempt's fencing token to the upstream ("": off). Set before the
 	// gateway serves.
 	fenceHeader string
+	// writeTimeout bounds the time a response takes to reach the client,
+	// from its header (0: none). Set before the gateway serves.
+	writeTimeout time.Duration
 	// bodyTimeout bounds the time a request's body takes to arrive (0: no
 	// bound); maxActive the requests handled at once (0: no bound). Set
 	// before the gateway serves.
 	bodyTimeout time.Duration
 	maxActive   int64
 	active      atomic.Int64
+	// errorHandler writes the proxy's own error responses, as the
+	// middleware's (--error-body); nil: idemhttp.WriteProblem.
+	errorHandler idemhttp.ErrorHandler
 }
+
+// writeError writes one of the proxy's own error responses.
+func (g *gateway) writeError(w http.ResponseWriter, r *http.Request, p *idemhttp.Problem) {
+	if g.errorHandler != nil {
+		g.errorHandler(w, r, p)
+		return
+	}
+	idemhttp.WriteProblem(w, r, p)
+}
+
+// drain waits at most d for the requests being handled to end, once the
+// server accepts no more, and reports whether they did. It looks every
+// 10ms.
+func (g *gateway) drain(d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for g.obs.inFlight.Load() > 0 {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return true
+}
+
+// deadlineWriter sets the connection's write deadline when the final
+// header of a response is written: from then on the client has the write
+// timeout to receive the response. A slow reader would otherwise hold its
+// request, and what the proxy holds for it, for as long as it likes.
+// text/event-stream responses, which last as long as their stream, have
+// no deadline.
+type deadlineWriter struct {
+	http.ResponseWriter
+	d     time.Duration
+	armed bool
+}
+
+func (w *deadlineWriter) arm(code int) {
+	if w.armed || code < 200 {
+		// Informational, or 101 Switching Protocols: an upgraded
+		// connection (hijacked) keeps no deadline of the response's.
+		return
+	}
+	w.armed = true
+	if ct := w.Header().Get("Content-Type"); strings.HasPrefix(strings.ToLower(strings.TrimSpace(ct)), "text/event-stream") {
+		return
+	}
+	_ = http.NewResponseController(w.ResponseWriter).SetWriteDeadline(time.Now().Add(w.d))
+}
+
+func (w *deadlineWriter) WriteHeader(code int) {
+	w.arm(code)
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *deadlineWriter) Write(p []byte) (int, error) {
+	w.arm(http.StatusOK)
+	return w.ResponseWriter.Write(p)
+}
+
+// Unwrap returns the wrapped writer, for http.ResponseController.
+func (w *deadlineWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 func newGateway(target *url.URL, transport http.RoundTripper, mw *idemhttp.Middleware, methods []string, lease time.Duration, obs *observer, log *slog.Logger) *gateway {
 	g := &gateway{covered: make(map[string]bool), lease: lease, obs: obs, log: log}
@@ -301,6 +368,9 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			r.Body = &deadlineBody{ReadCloser: r.Body, rc: rc}
 		}
 	}
+	if g.writeTimeout > 0 {
+		w = &deadlineWriter{ResponseWriter: w, d: g.writeTimeout}
+	}
 	if g.tracing != nil {
 		sw, r2, span := g.tracing.startSpan(w, r)
 		aborted := true
@@ -344,7 +414,7 @@ func (g *gateway) serve(w http.ResponseWriter, r *http.Request) {
 func (g *gateway) busy(w http.ResponseWriter, r *http.Request) {
 	g.obs.busy.Inc()
 	w.Header().Set("Retry-After", "1")
-	idemhttp.WriteProblem(w, r, &idemhttp.Problem{
+	g.writeError(w, r, &idemhttp.Problem{
 		Type:       idemhttp.TypeServerBusy,
 		Title:      "Server busy",
 		Status:     http.StatusServiceUnavailable,
@@ -459,7 +529,7 @@ func (g *gateway) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 		p.Detail += " It may have processed the request, so the idempotency key stays in progress until its lease ends (see Retry-After); a retry with the same key after that runs the request again."
 		w.Header().Set("Retry-After", strconv.FormatInt(int64((g.lease+time.Second-1)/time.Second), 10))
 	}
-	idemhttp.WriteProblem(w, r, p)
+	g.writeError(w, r, p)
 }
 
 func isTimeout(err error) bool {

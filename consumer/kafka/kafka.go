@@ -90,6 +90,7 @@ type config struct {
 	concurrency   int
 	shutdown      time.Duration
 	onError       func(error)
+	procOpts      []consumer.Option
 }
 
 // WithKeyHeader takes the idempotency key from the record header name (the
@@ -183,24 +184,21 @@ func WithShutdownTimeout(d time.Duration) Option { return func(c *config) { c.sh
 // return quickly. The default is none.
 func WithErrorHook(f func(err error)) Option { return func(c *config) { c.onError = f } }
 
-// Stats are the counters of a Consumer.
-type Stats struct {
-	// Processed counts records whose handler ran and whose key completed.
-	Processed uint64
-	// Replayed counts records committed without running the handler
-	// because their key was already COMPLETED.
-	Replayed uint64
-	// Retried counts records that were not committed and are delivered
-	// again, together with the records after them in their partition: key
-	// in progress elsewhere, handler error, store error, failed
-	// dead-letter produce, or a partition revoked while they ran.
-	Retried uint64
-	// DeadLettered counts records produced to the dead-letter topic.
-	DeadLettered uint64
-	// NoKey counts records without a (valid) idempotency key; they are
-	// dead-lettered too.
-	NoKey uint64
+// WithProcessorOptions passes options to the consumer.Processor that the
+// Consumer builds (the one consumer algorithm): the per-message event hook
+// (consumer.WithEventHook), the logger (consumer.WithLogger), the
+// compensation hook (consumer.WithOnLeaseLost), duplicates passed on
+// (consumer.WithPassDuplicates). The Consumer's own options of the same
+// meaning (scope, maximum of deliveries, retry delay) are applied after
+// them. The default is none.
+func WithProcessorOptions(opts ...consumer.Option) Option {
+	return func(c *config) { c.procOpts = append(c.procOpts, opts...) }
 }
+
+// Stats are the counters of a Consumer: consumer.Stats, the one type of
+// every adapter, counted by its Processor. Errors counts failed
+// dead-letter produces (the record is retried) and failed commits.
+type Stats = consumer.Stats
 
 type tp struct {
 	topic     string
@@ -230,8 +228,6 @@ type Consumer struct {
 	crashed atomic.Bool        // test hook: skip every acknowledgement
 	ran     atomic.Bool        // Run was called
 	resumes map[tp]*time.Timer // pending resumes of rewound partitions
-
-	processed, replayed, retried, deadLettered, noKey atomic.Uint64
 }
 
 // New returns a Consumer that runs h for the records of the consumer group
@@ -278,8 +274,8 @@ func New(exec *idem.Executor, h Handler, kopts []kgo.Opt, opts ...Option) (*Cons
 	if cfg.dlq == nil {
 		cfg.dlq = func(topic string) string { return topic + DefaultDLQSuffix }
 	}
-	proc, err := consumer.New(exec, consumer.WithScope(cfg.scope),
-		consumer.WithMaxDeliveries(cfg.maxDeliveries), consumer.WithRetryDelay(cfg.retryDelay))
+	proc, err := consumer.New(exec, append(cfg.procOpts, consumer.WithScope(cfg.scope),
+		consumer.WithMaxDeliveries(cfg.maxDeliveries), consumer.WithRetryDelay(cfg.retryDelay))...)
 	if err != nil {
 		return nil, err
 	}
@@ -317,15 +313,7 @@ func New(exec *idem.Executor, h Handler, kopts []kgo.Opt, opts ...Option) (*Cons
 func (c *Consumer) Client() *kgo.Client { return c.cl }
 
 // Stats returns a snapshot of the counters.
-func (c *Consumer) Stats() Stats {
-	return Stats{
-		Processed:    c.processed.Load(),
-		Replayed:     c.replayed.Load(),
-		Retried:      c.retried.Load(),
-		DeadLettered: c.deadLettered.Load(),
-		NoKey:        c.noKey.Load(),
-	}
-}
+func (c *Consumer) Stats() Stats { return c.proc.Stats() }
 
 func (c *Consumer) assigned(_ context.Context, _ *kgo.Client, m map[string][]int32) {
 	c.mu.Lock()
@@ -374,6 +362,7 @@ func (c *Consumer) revoked(ctx context.Context, cl *kgo.Client, m map[string][]i
 	defer cancel()
 	if err := cl.CommitMarkedOffsets(cctx); err != nil {
 		c.report(fmt.Errorf("kafka: commit on revoke: %w", err))
+		c.proc.ReportError("commit on revoke", err)
 	}
 }
 
@@ -398,12 +387,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if c.ran.Swap(true) {
 		return fmt.Errorf("%w: kafka: Run called twice", idem.ErrInvalid)
 	}
-	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelWork()
-	stop := context.AfterFunc(ctx, func() {
-		t := time.AfterFunc(c.cfg.shutdown, cancelWork)
-		context.AfterFunc(work, func() { t.Stop() })
-	})
+	work, stop := consumer.GraceContext(ctx, c.cfg.shutdown, errShutdownTimeout)
 	defer stop()
 	defer c.stopTimers()
 	for ctx.Err() == nil && !c.crashed.Load() {
@@ -556,28 +540,18 @@ func (c *Consumer) batch(work context.Context, k tp, records []*kgo.Record) (rw 
 		r := records[i]
 		if rw != nil {
 			// Past the rewind point everything is delivered again, in
-			// order. A record whose handler ran and completed is replayed
-			// then; count its effect now.
-			if res.Action == consumer.Ack && !res.Replayed {
-				c.processed.Add(1)
-			}
+			// order; a record whose handler completed is replayed then.
 			continue
 		}
 		if res.Action == consumer.DeadLetter {
-			if consumer.IsInvalid(res.Err) {
-				c.noKey.Add(1)
-			}
 			c.report(fmt.Errorf("kafka: dead-lettering %s/%d@%d: %w", r.Topic, r.Partition, r.Offset, res.Err))
 			if err := c.deadLetter(ctx, r, res.Err, msgs[i].Deliveries); err != nil {
 				c.report(err)
+				c.proc.ReportError("dead-letter produce", err)
 				res = consumer.Result{Action: consumer.Retry, Delay: c.cfg.retryDelay, Err: err}
-			} else {
-				c.deadLettered.Add(1)
 			}
 		}
-		switch res.Action {
-		case consumer.Retry:
-			c.retried.Add(1)
+		if res.Action == consumer.Retry {
 			c.report(fmt.Errorf("kafka: retrying %s/%d@%d in %v: %w", r.Topic, r.Partition, r.Offset, res.Delay, res.Err))
 			// The delay of a key in progress elsewhere is the rest of its
 			// lease; the owner usually finishes sooner, and the partition
@@ -585,12 +559,6 @@ func (c *Consumer) batch(work context.Context, k tp, records []*kgo.Record) (rw 
 			// retry delay.
 			rw = &rewind{tp: k, part: pt, offset: r.Offset, epoch: r.LeaderEpoch, delay: min(res.Delay, c.cfg.retryDelay)}
 			continue
-		case consumer.Ack:
-			if res.Replayed {
-				c.replayed.Add(1)
-			} else {
-				c.processed.Add(1)
-			}
 		}
 		done = append(done, r)
 	}
@@ -640,3 +608,7 @@ func (c *Consumer) deadLetter(ctx context.Context, r *kgo.Record, cause error, d
 	}
 	return nil
 }
+
+// errShutdownTimeout is the cause of the cancellation of the handlers'
+// contexts when the shutdown timeout passed.
+var errShutdownTimeout = errors.New("kafka: shutdown timeout passed")

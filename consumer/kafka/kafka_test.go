@@ -125,7 +125,7 @@ func TestNoKeyDeadLettered(t *testing.T) {
 	stop := prooftest.Start(t, c.Run)
 	eventually(t, 20*time.Second, "dead letter", func() bool { return c.Stats().DeadLettered == 1 && ran.Load() == 1 })
 	stop()
-	if st := c.Stats(); st.NoKey != 1 || st.Processed != 1 {
+	if st := c.Stats(); st.Invalid != 1 || st.Processed != 1 {
 		t.Errorf("got %+v, want 1 no-key and 1 processed", st)
 	}
 	dl := readAll(t, addrs, "in.dlq", 1)

@@ -125,3 +125,10 @@ func TestRecordKeyIsNotTheDefault(t *testing.T) {
 		t.Errorf("WithRecordKey: %v", err)
 	}
 }
+
+func TestKeyHelpers(t *testing.T) {
+	r := &kgo.Record{Headers: keyHeader("h1"), Value: []byte(`{"id":"o-1","amount":5,"at":"now"}`)}
+	if kafka.KeyHeader(kafka.DefaultKeyHeader)(r) != "h1" || kafka.KeyField("id")(r) != "o-1" || kafka.KeyHash("id", "amount")(r) != consumer.HashKey("o-1", "5") {
+		t.Fatalf("got %q %q %q", kafka.KeyHeader(kafka.DefaultKeyHeader)(r), kafka.KeyField("id")(r), kafka.KeyHash("id", "amount")(r))
+	}
+}

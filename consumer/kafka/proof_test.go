@@ -173,7 +173,7 @@ func TestProof(t *testing.T) {
 		total.Replayed += st.Replayed
 		total.Retried += st.Retried
 		total.DeadLettered += st.DeadLettered
-		total.NoKey += st.NoKey
+		total.Invalid += st.Invalid
 	}
 	p := pending(t, addrs, "proof-group", "proof")
 	dl := count(t, addrs, "proof.dlq")
@@ -182,21 +182,21 @@ func TestProof(t *testing.T) {
 	t.Logf("lost=%d duplicate-effects=%d handler-executions=%d pending=%d dlq-records=%d elapsed=%v",
 		lost, dup, execs, p, dl, elapsed.Round(time.Millisecond))
 	t.Logf("counters: processed=%d replayed=%d retried=%d dead-lettered=%d no-key=%d",
-		total.Processed, total.Replayed, total.Retried, total.DeadLettered, total.NoKey)
+		total.Processed, total.Replayed, total.Retried, total.DeadLettered, total.Invalid)
 	for i, c := range cs {
 		t.Logf("consumer %d: %+v", i, c.Stats())
 	}
 	if lost != 0 || dup != 0 {
 		t.Errorf("got %d lost keys and %d duplicate effects, want 0 and 0", lost, dup)
 	}
-	if total.Processed != uint64(uniques) {
+	if total.Processed != int64(uniques) {
 		t.Errorf("got %d processed, want one per key: %d", total.Processed, uniques)
 	}
 	if p != 0 {
 		t.Errorf("got %d pending records, want 0", p)
 	}
-	if dl != noKey || total.NoKey != noKey {
-		t.Errorf("got %d dead letters and %d no-key, want %d", dl, total.NoKey, noKey)
+	if dl != noKey || total.Invalid != noKey {
+		t.Errorf("got %d dead letters and %d no-key, want %d", dl, total.Invalid, noKey)
 	}
 	if victimCalls.Load() < crashAt {
 		t.Errorf("the victim handled %d records, fewer than the %d before its crash", victimCalls.Load(), crashAt)

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -57,7 +55,7 @@ var errShutdown = errors.New("natsconsumer: shutdown timeout reached")
 type Handler func(ctx context.Context, msg jetstream.Msg) error
 
 // KeyFunc returns the idempotency key of a message; "" means the message has
-// none (it is dead-lettered and counted in Stats.NoKey).
+// none (it is dead-lettered and counted in Stats.Invalid).
 type KeyFunc func(msg jetstream.Msg) string
 
 // Option configures a Consumer.
@@ -82,7 +80,7 @@ type config struct {
 // redeliveries, which the server-side window does not cover.
 func WithKeyHeader(name string) Option {
 	return func(c *config) {
-		c.key = func(m jetstream.Msg) string { return m.Headers().Get(name) }
+		c.key = KeyHeader(name)
 		if name == "" {
 			c.key = nil
 		}
@@ -147,27 +145,10 @@ func WithResultHook(f func(msg jetstream.Msg, r consumer.Result)) Option {
 	return func(c *config) { c.onResult = f }
 }
 
-// Stats are the counters of a Consumer, since it was created.
-type Stats struct {
-	// Processed counts messages whose handler ran and succeeded and whose
-	// key was completed; they were then acked (a failed ack also counts in
-	// AckErrors: the message comes back and is replayed).
-	Processed uint64
-	// Replayed counts duplicates of COMPLETED keys, acknowledged without
-	// running the handler.
-	Replayed uint64
-	// Retried counts messages negatively acknowledged for redelivery: an
-	// IN_PROGRESS duplicate, a handler error, a store error, or a shutdown.
-	Retried uint64
-	// DeadLettered counts messages published to the dead-letter subject
-	// and terminated (NoKey included).
-	DeadLettered uint64
-	// NoKey counts messages without an idempotency key (all dead-lettered).
-	NoKey uint64
-	// AckErrors counts failed Ack, Nak, InProgress, Term or dead-letter
-	// publishes; the message is redelivered by the server after AckWait.
-	AckErrors uint64
-}
+// Stats are the counters of a Consumer: consumer.Stats, the one type of
+// every adapter. Errors counts failed Ack, Nak, InProgress, Term or
+// dead-letter publishes (the server redelivers the message after AckWait).
+type Stats = consumer.Stats
 
 // Consumer consumes a JetStream pull consumer through a consumer.Processor:
 // one handler execution per message key, acknowledgement only after the key
@@ -181,7 +162,6 @@ type Consumer struct {
 	cfg   config
 	maxDl int // the server's MaxDeliver, or 0
 
-	processed, replayed, retried, deadLettered, noKey, ackErrors atomic.Uint64
 }
 
 // New returns a Consumer of cons, a pull consumer with explicit
@@ -249,17 +229,8 @@ func New(js jetstream.JetStream, cons jetstream.Consumer, proc *consumer.Process
 	return c, nil
 }
 
-// Stats returns a snapshot of the counters.
-func (c *Consumer) Stats() Stats {
-	return Stats{
-		Processed:    c.processed.Load(),
-		Replayed:     c.replayed.Load(),
-		Retried:      c.retried.Load(),
-		DeadLettered: c.deadLettered.Load(),
-		NoKey:        c.noKey.Load(),
-		AckErrors:    c.ackErrors.Load(),
-	}
-}
+// Stats returns a snapshot of the counters: the processor's.
+func (c *Consumer) Stats() Stats { return c.proc.Stats() }
 
 // Run fetches batches and processes them until ctx is done, then lets the
 // in-flight batch finish (its handlers are cancelled after the shutdown
@@ -334,10 +305,9 @@ func (c *Consumer) fetch(ctx context.Context) ([]jetstream.Msg, error) {
 // nakAll has msgs, fetched as Run stopped, redelivered at once.
 func (c *Consumer) nakAll(msgs []jetstream.Msg) {
 	for _, m := range msgs {
-		c.retried.Add(1)
 		r := consumer.Result{Action: consumer.Retry, Err: ErrStopped}
 		if err := m.Nak(); err != nil {
-			c.ackErrors.Add(1)
+			c.proc.ReportError("nak at stop", err)
 			r.Err = errors.Join(r.Err, fmt.Errorf("natsconsumer: %v: %w", r.Action, err))
 		}
 		if c.cfg.onResult != nil {
@@ -365,40 +335,24 @@ func (c *Consumer) ProcessBatch(ctx context.Context, msgs []jetstream.Msg) {
 		}
 		if md, err := m.Metadata(); err == nil {
 			in[i].Deliveries = int(min(md.NumDelivered, 1<<31-1))
+			in[i].Last = c.maxDl > 0 && in[i].Deliveries >= c.maxDl
 		}
 	}
 
 	// Handlers run on a context that survives ctx by the shutdown timeout.
-	hctx, hcancel := context.WithCancelCause(context.WithoutCancel(ctx))
-	defer hcancel(nil)
-	stopShutdown := context.AfterFunc(ctx, func() {
-		t := time.AfterFunc(c.cfg.shutdownTimeout, func() { hcancel(errShutdown) })
-		context.AfterFunc(hctx, func() { t.Stop() })
-	})
+	hctx, stopShutdown := consumer.GraceContext(ctx, c.cfg.shutdownTimeout, errShutdown)
 	defer stopShutdown()
 
 	// Keep the server's AckWait timer from expiring while the batch runs.
-	var wg sync.WaitGroup
-	done := make(chan struct{})
-	wg.Go(func() {
-		t := time.NewTicker(c.cfg.heartbeat)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				for _, m := range msgs {
-					if err := m.InProgress(); err != nil {
-						c.ackErrors.Add(1)
-					}
-				}
+	stopProgress := consumer.KeepAlive(c.cfg.heartbeat, func() {
+		for _, m := range msgs {
+			if err := m.InProgress(); err != nil {
+				c.proc.ReportError("in progress", err)
 			}
 		}
 	})
 	results := c.proc.Process(hctx, in, func(ctx context.Context, i int) error { return c.h(ctx, msgs[i]) })
-	close(done)
-	wg.Wait()
+	stopProgress()
 	for i, r := range results {
 		c.settle(msgs[i], in[i], r)
 	}
@@ -407,40 +361,24 @@ func (c *Consumer) ProcessBatch(ctx context.Context, msgs []jetstream.Msg) {
 // settle maps one Result to the broker and reports the outcome to the
 // result hook.
 func (c *Consumer) settle(m jetstream.Msg, in consumer.Message, r consumer.Result) {
-	if r.Action == consumer.Retry && c.maxDl > 0 && in.Deliveries >= c.maxDl {
-		// The server will not deliver it again: dead-letter rather than
-		// lose it.
-		r = consumer.Result{Action: consumer.DeadLetter, Err: fmt.Errorf("natsconsumer: server MaxDeliver %d reached: %w", c.maxDl, r.Err)}
-	}
 	var berr error // the broker call's error
 	switch r.Action {
 	case consumer.Ack:
-		if r.Replayed {
-			c.replayed.Add(1)
-		} else {
-			c.processed.Add(1)
-		}
 		berr = m.Ack()
 	case consumer.DeadLetter:
 		if err := c.deadLetter(m, in, r.Err); err != nil {
 			// Not dead-lettered: have it come back and try again.
-			c.ackErrors.Add(1)
+			c.proc.ReportError("dead-letter publish", err)
 			r = consumer.Result{Action: consumer.Retry, Delay: time.Second, Err: errors.Join(r.Err, err)}
-			c.retried.Add(1)
 			berr = m.NakWithDelay(r.Delay)
 			break
 		}
-		if consumer.IsInvalid(r.Err) {
-			c.noKey.Add(1)
-		}
-		c.deadLettered.Add(1)
 		berr = m.Term()
 	default: // consumer.Retry
-		c.retried.Add(1)
 		berr = m.NakWithDelay(r.Delay)
 	}
 	if berr != nil {
-		c.ackErrors.Add(1)
+		c.proc.ReportError(r.Action.String(), berr)
 		r.Err = errors.Join(r.Err, fmt.Errorf("natsconsumer: %v: %w", r.Action, berr))
 	}
 	if c.cfg.onResult != nil {
@@ -485,4 +423,22 @@ func (c *Consumer) deadLetter(m jetstream.Msg, in consumer.Message, cause error)
 		return fmt.Errorf("natsconsumer: dead-letter publish to %q: %w", subject, err)
 	}
 	return nil
+}
+
+// KeyHeader returns a KeyFunc that reads the key from the header name.
+func KeyHeader(name string) KeyFunc {
+	return func(m jetstream.Msg) string { return m.Headers().Get(name) }
+}
+
+// KeyField returns a KeyFunc that reads the key from the top-level field
+// name of the JSON payload (consumer.JSONField).
+func KeyField(name string) KeyFunc {
+	return func(m jetstream.Msg) string { return consumer.JSONField(m.Data(), name) }
+}
+
+// KeyHash returns a KeyFunc whose key is the SHA-256 of the listed
+// top-level fields of the JSON payload (consumer.JSONHash): for payloads
+// with no key of their own whose listed fields identify the operation.
+func KeyHash(fields ...string) KeyFunc {
+	return func(m jetstream.Msg) string { return consumer.JSONHash(m.Data(), fields...) }
 }

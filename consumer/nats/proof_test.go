@@ -287,8 +287,8 @@ func TestProofExactlyOnceEffects(t *testing.T) {
 		total.Replayed += st.Replayed
 		total.Retried += st.Retried
 		total.DeadLettered += st.DeadLettered
-		total.NoKey += st.NoKey
-		total.AckErrors += st.AckErrors
+		total.Invalid += st.Invalid
+		total.Errors += st.Errors
 	}
 	streamInfo, err := s.stream.Info(t.Context())
 	if err != nil {
@@ -297,7 +297,7 @@ func TestProofExactlyOnceEffects(t *testing.T) {
 	t.Logf("proof: %d messages (%d keys, %d poison; %d duplicates: %d concurrent, %d after completion; %d keyless), 4 consumers, batch %d, Redis store",
 		streamInfo.State.Msgs, unique, poisonKeys, dups, concurrentDups, lateDups, keyless, batchSize)
 	t.Logf("proof: victim crashed after %d messages, in a batch of %d, at message %d: %d handlers skipped; %d acks/naks failed on its closed connection",
-		crashAfter, crashBatch.Load(), crashBatch.Load()/2+1, crashSkipped.Load(), cs[0].Stats().AckErrors)
+		crashAfter, crashBatch.Load(), crashBatch.Load()/2+1, crashSkipped.Load(), cs[0].Stats().Errors)
 	t.Logf("proof: %d deliveries of IN_PROGRESS duplicates nak'ed with a delay; %d replays beyond the %d duplicates (redeliveries of the victim's completed but unacked messages)",
 		inProgress.Load(), int(total.Replayed)-dups, dups)
 	t.Logf("proof: lost keys %d, duplicate effects %d, effects %d, handler executions %d, keys executed more than once (not poison) %d",
@@ -324,8 +324,8 @@ func TestProofExactlyOnceEffects(t *testing.T) {
 	if len(seqs) != poisonKeys+keyless {
 		t.Errorf("got %d dead-lettered messages, want %d (poison and keyless)", len(seqs), poisonKeys+keyless)
 	}
-	if total.NoKey < keyless {
-		t.Errorf("got %d no-key messages counted, want at least %d", total.NoKey, keyless)
+	if total.Invalid < keyless {
+		t.Errorf("got %d no-key messages counted, want at least %d", total.Invalid, keyless)
 	}
 	if info.AckFloor.Stream != streamInfo.State.LastSeq {
 		t.Errorf("got ack floor %d, want the last sequence %d: not every message was acked or terminated", info.AckFloor.Stream, streamInfo.State.LastSeq)

@@ -35,29 +35,12 @@ type Outcome struct {
 	Requeued bool
 }
 
-// Stats are the Consumer's counters since New. Every delivery is counted
-// once, in Processed, Replayed, Retried, DeadLettered or Requeued.
-type Stats struct {
-	// Processed counts deliveries whose handler ran and completed: acked.
-	Processed int64
-	// Replayed counts duplicates of COMPLETED keys: acked without running
-	// the handler.
-	Replayed int64
-	// Retried counts deliveries copied to the retry queue (in-progress
-	// duplicates, handler and store errors, lost leases), then acked.
-	Retried int64
-	// DeadLettered counts deliveries published to the dead-letter path,
-	// then acked. It includes NoKey.
-	DeadLettered int64
-	// NoKey counts deliveries without a valid idempotency key (missing, or
-	// over idem.MaxKeyLen): dead-lettered.
-	NoKey int64
-	// Requeued counts deliveries rejected with requeue because their copy
-	// could not be published.
-	Requeued int64
-	// Reconnects counts connections made after the first one.
-	Reconnects int64
-}
+// Stats are the Consumer's counters: consumer.Stats, the one type of every
+// adapter, counted by the processor. Errors counts the copies (retry or
+// dead letter) that could not be published, whose original was rejected
+// with requeue instead, and lost connections (each followed by a
+// reconnection).
+type Stats = consumer.Stats
 
 // Consumer consumes one RabbitMQ queue with manual acknowledgements and
 // runs a Handler at most once per idempotency key (see the package
@@ -72,8 +55,7 @@ type Consumer struct {
 
 	running atomic.Bool
 
-	processed, replayed, retried, deadLettered, noKey, requeued, reconnects atomic.Int64
-	batches                                                                 atomic.Int64 // for the benchmarks
+	batches, plainAcked atomic.Int64 // for the benchmarks
 }
 
 // New returns a Consumer of queue on the broker at url (for example
@@ -111,17 +93,12 @@ func invalidf(format string, args ...any) error {
 	return fmt.Errorf("%w: rabbitmq: %s", idem.ErrInvalid, fmt.Sprintf(format, args...))
 }
 
-// Stats returns the counters.
+// Stats returns the processor's counters.
 func (c *Consumer) Stats() Stats {
-	return Stats{
-		Processed:    c.processed.Load(),
-		Replayed:     c.replayed.Load(),
-		Retried:      c.retried.Load(),
-		DeadLettered: c.deadLettered.Load(),
-		NoKey:        c.noKey.Load(),
-		Requeued:     c.requeued.Load(),
-		Reconnects:   c.reconnects.Load(),
+	if c.proc == nil { // the benchmarks' loop without idempotency
+		return Stats{Processed: c.plainAcked.Load()}
 	}
+	return c.proc.Stats()
 }
 
 // Run connects, declares the topology and consumes until ctx is cancelled.
@@ -144,27 +121,22 @@ func (c *Consumer) Run(ctx context.Context) error {
 
 	// work is the context of handlers and broker calls: it outlives ctx by
 	// the shutdown timeout.
-	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelWork()
-	stop := context.AfterFunc(ctx, func() {
-		t := time.AfterFunc(c.cfg.shutdownTimeout, cancelWork)
-		context.AfterFunc(work, func() { t.Stop() })
-	})
+	work, stop := consumer.GraceContext(ctx, c.cfg.shutdownTimeout, errShutdownTimeout)
 	defer stop()
 
 	backoff := c.cfg.minBackoff
-	for first := true; ; first = false {
+	for {
 		if ctx.Err() != nil {
 			return nil
-		}
-		if !first {
-			c.reconnects.Add(1)
 		}
 		consumed, err := c.session(ctx, work)
 		if ctx.Err() != nil {
 			return nil
 		}
 		c.report(err)
+		if c.proc != nil && err != nil {
+			c.proc.ReportError("connection lost, reconnecting", err)
+		}
 		if consumed {
 			backoff = c.cfg.minBackoff
 		}
@@ -468,19 +440,12 @@ func (c *Consumer) settle(work context.Context, ch *amqp.Channel, batch []amqp.D
 
 func (c *Consumer) count(r consumer.Result, requeued bool) {
 	switch {
-	case requeued:
-		c.requeued.Add(1)
-	case r.Action == consumer.Ack && r.Replayed:
-		c.replayed.Add(1)
-	case r.Action == consumer.Ack:
-		c.processed.Add(1)
-	case r.Action == consumer.Retry:
-		c.retried.Add(1)
-	case r.Action == consumer.DeadLetter:
-		c.deadLettered.Add(1)
-		if consumer.IsInvalid(r.Err) {
-			c.noKey.Add(1)
+	case c.proc == nil:
+		if r.Action == consumer.Ack {
+			c.plainAcked.Add(1)
 		}
+	case requeued:
+		c.proc.ReportError("publishing a "+r.Action.String()+" copy; requeued", r.Err)
 	}
 }
 
@@ -531,3 +496,7 @@ func (c *Consumer) copyOf(d *amqp.Delivery, r consumer.Result) (exchange, key st
 	msg.Expiration = strconv.FormatInt(delay.Milliseconds(), 10)
 	return "", c.cfg.retryQueue, msg
 }
+
+// errShutdownTimeout is the cause of the cancellation of the handlers'
+// contexts when the shutdown timeout passed.
+var errShutdownTimeout = errors.New("rabbitmq: shutdown timeout passed")

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemgo/idem/consumer"
 )
 
 // Defaults of the Consumer's options.
@@ -41,10 +43,10 @@ type KeyFunc func(d *amqp.Delivery) string
 // MessageIDKey is the default KeyFunc: the delivery's message-id property.
 func MessageIDKey(d *amqp.Delivery) string { return d.MessageId }
 
-// HeaderKey returns a KeyFunc that reads the header name. String, []byte and
+// KeyHeader returns a KeyFunc that reads the header name. String, []byte and
 // integer values are used as they are; a missing header or another type
 // means no key.
-func HeaderKey(name string) KeyFunc {
+func KeyHeader(name string) KeyFunc {
 	return func(d *amqp.Delivery) string {
 		switch v := d.Headers[name].(type) {
 		case string:
@@ -98,19 +100,19 @@ type config struct {
 }
 
 // WithKeyFunc sets how the idempotency key is read from a delivery. The
-// default is MessageIDKey (the message-id property). See also HeaderKey and
+// default is MessageIDKey (the message-id property). See also KeyHeader and
 // BodyHashKey.
 func WithKeyFunc(f KeyFunc) Option { return func(c *config) { c.key = f } }
 
 // WithKeyHeader reads the idempotency key from the header name; it is
-// WithKeyFunc(HeaderKey(name)).
+// WithKeyFunc(KeyHeader(name)).
 func WithKeyHeader(name string) Option {
 	return func(c *config) {
 		if name == "" {
 			c.key = nil // reported by New
 			return
 		}
-		c.key = HeaderKey(name)
+		c.key = KeyHeader(name)
 	}
 }
 
@@ -288,4 +290,17 @@ func headerInt(h amqp.Table, name string) int {
 	default:
 		return 0
 	}
+}
+
+// KeyField returns a KeyFunc that reads the key from the top-level field
+// name of the JSON payload (consumer.JSONField).
+func KeyField(name string) KeyFunc {
+	return func(d *amqp.Delivery) string { return consumer.JSONField(d.Body, name) }
+}
+
+// KeyHash returns a KeyFunc whose key is the SHA-256 of the listed
+// top-level fields of the JSON payload (consumer.JSONHash): for payloads
+// with no key of their own whose listed fields identify the operation.
+func KeyHash(fields ...string) KeyFunc {
+	return func(d *amqp.Delivery) string { return consumer.JSONHash(d.Body, fields...) }
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -133,6 +132,17 @@ func WithExecutorOptions(opts ...idem.Option) Option {
 	return func(c *Consumer) { c.execOpts = append(c.execOpts, opts...) }
 }
 
+// WithProcessorOptions passes options to the consumer.Processor that the
+// Consumer builds (the one consumer algorithm): the per-message event hook
+// (consumer.WithEventHook), the logger (consumer.WithLogger), the
+// compensation hook (consumer.WithOnLeaseLost), duplicates passed on
+// (consumer.WithPassDuplicates). The Consumer's own options of the same
+// meaning (scope, maximum of deliveries, retry delay) and its commit hook
+// (complete and XACK in one script) are applied after them. The default is none.
+func WithProcessorOptions(opts ...consumer.Option) Option {
+	return func(c *Consumer) { c.procOpts = append(c.procOpts, opts...) }
+}
+
 // WithGroupStart sets the ID from which a consumer group created by Run
 // (XGROUP CREATE … MKSTREAM) starts: "0" for the whole stream, "$" for new
 // entries only. An existing group is left as it is. The default is "0".
@@ -162,6 +172,7 @@ type Consumer struct {
 	shutdown      time.Duration
 	groupStart    string
 	execOpts      []idem.Option
+	procOpts      []consumer.Option
 
 	proc    *consumer.Processor
 	running atomic.Bool
@@ -244,8 +255,8 @@ func New(rdb redis.UniversalClient, store *redisstore.Store, stream, group, name
 	if err := store.CheckStream(stream, c.dlq); err != nil {
 		return nil, fmt.Errorf("redisstream: %w", err)
 	}
-	c.proc, err = consumer.New(exec, consumer.WithScope(c.scope), consumer.WithMaxDeliveries(c.maxDeliveries),
-		consumer.WithRetryDelay(c.retryDelay), consumer.WithCommit(c.completeAndAck))
+	c.proc, err = consumer.New(exec, append(c.procOpts, consumer.WithScope(c.scope), consumer.WithMaxDeliveries(c.maxDeliveries),
+		consumer.WithRetryDelay(c.retryDelay), consumer.WithCommit(c.completeAndAck))...)
 	if err != nil {
 		return nil, fmt.Errorf("redisstream: %w", err)
 	}
@@ -294,12 +305,7 @@ func (c *Consumer) Run(ctx context.Context, h Handler) error {
 	}
 	// Handlers and store calls run on work, which outlives ctx by the
 	// shutdown timeout.
-	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelWork()
-	stopAfter := context.AfterFunc(ctx, func() {
-		t := time.AfterFunc(c.shutdown, cancelWork)
-		context.AfterFunc(work, func() { t.Stop() })
-	})
+	work, stopAfter := consumer.GraceContext(ctx, c.shutdown, errShutdownTimeout)
 	defer stopAfter()
 
 	// prev is the batch whose completion (tail) may still be running while
@@ -547,29 +553,19 @@ func (c *Consumer) touch(ctx context.Context, ids []string) func() {
 	if len(ids) == 0 {
 		return func() {}
 	}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		t := time.NewTicker(c.claimIdle / 3)
-		defer t.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				err := c.rdb.XClaimJustID(ctx, &redis.XClaimArgs{
-					Stream: c.stream, Group: c.group, Consumer: c.name, MinIdle: 0, Messages: ids,
-				}).Err()
-				if err != nil {
-					c.proc.ReportError("keeping entries claimed", err)
-				}
-			}
+	return consumer.KeepAlive(c.claimIdle/3, func() {
+		if ctx.Err() != nil {
+			return
 		}
-	}()
-	var once sync.Once
-	return func() { once.Do(func() { close(stop); wg.Wait() }) }
+		err := c.rdb.XClaimJustID(ctx, &redis.XClaimArgs{
+			Stream: c.stream, Group: c.group, Consumer: c.name, MinIdle: 0, Messages: ids,
+		}).Err()
+		if err != nil {
+			c.proc.ReportError("keeping entries claimed", err)
+		}
+	})
 }
+
+// errShutdownTimeout is the cause of the cancellation of the handlers'
+// contexts when the shutdown timeout passed.
+var errShutdownTimeout = errors.New("redisstream: shutdown timeout passed")

@@ -408,7 +408,8 @@ func TestCluster(t *testing.T) {
 }
 
 func TestNewValidates(t *testing.T) {
-	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
+	// redisstore.New checks the server; New itself sends nothing.
+	rdb := redis.NewClient(&redis.Options{Addr: redistest.Start(t).Addr()})
 	t.Cleanup(func() { rdb.Close() })
 	store, _ := redisstore.New(rdb)
 	tagged, _ := redisstore.New(rdb, redisstore.WithHashTag("t"))
@@ -520,5 +521,33 @@ func TestEncryptedResults(t *testing.T) {
 	}
 	if ran.Load() != 1 || e.pending() != 0 {
 		t.Fatalf("handler ran %d times, pending %d; want 1 and 0", ran.Load(), e.pending())
+	}
+}
+
+// TestEventHook: the processor's per-message event hook, passed with
+// WithProcessorOptions, sees every entry's outcome under its key digest.
+func TestEventHook(t *testing.T) {
+	e := newEnv(t, standalone(t), "", time.Second)
+	e.add("key", "a")
+	e.add("key", "a")
+	e.add("body", "no key")
+	var mu sync.Mutex
+	var events []consumer.Event
+	c := e.consumer("c1", WithProcessorOptions(consumer.WithEventHook(func(ev consumer.Event) {
+		mu.Lock()
+		events = append(events, ev)
+		mu.Unlock()
+	})))
+	if err := e.run(c, func(context.Context, redis.XMessage) error { return nil }, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(events) == 3
+	}); err != nil {
+		t.Fatal(err)
+	}
+	digest := idem.Key{Scope: e.stream, ID: "a"}.Digest()
+	if events[0].KeyDigest != digest || events[0].Result.Action != consumer.Ack || events[0].Result.Replayed ||
+		!events[1].Result.Replayed || events[2].Result.Action != consumer.DeadLetter || events[2].KeyDigest != "" {
+		t.Fatalf("events %+v, want processed and replayed under the key's digest, then a dead letter without one", events)
 	}
 }

@@ -34,9 +34,8 @@ var _ API = (*sqs.Client)(nil)
 // timeout passes. A nil error completes the key and deletes the message; an
 // error releases the key and the message is received again after the retry
 // delay (or dead-lettered after MaxDeliveries, or at once for an error
-// marked with idem.Terminal). A panic releases the batch's keys that are
-// still held and is not recovered: the messages come back after their
-// visibility timeout.
+// marked with idem.Terminal). A panic is recovered as the message's error
+// (consumer.ErrPanic).
 type Handler func(ctx context.Context, m types.Message) error
 
 // Attributes set on messages sent to the dead-letter queue, in addition to
@@ -48,27 +47,10 @@ const (
 	AttrSourceMessageID = "idem-source-message-id"
 )
 
-// Stats are the Consumer's counters since New. All fields only grow.
-type Stats struct {
-	// Processed counts messages whose handler ran and whose key was
-	// completed and then deleted.
-	Processed int64
-	// Replayed counts duplicates deleted without running the handler,
-	// because their key was already COMPLETED.
-	Replayed int64
-	// Retried counts messages left on the queue for a later receive: the
-	// handler failed, or their key was IN_PROGRESS elsewhere, or the store
-	// failed.
-	Retried int64
-	// DeadLettered counts messages sent to the dead-letter queue and
-	// deleted.
-	DeadLettered int64
-	// NoKey counts messages without a key (they are dead-lettered too).
-	NoKey int64
-	// Errors counts failed broker calls and entries (receive, delete,
-	// visibility change, dead-letter send).
-	Errors int64
-}
+// Stats are the Consumer's counters: consumer.Stats, the one type of every
+// adapter, counted by its Processor. Errors counts failed broker calls and
+// entries (receive, delete, visibility change, dead-letter send).
+type Stats = consumer.Stats
 
 // Consumer receives messages from one SQS queue and runs a Handler at most
 // once per message key. Create it with New and start it with Run. Its
@@ -86,7 +68,7 @@ type Consumer struct {
 	// the benchmark's baseline (set by export_test.go only).
 	plain bool
 
-	processed, replayed, retried, deadLettered, noKey, errs atomic.Int64
+	plainAcked atomic.Int64 // the benchmarks' loop without idempotency
 }
 
 // New returns a Consumer of the queue at queueURL that runs h with exec's
@@ -118,10 +100,10 @@ func New(client API, queueURL, deadLetterURL string, exec *idem.Executor, h Hand
 	if err := c.validate(client, exec); err != nil {
 		return nil, err
 	}
-	proc, err := consumer.New(exec,
+	proc, err := consumer.New(exec, append(c.cfg.procOpts,
 		consumer.WithScope(c.cfg.scope),
 		consumer.WithMaxDeliveries(c.cfg.maxDeliveries),
-		consumer.WithRetryDelay(c.cfg.retryDelay))
+		consumer.WithRetryDelay(c.cfg.retryDelay))...)
 	if err != nil {
 		return nil, err
 	}
@@ -174,14 +156,9 @@ func (c *Consumer) validate(client API, exec *idem.Executor) error {
 
 // Stats returns a snapshot of the counters.
 func (c *Consumer) Stats() Stats {
-	return Stats{
-		Processed:    c.processed.Load(),
-		Replayed:     c.replayed.Load(),
-		Retried:      c.retried.Load(),
-		DeadLettered: c.deadLettered.Load(),
-		NoKey:        c.noKey.Load(),
-		Errors:       c.errs.Load(),
-	}
+	st := c.proc.Stats()
+	st.Processed += c.plainAcked.Load()
+	return st
 }
 
 // Processor returns the consumer.Processor that runs the handlers.
@@ -201,12 +178,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	defer c.running.Store(false)
 
 	// Handlers run with work, which outlives ctx by the shutdown timeout.
-	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelWork()
-	stop := context.AfterFunc(ctx, func() {
-		t := time.AfterFunc(c.cfg.shutdownTimeout, cancelWork)
-		context.AfterFunc(work, func() { t.Stop() })
-	})
+	work, stop := consumer.GraceContext(ctx, c.cfg.shutdownTimeout, errShutdownTimeout)
 	defer stop()
 
 	var wg sync.WaitGroup
@@ -224,7 +196,7 @@ func (c *Consumer) report(err error) {
 }
 
 func (c *Consumer) brokerErr(op string, err error) {
-	c.errs.Add(1)
+	c.proc.ReportError(op, err)
 	c.report(fmt.Errorf("sqsconsumer: %s: %w", op, err))
 }
 
@@ -320,30 +292,24 @@ func (c *Consumer) process(ctx context.Context, msgs []types.Message) {
 		switch r.Action {
 		case consumer.Ack:
 			del = append(del, m)
-			if r.Replayed {
-				c.replayed.Add(1)
-			} else {
-				c.processed.Add(1)
+			if c.plain {
+				c.plainAcked.Add(1)
 			}
 		case consumer.Retry:
-			c.retried.Add(1)
 			s := seconds(r.Delay)
 			retry[s] = append(retry[s], m)
 		case consumer.DeadLetter:
 			if consumer.IsInvalid(r.Err) {
-				c.noKey.Add(1)
 				c.report(fmt.Errorf("sqsconsumer: message %s: %w", aws.ToString(m.MessageId), r.Err))
 			}
 			if err := c.deadLetter(bctx, m, r.Err); err != nil {
 				// Not dead-lettered: it must come back, the record
 				// decides again then.
 				c.brokerErr("dead-letter send", err)
-				c.retried.Add(1)
 				s := seconds(c.cfg.retryDelay)
 				retry[s] = append(retry[s], m)
 				continue
 			}
-			c.deadLettered.Add(1)
 			del = append(del, m)
 		}
 	}
@@ -364,24 +330,9 @@ func seconds(d time.Duration) int32 {
 // once no renewal is in flight, so that a later visibility change (the
 // retry delay) is not overwritten.
 func (c *Consumer) extend(ctx context.Context, msgs []types.Message) (stop func()) {
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		t := time.NewTicker(c.cfg.visibility / 3)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				c.changeVisibility(context.WithoutCancel(ctx), msgs, int32(c.cfg.visibility/time.Second))
-			}
-		}
+	return consumer.KeepAlive(c.cfg.visibility/3, func() {
+		c.changeVisibility(context.WithoutCancel(ctx), msgs, int32(c.cfg.visibility/time.Second))
 	})
-	return func() {
-		close(done)
-		wg.Wait()
-	}
 }
 
 // chunks calls f with msgs ten at a time, the limit of SQS batch calls.
@@ -486,3 +437,7 @@ func plainProcess(ctx context.Context, msgs []consumer.Message, h consumer.Handl
 	}
 	return res
 }
+
+// errShutdownTimeout is the cause of the cancellation of the handlers'
+// contexts when the shutdown timeout passed.
+var errShutdownTimeout = errors.New("sqsconsumer: shutdown timeout passed")

@@ -14,6 +14,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/consumer"
 	sqsconsumer "github.com/idemgo/idem/consumer/sqs"
 	"github.com/idemgo/idem/internal/prooftest"
 	"github.com/idemgo/idem/internal/sqsfake"
@@ -94,7 +95,7 @@ func TestKeyFuncs(t *testing.T) {
 		{"dedup id first", sqsconsumer.DefaultKey, types.Message{Attributes: map[string]string{"MessageDeduplicationId": "d1"}, MessageAttributes: attr("idempotency-key", "k1")}, "d1"},
 		{"attribute", sqsconsumer.DefaultKey, types.Message{MessageAttributes: attr("idempotency-key", "k1")}, "k1"},
 		{"none", sqsconsumer.DefaultKey, types.Message{Body: aws.String("x")}, ""},
-		{"named attribute", sqsconsumer.KeyFromAttribute("order"), types.Message{MessageAttributes: attr("order", "o-7")}, "o-7"},
+		{"named attribute", sqsconsumer.KeyHeader("order"), types.Message{MessageAttributes: attr("order", "o-7")}, "o-7"},
 		{"body hash", sqsconsumer.KeyFromBodyHash(nil), types.Message{Body: aws.String("abc")}, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"},
 		{"body part hash", sqsconsumer.KeyFromBodyHash(func(b string) string { return strings.Split(b, "|")[0] }), types.Message{Body: aws.String("abc|ts=1")}, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"},
 		{"empty part", sqsconsumer.KeyFromBodyHash(func(string) string { return "" }), types.Message{Body: aws.String("abc")}, ""},
@@ -154,7 +155,7 @@ func TestConsume(t *testing.T) {
 		t.Errorf("dead letters: got %+v, want the keyless message with its reason", dl)
 	}
 	got := c.Stats()
-	want := sqsconsumer.Stats{Processed: 4, Replayed: 4, DeadLettered: 1, NoKey: 1}
+	want := sqsconsumer.Stats{Processed: 4, Replayed: 4, DeadLettered: 1, Invalid: 1}
 	if got != want {
 		t.Errorf("stats: got %+v, want %+v", got, want)
 	}
@@ -459,5 +460,13 @@ func TestLargeBatch(t *testing.T) {
 	}
 	if st := c.Stats(); st.Processed != 250 {
 		t.Errorf("stats: got %+v, want 250 processed", st)
+	}
+}
+
+func TestKeyHelpers(t *testing.T) {
+	m := types.Message{Body: aws.String(`{"id":"o-1","amount":5,"at":"now"}`),
+		MessageAttributes: map[string]types.MessageAttributeValue{"k": {DataType: aws.String("String"), StringValue: aws.String("h1")}}}
+	if sqsconsumer.KeyHeader("k")(m) != "h1" || sqsconsumer.KeyField("id")(m) != "o-1" || sqsconsumer.KeyHash("id", "amount")(m) != consumer.HashKey("o-1", "5") {
+		t.Fatalf("got %q %q %q", sqsconsumer.KeyHeader("k")(m), sqsconsumer.KeyField("id")(m), sqsconsumer.KeyHash("id", "amount")(m))
 	}
 }

@@ -7,7 +7,7 @@
 //
 //   - the key comes from a KeyFunc (default: MessageDeduplicationId, else the
 //     message attribute "idempotency-key"); a message without one is sent
-//     to the dead-letter queue and counted in Stats.NoKey; one whose key
+//     to the dead-letter queue and counted in Stats.Invalid; one whose key
 //     the store refuses (idem.ErrInvalid: over 255 bytes, control
 //     characters) is dead-lettered too;
 //   - the keys are acquired, the handlers run with the lease and fence in

@@ -5,7 +5,10 @@ import (
 	"encoding/hex"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/idemgo/idem/consumer"
 )
 
 // Defaults of the Consumer's options.
@@ -37,6 +40,7 @@ type FingerprintFunc func(m types.Message) string
 type Option func(*config)
 
 type config struct {
+	procOpts          []consumer.Option
 	key               KeyFunc
 	fingerprint       FingerprintFunc
 	scope             string
@@ -54,7 +58,7 @@ type config struct {
 
 // WithKeyFunc sets the key extractor. The default is DefaultKey: the
 // MessageDeduplicationId system attribute if present, else the string
-// message attribute "idempotency-key". See also KeyFromAttribute and
+// message attribute "idempotency-key". See also KeyHeader and
 // KeyFromBodyHash.
 func WithKeyFunc(f KeyFunc) Option { return func(c *config) { c.key = f } }
 
@@ -127,12 +131,12 @@ func DefaultKey(m types.Message) string {
 	if id := m.Attributes[string(types.MessageSystemAttributeNameMessageDeduplicationId)]; id != "" {
 		return id
 	}
-	return KeyFromAttribute(DefaultKeyAttribute)(m)
+	return KeyHeader(DefaultKeyAttribute)(m)
 }
 
-// KeyFromAttribute returns a KeyFunc that reads the string message attribute
+// KeyHeader returns a KeyFunc that reads the string message attribute
 // name.
-func KeyFromAttribute(name string) KeyFunc {
+func KeyHeader(name string) KeyFunc {
 	return func(m types.Message) string {
 		if v, ok := m.MessageAttributes[name]; ok && v.StringValue != nil {
 			return *v.StringValue
@@ -159,4 +163,28 @@ func KeyFromBodyHash(part func(body string) string) KeyFunc {
 		sum := sha256.Sum256([]byte(s))
 		return hex.EncodeToString(sum[:])
 	}
+}
+
+// WithProcessorOptions passes options to the consumer.Processor that the
+// Consumer builds (the one consumer algorithm): the per-message event hook
+// (consumer.WithEventHook), the logger (consumer.WithLogger), the
+// compensation hook (consumer.WithOnLeaseLost), duplicates passed on
+// (consumer.WithPassDuplicates). The Consumer's own options of the same
+// meaning (scope, maximum of deliveries, retry delay) are applied after
+// them. The default is none.
+func WithProcessorOptions(opts ...consumer.Option) Option {
+	return func(c *config) { c.procOpts = append(c.procOpts, opts...) }
+}
+
+// KeyField returns a KeyFunc that reads the key from the top-level field
+// name of the JSON payload (consumer.JSONField).
+func KeyField(name string) KeyFunc {
+	return func(m types.Message) string { return consumer.JSONField([]byte(aws.ToString(m.Body)), name) }
+}
+
+// KeyHash returns a KeyFunc whose key is the SHA-256 of the listed
+// top-level fields of the JSON payload (consumer.JSONHash): for payloads
+// with no key of their own whose listed fields identify the operation.
+func KeyHash(fields ...string) KeyFunc {
+	return func(m types.Message) string { return consumer.JSONHash([]byte(aws.ToString(m.Body)), fields...) }
 }

@@ -319,7 +319,7 @@ func TestProof(t *testing.T) {
 		total.Replayed += s.Replayed
 		total.Retried += s.Retried
 		total.DeadLettered += s.DeadLettered
-		total.NoKey += s.NoKey
+		total.Invalid += s.Invalid
 		total.Errors += s.Errors
 	}
 	t.Logf("proof: %d messages (%d keys, %d duplicates: %d early, %d late) + %d keyless, %d consumers, victim killed after %d handler calls, %d into a batch, in %v",
@@ -327,5 +327,5 @@ func TestProof(t *testing.T) {
 	t.Logf("proof: lost keys %d, duplicate effects %d, bad records %d, handler executions %d (%d keys more than once), writes by the killed consumer %d, superseded by takeover %d, stale writes rejected %d",
 		lost, dupEffects, badRecords, execs, multiExec, crashedWrites, superseded, rejected)
 	t.Logf("proof: broker: received %d, deleted %d, dead-lettered %d, left %d; counters: processed %d, replayed %d, retried %d, dead-lettered %d, no-key %d, broker errors %d",
-		main.Received, main.Deleted, dlq.Sent, main.Visible+main.InFlight+main.Delayed, total.Processed, total.Replayed, total.Retried, total.DeadLettered, total.NoKey, total.Errors)
+		main.Received, main.Deleted, dlq.Sent, main.Visible+main.InFlight+main.Delayed, total.Processed, total.Replayed, total.Retried, total.DeadLettered, total.Invalid, total.Errors)
 }

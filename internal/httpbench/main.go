@@ -1,12 +1,29 @@
-// Command httpbench measures the idemhttp middleware against the bare
-// handler, side by side in one run, with wrk as the load generator on
-// loopback and a throwaway redis-server on the same machine. It prints one
-// table: requests/s and p50/p99 latency for new keys and replays at 1 and
-// 64 connections, the Redis round trip, and the latency the middleware adds.
+// Command httpbench measures idem's HTTP paths against the bare handler and
+// against its peers, side by side in one run, with wrk as the load generator
+// on loopback and a throwaway redis-server on the same machine:
+//
+//   - the bare handler;
+//   - idemhttp on redisstore with each client (go-redis, rueidis), and on
+//     go-redis with WithStreamAll (responses written through and stored
+//     afterwards), which shows what record before success costs;
+//   - Fiber v2's idempotency middleware on the same Redis (built from the
+//     benchmark-only module internal/httpbench/fiberpeer, so Fiber never
+//     enters idem's dependencies);
+//   - a plain httputil.ReverseProxy (idle pool tuned) and the idem proxy
+//     (cmd/idem) on Redis and on its embedded store, all in front of the
+//     same upstream.
+//
+// Every cell (new keys and replays, at 1 and 64 connections) is measured
+// once per round; the rounds are interleaved (round 1 of every server, then
+// round 2, ...) so that a change in the machine's load hits every server
+// alike. It prints the medians (requests/s, p50, p99, the p50 added over
+// the bare handler or the plain proxy), then the ratios the performance
+// targets name, per round and their median.
 //
 //	go run ./internal/httpbench            # or: make bench-http
 //
-// It needs wrk (apt-get install wrk) and redis-server on PATH.
+// It needs wrk (apt-get install wrk) and redis-server on PATH, and runs from
+// the repository's root (it builds cmd/idem and the Fiber peer).
 package main
 
 import (
@@ -18,6 +35,8 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -29,7 +48,6 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemhttp"
-	"github.com/idemgo/idem/memstore"
 	"github.com/idemgo/idem/redisstore"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
@@ -37,8 +55,9 @@ import (
 
 var (
 	duration = flag.Duration("duration", 4*time.Second, "duration of each wrk run")
-	runs     = flag.Int("runs", 3, "runs per cell; the table shows medians")
+	rounds   = flag.Int("runs", 3, "interleaved rounds; the table shows medians")
 	threads  = flag.Int("threads", 1, "wrk threads for the 64-connection runs")
+	only     = flag.String("only", "", "regexp: measure only the servers whose name matches (the bare handler and the plain proxy always run)")
 )
 
 const body = `{"amount":4200,"currency":"eur","card":"tok_visa"}`
@@ -79,6 +98,19 @@ type result struct {
 	p50, p99 time.Duration
 }
 
+// A server is one row group of the table. base names the server whose p50
+// the added latency is measured against.
+type server struct {
+	name, url, base string
+}
+
+var cells = []struct {
+	kind  string
+	conns int
+}{{"new", 1}, {"new", 64}, {"replay", 1}, {"replay", 64}}
+
+func cellName(kind string, conns int) string { return kind + strconv.Itoa(conns) }
+
 func main() {
 	log.SetFlags(0)
 	flag.Parse()
@@ -86,6 +118,10 @@ func main() {
 		if _, err := exec.LookPath(bin); err != nil {
 			log.Fatalf("httpbench: %s not found on PATH (apt-get install -y wrk redis-server)", bin)
 		}
+	}
+	var sel *regexp.Regexp
+	if *only != "" {
+		sel = regexp.MustCompile(*only)
 	}
 	dir, err := os.MkdirTemp("", "httpbench")
 	if err != nil {
@@ -97,77 +133,239 @@ func main() {
 	os.WriteFile(newKey, []byte(newKeyLua), 0o600)
 	os.WriteFile(replay, []byte(replayLua), 0o600)
 
+	// The peers run as processes of their own, built first.
+	idemBin, fiberBin := filepath.Join(dir, "idem"), filepath.Join(dir, "fiberpeer")
+	build("cmd/idem", idemBin)
+	build("internal/httpbench/fiberpeer", fiberBin)
+
 	addr, stop := startRedis(dir)
 	defer stop()
 	rtt := redisRTT(addr)
 
 	gr := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 128})
 	defer gr.Close()
-	ru, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, DisableCache: true})
+	ru, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}})
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer ru.Close()
-	grStore, _ := redisstore.New(gr, redisstore.WithNotify(false))
-	ruStore, _ := redisstore.NewRueidis(ru, redisstore.WithNotify(false))
-	mem, _ := memstore.New()
-
-	type server struct {
-		name string
-		h    http.Handler
-		mw   bool
+	grStore, err := redisstore.New(gr, redisstore.WithNotify(false), redisstore.WithPrefix("bench-gr:"))
+	if err != nil {
+		log.Fatal(err)
 	}
-	servers := []server{{"bare handler", handler, false}}
-	for _, s := range []struct {
-		name  string
-		store idem.Store
-	}{{"idemhttp + memstore", mem}, {"idemhttp + redis (go-redis)", grStore}, {"idemhttp + redis (rueidis)", ruStore}} {
-		exec, _ := idem.New(s.store)
-		mw, _ := idemhttp.New(exec)
-		servers = append(servers, server{s.name, mw.Handler(handler), true})
+	ruStore, err := redisstore.NewRueidis(ru, redisstore.WithNotify(false), redisstore.WithPrefix("bench-ru:"))
+	if err != nil {
+		log.Fatal(err)
 	}
 
-	fmt.Printf("wrk %v per run, median of %d runs; Redis round trip (PING p50) %v\n\n", *duration, *runs, rtt.Round(time.Microsecond))
-	fmt.Printf("%-28s %-8s %5s %12s %10s %10s %14s\n", "server", "keys", "conns", "req/s", "p50", "p99", "added p50")
-	bare := map[string]result{}
-	for _, s := range servers {
+	var closers []func()
+	defer func() {
+		for _, c := range closers {
+			c()
+		}
+	}()
+	serve := func(h http.Handler) string {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			log.Fatal(err)
 		}
-		srv := &http.Server{Handler: s.h}
+		srv := &http.Server{Handler: h}
 		go srv.Serve(ln)
-		url := "http://" + ln.Addr().String()
-		for _, kind := range []string{"new", "replay"} {
-			script := newKey
-			if kind == "replay" {
-				script = replay
-			}
-			for _, conns := range []int{1, 64} {
-				t := 1
-				if conns > 1 {
+		closers = append(closers, func() { srv.Shutdown(context.Background()) })
+		return "http://" + ln.Addr().String()
+	}
+	spawn := func(bin string, args ...string) string {
+		port := freePort()
+		cmd := exec.Command(bin, append(args, "--listen", "127.0.0.1:"+port)...)
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			log.Fatal(err)
+		}
+		closers = append(closers, func() { cmd.Process.Kill(); cmd.Wait() })
+		waitTCP("127.0.0.1:" + port)
+		return "http://127.0.0.1:" + port
+	}
+	idemMW := func(s idem.Store, opts ...idemhttp.Option) http.Handler {
+		exec, err := idem.New(s)
+		if err != nil {
+			log.Fatal(err)
+		}
+		mw, err := idemhttp.New(exec, opts...)
+		if err != nil {
+			log.Fatal(err)
+		}
+		return mw.Handler(handler)
+	}
+
+	upstream := serve(handler)
+	upURL, _ := url.Parse(upstream)
+	rp := &httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) { r.SetURL(upURL) }}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConns, tr.MaxIdleConnsPerHost = 1024, 1024
+	rp.Transport = tr
+	rp.ErrorLog = log.New(io.Discard, "", 0) // wrk closes its connections mid-request at the end of a run
+
+	const (
+		bare  = "bare handler"
+		ruRow = "idemhttp + redis (rueidis)"
+		grRow = "idemhttp + redis (go-redis)"
+		// The same with every response written through as it is made and
+		// stored afterwards (WithStreamAll), as before record before
+		// success: the difference is what holding a response back until
+		// it is stored costs.
+		grAll = "idemhttp + redis (go-redis), stream all"
+		fiber = "Fiber v2 idempotency + redis"
+		plain = "plain reverse proxy"
+		pxRed = "idem proxy, redis"
+		pxEmb = "idem proxy, embedded"
+	)
+	want := func(name string) bool { return sel == nil || sel.MatchString(name) }
+	servers := []server{{bare, serve(handler), ""}}
+	if want(ruRow) {
+		servers = append(servers, server{ruRow, serve(idemMW(ruStore)), bare})
+	}
+	if want(grRow) {
+		servers = append(servers, server{grRow, serve(idemMW(grStore)), bare})
+	}
+	if want(grAll) {
+		servers = append(servers, server{grAll, serve(idemMW(grStore, idemhttp.WithStreamAll(true))), bare})
+	}
+	if want(fiber) {
+		servers = append(servers, server{fiber, spawn(fiberBin, "-redis", addr), bare})
+	}
+	servers = append(servers, server{plain, serve(rp), ""})
+	proxyArgs := []string{"proxy", "--upstream", upstream, "--log-level", "error"}
+	if want(pxRed) {
+		servers = append(servers, server{pxRed, spawn(idemBin, append(proxyArgs, "--redis", "redis://"+addr, "--redis-prefix", "bench-px:")...), plain})
+	}
+	if want(pxEmb) {
+		servers = append(servers, server{pxEmb, spawn(idemBin, append(proxyArgs, "--data", filepath.Join(dir, "data"))...), plain})
+	}
+
+	total := time.Duration(len(servers)*len(cells)**rounds) * *duration
+	fmt.Printf("wrk %v per run, %d interleaved rounds (about %v in all); Redis round trip (PING p50) %v\n\n",
+		*duration, *rounds, total.Round(time.Second), rtt.Round(time.Microsecond))
+	// all[server][cell] holds one result per round.
+	all := map[string]map[string][]result{}
+	for _, s := range servers {
+		all[s.name] = map[string][]result{}
+	}
+	for round := range *rounds {
+		for _, s := range servers {
+			for _, c := range cells {
+				script, t := newKey, 1
+				if c.kind == "replay" {
+					script = replay
+				}
+				if c.conns > 1 {
 					t = *threads
 				}
-				var rs []result
-				for i := range *runs {
-					rs = append(rs, runWrk(url, script, conns, t, fmt.Sprintf("%d%d%d", time.Now().UnixNano(), conns, i)))
-				}
-				r := median(rs)
-				cell := kind + strconv.Itoa(conns)
-				added := "-"
-				if !s.mw {
-					bare[cell] = r
-				} else {
-					added = (r.p50 - bare[cell].p50).Round(time.Microsecond).String()
-				}
-				fmt.Printf("%-28s %-8s %5d %12.0f %10v %10v %14s\n", s.name, kind, conns, r.rps, r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond), added)
+				r := runWrk(s.url, script, c.conns, t, fmt.Sprintf("%d-%d-%d", time.Now().UnixNano(), c.conns, round))
+				all[s.name][cellName(c.kind, c.conns)] = append(all[s.name][cellName(c.kind, c.conns)], r)
 			}
 		}
-		srv.Shutdown(context.Background())
 	}
-	fmt.Printf("\nTargets at 64 connections: new keys >= 35,000 req/s, replays >= 50,000 req/s.\n")
-	fmt.Printf("Added p50 at 1 connection: new key <= 2 RTT + 30µs = %v, replay <= 1 RTT + 20µs = %v.\n",
-		(2*rtt + 30*time.Microsecond).Round(time.Microsecond), (rtt + 20*time.Microsecond).Round(time.Microsecond))
+
+	fmt.Printf("%-30s %-7s %5s %10s %10s %10s %12s\n", "server", "keys", "conns", "req/s", "p50", "p99", "added p50")
+	for _, s := range servers {
+		for _, c := range cells {
+			r := median(all[s.name][cellName(c.kind, c.conns)])
+			added := "-"
+			if s.base != "" {
+				added = (r.p50 - median(all[s.base][cellName(c.kind, c.conns)]).p50).Round(time.Microsecond).String()
+			}
+			fmt.Printf("%-30s %-7s %5d %10.0f %10v %10v %12s\n", s.name, c.kind, c.conns, r.rps, r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond), added)
+		}
+	}
+
+	// The targets, each as a ratio of two cells measured in the same round.
+	type target struct {
+		what      string
+		num, den  string
+		cell      string
+		min       float64
+		latencyUS bool // an added p50 in µs at most min, instead of a ratio at least min
+	}
+	targets := []target{
+		{"new keys: rueidis / Fiber", ruRow, fiber, "new64", 1.8, false},
+		{"new keys: go-redis / Fiber", grRow, fiber, "new64", 1.3, false},
+		{"replays: rueidis / Fiber", ruRow, fiber, "replay64", 2, false},
+		{"replays: go-redis / Fiber", grRow, fiber, "replay64", 2, false},
+		{"replays: rueidis / bare", ruRow, bare, "replay64", 0.8, false},
+		{"replays: go-redis / bare", grRow, bare, "replay64", 0.8, false},
+		{"replay added p50, 1 conn, rueidis (µs)", ruRow, bare, "replay1", 20, true},
+		{"replay added p50, 1 conn, go-redis (µs)", grRow, bare, "replay1", 20, true},
+		{"replay added p50, 1 conn, Fiber (µs)", fiber, bare, "replay1", 0, true},
+		{"proxy new keys: idem (redis) / plain", pxRed, plain, "new64", 0.8, false},
+		{"proxy replays: idem (redis) / plain", pxRed, plain, "replay64", 2, false},
+		{"proxy new keys: idem (embedded) / plain", pxEmb, plain, "new64", 0.8, false},
+		{"proxy replays: idem (embedded) / plain", pxEmb, plain, "replay64", 2, false},
+	}
+	fmt.Printf("\n%-42s %8s %-26s %8s  %s\n", "target (64 connections unless said)", "median", "rounds", "goal", "met")
+	for _, tg := range targets {
+		num, den := all[tg.num][tg.cell], all[tg.den][tg.cell]
+		if len(num) == 0 || len(den) == 0 {
+			continue
+		}
+		var vs []float64
+		var per []string
+		for i := range num {
+			v := num[i].rps / den[i].rps
+			if tg.latencyUS {
+				v = float64(num[i].p50-den[i].p50) / float64(time.Microsecond)
+			}
+			vs = append(vs, v)
+			per = append(per, strconv.FormatFloat(v, 'f', 2, 64))
+		}
+		sort.Float64s(vs)
+		m := vs[len(vs)/2]
+		goal, met := fmt.Sprintf(">= %.1f", tg.min), m >= tg.min
+		if tg.latencyUS {
+			goal, met = fmt.Sprintf("<= %.0f", tg.min), m <= tg.min
+			if tg.min == 0 {
+				goal, met = "(peer)", true
+			}
+		}
+		mark := map[bool]string{true: "yes", false: "NO"}[met]
+		if goal == "(peer)" {
+			mark = "-"
+		}
+		fmt.Printf("%-42s %8.2f %-26s %8s  %s\n", tg.what, m, strings.Join(per, " "), goal, mark)
+	}
+}
+
+// build compiles the main package in dir (a module of the workspace) into
+// out.
+func build(dir, out string) {
+	cmd := exec.Command("go", "build", "-o", out, ".")
+	cmd.Dir = dir
+	if b, err := cmd.CombinedOutput(); err != nil {
+		log.Fatalf("httpbench: building %s (run from the repository's root): %v\n%s", dir, err, b)
+	}
+}
+
+func freePort() string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer ln.Close()
+	return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+}
+
+func waitTCP(addr string) {
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			c.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			log.Fatalf("httpbench: nothing listens on %s", addr)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 func median(rs []result) result {

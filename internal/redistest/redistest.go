@@ -105,6 +105,15 @@ func Start(t testing.TB, args ...string) *Server {
 
 func start(t testing.TB, args []string) *Server {
 	t.Helper()
+	return startConf(t, "", args)
+}
+
+// startConf is start with a configuration file, written by conf into the
+// server's directory before each start attempt and given to redis-server
+// as its first argument (Sentinel needs one it can rewrite). conf is
+// called with the port; "" means none.
+func startConf(t testing.TB, conf string, args []string) *Server {
+	t.Helper()
 	if err := Available(); err != nil {
 		t.Fatal(err)
 	}
@@ -125,6 +134,13 @@ func start(t testing.TB, args []string) *Server {
 		}
 		s.port = port
 		s.argv = buildArgv(port, dir, args)
+		if conf != "" {
+			path := filepath.Join(dir, "redis.conf")
+			if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
+				t.Fatalf("redistest: %v", err)
+			}
+			s.argv = append([]string{path}, s.argv...)
+		}
 		s.mu.Lock()
 		err = s.launch()
 		s.mu.Unlock()

@@ -285,3 +285,22 @@ func (f *fatalRecorder) Fatalf(format string, args ...any) {
 	f.fatal, f.msg = true, fmt.Sprintf(format, args...)
 	panic("fatal")
 }
+
+// TestSentinel checks that StartSentinel's Sentinels fail over to a replica
+// when the primary is killed.
+func TestSentinel(t *testing.T) {
+	t.Parallel()
+	s := redistest.StartSentinel(t, 2)
+	old := s.Primary()
+	if old != s.Data()[0] {
+		t.Fatalf("primary: got %v, want the first data server %s", old, s.Data()[0].Addr())
+	}
+	old.Kill(t)
+	next := s.WaitFailover(t, old)
+	if next == old {
+		t.Fatalf("failover: the primary is still %s", old.Addr())
+	}
+	if got := s.Primary(); got != next {
+		t.Errorf("Primary after the failover: got %v, want %s", got, next.Addr())
+	}
+}

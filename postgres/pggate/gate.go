@@ -301,7 +301,7 @@ func (g *Gate[T]) commit(actx, sctx context.Context, a *idem.Attempt, tx pgq.Tx,
 			return res, g.failed(sctx, a, err)
 		}
 	}
-	n, err := tx.Exec(actx, insertCompletion, a.Key(), fingerprint, lease.Fence, blob, g.e.Retention().Microseconds(), inTx)
+	n, err := tx.Exec(actx, insertCompletion, a.Key(), []byte(fingerprint), lease.Fence, blob, g.e.Retention().Microseconds(), inTx)
 	if err != nil {
 		_ = tx.Rollback(sctx)
 		return res, g.failed(sctx, a, err)
@@ -341,13 +341,15 @@ func (g *Gate[T]) replay(ctx context.Context, a *idem.Attempt, fingerprint strin
 	defer a.Abandon()
 	var (
 		c      idem.Completion
+		fp     []byte
 		leftUS int64
 	)
 	err := g.db.QueryRow(ctx, `SELECT fingerprint, fence, result, (extract(epoch FROM expires_at - now()) * 1000000)::bigint
-FROM idem_completions WHERE digest = $1`, a.Key()).Scan(&c.Fingerprint, &c.Fence, &c.Result, &leftUS)
+FROM idem_completions WHERE digest = $1`, a.Key()).Scan(&fp, &c.Fence, &c.Result, &leftUS)
 	if err != nil {
 		return idem.Result{}, fmt.Errorf("pggate: the transaction was rolled back (a completion committed first) and reading it failed: %w", err)
 	}
+	c.Fingerprint = string(fp)
 	c.Retention = time.Duration(leftUS) * time.Microsecond
 	if c.Retention >= time.Millisecond {
 		g.relay(context.WithoutCancel(ctx), a.Key(), c)

@@ -12,8 +12,8 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/memstore"
-	"github.com/idemgo/idem/postgres/internal/pgtest"
 	"github.com/idemgo/idem/postgres/pggate"
+	"github.com/idemgo/idem/postgres/pgtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib"
@@ -495,5 +495,27 @@ func TestNewNeedsARelayer(t *testing.T) {
 	}
 	if _, err := pggate.New(e, nil); !errors.Is(err, idem.ErrInvalid) {
 		t.Fatalf("New with a nil pool: got %v, want ErrInvalid", err)
+	}
+}
+
+// TestBinaryFingerprint: fingerprints are any bytes (idemhttp's are a
+// hash); the completion row keeps them exactly.
+func TestBinaryFingerprint(t *testing.T) {
+	v := newEnv(t)
+	key := idem.Key{Scope: "t", ID: "bin"}
+	fp := "\xc0\xe5\x00\xff"
+	if _, err := v.gate.Do(t.Context(), key, fp, effect("bin", "x")); err != nil {
+		t.Fatalf("Do with a binary fingerprint: %v", err)
+	}
+	v.store.Delete(t.Context(), key.Digest())
+	if res, err := v.gate.Do(t.Context(), key, fp, effect("bin", "y")); err != nil || !res.Replayed || string(res.Value) != "x" {
+		t.Fatalf("after the record was lost: got %+v, %v, want the replay of x", res, err)
+	}
+	v.store.Delete(t.Context(), key.Digest())
+	if _, err := v.gate.Do(t.Context(), key, "\xc0\xe5\x00\xfe", effect("bin", "z")); !errors.Is(err, idem.ErrMismatch) {
+		t.Fatalf("another binary fingerprint: got %v, want ErrMismatch", err)
+	}
+	if n := v.effects(t, "bin"); n != 1 {
+		t.Fatalf("effects: got %d, want 1", n)
 	}
 }

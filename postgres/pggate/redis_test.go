@@ -7,8 +7,8 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/redistest"
-	"github.com/idemgo/idem/postgres/internal/pgtest"
 	"github.com/idemgo/idem/postgres/pggate"
+	"github.com/idemgo/idem/postgres/pgtest"
 	"github.com/idemgo/idem/redisstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"

@@ -121,10 +121,12 @@ FROM idem_completions
 WHERE NOT relayed AND created_at < now() - $1 * interval '1 microsecond' AND expires_at > now()
 ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED`, []any{g.cfg.relayDelay.Microseconds(), g.cfg.batch}, func(r pgq.Row) error {
 		var x row
+		var fp []byte
 		var left int64
-		if err := r.Scan(&x.key, &x.c.Fingerprint, &x.c.Fence, &x.c.Result, &left); err != nil {
+		if err := r.Scan(&x.key, &fp, &x.c.Fence, &x.c.Result, &left); err != nil {
 			return err
 		}
+		x.c.Fingerprint = string(fp)
 		x.c.Retention = max(time.Duration(left)*time.Microsecond, time.Millisecond)
 		rows = append(rows, x)
 		return nil

@@ -6,7 +6,7 @@
 -- the final arbiter of which attempt's effect commits.
 CREATE TABLE IF NOT EXISTS idem_completions (
     digest      text        NOT NULL PRIMARY KEY,  -- idem.Key.Digest, never the raw key
-    fingerprint text        NOT NULL,              -- of the request that committed
+    fingerprint bytea       NOT NULL,              -- of the request that committed (any bytes)
     fence       bigint      NOT NULL,              -- of the attempt that committed
     result      bytea       NOT NULL,              -- the stored result, as the Executor encodes it
     created_at  timestamptz NOT NULL DEFAULT now(),

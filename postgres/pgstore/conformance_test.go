@@ -4,8 +4,8 @@ import (
 	"testing"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/postgres/internal/pgtest"
 	"github.com/idemgo/idem/postgres/pgstore"
+	"github.com/idemgo/idem/postgres/pgtest"
 	"github.com/idemgo/idem/storetest"
 )
 

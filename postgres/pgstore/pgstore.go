@@ -165,12 +165,12 @@ func (s *Store) Acquire(ctx context.Context, key string, req idem.AcquireRequest
 		code        int
 		attempts    *int
 		fence, left *int64
-		previous    *string
+		previous    []byte
 		state       *string
 		result      []byte
 	)
 	err := s.pool.QueryRow(ctx, `SELECT * FROM idem_acquire($1, $2, $3, $4, $5, $6, $7)`,
-		key, req.Fingerprint, req.Owner, us(req.Lease), us(req.Retention), req.MaxAttempts, grace,
+		key, []byte(req.Fingerprint), []byte(req.Owner), us(req.Lease), us(req.Retention), req.MaxAttempts, grace,
 	).Scan(&code, &fence, &attempts, &previous, &left, &state, &result)
 	if err != nil {
 		return idem.Acquisition{}, wrap("acquire", err)
@@ -180,7 +180,7 @@ func (s *Store) Acquire(ctx context.Context, key string, req idem.AcquireRequest
 	case 1, 2:
 		a.Outcome, a.Lease = idem.Acquired, idem.Lease{Owner: req.Owner, Fence: deref(fence)}
 		if code == 2 {
-			a.Outcome, a.PreviousOwner = idem.TakenOver, deref(previous)
+			a.Outcome, a.PreviousOwner = idem.TakenOver, string(previous)
 		}
 	case 3:
 		a.Outcome, a.RetryAfter = idem.InProgress, time.Duration(deref(left))*time.Microsecond
@@ -268,7 +268,7 @@ func (s *Store) complete(ctx context.Context, q pgq.Querier, key string, lease i
 	}
 	var n int
 	err := q.QueryRow(ctx, `SELECT idem_complete($1, $2, $3, $4, $5, $6)`,
-		key, lease.Owner, lease.Fence, nonNil(result), us(retention), s.cfg.notify).Scan(&n)
+		key, []byte(lease.Owner), lease.Fence, nonNil(result), us(retention), s.cfg.notify).Scan(&n)
 	return okOrLost("complete", n, err)
 }
 
@@ -291,7 +291,7 @@ func (s *Store) Fail(ctx context.Context, key string, lease idem.Lease, f idem.F
 	}
 	var st string
 	err := s.pool.QueryRow(ctx, `SELECT idem_fail($1, $2, $3, $4, $5, $6, $7, $8)`,
-		key, lease.Owner, lease.Fence, nonNil(f.Result), f.Terminal, us(f.Retention), f.MaxAttempts, s.cfg.notify).Scan(&st)
+		key, []byte(lease.Owner), lease.Fence, nonNil(f.Result), f.Terminal, us(f.Retention), f.MaxAttempts, s.cfg.notify).Scan(&st)
 	if err != nil {
 		return 0, wrap("fail", err)
 	}
@@ -314,7 +314,7 @@ func (s *Store) Extend(ctx context.Context, key string, lease idem.Lease, d time
 		return err
 	}
 	var n int
-	err := s.pool.QueryRow(ctx, `SELECT idem_extend($1, $2, $3, $4, $5)`, key, lease.Owner, lease.Fence, us(d), grace).Scan(&n)
+	err := s.pool.QueryRow(ctx, `SELECT idem_extend($1, $2, $3, $4, $5)`, key, []byte(lease.Owner), lease.Fence, us(d), grace).Scan(&n)
 	return okOrLost("extend", n, err)
 }
 
@@ -327,7 +327,7 @@ func (s *Store) Release(ctx context.Context, key string, lease idem.Lease, reten
 		return err
 	}
 	var n int
-	err := s.pool.QueryRow(ctx, `SELECT idem_release($1, $2, $3, $4, $5)`, key, lease.Owner, lease.Fence, us(retention), s.cfg.notify).Scan(&n)
+	err := s.pool.QueryRow(ctx, `SELECT idem_release($1, $2, $3, $4, $5)`, key, []byte(lease.Owner), lease.Fence, us(retention), s.cfg.notify).Scan(&n)
 	return okOrLost("release", n, err)
 }
 
@@ -341,7 +341,7 @@ func (s *Store) RelayCompletion(ctx context.Context, key string, c idem.Completi
 	}
 	var n int
 	err := s.pool.QueryRow(ctx, `SELECT idem_relay($1, $2, $3, $4, $5, $6)`,
-		key, c.Fingerprint, c.Fence, c.Result, us(c.Retention), s.cfg.notify).Scan(&n)
+		key, []byte(c.Fingerprint), c.Fence, c.Result, us(c.Retention), s.cfg.notify).Scan(&n)
 	if err != nil {
 		return wrap("relay", err)
 	}
@@ -359,7 +359,7 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 	var (
 		now                                 int64
 		st                                  *string
-		fp, owner                           *string
+		fp, owner                           []byte
 		fence, leaseUntil, created, expires *int64
 		attempts                            *int
 		result                              []byte
@@ -379,8 +379,8 @@ FROM (SELECT idem_now() AS now) n LEFT JOIN idem_records r ON r.key = $1 AND r.e
 	}
 	rec := idem.Record{
 		State:       state,
-		Fingerprint: deref(fp),
-		Owner:       deref(owner),
+		Fingerprint: string(fp),
+		Owner:       string(owner),
 		Fence:       deref(fence),
 		Attempts:    deref(attempts),
 		Created:     time.UnixMicro(deref(created)),
@@ -456,4 +456,53 @@ func (s *Store) janitor() {
 			}
 		}
 	}
+}
+
+// Entry is one record listed by List.
+type Entry struct {
+	Key    string
+	Record idem.Record
+}
+
+// List returns up to limit live records (all when limit <= 0), for tools
+// that inspect the store (idem ls). It is a plain read, in no order.
+func (s *Store) List(ctx context.Context, limit int) ([]Entry, error) {
+	sql := `SELECT key, state::text, fingerprint, owner, fence, lease_until, attempts, created, expires_at, result, idem_now()
+FROM idem_records WHERE expires_at > idem_now()`
+	args := []any{}
+	if limit > 0 {
+		sql += ` LIMIT $1`
+		args = append(args, limit)
+	}
+	var out []Entry
+	err := pgq.Pgx{Pool: s.pool}.Query(ctx, sql, args, func(r pgq.Row) error {
+		var e Entry
+		var st string
+		var fp, owner []byte
+		var fence, lease, created, expires, now int64
+		var attempts int
+		var result []byte
+		if err := r.Scan(&e.Key, &st, &fp, &owner, &fence, &lease, &attempts, &created, &expires, &result, &now); err != nil {
+			return err
+		}
+		state, ok := parseState(st)
+		if !ok {
+			return fmt.Errorf("pgstore: list: unexpected state %q", st)
+		}
+		e.Record.State, e.Record.Fence, e.Record.Attempts = state, fence, attempts
+		e.Record.Fingerprint, e.Record.Owner = string(fp), string(owner)
+		e.Record.Created, e.Record.ExpiresAt, e.Record.Now = time.UnixMicro(created), time.UnixMicro(expires), time.UnixMicro(now)
+		if state == idem.StateInProgress {
+			e.Record.LeaseUntil = time.UnixMicro(lease)
+		}
+		if len(result) > 0 {
+			e.Record.Result = result
+		}
+		out = append(out, e)
+		return nil
+	})
+	if err != nil {
+		return out, wrap("list", err)
+	}
+	return out, nil
 }

@@ -8,9 +8,9 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/postgres/internal/pgtest"
 	"github.com/idemgo/idem/postgres/pggate"
 	"github.com/idemgo/idem/postgres/pgstore"
+	"github.com/idemgo/idem/postgres/pgtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -179,5 +179,27 @@ func TestGateOnPgstore(t *testing.T) {
 	}
 	if res, err := g.Do(t.Context(), key, "fp", fn); err != nil || !res.Replayed || string(res.Value) != "v" || runs != 1 {
 		t.Fatalf("duplicate: got %+v, %v, runs %d, want the replay", res, err, runs)
+	}
+}
+
+func TestList(t *testing.T) {
+	s := newStore(t)
+	ctx := t.Context()
+	for _, k := range []string{"a", "b", "c"} {
+		if _, err := s.Acquire(ctx, k, idem.AcquireRequest{Fingerprint: "fp", Owner: "o" + k, Lease: time.Minute, Retention: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	es, err := s.List(ctx, 0)
+	if err != nil || len(es) != 3 {
+		t.Fatalf("List: got %d entries, %v, want 3", len(es), err)
+	}
+	for _, e := range es {
+		if e.Record.State != idem.StateInProgress || e.Record.Owner != "o"+e.Key || e.Record.LeaseUntil.IsZero() {
+			t.Errorf("entry %s: got %+v", e.Key, e.Record)
+		}
+	}
+	if es, err := s.List(ctx, 2); err != nil || len(es) != 2 {
+		t.Fatalf("List(2): got %d entries, %v", len(es), err)
 	}
 }

@@ -10,8 +10,8 @@
 CREATE TABLE IF NOT EXISTS idem_records (
     key         text   NOT NULL PRIMARY KEY,  -- idem.Key.Digest, never the raw key
     state       "char" NOT NULL,
-    fingerprint text   NOT NULL,
-    owner       text   NOT NULL,              -- '' once the record left IN_PROGRESS
+    fingerprint bytea  NOT NULL,              -- any bytes (idemhttp's are a hash)
+    owner       bytea  NOT NULL,              -- '' once the record left IN_PROGRESS
     fence       bigint NOT NULL,
     lease_until bigint NOT NULL,              -- µs; 0 unless IN_PROGRESS
     attempts    int    NOT NULL,
@@ -26,9 +26,9 @@ $$ SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint $$;
 
 -- idem_acquire: Store.Acquire. code: 1 acquired (also a repeated call of
 -- the same owner), 2 taken over, 3 in progress, 4 replay, 5 mismatch.
-CREATE OR REPLACE FUNCTION idem_acquire(p_key text, p_fp text, p_owner text, p_lease bigint, p_retention bigint,
+CREATE OR REPLACE FUNCTION idem_acquire(p_key text, p_fp bytea, p_owner bytea, p_lease bigint, p_retention bigint,
     p_max int, p_grace bigint,
-    OUT code int, OUT fence bigint, OUT attempts int, OUT previous text, OUT left_us bigint, OUT state "char", OUT result bytea)
+    OUT code int, OUT fence bigint, OUT attempts int, OUT previous bytea, OUT left_us bigint, OUT state "char", OUT result bytea)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
@@ -77,7 +77,7 @@ BEGIN
     END IF;
     -- Released, or in progress with an expired lease.
     IF p_max > 0 AND r.attempts >= p_max THEN
-        UPDATE idem_records SET state = 'f', owner = '', lease_until = 0, result = NULL, expires_at = now_us + p_retention
+        UPDATE idem_records SET state = 'f', owner = ''::bytea, lease_until = 0, result = NULL, expires_at = now_us + p_retention
         WHERE idem_records.key = p_key;
         code := 4; state := 'f'; attempts := r.attempts; RETURN;
     END IF;
@@ -95,13 +95,13 @@ END $$;
 
 -- idem_complete: Store.Complete, and pggate's completion inside the
 -- caller's transaction. 1 done (also a repeated call), 0 lease lost.
-CREATE OR REPLACE FUNCTION idem_complete(p_key text, p_owner text, p_fence bigint, p_result bytea, p_retention bigint,
+CREATE OR REPLACE FUNCTION idem_complete(p_key text, p_owner bytea, p_fence bigint, p_result bytea, p_retention bigint,
     p_notify boolean) RETURNS int
 LANGUAGE plpgsql AS $$
 DECLARE
     now_us bigint := idem_now();
 BEGIN
-    UPDATE idem_records SET state = 'c', owner = '', lease_until = 0, result = p_result, expires_at = now_us + p_retention
+    UPDATE idem_records SET state = 'c', owner = ''::bytea, lease_until = 0, result = p_result, expires_at = now_us + p_retention
     WHERE key = p_key AND state = 'p' AND owner = p_owner AND fence = p_fence AND expires_at > now_us;
     IF FOUND THEN
         IF p_notify THEN PERFORM pg_notify('idem_records', p_key); END IF;
@@ -114,7 +114,7 @@ END $$;
 
 -- idem_fail: Store.Fail. The state the record moved to ('r' or 'f'), or
 -- '' when the lease is lost.
-CREATE OR REPLACE FUNCTION idem_fail(p_key text, p_owner text, p_fence bigint, p_result bytea, p_terminal boolean,
+CREATE OR REPLACE FUNCTION idem_fail(p_key text, p_owner bytea, p_fence bigint, p_result bytea, p_terminal boolean,
     p_retention bigint, p_max int, p_notify boolean) RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -137,7 +137,7 @@ BEGIN
     ELSE
         s := 'r';
     END IF;
-    UPDATE idem_records SET state = s, owner = '', lease_until = 0, expires_at = now_us + p_retention,
+    UPDATE idem_records SET state = s, owner = ''::bytea, lease_until = 0, expires_at = now_us + p_retention,
         result = CASE WHEN s = 'f' THEN p_result END
     WHERE key = p_key;
     IF p_notify THEN PERFORM pg_notify('idem_records', p_key); END IF;
@@ -145,7 +145,7 @@ BEGIN
 END $$;
 
 -- idem_extend: Store.Extend. 1 done, 0 lease lost.
-CREATE OR REPLACE FUNCTION idem_extend(p_key text, p_owner text, p_fence bigint, p_lease bigint, p_grace bigint) RETURNS int
+CREATE OR REPLACE FUNCTION idem_extend(p_key text, p_owner bytea, p_fence bigint, p_lease bigint, p_grace bigint) RETURNS int
 LANGUAGE plpgsql AS $$
 DECLARE
     now_us bigint := idem_now();
@@ -157,13 +157,13 @@ END $$;
 
 -- idem_release: Store.Release. 1 done (also a repeated call), 0 lease
 -- lost.
-CREATE OR REPLACE FUNCTION idem_release(p_key text, p_owner text, p_fence bigint, p_retention bigint, p_notify boolean)
+CREATE OR REPLACE FUNCTION idem_release(p_key text, p_owner bytea, p_fence bigint, p_retention bigint, p_notify boolean)
 RETURNS int
 LANGUAGE plpgsql AS $$
 DECLARE
     now_us bigint := idem_now();
 BEGIN
-    UPDATE idem_records SET state = 'r', owner = '', lease_until = 0, result = NULL, expires_at = now_us + p_retention
+    UPDATE idem_records SET state = 'r', owner = ''::bytea, lease_until = 0, result = NULL, expires_at = now_us + p_retention
     WHERE key = p_key AND state = 'p' AND owner = p_owner AND fence = p_fence AND expires_at > now_us;
     IF FOUND THEN
         IF p_notify THEN PERFORM pg_notify('idem_records', p_key); END IF;
@@ -176,14 +176,14 @@ END $$;
 -- idem_relay: idem.Relayer. The record becomes COMPLETED whatever its
 -- state and owner; a live COMPLETED record is never changed. 1 written, 2
 -- already completed.
-CREATE OR REPLACE FUNCTION idem_relay(p_key text, p_fp text, p_fence bigint, p_result bytea, p_retention bigint,
+CREATE OR REPLACE FUNCTION idem_relay(p_key text, p_fp bytea, p_fence bigint, p_result bytea, p_retention bigint,
     p_notify boolean) RETURNS int
 LANGUAGE plpgsql AS $$
 DECLARE
     now_us bigint := idem_now();
 BEGIN
-    INSERT INTO idem_records AS r VALUES (p_key, 'c', p_fp, '', p_fence, 0, 1, now_us, now_us + p_retention, p_result)
-    ON CONFLICT (key) DO UPDATE SET state = 'c', fingerprint = p_fp, owner = '', lease_until = 0,
+    INSERT INTO idem_records AS r VALUES (p_key, 'c', p_fp, ''::bytea, p_fence, 0, 1, now_us, now_us + p_retention, p_result)
+    ON CONFLICT (key) DO UPDATE SET state = 'c', fingerprint = p_fp, owner = ''::bytea, lease_until = 0,
         fence = greatest(r.fence, p_fence), result = p_result, expires_at = now_us + p_retention,
         attempts = CASE WHEN r.expires_at > now_us THEN r.attempts ELSE 1 END,
         created = CASE WHEN r.expires_at > now_us THEN r.created ELSE now_us END

@@ -1,4 +1,4 @@
-// Package pgtest gives tests a Postgres schema of their own on the server
+// Package pgtest gives tests (of idem and of its users) a Postgres schema of their own on the server
 // named by IDEM_POSTGRES_URL, dropped when the test ends.
 package pgtest
 

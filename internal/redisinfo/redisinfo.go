@@ -1,0 +1,74 @@
+// Package redisinfo reads the replies of INFO and CLUSTER INFO and the
+// server version they report, for redisstore's start check and idem
+// doctor.
+package redisinfo
+
+import (
+	"strconv"
+	"strings"
+)
+
+// Parse returns the fields of an INFO or CLUSTER INFO reply ("key:value"
+// lines; section headers and blank lines are skipped).
+func Parse(s string) map[string]string {
+	out := make(map[string]string)
+	for line := range strings.Lines(s) {
+		line = strings.TrimSpace(line)
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		if k, v, ok := strings.Cut(line, ":"); ok {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// Version is a server version: major, minor and patch numbers.
+type Version struct{ Major, Minor, Patch int }
+
+// ParseVersion parses a version such as "7.0.15" (a missing patch reads as
+// 0). ok is false if v is not of that form.
+func ParseVersion(v string) (ver Version, ok bool) {
+	parts := strings.Split(strings.TrimSpace(v), ".")
+	if len(parts) < 2 || len(parts) > 3 {
+		return Version{}, false
+	}
+	var n [3]int
+	for i, p := range parts {
+		x, err := strconv.Atoi(p)
+		if err != nil || x < 0 {
+			return Version{}, false
+		}
+		n[i] = x
+	}
+	return Version{n[0], n[1], n[2]}, true
+}
+
+// AtLeast reports whether v is major.minor or later.
+func (v Version) AtLeast(major, minor int) bool {
+	return v.Major > major || v.Major == major && v.Minor >= minor
+}
+
+// String returns "major.minor.patch".
+func (v Version) String() string {
+	return strconv.Itoa(v.Major) + "." + strconv.Itoa(v.Minor) + "." + strconv.Itoa(v.Patch)
+}
+
+// Server returns the server's name and version as INFO server reports
+// them: "valkey" and valkey_version on Valkey, else "redis" and
+// redis_version. (Valkey reports a redis_version too, the Redis version it
+// is compatible with: 7.2.4 on Valkey 7.2 and 8.)
+func Server(fields map[string]string) (name, version string) {
+	if v := fields["valkey_version"]; v != "" {
+		return "valkey", v
+	}
+	return "redis", fields["redis_version"]
+}
+
+// Compatible returns the Redis version whose commands the server has:
+// redis_version, which Valkey sets to the Redis release it is compatible
+// with. ok is false if INFO did not report it.
+func Compatible(fields map[string]string) (Version, bool) {
+	return ParseVersion(fields["redis_version"])
+}

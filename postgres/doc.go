@@ -1,0 +1,3 @@
+// Package postgres is the root of idem's PostgreSQL module: see pggate (the
+// commit gate), pgstore (the Store on PostgreSQL) and pgtest.
+package postgres

@@ -1,0 +1,298 @@
+// Command pgbench measures the commit gate side by side in one run (make
+// bench-postgres): the same handler, one INSERT in a transaction, run
+// without idem ("bare tx"), through pggate on redisstore ("hybrid gate")
+// and through pggate on pgstore ("pgstore gate"). It prints new keys per
+// second at 1 and 64 concurrent callers and replays per second at 64, the
+// medians of -runs runs of -duration each, as a Markdown table.
+//
+// It starts its own redis-server (no persistence, a free loopback port) and
+// makes a schema of its own in IDEM_POSTGRES_URL, dropped at the end.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/postgres/pggate"
+	"github.com/idemgo/idem/postgres/pgstore"
+	"github.com/idemgo/idem/postgres/pgtest"
+	"github.com/idemgo/idem/redisstore"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+)
+
+func main() {
+	duration := flag.Duration("duration", 2*time.Second, "length of one measurement")
+	runs := flag.Int("runs", 3, "measurements per cell; the median is printed")
+	flag.Parse()
+	if err := run(*duration, *runs); err != nil {
+		fmt.Fprintln(os.Stderr, "pgbench:", err)
+		os.Exit(1)
+	}
+}
+
+// op runs the handler for one key and reports whether it was a replay.
+type op func(ctx context.Context, id int64) (replayed bool, err error)
+
+func insert(ctx context.Context, tx pgx.Tx, id int64) error {
+	_, err := tx.Exec(ctx, `INSERT INTO bench_effects (id) VALUES ($1)`, id)
+	return err
+}
+
+func run(duration time.Duration, runs int) error {
+	ctx := context.Background()
+	addr, stop, err := startRedis()
+	if err != nil {
+		return err
+	}
+	defer stop()
+	schemaURL, drop, err := schema(ctx)
+	if err != nil {
+		return err
+	}
+	defer drop()
+	cfg, err := pgxpool.ParseConfig(schemaURL)
+	if err != nil {
+		return err
+	}
+	cfg.MaxConns = 80
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(ctx, `CREATE TABLE bench_effects (id bigint NOT NULL)`); err != nil {
+		return err
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 80})
+	defer rdb.Close()
+
+	// bare tx
+	bare := func(ctx context.Context, id int64) (bool, error) {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return false, err
+		}
+		defer tx.Rollback(ctx)
+		if err := insert(ctx, tx, id); err != nil {
+			return false, err
+		}
+		return false, tx.Commit(ctx)
+	}
+	gated := func(g *pggate.Gate[pgx.Tx]) op {
+		return func(ctx context.Context, id int64) (bool, error) {
+			res, err := g.Do(ctx, idem.Key{Scope: "bench", ID: strconv.FormatInt(id, 10)}, "", func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+				return []byte("ok"), insert(ctx, tx, id)
+			})
+			return res.Replayed, err
+		}
+	}
+	rs, err := redisstore.New(rdb)
+	if err != nil {
+		return err
+	}
+	he, err := idem.New(rs)
+	if err != nil {
+		return err
+	}
+	hg, err := pggate.New(he, pool)
+	if err != nil {
+		return err
+	}
+	defer hg.Close()
+	if err := hg.Migrate(ctx); err != nil {
+		return err
+	}
+	onPgstore := func(notify bool) (*pggate.Gate[pgx.Tx], func(), error) {
+		ps, err := pgstore.New(pool, pgstore.WithNotify(notify))
+		if err != nil {
+			return nil, nil, err
+		}
+		if err := ps.Migrate(ctx); err != nil {
+			return nil, nil, err
+		}
+		pe, err := idem.New(ps)
+		if err != nil {
+			return nil, nil, err
+		}
+		g, err := pggate.New(pe, pool)
+		if err != nil {
+			return nil, nil, err
+		}
+		return g, func() { g.Close(); ps.Close() }, nil
+	}
+	pg, closePG, err := onPgstore(true)
+	if err != nil {
+		return err
+	}
+	defer closePG()
+	pgq, closePGQ, err := onPgstore(false)
+	if err != nil {
+		return err
+	}
+	defer closePGQ()
+
+	modes := []struct {
+		name string
+		op   op
+	}{{"bare tx", bare}, {"hybrid gate (Redis + Postgres)", gated(hg)}, {"pgstore gate (Postgres only)", gated(pg)},
+		{"pgstore gate, WithNotify(false)", gated(pgq)}}
+	var next atomic.Int64
+	type cells struct{ new1, new64, replay64 float64 }
+	results := make([]cells, len(modes))
+	for r := range runs {
+		for i, m := range modes { // interleaved, so drift hits every mode alike
+			fmt.Fprintf(os.Stderr, "run %d/%d: %s\n", r+1, runs, m.name)
+			n1, err := measure(ctx, m.op, 1, duration, func() int64 { return next.Add(1) }, false)
+			if err != nil {
+				return fmt.Errorf("%s: %w", m.name, err)
+			}
+			n64, err := measure(ctx, m.op, 64, duration, func() int64 { return next.Add(1) }, false)
+			if err != nil {
+				return fmt.Errorf("%s: %w", m.name, err)
+			}
+			samples[i] = append(samples[i], [3]float64{n1, n64, 0})
+			if i == 0 {
+				continue
+			}
+			// Replays: 1000 completed keys, read again by 64 callers.
+			base := next.Add(1000) - 1000
+			for k := range int64(1000) {
+				if _, err := m.op(ctx, base+k); err != nil {
+					return err
+				}
+			}
+			var rr atomic.Int64
+			rp, err := measure(ctx, m.op, 64, duration, func() int64 { return base + rr.Add(1)%1000 }, true)
+			if err != nil {
+				return fmt.Errorf("%s replays: %w", m.name, err)
+			}
+			samples[i][len(samples[i])-1][2] = rp
+		}
+	}
+	for i := range modes {
+		results[i] = cells{median(samples[i], 0), median(samples[i], 1), median(samples[i], 2)}
+	}
+	var version string
+	pool.QueryRow(ctx, `SHOW server_version`).Scan(&version)
+	fmt.Printf("pggate benchmark: PostgreSQL %s and redis-server on loopback, one INSERT per transaction, GOMAXPROCS %d, medians of %d runs of %v\n\n",
+		version, runtime.GOMAXPROCS(0), runs, duration)
+	fmt.Println("| mode | new keys/s, 1 caller | new keys/s, 64 callers | × bare (64) | replays/s, 64 callers |")
+	fmt.Println("|---|---:|---:|---:|---:|")
+	for i, m := range modes {
+		rep := "—"
+		if i > 0 {
+			rep = fmt.Sprintf("%.0f", results[i].replay64)
+		}
+		fmt.Printf("| %s | %.0f | %.0f | %.2f | %s |\n", m.name, results[i].new1, results[i].new64, results[i].new64/results[0].new64, rep)
+	}
+	return nil
+}
+
+var samples = map[int][][3]float64{}
+
+func median(s [][3]float64, col int) float64 {
+	v := make([]float64, len(s))
+	for i := range s {
+		v[i] = s[i][col]
+	}
+	slices.Sort(v)
+	return v[len(v)/2]
+}
+
+// measure runs o with callers goroutines for d and returns operations per
+// second; every operation must (not) be a replay as wantReplay says.
+func measure(ctx context.Context, o op, callers int, d time.Duration, id func() int64, wantReplay bool) (float64, error) {
+	var done atomic.Int64
+	var firstErr error
+	var once sync.Once
+	deadline := time.Now().Add(d)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Go(func() {
+			for time.Now().Before(deadline) {
+				replayed, err := o(ctx, id())
+				if err == nil && replayed != wantReplay {
+					err = fmt.Errorf("replayed %v, want %v", replayed, wantReplay)
+				}
+				if err != nil {
+					once.Do(func() { firstErr = err })
+					return
+				}
+				done.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	return float64(done.Load()) / time.Since(start).Seconds(), firstErr
+}
+
+// startRedis starts redis-server without persistence on a free loopback
+// port.
+func startRedis() (addr string, stop func(), err error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	cmd := exec.Command("redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
+	if err := cmd.Start(); err != nil {
+		return "", nil, fmt.Errorf("redis-server: %w", err)
+	}
+	addr = "127.0.0.1:" + strconv.Itoa(port)
+	stop = func() { cmd.Process.Kill(); cmd.Wait() }
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	for i := 0; ; i++ {
+		if rdb.Ping(context.Background()).Err() == nil {
+			return addr, stop, nil
+		}
+		if i == 100 {
+			stop()
+			return "", nil, fmt.Errorf("redis-server on %s did not answer", addr)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// schema makes a schema of its own and returns a URL that uses it.
+func schema(ctx context.Context) (string, func(), error) {
+	base := pgtest.BaseURL()
+	conn, err := pgx.Connect(ctx, base)
+	if err != nil {
+		return "", nil, fmt.Errorf("Postgres at %s: %w", base, err)
+	}
+	name := fmt.Sprintf("idem_bench_%d", time.Now().UnixNano())
+	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+name); err != nil {
+		conn.Close(ctx)
+		return "", nil, err
+	}
+	drop := func() {
+		conn.Exec(context.Background(), "DROP SCHEMA "+name+" CASCADE")
+		conn.Close(context.Background())
+	}
+	u, err := url.Parse(base)
+	if err != nil {
+		drop()
+		return "", nil, err
+	}
+	q := u.Query()
+	q.Set("search_path", name)
+	u.RawQuery = q.Encode()
+	return u.String(), drop, nil
+}

@@ -1,0 +1,14 @@
+package postgres_test
+
+import (
+	"testing"
+
+	"github.com/idemgo/idem/internal/readmetest"
+)
+
+// The Go snippets of the READMEs are the bodies of examples the tests
+// compile.
+func TestReadmeSnippets(t *testing.T) {
+	readmetest.Snippet(t, "README.md", "<!-- README example: the body of Example in pggate/example_test.go", "pggate/example_test.go", "func Example() {")
+	readmetest.Snippet(t, "../README.md", "<!-- README example: the body of Example in postgres/pggate/example_test.go", "pggate/example_test.go", "func Example() {")
+}

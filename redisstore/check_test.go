@@ -1,0 +1,197 @@
+package redisstore_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemgo/idem/internal/redistest"
+	"github.com/idemgo/idem/redisstore"
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
+)
+
+// evictingPolicies are every maxmemory-policy but noeviction: all of them
+// can evict idem's records, which carry a time to live.
+var evictingPolicies = []string{"allkeys-lru", "allkeys-lfu", "allkeys-random", "volatile-lru", "volatile-lfu", "volatile-random", "volatile-ttl"}
+
+// newStoreFunc builds a store on a fresh client of one kind and returns
+// New's error.
+type newStoreFunc func(t *testing.T, opts ...redisstore.Option) error
+
+// startCheckClients returns a constructor per client kind for the servers
+// at addrs (a Cluster when cluster is set), with auth as the user and
+// password (none when empty).
+func startCheckClients(addrs []string, cluster bool, user, password string) map[string]newStoreFunc {
+	if cluster {
+		return map[string]newStoreFunc{
+			"cluster/go-redis": func(t *testing.T, opts ...redisstore.Option) error {
+				c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, Username: user, Password: password})
+				t.Cleanup(func() { c.Close() })
+				_, err := redisstore.New(c, opts...)
+				return err
+			},
+			"cluster/rueidis": func(t *testing.T, opts ...redisstore.Option) error {
+				c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: addrs, Username: user, Password: password, DisableCache: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(c.Close)
+				_, err = redisstore.NewRueidis(c, opts...)
+				return err
+			},
+		}
+	}
+	return map[string]newStoreFunc{
+		"go-redis": func(t *testing.T, opts ...redisstore.Option) error {
+			c := redis.NewClient(&redis.Options{Addr: addrs[0], Username: user, Password: password, MaxRetries: -1})
+			t.Cleanup(func() { c.Close() })
+			_, err := redisstore.New(c, opts...)
+			return err
+		},
+		"rueidis": func(t *testing.T, opts ...redisstore.Option) error {
+			c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: addrs, Username: user, Password: password, DisableCache: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(c.Close)
+			_, err = redisstore.NewRueidis(c, opts...)
+			return err
+		},
+	}
+}
+
+// TestStartCheckEviction checks that New and NewRueidis refuse a server
+// with any maxmemory-policy but noeviction with an *EvictionError that
+// names the policy and the fix, and accept it with WithAllowEviction.
+func TestStartCheckEviction(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	for name, newStore := range startCheckClients([]string{srv.Addr()}, false, "", "") {
+		t.Run(name, func(t *testing.T) {
+			srv.Do(t, "CONFIG", "SET", "maxmemory-policy", "noeviction")
+			if err := newStore(t); err != nil {
+				t.Fatalf("noeviction: got %v, want the store", err)
+			}
+			for _, policy := range evictingPolicies {
+				srv.Do(t, "CONFIG", "SET", "maxmemory-policy", policy)
+				err := newStore(t)
+				var ee *redisstore.EvictionError
+				if !errors.As(err, &ee) || ee.Policy != policy || ee.Addr != srv.Addr() {
+					t.Errorf("%s: got %v, want an *EvictionError for %s on %s", policy, err, policy, srv.Addr())
+					continue
+				}
+				if msg := err.Error(); strings.Contains(msg, "\n") || !strings.Contains(msg, "set maxmemory-policy noeviction") || !strings.Contains(msg, "WithAllowEviction") {
+					t.Errorf("%s: got message %q, want one line naming the fix and the override", policy, msg)
+				}
+				if err := newStore(t, redisstore.WithAllowEviction()); err != nil {
+					t.Errorf("%s with WithAllowEviction: got %v, want the store", policy, err)
+				}
+			}
+		})
+	}
+}
+
+// TestStartCheckEvictionCluster checks that the policy of every node of a
+// Cluster is checked: one evicting primary is enough to refuse it.
+func TestStartCheckEvictionCluster(t *testing.T) {
+	t.Parallel()
+	c := redistest.StartCluster(t, 3)
+	for name, newStore := range startCheckClients(c.Addrs(), true, "", "") {
+		if err := newStore(t); err != nil {
+			t.Fatalf("%s, noeviction: got %v, want the store", name, err)
+		}
+	}
+	evicting := c.Nodes()[1]
+	evicting.Do(t, "CONFIG", "SET", "maxmemory-policy", "volatile-lru")
+	for name, newStore := range startCheckClients(c.Addrs(), true, "", "") {
+		err := newStore(t)
+		var ee *redisstore.EvictionError
+		if !errors.As(err, &ee) || ee.Policy != "volatile-lru" || ee.Addr != evicting.Addr() {
+			t.Errorf("%s: got %v, want an *EvictionError for volatile-lru on %s", name, err, evicting.Addr())
+		}
+		if err := newStore(t, redisstore.WithAllowEviction()); err != nil {
+			t.Errorf("%s with WithAllowEviction: got %v, want the store", name, err)
+		}
+	}
+}
+
+// TestStartCheckDenied checks that a user who may not run INFO nor CONFIG
+// (as on managed services) gets the store, with one warning logged; and
+// that where only INFO is refused, the policy is read with CONFIG GET.
+func TestStartCheckDenied(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, "--maxmemory-policy", "allkeys-lru")
+	srv.Do(t, "ACL", "SETUSER", "noinfo", "on", ">pw", "~*", "&*", "+@all", "-info", "-config")
+	srv.Do(t, "ACL", "SETUSER", "noinfo-config", "on", ">pw", "~*", "&*", "+@all", "-info")
+	for name, newStore := range startCheckClients([]string{srv.Addr()}, false, "noinfo", "pw") {
+		var logs bytes.Buffer
+		if err := newStore(t, redisstore.WithLogger(slog.New(slog.NewTextHandler(&logs, nil)))); err != nil {
+			t.Fatalf("%s, INFO and CONFIG refused: got %v, want the store", name, err)
+		}
+		if got := strings.Count(logs.String(), "level=WARN"); got != 1 || !strings.Contains(logs.String(), "maxmemory-policy") {
+			t.Errorf("%s: got log\n%s\nwant one warning that the policy could not be checked", name, logs.String())
+		}
+	}
+	for name, newStore := range startCheckClients([]string{srv.Addr()}, false, "noinfo-config", "pw") {
+		var ee *redisstore.EvictionError
+		if err := newStore(t); !errors.As(err, &ee) || ee.Policy != "allkeys-lru" {
+			t.Errorf("%s, INFO refused, CONFIG GET allowed: got %v, want an *EvictionError for allkeys-lru", name, err)
+		}
+	}
+}
+
+// TestStartCheckUnreachable checks that New reports a server it cannot
+// reach, instead of building a store that fails every call.
+func TestStartCheckUnreachable(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	srv.Kill(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1})
+	t.Cleanup(func() { c.Close() })
+	if _, err := redisstore.New(c); err == nil || !strings.Contains(err.Error(), "cannot check "+srv.Addr()) {
+		t.Errorf("unreachable server: got %v, want an error naming it", err)
+	}
+}
+
+// TestStartCheckVersion checks the version rule on servers that report
+// the versions given (the tests' own redis-server is 7.0, accepted by every
+// other test): older than 7.0 is refused, Valkey and Redis 8 accepted, and
+// WithWaitAOF needs 7.2.
+func TestStartCheckVersion(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+	defer cancel()
+	info := func(v string) string {
+		return "# Server\r\nredis_version:" + v + "\r\n\r\n# Memory\r\nmaxmemory_policy:noeviction\r\n"
+	}
+	for _, tc := range []struct {
+		info string
+		aof  bool
+		need string // "" when accepted
+	}{
+		{info("6.2.14"), false, "7.0"},
+		{info("6.0.20"), false, "7.0"},
+		{info("7.0.15"), false, ""},
+		{info("7.0.15"), true, "7.2"},
+		{info("7.2.4") + "valkey_version:8.0.1\r\n", true, ""},
+		{info("8.0.0"), true, ""},
+		{info("255.255.255"), false, ""},
+	} {
+		var opts []redisstore.Option
+		if tc.aof {
+			opts = append(opts, redisstore.WithWaitAOF(1, 0, time.Second))
+		}
+		err := redisstore.CheckServer(ctx, []redisstore.FakeNode{{Addr: "a:1", Info: tc.info}}, opts...)
+		var ve *redisstore.VersionError
+		switch {
+		case tc.need == "" && err != nil:
+			t.Errorf("%q aof=%v: got %v, want it accepted", tc.info, tc.aof, err)
+		case tc.need != "" && (!errors.As(err, &ve) || ve.Need != tc.need):
+			t.Errorf("%q aof=%v: got %v, want a *VersionError needing %s", tc.info, tc.aof, err, tc.need)
+		}
+	}
+}
