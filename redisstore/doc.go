@@ -53,10 +53,45 @@
 // misread.
 //
 // Each transition is one Lua script (lua/*.lua, embedded), run with EVALSHA
-// and EVAL after NOSCRIPT through the client library's own helper. Scripts
+// and EVAL after NOSCRIPT through the client library's own helper, or as a
+// Redis Function (see Functions mode). Scripts
 // read the server's clock with TIME. Every input is validated in Go before a
 // script runs, and every script does all its checks before its only write,
 // so a script error never leaves a half-written record.
+//
+// # Functions mode
+//
+// With WithFunctions the same Lua files run as Redis Functions: every
+// embedded script of the package (a script added later included, with no
+// other change) is a function of one library, idem_<version>, where
+// the version is a digest of the code, so that two versions of idem can run
+// side by side during a rolling deploy. Writes are called with FCALL, reads
+// (Get) with FCALL_RO. The library is loaded (FUNCTION LOAD, never REPLACE,
+// never FUNCTION FLUSH) when a call finds it missing: at first use, on
+// every primary of a Cluster, and again on a node that lost it. A restart
+// with AOF or RDB keeps it. The conformance suite runs in both modes
+// (TestConformance); TestFunctionFlush flushes the functions between calls.
+// LoadedLibraries and idem doctor report what is loaded. See WithFunctions
+// for when to choose which mode and for the ACL rights each needs; make
+// bench-functions compares the Redis time per call of each transition in
+// both modes.
+//
+// # Redis-side effects
+//
+// An effect is work on data in the same Redis (a stock counter, an order
+// hash, an event appended to a stream) that must happen exactly once per
+// key. Register its Lua body when the store is built (WithEffect); the
+// operation attaches it, with its arguments, to its attempt with
+// idem.SetEffect; the completion then runs, in one script or function
+// call: the owner and fence check, the effect, the COMPLETED write (and
+// for the Redis Streams consumer the XACK). A stale owner's effect never
+// runs; a completion repeated after a lost reply finds its own COMPLETED
+// record and runs nothing; an effect that fails leaves no COMPLETED record
+// and an *idem.EffectError. A script that fails half way is not undone by
+// Redis, so an effect checks its input before its first write. On a
+// Cluster every key of an effect carries the record's hash tag (EffectKey;
+// CheckEffect refuses others before anything is sent): data shared by many
+// keys, such as a stock counter, needs a store with WithHashTag.
 //
 // # Batches
 //
@@ -109,6 +144,29 @@
 // wakes across processes; Watch subscribes on a connection of its own and
 // returns after the server confirmed the subscription. WithNotify(false)
 // turns the publish off.
+//
+// # Local replay cache
+//
+// With a rueidis client, Acquire answers the replay of a COMPLETED or
+// terminal FAILED record from rueidis's client-side cache, with no round
+// trip: such a record does not change until it is deleted or expires. The
+// server keeps the cache consistent (RESP3 client tracking): a write or a
+// delete of the key by any client (idem rm included) invalidates the entry
+// as soon as the server's message arrives; the entry's local time to live is
+// the key's PTTL read with it (at most a minute), less 10 ms, so it never
+// outlives the record's retention; rueidis drops every entry of a connection
+// that breaks. An IN_PROGRESS record is never served from the cache, and the
+// fingerprint is checked as the script checks it (Mismatch). Only a key whose
+// acquire returned a replay is read through the cache (one GET, then local
+// hits), so new keys cost nothing more. The cache's memory is rueidis's, an
+// LRU bounded in bytes per connection (ClientOption.CacheSizeEachConn); the
+// store's index of replayed keys holds at most 65,536 of them.
+//
+// The cache is on by default with rueidis (a client built with DisableCache
+// then reads the key from the server each time, which is correct and a
+// little cheaper than the script), and off with WithWait or WithWaitAOF;
+// WithReplayCache(false) turns it off. With go-redis it is not available
+// yet.
 //
 // # Listing
 //

@@ -29,6 +29,7 @@ type config struct {
 	hashTag      string      // WithHashTag, in hashtag.go
 	functions    bool        // WithFunctions, in functions.go
 	effects      []effectDef // WithEffect, in effect.go
+	replayCache  *bool       // WithReplayCache, in replaycache.go; nil: the default
 
 	allowEviction bool         // WithAllowEviction, in check.go
 	logger        *slog.Logger // WithLogger, in check.go
@@ -60,7 +61,11 @@ func WithNotify(on bool) Option { return func(c *config) { c.notify = on } }
 // script, until numReplicas replicas acknowledged the write (WAIT
 // numReplicas timeout). When fewer acknowledge within timeout, the call
 // returns an error wrapping idem.ErrNotDurable: the transition happened on
-// the primary but may be lost on failover. The default is not to wait.
+// the primary but may be lost on failover. With as many replicas as
+// numReplicas, one node down makes every acquire and complete return
+// ErrNotDurable until it is back (measured: RELIABILITY.md, Sentinel
+// failover): wait for fewer replicas than you run. The default is not to
+// wait.
 func WithWait(numReplicas int, timeout time.Duration) Option {
 	return func(c *config) {
 		c.wait = &waitConfig{replicas: numReplicas, timeout: timeout}
@@ -145,6 +150,10 @@ type Store struct {
 	fcall  bool   // WithFunctions
 	// effects are the registered effects (WithEffect) by name.
 	effects map[string]*script
+	// cached and replays are the local replay cache (replaycache.go),
+	// nil when it is off.
+	cached  cachedGetter
+	replays *replayIndex
 }
 
 var (
@@ -176,6 +185,15 @@ func newStore(b backend, opts []Option) (*Store, error) {
 		return nil, err
 	}
 	s.effects = effects
+	if g, ok := b.(cachedGetter); ok {
+		on := c.wait == nil
+		if c.replayCache != nil {
+			on = *c.replayCache
+		}
+		if on {
+			s.cached, s.replays = g, newReplayIndex(replayIndexSize)
+		}
+	}
 	// The options are valid: now the server.
 	ctx, cancel := context.WithTimeout(context.Background(), StartCheckTimeout)
 	defer cancel()
@@ -300,6 +318,11 @@ func (s *Store) Acquire(ctx context.Context, key string, req idem.AcquireRequest
 	if err := req.Validate(); err != nil {
 		return idem.Acquisition{}, err
 	}
+	if s.replays != nil && s.replays.has(s.Key(key)) {
+		if a, ok := s.cachedReplay(ctx, s.Key(key), req.Fingerprint); ok {
+			return a, nil
+		}
+	}
 	reply, err := s.run(ctx, acquireScript, key, []string{
 		req.Fingerprint, req.Owner, ms(req.Lease), ms(req.Retention), strconv.Itoa(req.MaxAttempts), inProgressTTL(req.Lease),
 	}, true)
@@ -312,6 +335,9 @@ func (s *Store) Acquire(ctx context.Context, key string, req idem.AcquireRequest
 	}
 	if a.Outcome == idem.Acquired || a.Outcome == idem.TakenOver {
 		a.Lease.Owner = req.Owner
+	}
+	if a.Outcome == idem.Replay && s.replays != nil {
+		s.replays.add(s.Key(key))
 	}
 	return a, err // err is nil or ErrNotDurable
 }
@@ -437,6 +463,12 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 func (s *Store) Delete(ctx context.Context, key string) error {
 	if err := idem.ValidateStoreKey(key); err != nil {
 		return err
+	}
+	if s.replays != nil {
+		// The server's invalidation of the cached record may arrive after
+		// the reply to the DEL (Redis 7.0 sends a client's own after it):
+		// the next acquire here must not read the cache before it does.
+		s.replays.remove(s.Key(key))
 	}
 	if err := s.b.del(ctx, s.Key(key)); err != nil {
 		return fmt.Errorf("redisstore: delete: %w", err)

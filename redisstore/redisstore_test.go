@@ -55,6 +55,11 @@ func clients(t *testing.T, standalone *redistest.Server, cluster *redistest.Clus
 					t.Fatal(err)
 				}
 				return s
+			}},
+			// rueidis with its client-side cache on: the store's replay
+			// cache serves replays locally (replaycache.go).
+			client{"standalone/rueidis-cached", func(t *testing.T, opts ...redisstore.Option) *redisstore.Store {
+				return cachedRueidisStore(t, addr, opts...)
 			}})
 	}
 	if cluster != nil {

@@ -1,0 +1,284 @@
+package redisstore
+
+import (
+	"container/list"
+	"context"
+	"encoding/binary"
+	"errors"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/redis/rueidis"
+)
+
+// The local replay cache (see the package documentation). The store keeps
+// an LRU index of the keys whose acquire returned a replay; only those are
+// read through rueidis's client-side cache (DoCache GET), so a new key never
+// costs the extra GET. A cached value that is not COMPLETED or FAILED (the
+// record was deleted, or is IN_PROGRESS again) leaves the index, and the
+// acquire runs its script as without a cache.
+//
+// Decision: with go-redis the cache is off (its client has no tracking the
+// store can rely on yet), and with WithWait or WithWaitAOF it is off by
+// default too, since those callers asked that each acquire wait for
+// replicas.
+
+// replayCacheTTL bounds how long rueidis keeps a cached record, whatever
+// its retention.
+const replayCacheTTL = time.Minute
+
+// replayExpiryMargin: a cached record with less time to live left is not
+// used (the store runs the acquire script instead), so that a cached replay
+// never outlives the record by the reply's transit time.
+const replayExpiryMargin = 10 * time.Millisecond
+
+var errNearExpiry = errors.New("redisstore: cached record near its expiry")
+
+// replayIndexSize is the default number of keys of the replay index.
+const replayIndexSize = 1 << 16
+
+// WithReplayCache sets whether Acquire serves replays of COMPLETED and
+// FAILED records from the client library's server-assisted cache (see the
+// package documentation, "Local replay cache"). The default is on with a
+// rueidis client without WithWait/WithWaitAOF, and off otherwise; with
+// go-redis it cannot be turned on.
+func WithReplayCache(on bool) Option {
+	return func(c *config) { c.replayCache = &on }
+}
+
+// cachedGetter is a backend that reads a key through a client-side cache
+// that the server keeps consistent (client tracking).
+type cachedGetter interface {
+	cachedGet(ctx context.Context, key string) (value string, found bool, err error)
+}
+
+func (b *rueidisBackend) cachedGet(ctx context.Context, key string) (string, bool, error) {
+	r := b.c.DoCache(ctx, b.c.B().Get().Key(key).Cache(), replayCacheTTL)
+	if r.IsCacheHit() {
+		if r.CachePTTL() < replayExpiryMargin.Milliseconds() {
+			// rueidis dates the entry's end from the PTTL's arrival, a
+			// little after the server read it: near its end, ask the
+			// server.
+			return "", false, errNearExpiry
+		}
+		replayCacheHits.Add(1)
+	}
+	v, err := r.ToString()
+	if rueidis.IsRedisNil(err) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, err
+	}
+	return v, true, nil
+}
+
+// replayCacheHits counts the acquires served from a local cache (tests).
+var replayCacheHits atomic.Int64
+
+// replayIndex is an LRU set of record keys whose acquire returned a
+// replay. It is safe for concurrent use.
+type replayIndex struct {
+	mu   sync.Mutex
+	max  int
+	ll   list.List // of string, most recent first
+	keys map[string]*list.Element
+}
+
+func newReplayIndex(max int) *replayIndex {
+	return &replayIndex{max: max, keys: make(map[string]*list.Element)}
+}
+
+func (x *replayIndex) has(key string) bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	e, ok := x.keys[key]
+	if ok {
+		x.ll.MoveToFront(e)
+	}
+	return ok
+}
+
+func (x *replayIndex) add(key string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if e, ok := x.keys[key]; ok {
+		x.ll.MoveToFront(e)
+		return
+	}
+	x.keys[key] = x.ll.PushFront(key)
+	for x.ll.Len() > x.max {
+		delete(x.keys, x.ll.Remove(x.ll.Back()).(string))
+	}
+}
+
+func (x *replayIndex) remove(key string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if e, ok := x.keys[key]; ok {
+		x.ll.Remove(e)
+		delete(x.keys, key)
+	}
+}
+
+// cachedReplay answers an acquire of the record rkey from the local cache:
+// ok is false when it cannot (not cached, not COMPLETED or FAILED, or any
+// error), and the caller runs the acquire script.
+func (s *Store) cachedReplay(ctx context.Context, rkey, fingerprint string) (idem.Acquisition, bool) {
+	v, found, err := s.cached.cachedGet(ctx, rkey)
+	if err != nil {
+		return idem.Acquisition{}, false
+	}
+	var rec packedRecord
+	if !found || rec.decode(v) != nil || (rec.state != "c" && rec.state != "f") {
+		s.replays.remove(rkey)
+		return idem.Acquisition{}, false
+	}
+	if rec.fingerprint != fingerprint {
+		return idem.Acquisition{Outcome: idem.Mismatch}, true
+	}
+	a := idem.Acquisition{Outcome: idem.Replay, State: idem.StateCompleted, Attempts: int(rec.attempts)}
+	if rec.state == "f" {
+		a.State = idem.StateFailed
+	}
+	if rec.result != "" {
+		a.Result = []byte(rec.result)
+	}
+	return a, true
+}
+
+// packedRecord is the part of a record (see acquire.lua for its format)
+// that a replay needs.
+type packedRecord struct {
+	state, fingerprint, result string
+	attempts                   int64
+}
+
+var errRecordFormat = errors.New("redisstore: not a record of format 1")
+
+// decode reads a record as the scripts write it: nine MessagePack values
+// (format version, state, fingerprint, owner, fence, lease end, attempts,
+// created, result), as Redis's cmsgpack.pack encodes them.
+func (r *packedRecord) decode(v string) error {
+	d := msgpackReader{b: v}
+	if ver, ok := d.num(); !ok || ver != 1 {
+		return errRecordFormat
+	}
+	var ok1, ok2, ok3, ok4, ok5, ok6, ok7 bool
+	r.state, ok1 = d.str()
+	r.fingerprint, ok2 = d.str()
+	_, ok3 = d.str() // owner
+	_, ok4 = d.num() // fence
+	_, ok5 = d.num() // lease end
+	r.attempts, ok6 = d.num()
+	_, ok7 = d.num() // created
+	var ok8 bool
+	r.result, ok8 = d.str()
+	if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 || !ok6 || !ok7 || !ok8 || d.b != "" {
+		return errRecordFormat
+	}
+	return nil
+}
+
+// msgpackReader reads the MessagePack values cmsgpack writes for Lua
+// strings and numbers.
+type msgpackReader struct{ b string }
+
+func (d *msgpackReader) take(n int) (string, bool) {
+	if n < 0 || len(d.b) < n {
+		return "", false
+	}
+	s := d.b[:n]
+	d.b = d.b[n:]
+	return s, true
+}
+
+func (d *msgpackReader) str() (string, bool) {
+	if d.b == "" {
+		return "", false
+	}
+	c := d.b[0]
+	d.b = d.b[1:]
+	var n int
+	switch {
+	case c&0xe0 == 0xa0:
+		n = int(c & 0x1f)
+	case c == 0xd9 || c == 0xc4:
+		h, ok := d.take(1)
+		if !ok {
+			return "", false
+		}
+		n = int(h[0])
+	case c == 0xda || c == 0xc5:
+		h, ok := d.take(2)
+		if !ok {
+			return "", false
+		}
+		n = int(binary.BigEndian.Uint16([]byte(h)))
+	case c == 0xdb || c == 0xc6:
+		h, ok := d.take(4)
+		if !ok {
+			return "", false
+		}
+		n = int(binary.BigEndian.Uint32([]byte(h)))
+	default:
+		return "", false
+	}
+	return d.take(n)
+}
+
+func (d *msgpackReader) num() (int64, bool) {
+	if d.b == "" {
+		return 0, false
+	}
+	c := d.b[0]
+	d.b = d.b[1:]
+	switch {
+	case c < 0x80:
+		return int64(c), true
+	case c >= 0xe0:
+		return int64(int8(c)), true
+	}
+	var n int
+	switch c {
+	case 0xcc, 0xd0:
+		n = 1
+	case 0xcd, 0xd1:
+		n = 2
+	case 0xce, 0xd2, 0xca:
+		n = 4
+	case 0xcf, 0xd3, 0xcb:
+		n = 8
+	default:
+		return 0, false
+	}
+	h, ok := d.take(n)
+	if !ok {
+		return 0, false
+	}
+	var u uint64
+	for i := range n {
+		u = u<<8 | uint64(h[i])
+	}
+	switch c {
+	case 0xcc, 0xcd, 0xce, 0xcf:
+		if u > math.MaxInt64 {
+			return 0, false
+		}
+		return int64(u), true
+	case 0xd0:
+		return int64(int8(u)), true
+	case 0xd1:
+		return int64(int16(u)), true
+	case 0xd2:
+		return int64(int32(u)), true
+	case 0xd3:
+		return int64(u), true
+	case 0xca:
+		return int64(math.Float32frombits(uint32(u))), true
+	}
+	return int64(math.Float64frombits(u)), true
+}

@@ -1,0 +1,223 @@
+package redisstore_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/redistest"
+	"github.com/idemgo/idem/redisstore"
+	"github.com/redis/rueidis"
+)
+
+// cachedRueidisStore returns a store on a rueidis client with its
+// client-side cache on (the library's default), so that the replay cache
+// serves replays locally.
+func cachedRueidisStore(t *testing.T, addr string, opts ...redisstore.Option) *redisstore.Store {
+	t.Helper()
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	s, err := redisstore.NewRueidis(c, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func acquireReq(fp string, retention time.Duration) idem.AcquireRequest {
+	return idem.AcquireRequest{Fingerprint: fp, Owner: "owner-" + fp, Lease: min(10*time.Second, retention), Retention: retention, MaxAttempts: 3}
+}
+
+// completeAndCache completes key with result and acquires it until an
+// acquire is answered from the local cache.
+func completeAndCache(t *testing.T, s *redisstore.Store, key, fp string, retention time.Duration) {
+	t.Helper()
+	ctx := t.Context()
+	a, err := s.Acquire(ctx, key, acquireReq(fp, retention))
+	if err != nil || a.Outcome != idem.Acquired {
+		t.Fatalf("acquire: got %v, %v, want Acquired", a.Outcome, err)
+	}
+	if err := s.Complete(ctx, key, a.Lease, []byte("result-"+key), retention); err != nil {
+		t.Fatal(err)
+	}
+	before := redisstore.ReplayCacheHits()
+	for i := 0; redisstore.ReplayCacheHits() == before; i++ {
+		if i == 10 {
+			t.Fatal("no acquire was answered from the local cache")
+		}
+		r, err := s.Acquire(ctx, key, acquireReq(fp, retention))
+		if err != nil || r.Outcome != idem.Replay || string(r.Result) != "result-"+key || r.State != idem.StateCompleted {
+			t.Fatalf("acquire %d: got %v %q %v, %v, want the replay", i, r.Outcome, r.Result, r.State, err)
+		}
+	}
+}
+
+// TestReplayCacheDeleteInvalidates: a delete by another process (another
+// client) is seen by the cached store within 50 ms.
+func TestReplayCacheDeleteInvalidates(t *testing.T) {
+	srv := redistest.Start(t)
+	s := cachedRueidisStore(t, srv.Addr())
+	other := goRedisClient(t, srv.Addr())
+	completeAndCache(t, s, "k1", "fp", time.Hour)
+	if err := other.Del(t.Context(), s.Key("k1")).Err(); err != nil {
+		t.Fatal(err)
+	}
+	deleted := time.Now()
+	for {
+		a, err := s.Acquire(t.Context(), "k1", acquireReq("fp", time.Hour))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.Outcome == idem.Acquired {
+			break
+		}
+		if time.Since(deleted) > 50*time.Millisecond {
+			t.Fatalf("still replayed %v after the delete", time.Since(deleted))
+		}
+	}
+	// An overwrite by another process is seen too.
+	completeAndCache(t, s, "k2", "fp", time.Hour)
+	other2, err := redisstore.New(other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := other2.Delete(t.Context(), "k2"); err != nil {
+		t.Fatal(err)
+	}
+	a, err := other2.Acquire(t.Context(), "k2", acquireReq("fp2", time.Hour))
+	if err != nil || a.Outcome != idem.Acquired {
+		t.Fatalf("acquire by the other process: got %v, %v", a.Outcome, err)
+	}
+	overwritten := time.Now()
+	for {
+		a, err := s.Acquire(t.Context(), "k2", acquireReq("fp", time.Hour))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.Outcome == idem.Mismatch {
+			break
+		}
+		if time.Since(overwritten) > 50*time.Millisecond {
+			t.Fatalf("got %v %v after the overwrite, want Mismatch", a.Outcome, time.Since(overwritten))
+		}
+	}
+}
+
+// TestReplayCacheNeverOutlivesRetention: a cached replay is never served
+// after the record's retention ended.
+func TestReplayCacheNeverOutlivesRetention(t *testing.T) {
+	srv := redistest.Start(t)
+	s := cachedRueidisStore(t, srv.Addr())
+	const retention = 400 * time.Millisecond
+	completeAndCache(t, s, "k", "fp", retention)
+	// The completion happened before this on the server's clock, so its
+	// retention ends before start+retention.
+	start := time.Now()
+	for {
+		called := time.Since(start) // the acquire answers after this
+		a, err := s.Acquire(t.Context(), "k", acquireReq("fp", retention))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.Outcome != idem.Replay {
+			break
+		}
+		// Redis itself keeps expiries in whole milliseconds.
+		if called > retention+time.Millisecond {
+			t.Fatalf("replayed %v after the completion, over its retention of %v", called, retention)
+		}
+	}
+}
+
+// TestReplayCacheBrokenConnection: when the cache's connections break, no
+// cached replay is served for a record deleted meanwhile.
+func TestReplayCacheBrokenConnection(t *testing.T) {
+	srv := redistest.Start(t)
+	s := cachedRueidisStore(t, srv.Addr())
+	other := goRedisClient(t, srv.Addr())
+	completeAndCache(t, s, "k", "fp", time.Hour)
+	ctx := t.Context()
+	// Stop the server's invalidations: tracking stays off while the
+	// connections are down, then the key is deleted with no client
+	// tracking it.
+	if err := other.Do(ctx, "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Del(ctx, s.Key("k")).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// The client learns of the break as it learns of an invalidation, as
+	// soon as the server's message (here: the end of the stream) arrives:
+	// the same bound holds. Without the flush the entry would be served
+	// until its local time to live, a minute.
+	killed := time.Now()
+	for {
+		a, err := s.Acquire(ctx, "k", acquireReq("fp", time.Hour))
+		if err == nil && a.Outcome == idem.Acquired {
+			break
+		}
+		if time.Since(killed) > 50*time.Millisecond {
+			t.Fatalf("acquire %v after the broken connection: got %v, %v, want Acquired", time.Since(killed), a.Outcome, err)
+		}
+	}
+}
+
+// TestReplayCacheChecks: the fingerprint and the scope are checked on a
+// cached replay as on the server.
+func TestReplayCacheChecks(t *testing.T) {
+	srv := redistest.Start(t)
+	s := cachedRueidisStore(t, srv.Addr())
+	ctx := t.Context()
+	completeAndCache(t, s, "scope-a.k", "fp", time.Hour)
+	a, err := s.Acquire(ctx, "scope-a.k", acquireReq("other", time.Hour))
+	if err != nil || a.Outcome != idem.Mismatch {
+		t.Fatalf("other fingerprint: got %v, %v, want Mismatch", a.Outcome, err)
+	}
+	a, err = s.Acquire(ctx, "scope-b.k", acquireReq("fp", time.Hour))
+	if err != nil || a.Outcome != idem.Acquired {
+		t.Fatalf("other scope: got %v, %v, want Acquired", a.Outcome, err)
+	}
+	// IN_PROGRESS is never served from the cache: the key above is.
+	req := acquireReq("fp", time.Hour)
+	req.Owner = "another owner"
+	b, err := s.Acquire(ctx, "scope-b.k", req)
+	if err != nil || b.Outcome != idem.InProgress {
+		t.Fatalf("in progress: got %v, %v, want InProgress", b.Outcome, err)
+	}
+	// Off by option: no acquire is served locally.
+	off := cachedRueidisStore(t, srv.Addr(), redisstore.WithReplayCache(false))
+	before := redisstore.ReplayCacheHits()
+	for range 3 {
+		if r, err := off.Acquire(ctx, "scope-a.k", acquireReq("fp", time.Hour)); err != nil || r.Outcome != idem.Replay {
+			t.Fatalf("got %v, %v, want Replay", r.Outcome, err)
+		}
+	}
+	if n := redisstore.ReplayCacheHits() - before; n != 0 {
+		t.Fatalf("got %d cached replays with the cache off, want 0", n)
+	}
+}
+
+// TestDecodeRecord: the cache reads every record the scripts can write,
+// in every MessagePack width, and refuses anything else.
+func TestDecodeRecord(t *testing.T) {
+	for _, r := range []fuzzRecord{
+		{state: "c", fp: "fp", owner: "o", fence: 1, leaseEnd: 2, attempts: 3, created: 4, result: "r"},
+		{state: "f", fp: strings.Repeat("f", 64), fence: 1 << 40, leaseEnd: 1 << 52, attempts: 300, created: 1 << 20, result: strings.Repeat("x", 70000)},
+		{state: "p", fp: strings.Repeat("g", 200), attempts: 70000, result: strings.Repeat("y", 40)},
+	} {
+		st, fp, res, att, err := redisstore.DecodeRecord(string(r.encode()))
+		if err != nil || st != r.state || fp != r.fp || res != r.result || uint64(att) != r.attempts {
+			t.Errorf("got %q %q %d %d, %v, want %q %q %d %d", st, fp, len(res), att, err, r.state, r.fp, len(r.result), r.attempts)
+		}
+		enc := string(r.encode())
+		for _, bad := range []string{enc[:len(enc)-1], enc + "x", "\x02" + enc[1:], ""} {
+			if _, _, _, _, err := redisstore.DecodeRecord(bad); err == nil {
+				t.Errorf("decoded a malformed record of %d bytes", len(bad))
+			}
+		}
+	}
+}
