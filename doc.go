@@ -18,6 +18,25 @@
 //		})
 //	// res.Replayed tells a replayed result from a fresh one.
 //
+// # The API, by who uses it
+//
+// The user's path: New and its options; Do (or Typed for a Go value);
+// Begin and the attempt's endings (Commit, Abort, Release, Abandon, Fail)
+// for callers that cannot wrap their operation in a function; Await for a
+// caller that waits for another's result; FenceFrom and LeaseFrom in the
+// operation's context; the errors of errors.go; WithOnLeaseLost to
+// compensate work whose lease was lost.
+//
+// Adapters (broker consumers, the HTTP middleware) also use BeginBatch and
+// CommitBatch, and CommitBatchWith for a store call that completes more in
+// the same atomic step (a stream acknowledgement).
+//
+// Store writers implement Store (and optionally BatchStore, Watcher,
+// Relayer, EffectStore) and use the validation helpers (ValidateStoreKey,
+// ValidateLease, AcquireRequest.Validate, …); wrappers of a store implement
+// Unwrapper so that StoreAs finds the capabilities beneath them. The
+// storetest package is their conformance suite.
+//
 // # Guarantees
 //
 // Exactly one execution starts per key while the store holds the record,

@@ -62,7 +62,8 @@ var ErrEffect = errors.New("idem: effect failed")
 // The completion was not written. Do and Commit then end the attempt as if
 // the operation had returned this error: the failure policy decides
 // whether the key is released (the default: the next call runs the
-// operation again) or becomes FAILED.
+// operation again) or becomes FAILED; in the latter case the error they
+// return is marked with Terminal (IsTerminal reports true).
 type EffectError struct {
 	// Name is the effect's name.
 	Name string
@@ -122,8 +123,12 @@ func (a *Attempt) hasEffect() bool {
 // operation failed after all, and the failure policy decides whether the
 // key is released or FAILED.
 func (a *Attempt) effectFailed(ctx context.Context, err error) error {
-	if ferr := a.fail(ctx, err, a.e.policy(err)); ferr != nil {
+	terminal := a.e.policy(err)
+	if ferr := a.fail(ctx, err, terminal); ferr != nil {
 		return errors.Join(err, ferr)
+	}
+	if terminal {
+		return Terminal(err) // the key is FAILED: say so to the caller
 	}
 	return err
 }

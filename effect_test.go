@@ -159,6 +159,9 @@ func TestFailingEffectReleasesOrFails(t *testing.T) {
 			if !errors.As(err, &ee) || ee.Name != "fail" || ee.Message != "out of stock" {
 				t.Fatalf("got %v, want an *EffectError", err)
 			}
+			if idem.IsTerminal(err) != terminal {
+				t.Fatalf("IsTerminal: got %v, want %v", idem.IsTerminal(err), terminal)
+			}
 			if s.calls != 1 {
 				t.Fatalf("got %d CompleteEffect calls, want 1 (an effect error is not repeated)", s.calls)
 			}

@@ -236,9 +236,12 @@ type Result struct {
 //
 //   - If the key is new, released, or its previous owner's lease expired, Do
 //     runs fn with a context that carries the lease (see LeaseFrom and
-//     FenceFrom) and is cancelled, with cause ErrLeaseLost, if the lease is
-//     lost. fn's result is stored and returned. While fn runs, the lease is
-//     extended every third of it.
+//     FenceFrom) and is cancelled, with a cause wrapping ErrLeaseLost, if the
+//     lease is lost or its local deadline passes without a successful
+//     extension (see LeaseDeadline). fn's result is stored and returned.
+//     While fn runs, the lease is extended every third of it. fn never
+//     starts after the lease's local deadline: an acquire whose reply comes
+//     later releases the key and Do returns an error wrapping ErrLeaseLost.
 //   - If the key is COMPLETED with the same fingerprint, Do returns the
 //     stored result with Replayed set and does not run fn.
 //   - If another caller holds the key, Do returns an *InProgressError.
@@ -317,9 +320,11 @@ type Attempt struct {
 }
 
 // Begin acquires key for the caller. It returns the same errors as Do. On
-// success the returned context carries the lease (LeaseFrom, FenceFrom) and
-// is cancelled with cause ErrLeaseLost when the lease is lost; the lease is
-// extended every third of it until the attempt ends.
+// success the returned context carries the lease (LeaseFrom, FenceFrom,
+// LeaseDeadline) and is cancelled with a cause wrapping ErrLeaseLost when
+// the lease is lost or its local deadline passes without a successful
+// extension; the lease is extended every third of it until the attempt
+// ends.
 //
 // If the key was already COMPLETED, Begin returns an Attempt whose Replayed
 // method reports true and whose Value holds the stored result; nothing is to

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -509,11 +510,13 @@ func (b *Batch) Commit(ctx context.Context) []Result {
 			b.leaseLost(i, catt[k], err, nil)
 			if err != nil {
 				b.results[i] = Result{Action: Retry, Delay: p.retryDelay, Err: err}
-				// A refused effect (idem.SetEffect) is a failed message: the
-				// Executor released the key (or failed it, per its policy)
-				// and nothing was applied; after the maximum of deliveries
-				// the message is dead-lettered.
-				if errors.Is(err, idem.ErrEffect) && p.maxDeliveries > 0 && max(b.msgs[i].Deliveries, catt[k].Attempts()) >= p.maxDeliveries {
+				// A refused effect (idem.SetEffect) is a failed message:
+				// nothing was applied, and the Executor released the key or,
+				// per its policy, failed it (then the error is terminal).
+				// A terminal one, or one after the maximum of deliveries, is
+				// dead-lettered.
+				if errors.Is(err, idem.ErrEffect) && (idem.IsTerminal(err) ||
+					p.maxDeliveries > 0 && max(b.msgs[i].Deliveries, catt[k].Attempts()) >= p.maxDeliveries) {
 					b.results[i] = Result{Action: DeadLetter, Err: err}
 				}
 				continue
@@ -628,4 +631,29 @@ func GraceContext(ctx context.Context, grace time.Duration, cause error) (work c
 		stopAfter()
 		cancel(context.Canceled)
 	}
+}
+
+// KeepAlive calls renew every interval until the returned stop is called:
+// an adapter's broker-side counterpart of the lease heartbeat (a NATS
+// InProgress, an SQS visibility change, a Redis Streams claim), so that
+// the broker does not redeliver messages whose handler still runs. stop
+// returns once no renew is in flight, so that a later broker call on the
+// same messages is not overwritten; it may be called more than once.
+func KeepAlive(interval time.Duration, renew func()) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				renew()
+			}
+		}
+	})
+	var once sync.Once
+	return func() { once.Do(func() { close(done); wg.Wait() }) }
 }

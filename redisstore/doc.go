@@ -53,10 +53,45 @@
 // misread.
 //
 // Each transition is one Lua script (lua/*.lua, embedded), run with EVALSHA
-// and EVAL after NOSCRIPT through the client library's own helper. Scripts
+// and EVAL after NOSCRIPT through the client library's own helper, or as a
+// Redis Function (see Functions mode). Scripts
 // read the server's clock with TIME. Every input is validated in Go before a
 // script runs, and every script does all its checks before its only write,
 // so a script error never leaves a half-written record.
+//
+// # Functions mode
+//
+// With WithFunctions the same Lua files run as Redis Functions: every
+// embedded script of the package (a script added later included, with no
+// other change) is a function of one library, idem_<version>, where
+// the version is a digest of the code, so that two versions of idem can run
+// side by side during a rolling deploy. Writes are called with FCALL, reads
+// (Get) with FCALL_RO. The library is loaded (FUNCTION LOAD, never REPLACE,
+// never FUNCTION FLUSH) when a call finds it missing: at first use, on
+// every primary of a Cluster, and again on a node that lost it. A restart
+// with AOF or RDB keeps it. The conformance suite runs in both modes
+// (TestConformance); TestFunctionFlush flushes the functions between calls.
+// LoadedLibraries and idem doctor report what is loaded. See WithFunctions
+// for when to choose which mode and for the ACL rights each needs; make
+// bench-functions compares the Redis time per call of each transition in
+// both modes.
+//
+// # Redis-side effects
+//
+// An effect is work on data in the same Redis (a stock counter, an order
+// hash, an event appended to a stream) that must happen exactly once per
+// key. Register its Lua body when the store is built (WithEffect); the
+// operation attaches it, with its arguments, to its attempt with
+// idem.SetEffect; the completion then runs, in one script or function
+// call: the owner and fence check, the effect, the COMPLETED write (and
+// for the Redis Streams consumer the XACK). A stale owner's effect never
+// runs; a completion repeated after a lost reply finds its own COMPLETED
+// record and runs nothing; an effect that fails leaves no COMPLETED record
+// and an *idem.EffectError. A script that fails half way is not undone by
+// Redis, so an effect checks its input before its first write. On a
+// Cluster every key of an effect carries the record's hash tag (EffectKey;
+// CheckEffect refuses others before anything is sent): data shared by many
+// keys, such as a stock counter, needs a store with WithHashTag.
 //
 // # Batches
 //

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -345,27 +344,15 @@ func (c *Consumer) ProcessBatch(ctx context.Context, msgs []jetstream.Msg) {
 	defer stopShutdown()
 
 	// Keep the server's AckWait timer from expiring while the batch runs.
-	var wg sync.WaitGroup
-	done := make(chan struct{})
-	wg.Go(func() {
-		t := time.NewTicker(c.cfg.heartbeat)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				for _, m := range msgs {
-					if err := m.InProgress(); err != nil {
-						c.proc.ReportError("in progress", err)
-					}
-				}
+	stopProgress := consumer.KeepAlive(c.cfg.heartbeat, func() {
+		for _, m := range msgs {
+			if err := m.InProgress(); err != nil {
+				c.proc.ReportError("in progress", err)
 			}
 		}
 	})
 	results := c.proc.Process(hctx, in, func(ctx context.Context, i int) error { return c.h(ctx, msgs[i]) })
-	close(done)
-	wg.Wait()
+	stopProgress()
 	for i, r := range results {
 		c.settle(msgs[i], in[i], r)
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -554,31 +553,17 @@ func (c *Consumer) touch(ctx context.Context, ids []string) func() {
 	if len(ids) == 0 {
 		return func() {}
 	}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		t := time.NewTicker(c.claimIdle / 3)
-		defer t.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				err := c.rdb.XClaimJustID(ctx, &redis.XClaimArgs{
-					Stream: c.stream, Group: c.group, Consumer: c.name, MinIdle: 0, Messages: ids,
-				}).Err()
-				if err != nil {
-					c.proc.ReportError("keeping entries claimed", err)
-				}
-			}
+	return consumer.KeepAlive(c.claimIdle/3, func() {
+		if ctx.Err() != nil {
+			return
 		}
-	}()
-	var once sync.Once
-	return func() { once.Do(func() { close(stop); wg.Wait() }) }
+		err := c.rdb.XClaimJustID(ctx, &redis.XClaimArgs{
+			Stream: c.stream, Group: c.group, Consumer: c.name, MinIdle: 0, Messages: ids,
+		}).Err()
+		if err != nil {
+			c.proc.ReportError("keeping entries claimed", err)
+		}
+	})
 }
 
 // errShutdownTimeout is the cause of the cancellation of the handlers'

@@ -330,24 +330,9 @@ func seconds(d time.Duration) int32 {
 // once no renewal is in flight, so that a later visibility change (the
 // retry delay) is not overwritten.
 func (c *Consumer) extend(ctx context.Context, msgs []types.Message) (stop func()) {
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		t := time.NewTicker(c.cfg.visibility / 3)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				c.changeVisibility(context.WithoutCancel(ctx), msgs, int32(c.cfg.visibility/time.Second))
-			}
-		}
+	return consumer.KeepAlive(c.cfg.visibility/3, func() {
+		c.changeVisibility(context.WithoutCancel(ctx), msgs, int32(c.cfg.visibility/time.Second))
 	})
-	return func() {
-		close(done)
-		wg.Wait()
-	}
 }
 
 // chunks calls f with msgs ten at a time, the limit of SQS batch calls.

@@ -1,0 +1,50 @@
+package kafka_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/consumer"
+	"github.com/idemgo/idem/consumer/consumertest"
+	"github.com/idemgo/idem/consumer/kafka"
+	"github.com/idemgo/idem/internal/prooftest"
+)
+
+// TestConformance runs the adapter conformance suite on kfake.
+func TestConformance(t *testing.T) {
+	consumertest.Run(t, func(t *testing.T) consumertest.Harness {
+		addrs := startCluster(t, 1, "in", "in.dlq")
+		return &harness{addrs: addrs, prod: producer(t, addrs)}
+	})
+}
+
+type harness struct {
+	addrs []string
+	prod  *kgo.Client
+}
+
+func (h *harness) Publish(t *testing.T, key string, payload []byte) {
+	r := &kgo.Record{Topic: "in", Value: payload}
+	if key != "" {
+		r.Headers = keyHeader(key)
+	}
+	produce(t, h.prod, r)
+}
+
+func (h *harness) Start(t *testing.T, opts []consumer.Option, hd consumertest.Handler) (func() consumer.Stats, func()) {
+	c, err := kafka.New(prooftest.MemExecutor(t, idem.WithLease(time.Second)), func(ctx context.Context, r *kgo.Record) error {
+		return hd(ctx, kafka.KeyHeader(kafka.DefaultKeyHeader)(r), r.Value)
+	}, groupOpts(h.addrs, "g", "in"), kafka.WithProcessorOptions(opts...),
+		kafka.WithMaxDeliveries(consumertest.MaxDeliveries), kafka.WithRetryDelay(20*time.Millisecond),
+		kafka.WithFingerprint(func(r *kgo.Record) string { return string(r.Value) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c.Stats, prooftest.Start(t, c.Run)
+}
+
+func (h *harness) DeadLetters(t *testing.T) int { return int(count(t, h.addrs, "in.dlq")) }

@@ -1,0 +1,57 @@
+package natsconsumer_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/consumer"
+	"github.com/idemgo/idem/consumer/consumertest"
+	natsconsumer "github.com/idemgo/idem/consumer/nats"
+	"github.com/idemgo/idem/internal/prooftest"
+)
+
+// TestConformance runs the adapter conformance suite on a real nats-server
+// with JetStream. The key travels in a header of its own: JetStream would
+// drop the suite's duplicates published with the same Nats-Msg-Id.
+func TestConformance(t *testing.T) {
+	consumertest.Run(t, func(t *testing.T) consumertest.Harness {
+		_, js := connect(t)
+		return &harness{js: js, s: newStream(t, js, nil)}
+	})
+}
+
+type harness struct {
+	js jetstream.JetStream
+	s  *testStream
+}
+
+func (h *harness) Publish(t *testing.T, key string, payload []byte) {
+	h.s.publish(t, "orders", "Idem-Key", key, payload)
+}
+
+func (h *harness) Start(t *testing.T, opts []consumer.Option, hd consumertest.Handler) (func() consumer.Stats, func()) {
+	proc, err := consumer.New(prooftest.MemExecutor(t, idem.WithLease(time.Second)), opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := natsconsumer.New(h.js, h.s.consumer(t, nil), proc, func(ctx context.Context, m jetstream.Msg) error {
+		return hd(ctx, m.Headers().Get("Idem-Key"), m.Data())
+	}, natsconsumer.WithKeyHeader("Idem-Key"), natsconsumer.WithFetchMaxWait(100*time.Millisecond),
+		natsconsumer.WithFingerprint(func(m jetstream.Msg) string { return string(m.Data()) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runBg(t, c.Run)
+	return c.Stats, func() {
+		if err := stop(); err != nil && !errors.Is(err, natsconsumer.ErrStopped) {
+			t.Errorf("Run: %v", err)
+		}
+	}
+}
+
+func (h *harness) DeadLetters(t *testing.T) int { return len(h.s.dlqMsgs(t)) }

@@ -1,0 +1,51 @@
+package rabbitmq
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemgo/idem/consumer"
+	"github.com/idemgo/idem/consumer/consumertest"
+	"github.com/idemgo/idem/internal/prooftest"
+)
+
+// TestConformance runs the adapter conformance suite on a real RabbitMQ.
+func TestConformance(t *testing.T) {
+	consumertest.Run(t, func(t *testing.T) consumertest.Harness {
+		q := testQueue(t)
+		return &harness{q: q, pub: newPublisher(t, q), conn: dial(t)}
+	})
+}
+
+type harness struct {
+	q    string
+	pub  *publisher
+	conn *amqp.Connection
+}
+
+func (h *harness) Publish(t *testing.T, key string, payload []byte) {
+	// A header: the message-id property cannot hold the suite's key over
+	// 255 bytes.
+	p := amqp.Publishing{Body: payload}
+	if key != "" {
+		p.Headers = amqp.Table{"idem-key": key}
+	}
+	h.pub.publish(h.q, p)
+}
+
+func (h *harness) Start(t *testing.T, opts []consumer.Option, hd consumertest.Handler) (func() consumer.Stats, func()) {
+	proc := prooftest.MemProcessor(t, time.Second, append(opts, consumer.WithScope(h.q))...)
+	c, err := New(amqpURL(), h.q, proc, func(ctx context.Context, d *amqp.Delivery) error {
+		k, _ := d.Headers["idem-key"].(string)
+		return hd(ctx, k, d.Body)
+	}, WithKeyHeader("idem-key"), WithFingerprint(func(d *amqp.Delivery) string { return string(d.Body) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c.Stats, prooftest.Start(t, c.Run)
+}
+
+func (h *harness) DeadLetters(t *testing.T) int { return depth(t, h.conn, h.q+".dlq") }
