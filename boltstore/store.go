@@ -279,13 +279,7 @@ func readRecord(tx *bolt.Tx, key string) (*record, error) {
 // answered from a read transaction; the others are committed to disk before
 // Acquire returns.
 func (s *Store) Acquire(ctx context.Context, key string, req idem.AcquireRequest) (idem.Acquisition, error) {
-	if err := idem.ValidateStoreKey(key); err != nil {
-		return idem.Acquisition{}, err
-	}
-	if err := req.Validate(); err != nil {
-		return idem.Acquisition{}, err
-	}
-	if err := ctx.Err(); err != nil {
+	if err := statemachine.CheckAcquire(ctx, key, req); err != nil {
 		return idem.Acquisition{}, err
 	}
 	var out idem.Acquisition
@@ -373,13 +367,7 @@ func (s *Store) Complete(ctx context.Context, key string, lease idem.Lease, resu
 // RelayCompletion implements idem.Relayer. It returns once the record is
 // on disk.
 func (s *Store) RelayCompletion(ctx context.Context, key string, c idem.Completion) error {
-	if err := idem.ValidateStoreKey(key); err != nil {
-		return err
-	}
-	if err := c.Validate(); err != nil {
-		return err
-	}
-	if err := ctx.Err(); err != nil {
+	if err := statemachine.CheckRelay(ctx, key, c); err != nil {
 		return err
 	}
 	return s.change(ctx, key, len(c.Result), true, func(cur *record, now int64) (record, bool, error) {

@@ -110,13 +110,7 @@ func (s *Store) sweep(now int64) {
 
 // Acquire implements idem.Store.
 func (s *Store) Acquire(ctx context.Context, key string, req idem.AcquireRequest) (idem.Acquisition, error) {
-	if err := idem.ValidateStoreKey(key); err != nil {
-		return idem.Acquisition{}, err
-	}
-	if err := req.Validate(); err != nil {
-		return idem.Acquisition{}, err
-	}
-	if err := ctx.Err(); err != nil {
+	if err := statemachine.CheckAcquire(ctx, key, req); err != nil {
 		return idem.Acquisition{}, err
 	}
 	s.mu.Lock()
@@ -151,13 +145,7 @@ func (s *Store) Complete(ctx context.Context, key string, lease idem.Lease, resu
 // RelayCompletion implements idem.Relayer. The store keeps c.Result
 // without copying it.
 func (s *Store) RelayCompletion(ctx context.Context, key string, c idem.Completion) error {
-	if err := idem.ValidateStoreKey(key); err != nil {
-		return err
-	}
-	if err := c.Validate(); err != nil {
-		return err
-	}
-	if err := ctx.Err(); err != nil {
+	if err := statemachine.CheckRelay(ctx, key, c); err != nil {
 		return err
 	}
 	s.mu.Lock()

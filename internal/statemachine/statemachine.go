@@ -245,3 +245,27 @@ func CheckOwned(ctx context.Context, key string, lease idem.Lease, what string, 
 	}
 	return idem.ValidateDuration(what, d)
 }
+
+// CheckAcquire validates the arguments of Acquire: the key, the request,
+// then ctx.
+func CheckAcquire(ctx context.Context, key string, req idem.AcquireRequest) error {
+	if err := idem.ValidateStoreKey(key); err != nil {
+		return err
+	}
+	if err := req.Validate(); err != nil {
+		return err
+	}
+	return ctx.Err()
+}
+
+// CheckRelay validates the arguments of RelayCompletion: the key, the
+// completion, then ctx.
+func CheckRelay(ctx context.Context, key string, c idem.Completion) error {
+	if err := idem.ValidateStoreKey(key); err != nil {
+		return err
+	}
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	return ctx.Err()
+}

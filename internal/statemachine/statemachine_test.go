@@ -375,3 +375,35 @@ func TestPublic(t *testing.T) {
 		t.Errorf("a COMPLETED record has LeaseUntil %v", p.LeaseUntil)
 	}
 }
+
+func TestCheckAcquireAndRelay(t *testing.T) {
+	canceled, cancel := context.WithCancel(context.Background())
+	cancel()
+	ctx := context.Background()
+	good := idem.AcquireRequest{Fingerprint: "fp", Owner: "a", Lease: lease, Retention: ret}
+	if err := CheckAcquire(ctx, "k", good); err != nil {
+		t.Errorf("valid Acquire: %v", err)
+	}
+	if err := CheckAcquire(ctx, "", good); !errors.Is(err, idem.ErrInvalid) {
+		t.Errorf("empty key: got %v, want ErrInvalid", err)
+	}
+	if err := CheckAcquire(ctx, "k", idem.AcquireRequest{Owner: "a", Retention: ret}); !errors.Is(err, idem.ErrInvalid) {
+		t.Errorf("zero lease: got %v, want ErrInvalid", err)
+	}
+	if err := CheckAcquire(canceled, "k", good); !errors.Is(err, context.Canceled) {
+		t.Errorf("context ended: got %v, want context.Canceled", err)
+	}
+	c := idem.Completion{Fingerprint: "fp", Fence: 1, Result: []byte("r"), Retention: ret}
+	if err := CheckRelay(ctx, "k", c); err != nil {
+		t.Errorf("valid relay: %v", err)
+	}
+	if err := CheckRelay(ctx, "", c); !errors.Is(err, idem.ErrInvalid) {
+		t.Errorf("empty key: got %v, want ErrInvalid", err)
+	}
+	if err := CheckRelay(ctx, "k", idem.Completion{Fingerprint: "fp", Result: []byte("r"), Retention: ret}); !errors.Is(err, idem.ErrInvalid) {
+		t.Errorf("zero fence: got %v, want ErrInvalid", err)
+	}
+	if err := CheckRelay(canceled, "k", c); !errors.Is(err, context.Canceled) {
+		t.Errorf("context ended: got %v, want context.Canceled", err)
+	}
+}
