@@ -40,7 +40,12 @@ func TestOrders(t *testing.T) {
 	runCtx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	for i := range 2 {
-		c, err := newConsumer(rdb, fmt.Sprintf("c%d", i), redisstream.WithBlock(20*time.Millisecond), redisstream.WithBatchSize(32))
+		c, err := newConsumer(rdb, fmt.Sprintf("c%d", i), redisstream.WithBlock(20*time.Millisecond), redisstream.WithBatchSize(32),
+			// A copy read while the other consumer still runs its order
+			// is in progress there: it stays pending and is claimed again
+			// after the claim idle time (by default the 30s lease), then
+			// replayed.
+			redisstream.WithClaimIdle(300*time.Millisecond))
 		if err != nil {
 			t.Fatal(err)
 		}
