@@ -20,7 +20,7 @@ MODULES  := $(shell find . -name go.mod -not -path './.cache/*' -not -path './bi
 MODVERSION ?= $(shell sed -n 's|^[[:space:]]*github.com/idemgo/idem \(v[^ ]*\) =>.*|\1|p' go.work)
 MODPROXY   := $(GO) run -C internal/modproxy .
 
-.PHONY: test vet race modules tidy build release fuzz soak chaos chaos-long chaos-report bench bench-streams bench-http bench-proxy bench-postgres check-redis check-brokers check-postgres demo
+.PHONY: test vet race modules tidy build release fuzz soak chaos chaos-long chaos-report bench bench-streams bench-functions bench-http bench-proxy bench-postgres check-redis check-brokers check-postgres demo
 
 ## test: formatting, vet, the race-enabled tests of every module, each
 ## module built on its own (make modules) and the short variant of the
@@ -126,6 +126,12 @@ bench: check-redis
 ## deduplication needs ("floor"), 5 runs each; prints medians and ratios.
 bench-streams: check-redis
 	$(GO) test -run '^$$' -bench 'Consumer/.*/batch=100' -benchtime 50000x -count 5 ./consumer/redisstream/ | $(GO) run ./internal/benchratio -metric msgs/s -base plain
+
+## bench-functions: the Redis time per call of each transition in script
+## mode and in Functions mode (WithFunctions), 7 runs each; prints medians
+## and the Functions/script ratios.
+bench-functions: check-redis
+	$(GO) test -run '^$$' -bench Transitions -benchtime 20000x -count 7 ./redisstore/ | $(GO) run ./internal/benchratio -metric redis-µs/call -base scripts | $(GO) run ./internal/benchratio -metric redis-cpu-µs/call -base scripts
 
 ## bench-http: idemhttp (both Redis clients), Fiber's idempotency middleware,
 ## a plain reverse proxy and the idem proxy against the bare handler under

@@ -62,7 +62,8 @@ var ErrEffect = errors.New("idem: effect failed")
 // The completion was not written. Do and Commit then end the attempt as if
 // the operation had returned this error: the failure policy decides
 // whether the key is released (the default: the next call runs the
-// operation again) or becomes FAILED.
+// operation again) or becomes FAILED; in the latter case the error they
+// return is marked with Terminal (IsTerminal reports true).
 type EffectError struct {
 	// Name is the effect's name.
 	Name string
@@ -83,7 +84,8 @@ func (e *EffectError) Unwrap() error { return ErrEffect }
 // SetEffect copies e's slices.
 //
 // It returns an error wrapping ErrInvalid outside an attempt, when the
-// store applies no effects (it is not an EffectStore), or when the store
+// store applies no effects (it is not an EffectStore, nor a wrapper that
+// unwraps to one: see StoreAs), or when the store
 // refuses e (an unknown name, a key outside the record's hash tag), and an
 // error wrapping ErrLeaseLost when the attempt already ended. It is safe
 // for concurrent use.
@@ -93,7 +95,7 @@ func SetEffect(ctx context.Context, e Effect) error {
 		return invalidf("SetEffect outside an attempt")
 	}
 	a := c.a
-	es, ok := a.e.store.(EffectStore)
+	es, ok := StoreAs[EffectStore](a.e.store)
 	if !ok {
 		return invalidf("store %T applies no effects", a.e.store)
 	}
@@ -122,8 +124,12 @@ func (a *Attempt) hasEffect() bool {
 // operation failed after all, and the failure policy decides whether the
 // key is released or FAILED.
 func (a *Attempt) effectFailed(ctx context.Context, err error) error {
-	if ferr := a.fail(ctx, err, a.e.policy(err)); ferr != nil {
+	terminal := a.e.policy(err)
+	if ferr := a.fail(ctx, err, terminal); ferr != nil {
 		return errors.Join(err, ferr)
+	}
+	if terminal {
+		return Terminal(err) // the key is FAILED: say so to the caller
 	}
 	return err
 }

@@ -159,6 +159,9 @@ func TestFailingEffectReleasesOrFails(t *testing.T) {
 			if !errors.As(err, &ee) || ee.Name != "fail" || ee.Message != "out of stock" {
 				t.Fatalf("got %v, want an *EffectError", err)
 			}
+			if idem.IsTerminal(err) != terminal {
+				t.Fatalf("IsTerminal: got %v, want %v", idem.IsTerminal(err), terminal)
+			}
 			if s.calls != 1 {
 				t.Fatalf("got %d CompleteEffect calls, want 1 (an effect error is not repeated)", s.calls)
 			}
@@ -257,5 +260,24 @@ func TestCommitBatchWithPassesEffects(t *testing.T) {
 		if err != nil || rec.State != want {
 			t.Fatalf("record %d: got %v, %v, want %v", i, rec.State, err, want)
 		}
+	}
+}
+
+// A wrapper that unwraps to an EffectStore keeps its effects: SetEffect
+// and the completion find the store beneath it.
+func TestEffectThroughWrapper(t *testing.T) {
+	_, s := newEffectExec(t)
+	exec, err := idem.New(unwrapping{wrapped{s}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := exec.Do(t.Context(), idem.Key{ID: "k"}, "", func(ctx context.Context) ([]byte, error) {
+		return []byte("v"), idem.SetEffect(ctx, idem.Effect{Name: "ok", Keys: []string{"a"}})
+	})
+	if err != nil || string(res.Value) != "v" {
+		t.Fatalf("Do: got %q, %v", res.Value, err)
+	}
+	if len(s.applied) != 1 || s.applied[0].Name != "ok" {
+		t.Fatalf("applied: got %+v, want the one effect", s.applied)
 	}
 }

@@ -651,8 +651,11 @@ func (a *Attempt) finish(ctx context.Context, op ending, blob []byte, terminal b
 		switch op {
 		case endComplete:
 			if a.effect != nil {
-				// SetEffect checked that the store is an EffectStore.
-				err = a.e.store.(EffectStore).CompleteEffect(ctx, a.key, a.lease, blob, a.e.retention, *a.effect)
+				// SetEffect checked that the store is an EffectStore,
+				// or unwraps to one. The completion goes to that store:
+				// only it applies the effect atomically with the write.
+				es, _ := StoreAs[EffectStore](a.e.store)
+				err = es.CompleteEffect(ctx, a.key, a.lease, blob, a.e.retention, *a.effect)
 			} else {
 				err = a.e.store.Complete(ctx, a.key, a.lease, blob, a.e.retention)
 			}

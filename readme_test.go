@@ -12,3 +12,10 @@ func TestReadmeExample(t *testing.T) {
 	readmetest.Snippet(t, "README.md", "<!-- README example: the body of Example in example_test.go", "example_test.go",
 		"func Example() {")
 }
+
+// TestReadmeEffectExample checks the Redis-side effects snippet against
+// ExampleWithEffect, which the redisstore tests compile.
+func TestReadmeEffectExample(t *testing.T) {
+	readmetest.Snippet(t, "README.md", "<!-- README example: the body of ExampleWithEffect", "redisstore/example_test.go",
+		"func ExampleWithEffect() {")
+}

@@ -22,7 +22,8 @@ type Watcher interface {
 // Await blocks until key's record is not IN_PROGRESS (it completed, failed,
 // was released, was deleted, or its lease expired) or ctx is done, and
 // returns nil or ctx's error. Callers then call Begin or Do again to get the
-// replay or the key. On a store that implements Watcher, Await is woken by
+// replay or the key. On a store that implements Watcher (also beneath
+// wrappers that unwrap to it, see StoreAs), Await is woken by
 // the store's notification (and looks again every second in case one was
 // lost); otherwise it polls every 50ms. It never waits past the lease's end.
 func (e *Executor) Await(ctx context.Context, key Key) error {
@@ -30,7 +31,7 @@ func (e *Executor) Await(ctx context.Context, key Key) error {
 		return err
 	}
 	skey := key.Digest()
-	w, _ := e.store.(Watcher)
+	w, _ := StoreAs[Watcher](e.store)
 	for {
 		var changed <-chan struct{}
 		stop := func() {}

@@ -12,9 +12,10 @@
 //
 // # Semantics
 //
-// The state machine is memstore's, transition for transition (a test runs
-// random operations on both with one fake clock and requires identical
-// replies): the same outcomes, the same ErrLeaseLost rules and repeated-call
+// The state machine is memstore's: both make every transition with the
+// same pure functions (an internal package) and keep only their storage,
+// and a test runs random operations on both with one fake clock and
+// requires identical replies: the same outcomes, the same ErrLeaseLost rules and repeated-call
 // rules, the same validation of input before anything is read or written,
 // the same expiry (an IN_PROGRESS record two leases plus
 // idem.InProgressGrace after it was acquired or extended, a finished one

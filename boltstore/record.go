@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/statemachine"
 )
 
 // recordVersion is the first byte of every encoded record. A change of the
@@ -13,17 +14,7 @@ const recordVersion = 1
 
 // record is a key's record as kept on disk. Times are Unix microseconds of
 // the store's clock.
-type record struct {
-	state       idem.State
-	fingerprint string
-	owner       string
-	fence       int64
-	attempts    int
-	created     int64
-	leaseUntil  int64
-	expiresAt   int64
-	result      []byte
-}
+type record = statemachine.Record
 
 // Encoding, version 1:
 //
@@ -43,21 +34,21 @@ type record struct {
 
 // encode returns r's encoding in a new slice (bolt keeps a reference to the
 // value until the transaction ends).
-func (r *record) encode() []byte {
-	n := 2 + 5*binary.MaxVarintLen64 + 3*binary.MaxVarintLen32 + len(r.fingerprint) + len(r.owner) + len(r.result)
+func encode(r *record) []byte {
+	n := 2 + 5*binary.MaxVarintLen64 + 3*binary.MaxVarintLen32 + len(r.Fingerprint) + len(r.Owner) + len(r.Result)
 	b := make([]byte, 0, n)
-	b = append(b, recordVersion, byte(r.state))
-	b = binary.AppendUvarint(b, uint64(r.fence))
-	b = binary.AppendUvarint(b, uint64(r.attempts))
-	b = binary.AppendVarint(b, r.created)
-	b = binary.AppendVarint(b, r.leaseUntil)
-	b = binary.AppendVarint(b, r.expiresAt)
-	b = binary.AppendUvarint(b, uint64(len(r.fingerprint)))
-	b = append(b, r.fingerprint...)
-	b = binary.AppendUvarint(b, uint64(len(r.owner)))
-	b = append(b, r.owner...)
-	b = binary.AppendUvarint(b, uint64(len(r.result)))
-	b = append(b, r.result...)
+	b = append(b, recordVersion, byte(r.State))
+	b = binary.AppendUvarint(b, uint64(r.Fence))
+	b = binary.AppendUvarint(b, uint64(r.Attempts))
+	b = binary.AppendVarint(b, r.Created)
+	b = binary.AppendVarint(b, r.LeaseUntil)
+	b = binary.AppendVarint(b, r.ExpiresAt)
+	b = binary.AppendUvarint(b, uint64(len(r.Fingerprint)))
+	b = append(b, r.Fingerprint...)
+	b = binary.AppendUvarint(b, uint64(len(r.Owner)))
+	b = append(b, r.Owner...)
+	b = binary.AppendUvarint(b, uint64(len(r.Result)))
+	b = append(b, r.Result...)
 	return b
 }
 
@@ -122,18 +113,18 @@ func decode(b []byte, copyResult bool) (*record, error) {
 	if b[0] != recordVersion {
 		return nil, fmt.Errorf("%w: record version %d, want %d (written by another version of boltstore?)", ErrCorrupt, b[0], recordVersion)
 	}
-	r := &record{state: idem.State(b[1])}
-	if r.state < idem.StateInProgress || r.state > idem.StateFailed {
+	r := &record{State: idem.State(b[1])}
+	if r.State < idem.StateInProgress || r.State > idem.StateFailed {
 		return nil, fmt.Errorf("%w: record: unknown state %d", ErrCorrupt, b[1])
 	}
 	d := decoder{b: b[2:]}
-	r.fence = int64(d.uvarint("fence", 1<<63-1))
-	r.attempts = int(d.uvarint("attempts", 1<<31-1))
-	r.created = d.varint("created")
-	r.leaseUntil = d.varint("lease end")
-	r.expiresAt = d.varint("expiry")
-	r.fingerprint = string(d.bytes("fingerprint", idem.MaxFingerprintLen))
-	r.owner = string(d.bytes("owner", idem.MaxOwnerLen))
+	r.Fence = int64(d.uvarint("fence", 1<<63-1))
+	r.Attempts = int(d.uvarint("attempts", 1<<31-1))
+	r.Created = d.varint("created")
+	r.LeaseUntil = d.varint("lease end")
+	r.ExpiresAt = d.varint("expiry")
+	r.Fingerprint = string(d.bytes("fingerprint", idem.MaxFingerprintLen))
+	r.Owner = string(d.bytes("owner", idem.MaxOwnerLen))
 	res := d.bytes("result", 1<<32)
 	if d.err != nil {
 		return nil, d.err
@@ -145,7 +136,7 @@ func decode(b []byte, copyResult bool) (*record, error) {
 		if copyResult {
 			res = append([]byte(nil), res...)
 		}
-		r.result = res
+		r.Result = res
 	}
 	return r, nil
 }

@@ -1,7 +1,6 @@
 package boltstore
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/statemachine"
 	bolt "go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
 )
@@ -279,13 +279,7 @@ func readRecord(tx *bolt.Tx, key string) (*record, error) {
 // answered from a read transaction; the others are committed to disk before
 // Acquire returns.
 func (s *Store) Acquire(ctx context.Context, key string, req idem.AcquireRequest) (idem.Acquisition, error) {
-	if err := idem.ValidateStoreKey(key); err != nil {
-		return idem.Acquisition{}, err
-	}
-	if err := req.Validate(); err != nil {
-		return idem.Acquisition{}, err
-	}
-	if err := ctx.Err(); err != nil {
+	if err := statemachine.CheckAcquire(ctx, key, req); err != nil {
 		return idem.Acquisition{}, err
 	}
 	var out idem.Acquisition
@@ -296,10 +290,11 @@ func (s *Store) Acquire(ctx context.Context, key string, req idem.AcquireRequest
 			return err
 		}
 		now := s.micros()
-		if r.expiresAt <= now {
+		if r.ExpiresAt <= now {
 			return nil
 		}
-		out, answered = r.settled(req, now)
+		out, answered = statemachine.Settled(r, req, now)
+		out.Result = clone(out.Result)
 		return nil
 	})
 	if err != nil || answered {
@@ -312,27 +307,6 @@ func (s *Store) Acquire(ctx context.Context, key string, req idem.AcquireRequest
 	return out, err
 }
 
-// settled returns the outcome of an Acquire of the live record r that
-// changes nothing, if it is one: Mismatch, Replay, InProgress, or Acquired
-// for a repeated call by the owner. The result is copied.
-func (r *record) settled(req idem.AcquireRequest, now int64) (idem.Acquisition, bool) {
-	if r.fingerprint != req.Fingerprint {
-		return idem.Acquisition{Outcome: idem.Mismatch}, true
-	}
-	switch r.state {
-	case idem.StateCompleted, idem.StateFailed:
-		return idem.Acquisition{Outcome: idem.Replay, State: r.state, Result: clone(r.result), Attempts: r.attempts}, true
-	case idem.StateInProgress:
-		if r.owner == req.Owner { // a repeated call whose reply was lost
-			return idem.Acquisition{Outcome: idem.Acquired, Lease: idem.Lease{Owner: r.owner, Fence: r.fence}, Attempts: r.attempts}, true
-		}
-		if r.leaseUntil > now {
-			return idem.Acquisition{Outcome: idem.InProgress, RetryAfter: time.Duration(r.leaseUntil-now) * time.Microsecond, Attempts: r.attempts}, true
-		}
-	}
-	return idem.Acquisition{}, false
-}
-
 func clone(b []byte) []byte {
 	if len(b) == 0 {
 		return nil
@@ -340,181 +314,80 @@ func clone(b []byte) []byte {
 	return append([]byte(nil), b...)
 }
 
-// acquire is Acquire's transition, as memstore makes it.
+// acquire is Acquire's transition. A Replay's result is copied.
 func (t *txn) acquire(key string, req idem.AcquireRequest, out *idem.Acquisition) error {
-	now := t.now
-	lease := req.Lease.Microseconds()
 	sl, err := t.load(key)
 	if err != nil {
 		return err
 	}
-	r := sl.live
-	if r == nil {
-		r = &record{
-			state:       idem.StateInProgress,
-			fingerprint: req.Fingerprint,
-			owner:       req.Owner,
-			fence:       t.nextFence(0),
-			attempts:    1,
-			created:     now,
-			leaseUntil:  now + lease,
-			expiresAt:   now + 2*lease + grace,
-		}
-		*out = idem.Acquisition{Outcome: idem.Acquired, Lease: idem.Lease{Owner: r.owner, Fence: r.fence}, Attempts: 1}
-		return t.save(sl, r)
-	}
-	if a, ok := r.settled(req, now); ok {
-		*out = a
+	next, changed, a := statemachine.Acquire(sl.live, req, t.now, t.lastFence)
+	a.Result = clone(a.Result)
+	*out = a
+	if !changed {
 		return nil
 	}
-	// RELEASED, or IN_PROGRESS with an expired lease.
-	if req.MaxAttempts > 0 && r.attempts >= req.MaxAttempts {
-		r.state, r.owner, r.leaseUntil, r.result = idem.StateFailed, "", 0, nil
-		r.expiresAt = now + req.Retention.Microseconds()
-		*out = idem.Acquisition{Outcome: idem.Replay, State: idem.StateFailed, Attempts: r.attempts}
-		return t.save(sl, r)
-	}
-	*out = idem.Acquisition{Outcome: idem.Acquired}
-	if r.state == idem.StateInProgress {
-		out.Outcome, out.PreviousOwner = idem.TakenOver, r.owner
-	}
-	r.state, r.owner = idem.StateInProgress, req.Owner
-	r.fence = t.nextFence(r.fence)
-	r.attempts++
-	r.leaseUntil = now + lease
-	r.expiresAt = now + 2*lease + grace
-	r.result = nil
-	out.Lease = idem.Lease{Owner: r.owner, Fence: r.fence}
-	out.Attempts = r.attempts
-	return t.save(sl, r)
+	return t.save(sl, &next)
 }
 
-// grace is idem.InProgressGrace in µs: how long, beyond one more lease, an
-// IN_PROGRESS record whose lease ended is kept.
-var grace = idem.InProgressGrace.Microseconds()
-
-func checkOwner(ctx context.Context, key string, lease idem.Lease) error {
-	if err := idem.ValidateStoreKey(key); err != nil {
-		return err
-	}
-	if err := idem.ValidateLease(lease); err != nil {
-		return err
-	}
-	return ctx.Err()
-}
-
-// owned runs change on key's record if lease still owns it. If repeated
-// (which may be nil) reports that the live record is what this very call
-// left when it ran before (its reply was lost), owned changes nothing and
-// returns nil. Otherwise it returns an error wrapping idem.ErrLeaseLost and
-// changes nothing.
-func (s *Store) owned(ctx context.Context, key string, lease idem.Lease, size int, repeated func(r *record) bool, change func(t *txn, r *record)) error {
-	var lost error
+// change runs transition on key's live record (nil if none) and saves the
+// record it returns if it changed, waking the key's watchers if notify. The
+// transition's error is returned and nothing is written.
+func (s *Store) change(ctx context.Context, key string, size int, notify bool, transition func(cur *record, now int64) (record, bool, error)) error {
+	var terr error
 	err := s.writeSized(ctx, size, func(t *txn) error {
-		lost = nil
 		sl, err := t.load(key)
 		if err != nil {
 			return err
 		}
-		r := sl.live
-		if r != nil && repeated != nil && repeated(r) {
+		next, changed, err := transition(sl.live, t.now)
+		if terr = err; err != nil || !changed {
 			return nil
 		}
-		if r == nil {
-			lost = fmt.Errorf("%w: no record", idem.ErrLeaseLost)
-			return nil
+		if notify {
+			t.notify(key)
 		}
-		if r.state != idem.StateInProgress || r.owner != lease.Owner || r.fence != lease.Fence {
-			lost = fmt.Errorf("%w: record is %v with fence %d", idem.ErrLeaseLost, r.state, r.fence)
-			return nil
-		}
-		change(t, r)
-		return t.save(sl, r)
+		return t.save(sl, &next)
 	})
 	if err != nil {
 		return err
 	}
-	return lost
+	return terr
 }
 
 // Complete implements idem.Store. It returns once the result is on disk.
 func (s *Store) Complete(ctx context.Context, key string, lease idem.Lease, result []byte, retention time.Duration) error {
-	if err := checkOwner(ctx, key, lease); err != nil {
+	if err := statemachine.CheckOwned(ctx, key, lease, "retention", retention); err != nil {
 		return err
 	}
-	if err := idem.ValidateDuration("retention", retention); err != nil {
-		return err
-	}
-	repeated := func(r *record) bool {
-		return r.state == idem.StateCompleted && r.fence == lease.Fence && bytes.Equal(r.result, result)
-	}
-	return s.owned(ctx, key, lease, len(result), repeated, func(t *txn, r *record) {
-		r.state, r.result, r.leaseUntil = idem.StateCompleted, result, 0
-		r.expiresAt = t.now + retention.Microseconds()
-		t.notify(key)
+	return s.change(ctx, key, len(result), true, func(cur *record, now int64) (record, bool, error) {
+		return statemachine.Complete(cur, lease, result, retention, now)
 	})
 }
 
 // RelayCompletion implements idem.Relayer. It returns once the record is
 // on disk.
 func (s *Store) RelayCompletion(ctx context.Context, key string, c idem.Completion) error {
-	if err := idem.ValidateStoreKey(key); err != nil {
+	if err := statemachine.CheckRelay(ctx, key, c); err != nil {
 		return err
 	}
-	if err := c.Validate(); err != nil {
-		return err
-	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	return s.writeSized(ctx, len(c.Result), func(t *txn) error {
-		sl, err := t.load(key)
-		if err != nil {
-			return err
-		}
-		r := sl.live
-		if r == nil {
-			r = &record{attempts: 1, created: t.now}
-		} else if r.state == idem.StateCompleted {
-			return nil // the first completion stays
-		}
-		r.state, r.fingerprint, r.owner, r.result, r.leaseUntil = idem.StateCompleted, c.Fingerprint, "", c.Result, 0
-		r.fence = max(r.fence, c.Fence)
-		if r.fence > t.lastFence {
-			t.lastFence, t.fenceSet = r.fence, true
-		}
-		r.expiresAt = t.now + c.Retention.Microseconds()
-		t.notify(key)
-		return t.save(sl, r)
+	return s.change(ctx, key, len(c.Result), true, func(cur *record, now int64) (record, bool, error) {
+		next, changed := statemachine.Relay(cur, c, now)
+		return next, changed, nil
 	})
 }
 
 // Fail implements idem.Store.
 func (s *Store) Fail(ctx context.Context, key string, lease idem.Lease, f idem.Failure) (idem.State, error) {
-	if err := checkOwner(ctx, key, lease); err != nil {
+	if err := statemachine.CheckOwned(ctx, key, lease, "", 0); err != nil {
 		return 0, err
 	}
 	if err := f.Validate(); err != nil {
 		return 0, err
 	}
 	var state idem.State
-	repeated := func(r *record) bool {
-		if (r.state == idem.StateReleased || r.state == idem.StateFailed) && r.fence == lease.Fence {
-			state = r.state
-			return true
-		}
-		return false
-	}
-	err := s.owned(ctx, key, lease, len(f.Result), repeated, func(t *txn, r *record) {
-		r.leaseUntil = 0
-		r.expiresAt = t.now + f.Retention.Microseconds()
-		if f.Terminal || (f.MaxAttempts > 0 && r.attempts >= f.MaxAttempts) {
-			r.state, r.result = idem.StateFailed, f.Result
-		} else {
-			r.state, r.result = idem.StateReleased, nil
-		}
-		state = r.state
-		t.notify(key)
+	err := s.change(ctx, key, len(f.Result), true, func(cur *record, now int64) (next record, changed bool, err error) {
+		next, changed, state, err = statemachine.Fail(cur, lease, f, now)
+		return next, changed, err
 	})
 	if err != nil {
 		return 0, err
@@ -524,33 +397,22 @@ func (s *Store) Fail(ctx context.Context, key string, lease idem.Lease, f idem.F
 
 // Extend implements idem.Store.
 func (s *Store) Extend(ctx context.Context, key string, lease idem.Lease, d time.Duration) error {
-	if err := checkOwner(ctx, key, lease); err != nil {
+	if err := statemachine.CheckOwned(ctx, key, lease, "lease", d); err != nil {
 		return err
 	}
-	if err := idem.ValidateDuration("lease", d); err != nil {
-		return err
-	}
-	return s.owned(ctx, key, lease, 0, nil, func(t *txn, r *record) {
-		r.leaseUntil = t.now + d.Microseconds()
-		r.expiresAt = r.leaseUntil + d.Microseconds() + grace
+	return s.change(ctx, key, 0, false, func(cur *record, now int64) (record, bool, error) {
+		next, err := statemachine.Extend(cur, lease, d, now)
+		return next, err == nil, err
 	})
 }
 
 // Release implements idem.Store.
 func (s *Store) Release(ctx context.Context, key string, lease idem.Lease, retention time.Duration) error {
-	if err := checkOwner(ctx, key, lease); err != nil {
+	if err := statemachine.CheckOwned(ctx, key, lease, "retention", retention); err != nil {
 		return err
 	}
-	if err := idem.ValidateDuration("retention", retention); err != nil {
-		return err
-	}
-	repeated := func(r *record) bool {
-		return r.state == idem.StateReleased && r.fence == lease.Fence
-	}
-	return s.owned(ctx, key, lease, 0, repeated, func(t *txn, r *record) {
-		r.state, r.leaseUntil, r.result = idem.StateReleased, 0, nil
-		r.expiresAt = t.now + retention.Microseconds()
-		t.notify(key)
+	return s.change(ctx, key, 0, true, func(cur *record, now int64) (record, bool, error) {
+		return statemachine.Release(cur, lease, retention, now)
 	})
 }
 
@@ -570,10 +432,10 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 			return err
 		}
 		now := s.micros()
-		if r.expiresAt <= now {
+		if r.ExpiresAt <= now {
 			return nil
 		}
-		rec, found = r.public(now), true
+		rec, found = r.Public(now), true
 		return nil
 	})
 	if err != nil {
@@ -583,26 +445,6 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 		return idem.Record{}, idem.ErrNotFound
 	}
 	return rec, nil
-}
-
-// public returns r as an idem.Record read at now, with a copy of the
-// result.
-func (r *record) public(now int64) idem.Record {
-	rec := idem.Record{
-		State:       r.state,
-		Fingerprint: r.fingerprint,
-		Owner:       r.owner,
-		Fence:       r.fence,
-		Attempts:    r.attempts,
-		Created:     time.UnixMicro(r.created),
-		ExpiresAt:   time.UnixMicro(r.expiresAt),
-		Now:         time.UnixMicro(now),
-		Result:      append([]byte(nil), r.result...),
-	}
-	if r.state == idem.StateInProgress {
-		rec.LeaseUntil = time.UnixMicro(r.leaseUntil)
-	}
-	return rec
 }
 
 // Delete implements idem.Store. It returns once the deletion is on disk. It
@@ -652,10 +494,10 @@ func (s *Store) List(ctx context.Context, limit int) ([]Entry, error) {
 			if err != nil {
 				return fmt.Errorf("boltstore: key %s: %w", k, err)
 			}
-			if r.expiresAt <= now {
+			if r.ExpiresAt <= now {
 				continue
 			}
-			out = append(out, Entry{Key: string(k), Record: r.public(now)})
+			out = append(out, Entry{Key: string(k), Record: r.Public(now)})
 		}
 		return nil
 	})

@@ -209,15 +209,6 @@ func (t *txn) finish() error {
 	return t.tx.Bucket(bucketMeta).Put(metaFence, binary.BigEndian.AppendUint64(nil, uint64(t.lastFence)))
 }
 
-// nextFence returns a fence above prev, above every fence handed out before
-// (also before a restart: the last one is kept in the file), and at least
-// the clock in microseconds (DESIGN.md §1).
-func (t *txn) nextFence(prev int64) int64 {
-	f := max(prev+1, t.now, t.lastFence+1)
-	t.lastFence, t.fenceSet = f, true
-	return f
-}
-
 func (t *txn) notify(key string) { t.notified = append(t.notified, key) }
 
 // slot is a key's place in the file as loaded by a write.
@@ -240,8 +231,8 @@ func (t *txn) load(key string) (*slot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("boltstore: key %s: %w", key, err)
 	}
-	sl.onDisk, sl.oldExp = true, r.expiresAt
-	if r.expiresAt > t.now {
+	sl.onDisk, sl.oldExp = true, r.ExpiresAt
+	if r.ExpiresAt > t.now {
 		sl.live = r
 	}
 	return sl, nil
@@ -250,10 +241,13 @@ func (t *txn) load(key string) (*slot, error) {
 // save stores r in sl and keeps the expiry index in step.
 func (t *txn) save(sl *slot, r *record) error {
 	t.dirty = true
-	if err := t.records.Put([]byte(sl.key), r.encode()); err != nil {
+	if r.Fence > t.lastFence {
+		t.lastFence, t.fenceSet = r.Fence, true
+	}
+	if err := t.records.Put([]byte(sl.key), encode(r)); err != nil {
 		return err
 	}
-	if sl.onDisk && sl.oldExp == r.expiresAt {
+	if sl.onDisk && sl.oldExp == r.ExpiresAt {
 		return nil
 	}
 	if sl.onDisk {
@@ -261,7 +255,7 @@ func (t *txn) save(sl *slot, r *record) error {
 			return err
 		}
 	}
-	return t.expiry.Put(expiryKey(r.expiresAt, sl.key), nil)
+	return t.expiry.Put(expiryKey(r.ExpiresAt, sl.key), nil)
 }
 
 // remove deletes key's record and its index entry. A record that cannot be
@@ -274,7 +268,7 @@ func (t *txn) remove(key string) error {
 	}
 	t.dirty = true
 	if r, err := decode(v, false); err == nil {
-		if err := t.expiry.Delete(expiryKey(r.expiresAt, key)); err != nil {
+		if err := t.expiry.Delete(expiryKey(r.ExpiresAt, key)); err != nil {
 			return err
 		}
 	}
@@ -301,7 +295,7 @@ func (t *txn) sweep(limit int) (int, error) {
 			// it anyway rather than delete a live record. A record that
 			// cannot be decoded and whose entry expired goes too.
 			if v := t.records.Get(key); v != nil {
-				if r, err := decode(v, false); err != nil || r.expiresAt == exp {
+				if r, err := decode(v, false); err != nil || r.ExpiresAt == exp {
 					if err := t.records.Delete(key); err != nil {
 						return 0, err
 					}

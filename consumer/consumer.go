@@ -510,11 +510,13 @@ func (b *Batch) Commit(ctx context.Context) []Result {
 			b.leaseLost(i, catt[k], err, nil)
 			if err != nil {
 				b.results[i] = Result{Action: Retry, Delay: p.retryDelay, Err: err}
-				// A refused effect (idem.SetEffect) is a failed message: the
-				// Executor released the key (or failed it, per its policy)
-				// and nothing was applied; after the maximum of deliveries
-				// the message is dead-lettered.
-				if errors.Is(err, idem.ErrEffect) && p.maxDeliveries > 0 && max(b.msgs[i].Deliveries, catt[k].Attempts()) >= p.maxDeliveries {
+				// A refused effect (idem.SetEffect) is a failed message:
+				// nothing was applied, and the Executor released the key or,
+				// per its policy, failed it (then the error is terminal).
+				// A terminal one, or one after the maximum of deliveries, is
+				// dead-lettered.
+				if errors.Is(err, idem.ErrEffect) && (idem.IsTerminal(err) ||
+					p.maxDeliveries > 0 && max(b.msgs[i].Deliveries, catt[k].Attempts()) >= p.maxDeliveries) {
 					b.results[i] = Result{Action: DeadLetter, Err: err}
 				}
 				continue

@@ -98,6 +98,13 @@
 // is released and the panic goes on. If it hijacks the connection, the key
 // is released.
 //
+// A handler whose effect is on data in the store's Redis attaches it with
+// idem.SetEffect(r.Context(), effect) (an effect registered on the store
+// with redisstore.WithEffect): the effect is then applied in the same
+// atomic call as the completion that stores the response, once per key
+// (TestHandlerEffect). An effect that fails stores nothing: the key is
+// released, or failed per the Executor's failure policy.
+//
 // The response is stored after the handler returns, with a context that
 // does not end when the client goes away.
 //

@@ -1,6 +1,7 @@
 // Package memstore is an in-process idem.Store: a map guarded by a mutex,
 // with the same semantics as the Redis store (it passes the same
-// conformance suite, storetest). Use it in tests, in examples, and in a
+// conformance suite, storetest; its transitions are the pure functions
+// boltstore uses too, so it keeps only the map). Use it in tests, in examples, and in a
 // single process that needs no durability: its records are lost when the
 // process exits.
 //

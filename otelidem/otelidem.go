@@ -82,7 +82,8 @@ func WithAttributes(attrs ...attribute.KeyValue) Option {
 // error. The decorator returns inner's results and errors unchanged and is
 // safe for concurrent use as inner is.
 //
-// If inner implements idem.Watcher, so does the returned store (Watch gets
+// If inner implements idem.Watcher (or unwraps to one, see idem.StoreAs),
+// so does the returned store (Watch gets
 // a span too), so that Executor.Await keeps being woken rather than
 // polling. That is why Store returns the interface and not a concrete type:
 // the type differs by whether inner watches.
@@ -99,7 +100,7 @@ func Store(inner idem.Store, opts ...Option) idem.Store {
 		tracer: c.tp.Tracer(ScopeName),
 		attrs:  c.attrs,
 	}
-	if w, ok := inner.(idem.Watcher); ok {
+	if w, ok := idem.StoreAs[idem.Watcher](inner); ok {
 		return &watchingStore{tracedStore: s, w: w}
 	}
 	return &s

@@ -10,6 +10,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/memstore"
 	"github.com/idemgo/idem/otelidem"
+	"github.com/idemgo/idem/storetest"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -311,6 +312,36 @@ func TestWatcherPreserved(t *testing.T) {
 	}
 	if _, ok := otelidem.Store(plainStore{ms}).(idem.Watcher); ok {
 		t.Error("the decorated store without Watch is an idem.Watcher, want not")
+	}
+	// A watcher beneath another wrapper (one that unwraps) is found too,
+	// so Watch keeps its span.
+	if _, ok := otelidem.Store(unwrapping{plainStore{ms}}).(idem.Watcher); !ok {
+		t.Error("the decorated store over a wrapper of memstore is not an idem.Watcher, want one")
+	}
+}
+
+// unwrapping hides the optional methods of the store it wraps and unwraps
+// to it, as a decorator that follows idem.Unwrapper does.
+type unwrapping struct{ plainStore }
+
+func (u unwrapping) Unwrap() idem.Store { return u.Store }
+
+// TestConformance runs the store conformance suite (optional capabilities
+// included) on a decorated memstore, and on a decorated wrapper of one.
+func TestConformance(t *testing.T) {
+	for name, wrap := range map[string]func(*memstore.Store) idem.Store{
+		"memstore":         func(ms *memstore.Store) idem.Store { return otelidem.Store(ms) },
+		"wrapped memstore": func(ms *memstore.Store) idem.Store { return otelidem.Store(unwrapping{plainStore{ms}}) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			storetest.Run(t, func(t *testing.T) idem.Store {
+				ms, err := memstore.New()
+				if err != nil {
+					t.Fatal(err)
+				}
+				return wrap(ms)
+			})
+		})
 	}
 }
 

@@ -2,11 +2,14 @@ package redisstore_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/redistest"
@@ -151,13 +154,19 @@ func resetStats(b *testing.B, srv *redistest.Server) {
 // evalshaUsecPerCall returns usec_per_call of EVALSHA from INFO
 // commandstats.
 func evalshaUsecPerCall(b *testing.B, srv *redistest.Server) float64 {
+	return usecPerCall(b, srv, "evalsha")
+}
+
+// usecPerCall returns usec_per_call of the command cmd (lower case) from
+// INFO commandstats.
+func usecPerCall(b *testing.B, srv *redistest.Server, cmd string) float64 {
 	b.Helper()
 	info, err := srv.Command("INFO", "commandstats")
 	if err != nil {
 		b.Fatal(err)
 	}
 	for line := range strings.Lines(info) {
-		fields, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_evalsha:")
+		fields, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+cmd+":")
 		if !ok {
 			continue
 		}
@@ -169,6 +178,26 @@ func evalshaUsecPerCall(b *testing.B, srv *redistest.Server) float64 {
 		}
 	}
 	return 0
+}
+
+// mainThreadCPU returns the CPU time, in seconds, of the server's main
+// thread (INFO cpu): unlike usec_per_call, it does not count the time the
+// server waits for a CPU on a loaded machine.
+func mainThreadCPU(b *testing.B, srv *redistest.Server) float64 {
+	b.Helper()
+	info, err := srv.Command("INFO", "cpu")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total float64
+	for line := range strings.Lines(info) {
+		name, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if ok && (name == "used_cpu_user_main_thread" || name == "used_cpu_sys_main_thread") {
+			n, _ := strconv.ParseFloat(v, 64)
+			total += n
+		}
+	}
+	return total
 }
 
 // BenchmarkBatch measures Executor.BeginBatch and CommitBatch of 100 new
@@ -211,5 +240,141 @@ func BenchmarkBatch(b *testing.B) {
 			calls := float64(2 * ((b.N + batch - 1) / batch))
 			b.ReportMetric(evalshaUsecPerCall(b, srv)*calls/float64(2*b.N), "redis-µs/key-transition")
 		})
+	}
+}
+
+// BenchmarkTransitions measures each transition's Redis time per call
+// (redis-µs/call: usec_per_call of EVALSHA in script mode, of FCALL or
+// FCALL_RO in Functions mode, from INFO commandstats; and redis-cpu-µs/call,
+// the CPU of the server's main thread per call, reading and parsing
+// included, which a loaded machine inflates less) in both modes, one
+// store call per op from 16 goroutines through go-redis. The records each
+// op needs (an acquired key for complete, extend, release and fail; a
+// completed one for replay and get) are made before the measured calls, and
+// the server's statistics are reset after. Compare the modes with
+//
+//	go test -run '^$' -bench Transitions -count 5 ./redisstore | go run ./internal/benchratio -metric redis-µs/call -base scripts
+func BenchmarkTransitions(b *testing.B) {
+	srv := redistest.Start(b)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: 16})
+	b.Cleanup(func() { rdb.Close() })
+	const lease, retention = time.Minute, time.Hour
+	effect := redisstore.WithEffect("count", `
+local n = tonumber(ARGV[1])
+if not n then return redis.error_reply('not a number') end
+redis.call('INCRBY', KEYS[1], n)`)
+	type setup uint8
+	const (
+		none setup = iota
+		acquired
+		completed
+	)
+	transitions := []struct {
+		name  string
+		setup setup
+		op    func(ctx context.Context, s *redisstore.Store, key string, l idem.Lease) error
+	}{
+		{"acquire", none, func(ctx context.Context, s *redisstore.Store, key string, _ idem.Lease) error {
+			_, err := s.Acquire(ctx, key, idem.AcquireRequest{Fingerprint: "fp", Owner: "o", Lease: lease, Retention: retention})
+			return err
+		}},
+		{"replay", completed, func(ctx context.Context, s *redisstore.Store, key string, _ idem.Lease) error {
+			a, err := s.Acquire(ctx, key, idem.AcquireRequest{Fingerprint: "fp", Owner: "o2", Lease: lease, Retention: retention})
+			if err == nil && a.Outcome != idem.Replay {
+				return fmt.Errorf("got %v, want a replay", a.Outcome)
+			}
+			return err
+		}},
+		{"complete", acquired, func(ctx context.Context, s *redisstore.Store, key string, l idem.Lease) error {
+			return s.Complete(ctx, key, l, benchResult, retention)
+		}},
+		{"complete-effect", acquired, func(ctx context.Context, s *redisstore.Store, key string, l idem.Lease) error {
+			return s.CompleteEffect(ctx, key, l, benchResult, retention, idem.Effect{Name: "count", Keys: []string{"{" + key + "}n"}, Args: []string{"1"}})
+		}},
+		{"extend", acquired, func(ctx context.Context, s *redisstore.Store, key string, l idem.Lease) error {
+			return s.Extend(ctx, key, l, lease)
+		}},
+		{"release", acquired, func(ctx context.Context, s *redisstore.Store, key string, l idem.Lease) error {
+			return s.Release(ctx, key, l, retention)
+		}},
+		{"fail", acquired, func(ctx context.Context, s *redisstore.Store, key string, l idem.Lease) error {
+			_, err := s.Fail(ctx, key, l, idem.Failure{Result: benchResult, Retention: retention})
+			return err
+		}},
+		{"get", completed, func(ctx context.Context, s *redisstore.Store, key string, _ idem.Lease) error {
+			_, err := s.Get(ctx, key)
+			return err
+		}},
+	}
+	stores := make([]*redisstore.Store, len(modes))
+	for i, m := range modes {
+		s, err := redisstore.New(rdb, append([]redisstore.Option{effect, redisstore.WithNotify(false)}, m.opts...)...)
+		if err != nil {
+			b.Fatal(err)
+		}
+		// Load the library, if any, before the measured calls.
+		if _, err := s.Get(context.Background(), "warm-up"); !errors.Is(err, idem.ErrNotFound) {
+			b.Fatal(err)
+		}
+		stores[i] = s
+	}
+	// Each transition in one mode, then in the other: the load of the
+	// machine changes less between the two than over the whole run.
+	for _, tr := range transitions {
+		for i, m := range modes {
+			s := stores[i]
+			b.Run(m.name+"/"+tr.name, func(b *testing.B) {
+				ctx := context.Background()
+				keys := make([]string, b.N)
+				leases := make([]idem.Lease, b.N)
+				for i := range keys {
+					keys[i] = newBenchKey().Digest()
+				}
+				if tr.setup == completed {
+					for i := range keys {
+						keys[i] = keys[0]
+					}
+				}
+				for i := range keys {
+					if tr.setup == none || (tr.setup == completed && i > 0) {
+						continue
+					}
+					a, err := s.Acquire(ctx, keys[i], idem.AcquireRequest{Fingerprint: "fp", Owner: "o", Lease: lease, Retention: retention})
+					if err != nil {
+						b.Fatal(err)
+					}
+					leases[i] = a.Lease
+					if tr.setup == completed {
+						if err := s.Complete(ctx, keys[i], a.Lease, benchResult, retention); err != nil {
+							b.Fatal(err)
+						}
+					}
+				}
+				resetStats(b, srv)
+				cpu := mainThreadCPU(b, srv)
+				var next atomic.Int64
+				b.SetParallelism(max(1, 16/runtime.GOMAXPROCS(0)))
+				b.ResetTimer()
+				b.RunParallel(func(pb *testing.PB) {
+					for pb.Next() {
+						i := next.Add(1) - 1
+						if err := tr.op(ctx, s, keys[i], leases[i]); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
+				b.StopTimer()
+				cmd := "evalsha"
+				if m.name == "functions" {
+					cmd = "fcall"
+					if tr.name == "get" {
+						cmd = "fcall_ro"
+					}
+				}
+				b.ReportMetric(usecPerCall(b, srv, cmd), "redis-µs/call")
+				b.ReportMetric((mainThreadCPU(b, srv)-cpu)*1e6/float64(b.N), "redis-cpu-µs/call")
+			})
+		}
 	}
 }

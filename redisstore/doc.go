@@ -53,10 +53,66 @@
 // misread.
 //
 // Each transition is one Lua script (lua/*.lua, embedded), run with EVALSHA
-// and EVAL after NOSCRIPT through the client library's own helper. Scripts
+// and EVAL after NOSCRIPT through the client library's own helper, or as a
+// Redis Function (see Functions mode). Scripts
 // read the server's clock with TIME. Every input is validated in Go before a
 // script runs, and every script does all its checks before its only write,
 // so a script error never leaves a half-written record.
+//
+// # Functions mode
+//
+// With WithFunctions the same Lua files run as Redis Functions: every
+// embedded script of the package (a script added later included, with no
+// other change) is a function of one library, idem_<version>, where
+// the version is a digest of the code, so that two versions of idem can run
+// side by side during a rolling deploy. Writes are called with FCALL, reads
+// (Get) with FCALL_RO. The library is loaded (FUNCTION LOAD, never REPLACE,
+// never FUNCTION FLUSH) when a call finds it missing: at first use, on
+// every primary of a Cluster, and again on a node that lost it. A restart
+// with AOF or RDB keeps it. The conformance suite runs in both modes
+// (TestConformance); TestFunctionFlush flushes the functions between calls.
+// LoadedLibraries and idem doctor report what is loaded. See WithFunctions
+// for when to choose which mode and for the ACL rights each needs.
+//
+// make bench-functions compares the Redis time per call of each transition
+// in both modes (BenchmarkTransitions, go-redis, 16 callers, medians of 7
+// interleaved runs, one run on 2026-11-23 on the 2-core development
+// machine while other work loaded it: the figures are noisy, and the same
+// transition moved by up to 2× between runs that day). usec_per_call
+// (INFO commandstats) / the server's main-thread CPU per call, µs, script
+// mode → Functions mode:
+//
+//	acquire (new key)   9.85 → 12.14 (1.23×)   20.09 → 23.08 (1.15×)
+//	replay              5.90 →  5.24 (0.89×)   17.96 → 14.59 (0.81×)
+//	complete           11.66 → 11.72 (1.01×)   20.48 → 20.13 (0.98×)
+//	complete + effect  18.16 → 17.71 (0.98×)   24.77 → 24.26 (0.98×)
+//	extend             11.74 → 16.59 (1.41×)   21.39 → 23.06 (1.08×)
+//	release            12.94 → 15.60 (1.21×)   19.03 → 21.16 (1.11×)
+//	fail               10.91 → 12.03 (1.10×)   19.53 → 19.41 (0.99×)
+//	get (FCALL_RO)     15.14 → 10.14 (0.67×)   17.70 → 17.64 (1.00×)
+//
+// By CPU, which a loaded machine inflates less, five transitions are
+// within 1.00× ± 0.02 and acquire, extend and release 1.08–1.15× in this
+// run; an earlier run that day had acquire at 0.78× and extend at 0.54×.
+// A quiet machine is needed to tell whether Functions mode costs anything
+// per call; nothing in the function bodies differs from the scripts.
+//
+// # Redis-side effects
+//
+// An effect is work on data in the same Redis (a stock counter, an order
+// hash, an event appended to a stream) that must happen exactly once per
+// key. Register its Lua body when the store is built (WithEffect); the
+// operation attaches it, with its arguments, to its attempt with
+// idem.SetEffect; the completion then runs, in one script or function
+// call: the owner and fence check, the effect, the COMPLETED write (and
+// for the Redis Streams consumer the XACK). A stale owner's effect never
+// runs; a completion repeated after a lost reply finds its own COMPLETED
+// record and runs nothing; an effect that fails leaves no COMPLETED record
+// and an *idem.EffectError. A script that fails half way is not undone by
+// Redis, so an effect checks its input before its first write. On a
+// Cluster every key of an effect carries the record's hash tag (EffectKey;
+// CheckEffect refuses others before anything is sent): data shared by many
+// keys, such as a stock counter, needs a store with WithHashTag.
 //
 // # Batches
 //

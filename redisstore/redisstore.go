@@ -61,7 +61,11 @@ func WithNotify(on bool) Option { return func(c *config) { c.notify = on } }
 // script, until numReplicas replicas acknowledged the write (WAIT
 // numReplicas timeout). When fewer acknowledge within timeout, the call
 // returns an error wrapping idem.ErrNotDurable: the transition happened on
-// the primary but may be lost on failover. The default is not to wait.
+// the primary but may be lost on failover. With as many replicas as
+// numReplicas, one node down makes every acquire and complete return
+// ErrNotDurable until it is back (measured: RELIABILITY.md, Sentinel
+// failover): wait for fewer replicas than you run. The default is not to
+// wait.
 func WithWait(numReplicas int, timeout time.Duration) Option {
 	return func(c *config) {
 		c.wait = &waitConfig{replicas: numReplicas, timeout: timeout}

@@ -16,6 +16,11 @@
 // leases and retention windows of a few hundred milliseconds to pass by
 // polling the store, never by trusting the test's clock alone. newStore may
 // return the same store for every call: each test uses keys of its own.
+//
+// The optional capabilities (idem.BatchStore, idem.Watcher, idem.Relayer)
+// are checked when the store has them, also beneath wrappers that follow
+// idem.Unwrapper (they are found with idem.StoreAs); their tests are
+// skipped otherwise.
 package storetest
 
 import (
@@ -73,6 +78,8 @@ func Run(t *testing.T, newStore func(t *testing.T) idem.Store) {
 		{"SequentialModel", testSequentialModel},
 		{"RelayCompletion", testRelayCompletion},
 		{"BinaryFingerprint", testBinaryFingerprint},
+		{"Batch", testBatch},
+		{"Watch", testWatch},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -140,13 +140,19 @@ type watchingStore struct {
 }
 
 var (
-	_ idem.Store   = (*instrumentedStore)(nil)
-	_ idem.Watcher = (*watchingStore)(nil)
+	_ idem.Store     = (*instrumentedStore)(nil)
+	_ idem.Unwrapper = (*instrumentedStore)(nil)
+	_ idem.Watcher   = (*watchingStore)(nil)
 )
+
+// Unwrap returns the instrumented store, so that the Executor finds its
+// other capabilities (idem.StoreAs: EffectStore, Relayer, BatchStore);
+// their calls are not timed.
+func (s *instrumentedStore) Unwrap() idem.Store { return s.s }
 
 func (o *observer) instrument(s idem.Store) idem.Store {
 	is := instrumentedStore{s: s, o: o}
-	if w, ok := s.(idem.Watcher); ok {
+	if w, ok := idem.StoreAs[idem.Watcher](s); ok {
 		return &watchingStore{instrumentedStore: is, w: w}
 	}
 	return &is

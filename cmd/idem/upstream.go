@@ -215,11 +215,14 @@ func newGateway(target *url.URL, transport http.RoundTripper, mw *idemhttp.Middl
 			if pr.Out.Body == nil && g.covers(pr.Out.Method) {
 				hideIdempotencyKey(pr.Out.Header)
 			}
+			// The client gets its 100 Continue from this server, when the
+			// body is first read (by the middleware, or by the transport
+			// as it sends it on). Forwarding Expect would relay the
+			// upstream's 100 as a second one: the transport starts
+			// sending the body before ReverseProxy relays the upstream's
+			// 100, so the two race even for a request passed through.
+			pr.Out.Header.Del("Expect")
 			if exchangeFrom(pr.Out.Context()) != nil {
-				// The middleware read the body already, and net/http sent
-				// the client its 100 Continue then: forwarding Expect
-				// would relay the upstream's as a second one.
-				pr.Out.Header.Del("Expect")
 				// The response is stored for retries that may not accept
 				// the encoding this client accepts: without the client's
 				// Accept-Encoding the transport asks for gzip itself and

@@ -76,7 +76,12 @@ func main() {
 		if b, ok := medians[baseline(name, *base)]; ok && b > 0 {
 			ratio = fmt.Sprintf("%6.2f×", medians[name]/b)
 		}
-		fmt.Printf("%-52s %12.0f  %s  (%d runs)\n", name, medians[name], ratio, len(values[name]))
+		// Small figures (µs per call) keep two decimals.
+		decimals := 0
+		if medians[name] < 100 {
+			decimals = 2
+		}
+		fmt.Printf("%-52s %12.*f  %s  (%d runs)\n", name, decimals, medians[name], ratio, len(values[name]))
 	}
 }
 

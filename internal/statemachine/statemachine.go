@@ -1,0 +1,271 @@
+// Package statemachine holds the transitions of a key's record (DESIGN.md
+// §1) as pure functions, shared by the in-process stores (memstore,
+// boltstore) so that the rules live in one place; each store keeps only its
+// storage. The Redis (Lua) and PostgreSQL (SQL) stores make the same
+// transitions in their own languages; storetest checks them all.
+//
+// Every function takes the live record (nil when the key has none, or only
+// an expired one), the request and the store's clock in Unix microseconds,
+// and returns the record to store and whether it changed. A function never
+// modifies its input; the returned record shares the input's and the
+// request's result bytes.
+package statemachine
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/idemgo/idem"
+)
+
+// Record is a key's record. Times are Unix microseconds of the store's clock.
+type Record struct {
+	State       idem.State
+	Fingerprint string
+	Owner       string
+	Fence       int64
+	Attempts    int
+	Created     int64
+	LeaseUntil  int64
+	ExpiresAt   int64
+	Result      []byte
+}
+
+// Grace is idem.InProgressGrace in µs: how long, beyond one more lease, an
+// IN_PROGRESS record whose lease ended is kept.
+var Grace = idem.InProgressGrace.Microseconds()
+
+// Public returns r as an idem.Record read at now, with a copy of the result.
+func (r *Record) Public(now int64) idem.Record {
+	rec := idem.Record{
+		State:       r.State,
+		Fingerprint: r.Fingerprint,
+		Owner:       r.Owner,
+		Fence:       r.Fence,
+		Attempts:    r.Attempts,
+		Created:     time.UnixMicro(r.Created),
+		ExpiresAt:   time.UnixMicro(r.ExpiresAt),
+		Now:         time.UnixMicro(now),
+		Result:      append([]byte(nil), r.Result...),
+	}
+	if r.State == idem.StateInProgress {
+		rec.LeaseUntil = time.UnixMicro(r.LeaseUntil)
+	}
+	return rec
+}
+
+// NextFence returns a fence above prev, above lastFence (the last fence the
+// store handed out) and at least now (DESIGN.md §1). The store records the
+// fence of every record it writes as its new last fence (see Acquire).
+func NextFence(prev, lastFence, now int64) int64 {
+	return max(prev+1, now, lastFence+1)
+}
+
+// Settled returns the outcome of an Acquire of the live record cur that
+// changes nothing, if it is one: Mismatch, Replay, InProgress, or Acquired
+// for a repeated call by the owner. A Replay's Result aliases cur's.
+func Settled(cur *Record, req idem.AcquireRequest, now int64) (idem.Acquisition, bool) {
+	if cur == nil {
+		return idem.Acquisition{}, false
+	}
+	if cur.Fingerprint != req.Fingerprint {
+		return idem.Acquisition{Outcome: idem.Mismatch}, true
+	}
+	switch cur.State {
+	case idem.StateCompleted, idem.StateFailed:
+		return idem.Acquisition{Outcome: idem.Replay, State: cur.State, Result: cur.Result, Attempts: cur.Attempts}, true
+	case idem.StateInProgress:
+		if cur.Owner == req.Owner { // a repeated call whose reply was lost
+			return idem.Acquisition{Outcome: idem.Acquired, Lease: idem.Lease{Owner: cur.Owner, Fence: cur.Fence}, Attempts: cur.Attempts}, true
+		}
+		if cur.LeaseUntil > now {
+			return idem.Acquisition{Outcome: idem.InProgress, RetryAfter: time.Duration(cur.LeaseUntil-now) * time.Microsecond, Attempts: cur.Attempts}, true
+		}
+	}
+	return idem.Acquisition{}, false
+}
+
+// Acquire is the transition of idem.Store.Acquire. lastFence is the last
+// fence the store handed out; when changed, the store keeps
+// max(lastFence, next.Fence) as its new last fence. req must be valid.
+func Acquire(cur *Record, req idem.AcquireRequest, now, lastFence int64) (next Record, changed bool, out idem.Acquisition) {
+	lease := req.Lease.Microseconds()
+	if cur == nil {
+		next = Record{
+			State:       idem.StateInProgress,
+			Fingerprint: req.Fingerprint,
+			Owner:       req.Owner,
+			Fence:       NextFence(0, lastFence, now),
+			Attempts:    1,
+			Created:     now,
+			LeaseUntil:  now + lease,
+			ExpiresAt:   now + 2*lease + Grace,
+		}
+		return next, true, idem.Acquisition{Outcome: idem.Acquired, Lease: idem.Lease{Owner: next.Owner, Fence: next.Fence}, Attempts: 1}
+	}
+	if a, ok := Settled(cur, req, now); ok {
+		return Record{}, false, a
+	}
+	// RELEASED, or IN_PROGRESS with an expired lease.
+	next = *cur
+	if req.MaxAttempts > 0 && cur.Attempts >= req.MaxAttempts {
+		next.State, next.Owner, next.LeaseUntil, next.Result = idem.StateFailed, "", 0, nil
+		next.ExpiresAt = now + req.Retention.Microseconds()
+		return next, true, idem.Acquisition{Outcome: idem.Replay, State: idem.StateFailed, Attempts: next.Attempts}
+	}
+	out = idem.Acquisition{Outcome: idem.Acquired}
+	if cur.State == idem.StateInProgress {
+		out.Outcome, out.PreviousOwner = idem.TakenOver, cur.Owner
+	}
+	next.State, next.Owner = idem.StateInProgress, req.Owner
+	next.Fence = NextFence(cur.Fence, lastFence, now)
+	next.Attempts++
+	next.LeaseUntil = now + lease
+	next.ExpiresAt = now + 2*lease + Grace
+	next.Result = nil
+	out.Lease = idem.Lease{Owner: next.Owner, Fence: next.Fence}
+	out.Attempts = next.Attempts
+	return next, true, out
+}
+
+// Owned returns nil if lease still owns cur, and an error wrapping
+// idem.ErrLeaseLost otherwise.
+func Owned(cur *Record, lease idem.Lease) error {
+	if cur == nil {
+		return fmt.Errorf("%w: no record", idem.ErrLeaseLost)
+	}
+	if cur.State != idem.StateInProgress || cur.Owner != lease.Owner || cur.Fence != lease.Fence {
+		return fmt.Errorf("%w: record is %v with fence %d", idem.ErrLeaseLost, cur.State, cur.Fence)
+	}
+	return nil
+}
+
+// Complete is the transition of idem.Store.Complete. A repeated call whose
+// reply was lost changes nothing and returns no error. The watchers of the
+// key are woken when it changed.
+func Complete(cur *Record, lease idem.Lease, result []byte, retention time.Duration, now int64) (next Record, changed bool, err error) {
+	if cur != nil && cur.State == idem.StateCompleted && cur.Fence == lease.Fence && bytes.Equal(cur.Result, result) {
+		return Record{}, false, nil // a repeated call whose reply was lost
+	}
+	if err := Owned(cur, lease); err != nil {
+		return Record{}, false, err
+	}
+	next = *cur
+	next.State, next.Result, next.LeaseUntil = idem.StateCompleted, result, 0
+	next.ExpiresAt = now + retention.Microseconds()
+	return next, true, nil
+}
+
+// Relay is the transition of idem.Relayer.RelayCompletion: the record
+// becomes COMPLETED with c's fingerprint, fence (or its own, if higher) and
+// result, unless it is COMPLETED already (the first completion stays). When
+// changed, the store keeps max(lastFence, next.Fence) as its last fence and
+// wakes the key's watchers. c must be valid.
+func Relay(cur *Record, c idem.Completion, now int64) (next Record, changed bool) {
+	if cur == nil {
+		next = Record{Attempts: 1, Created: now}
+	} else if cur.State == idem.StateCompleted {
+		return Record{}, false // the first completion stays
+	} else {
+		next = *cur
+	}
+	next.State, next.Fingerprint, next.Owner, next.Result, next.LeaseUntil = idem.StateCompleted, c.Fingerprint, "", c.Result, 0
+	next.Fence = max(next.Fence, c.Fence)
+	next.ExpiresAt = now + c.Retention.Microseconds()
+	return next, true
+}
+
+// Fail is the transition of idem.Store.Fail; state is the record's state
+// after it (RELEASED or FAILED). A repeated call whose reply was lost
+// changes nothing and returns the state it left. The watchers of the key are
+// woken when it changed.
+func Fail(cur *Record, lease idem.Lease, f idem.Failure, now int64) (next Record, changed bool, state idem.State, err error) {
+	if cur != nil && (cur.State == idem.StateReleased || cur.State == idem.StateFailed) && cur.Fence == lease.Fence {
+		return Record{}, false, cur.State, nil // a repeated call whose reply was lost
+	}
+	if err := Owned(cur, lease); err != nil {
+		return Record{}, false, 0, err
+	}
+	next = *cur
+	next.LeaseUntil = 0
+	next.ExpiresAt = now + f.Retention.Microseconds()
+	if f.Terminal || (f.MaxAttempts > 0 && cur.Attempts >= f.MaxAttempts) {
+		next.State, next.Result = idem.StateFailed, f.Result
+	} else {
+		next.State, next.Result = idem.StateReleased, nil
+	}
+	return next, true, next.State, nil
+}
+
+// Extend is the transition of idem.Store.Extend: the lease ends d after now.
+// It wakes no watcher.
+func Extend(cur *Record, lease idem.Lease, d time.Duration, now int64) (next Record, err error) {
+	if err := Owned(cur, lease); err != nil {
+		return Record{}, err
+	}
+	next = *cur
+	next.LeaseUntil = now + d.Microseconds()
+	next.ExpiresAt = next.LeaseUntil + d.Microseconds() + Grace
+	return next, nil
+}
+
+// Release is the transition of idem.Store.Release. A repeated call whose
+// reply was lost changes nothing and returns no error. The watchers of the
+// key are woken when it changed.
+func Release(cur *Record, lease idem.Lease, retention time.Duration, now int64) (next Record, changed bool, err error) {
+	if cur != nil && cur.State == idem.StateReleased && cur.Fence == lease.Fence {
+		return Record{}, false, nil // a repeated call whose reply was lost
+	}
+	if err := Owned(cur, lease); err != nil {
+		return Record{}, false, err
+	}
+	next = *cur
+	next.State, next.LeaseUntil, next.Result = idem.StateReleased, 0, nil
+	next.ExpiresAt = now + retention.Microseconds()
+	return next, true, nil
+}
+
+// CheckOwned validates the arguments of a call made under a lease
+// (Complete, Fail, Extend, Release): the key, the lease, then ctx, then the
+// duration d named what, unless what is empty.
+func CheckOwned(ctx context.Context, key string, lease idem.Lease, what string, d time.Duration) error {
+	if err := idem.ValidateStoreKey(key); err != nil {
+		return err
+	}
+	if err := idem.ValidateLease(lease); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if what == "" {
+		return nil
+	}
+	return idem.ValidateDuration(what, d)
+}
+
+// CheckAcquire validates the arguments of Acquire: the key, the request,
+// then ctx.
+func CheckAcquire(ctx context.Context, key string, req idem.AcquireRequest) error {
+	if err := idem.ValidateStoreKey(key); err != nil {
+		return err
+	}
+	if err := req.Validate(); err != nil {
+		return err
+	}
+	return ctx.Err()
+}
+
+// CheckRelay validates the arguments of RelayCompletion: the key, the
+// completion, then ctx.
+func CheckRelay(ctx context.Context, key string, c idem.Completion) error {
+	if err := idem.ValidateStoreKey(key); err != nil {
+		return err
+	}
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	return ctx.Err()
+}
