@@ -187,18 +187,7 @@ func (g *Gate[T]) Close() error {
 // (Schema). It is safe to run at every start, from several processes at
 // once (a transaction-scoped advisory lock orders them).
 func (g *Gate[T]) Migrate(ctx context.Context) error {
-	tx, _, err := g.db.Begin(ctx)
-	if err != nil {
-		return fmt.Errorf("pggate: migrate: %w", err)
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
-	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext('idem_completions'))"); err != nil {
-		return fmt.Errorf("pggate: migrate: %w", err)
-	}
-	if _, err := tx.Exec(ctx, Schema); err != nil {
-		return fmt.Errorf("pggate: migrate: %w", err)
-	}
-	if err := tx.Commit(ctx); err != nil {
+	if err := pgq.Migrate(ctx, g.db, "idem_completions", Schema); err != nil {
 		return fmt.Errorf("pggate: migrate: %w", err)
 	}
 	return nil

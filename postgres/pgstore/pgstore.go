@@ -123,18 +123,7 @@ func (s *Store) Close() error {
 // functions (Schema); it replaces the functions of an older version. It is
 // safe to run at every start, from several processes at once.
 func (s *Store) Migrate(ctx context.Context) error {
-	tx, err := s.pool.Begin(ctx)
-	if err != nil {
-		return fmt.Errorf("pgstore: migrate: %w", err)
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
-	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext('idem_records'))"); err != nil {
-		return fmt.Errorf("pgstore: migrate: %w", err)
-	}
-	if _, err := tx.Exec(ctx, Schema); err != nil {
-		return fmt.Errorf("pgstore: migrate: %w", err)
-	}
-	if err := tx.Commit(ctx); err != nil {
+	if err := pgq.Migrate(ctx, pgq.Pgx{Pool: s.pool}, "idem_records", Schema); err != nil {
 		return fmt.Errorf("pgstore: migrate: %w", err)
 	}
 	return nil

@@ -229,3 +229,21 @@ const (
 	UndefinedColumn   = "42703"
 	InsufficientPriv  = "42501"
 )
+
+// Migrate applies schema in one transaction that holds the advisory lock
+// named lock, so that processes migrating at once apply it one after
+// another.
+func Migrate[T any](ctx context.Context, db DB[T], lock, schema string) error {
+	tx, _, err := db.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext('"+lock+"'))"); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, schema); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
