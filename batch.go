@@ -90,7 +90,7 @@ func (e *Executor) BeginBatch(ctx context.Context, keys []Key, fingerprints []st
 			out[i] = Began{Ctx: ctx, Err: fmt.Errorf("idem: acquire: %w", errs[j])}
 			continue
 		}
-		c, a, err := e.begun(ctx, skeys[j], acqs[j], sent)
+		c, a, err := e.begun(ctx, skeys[j], reqs[j].Fingerprint, acqs[j], sent)
 		out[i] = Began{c, a, err}
 	}
 	return out

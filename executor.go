@@ -302,6 +302,7 @@ func (e *Executor) Do(ctx context.Context, key Key, fingerprint string, fn func(
 type Attempt struct {
 	e        *Executor
 	key      string // store key (digest)
+	fp       string // the fingerprint it was acquired with
 	lease    Lease
 	previous string
 	attempts int
@@ -358,12 +359,12 @@ func (e *Executor) Begin(ctx context.Context, key Key, fingerprint string) (cont
 	if err != nil {
 		return ctx, nil, fmt.Errorf("idem: acquire: %w", err)
 	}
-	return e.begun(ctx, skey, acq, sent)
+	return e.begun(ctx, skey, fingerprint, acq, sent)
 }
 
-// begun turns an acquisition of skey, whose acquire was sent at sent, into
-// Begin's results.
-func (e *Executor) begun(ctx context.Context, skey string, acq Acquisition, sent time.Time) (context.Context, *Attempt, error) {
+// begun turns an acquisition of skey with fingerprint fp, whose acquire
+// was sent at sent, into Begin's results.
+func (e *Executor) begun(ctx context.Context, skey, fp string, acq Acquisition, sent time.Time) (context.Context, *Attempt, error) {
 	switch acq.Outcome {
 	case Acquired, TakenOver:
 	case Replay:
@@ -388,6 +389,7 @@ func (e *Executor) begun(ctx context.Context, skey string, acq Acquisition, sent
 	a := &Attempt{
 		e:        e,
 		key:      skey,
+		fp:       fp,
 		lease:    acq.Lease,
 		previous: acq.PreviousOwner,
 		attempts: acq.Attempts,
@@ -438,6 +440,13 @@ func (a *Attempt) Attempts() int { return a.attempts }
 
 // Key returns the store key (the digest of the idempotency key).
 func (a *Attempt) Key() string { return a.key }
+
+// Fingerprint returns the fingerprint the key was acquired with (empty for
+// a replay).
+func (a *Attempt) Fingerprint() string { return a.fp }
+
+// Executor returns the Executor that made the attempt.
+func (a *Attempt) Executor() *Executor { return a.e }
 
 // LeaseDeadline returns the local time at which the attempt's lease ends at
 // the latest: when the acquire (or the last successful extension) was sent,
