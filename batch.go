@@ -98,7 +98,7 @@ func (e *Executor) BeginBatch(ctx context.Context, keys []Key, fingerprints []st
 			}
 			continue
 		}
-		c, a, err := e.begun(ctx, skeys[j], keys[i], acqs[j], sent, store)
+		c, a, err := e.begun(ctx, skeys[j], keys[i], reqs[j].Fingerprint, acqs[j], sent, store)
 		out[i] = Began{c, a, err}
 	}
 	return out

@@ -303,6 +303,7 @@ func (e *Executor) Do(ctx context.Context, key Key, fingerprint string, fn func(
 type Attempt struct {
 	e        *Executor
 	key      string // store key (digest)
+	fp       string // the fingerprint it was acquired with
 	lease    Lease
 	previous string
 	attempts int
@@ -369,14 +370,14 @@ func (e *Executor) Begin(ctx context.Context, key Key, fingerprint string) (cont
 		}
 		return ctx, nil, err
 	}
-	return e.begun(ctx, skey, key, acq, sent, store)
+	return e.begun(ctx, skey, key, fingerprint, acq, sent, store)
 }
 
-// begun turns an acquisition of key (store key skey), whose acquire was
-// sent at sent and took store, into Begin's results, and tells the
-// Observer when no attempt starts.
-func (e *Executor) begun(ctx context.Context, skey string, key Key, acq Acquisition, sent time.Time, store time.Duration) (context.Context, *Attempt, error) {
-	c, a, err := e.acquired(ctx, skey, acq, sent)
+// begun turns an acquisition of key (store key skey) with fingerprint fp,
+// whose acquire was sent at sent and took store, into Begin's results, and
+// tells the Observer when no attempt starts.
+func (e *Executor) begun(ctx context.Context, skey string, key Key, fp string, acq Acquisition, sent time.Time, store time.Duration) (context.Context, *Attempt, error) {
+	c, a, err := e.acquired(ctx, skey, fp, acq, sent)
 	if e.observer != nil {
 		if a != nil && !a.replayed {
 			a.obs = &attemptObs{kind: key.scopeKind(), started: sent, storeTime: store}
@@ -388,7 +389,7 @@ func (e *Executor) begun(ctx context.Context, skey string, key Key, acq Acquisit
 }
 
 // acquired is begun without the Observer.
-func (e *Executor) acquired(ctx context.Context, skey string, acq Acquisition, sent time.Time) (context.Context, *Attempt, error) {
+func (e *Executor) acquired(ctx context.Context, skey, fp string, acq Acquisition, sent time.Time) (context.Context, *Attempt, error) {
 	switch acq.Outcome {
 	case Acquired, TakenOver:
 	case Replay:
@@ -413,6 +414,7 @@ func (e *Executor) acquired(ctx context.Context, skey string, acq Acquisition, s
 	a := &Attempt{
 		e:        e,
 		key:      skey,
+		fp:       fp,
 		lease:    acq.Lease,
 		previous: acq.PreviousOwner,
 		attempts: acq.Attempts,
@@ -463,6 +465,13 @@ func (a *Attempt) Attempts() int { return a.attempts }
 
 // Key returns the store key (the digest of the idempotency key).
 func (a *Attempt) Key() string { return a.key }
+
+// Fingerprint returns the fingerprint the key was acquired with (empty for
+// a replay).
+func (a *Attempt) Fingerprint() string { return a.fp }
+
+// Executor returns the Executor that made the attempt.
+func (a *Attempt) Executor() *Executor { return a.e }
 
 // LeaseDeadline returns the local time at which the attempt's lease ends at
 // the latest: when the acquire (or the last successful extension) was sent,
