@@ -85,12 +85,20 @@ func (e *Executor) BeginBatch(ctx context.Context, keys []Key, fingerprints []st
 		}
 		return errs
 	})
+	var store time.Duration
+	if e.observer != nil {
+		store = time.Since(sent)
+	}
 	for j, i := range idx {
 		if errs[j] != nil {
-			out[i] = Began{Ctx: ctx, Err: fmt.Errorf("idem: acquire: %w", errs[j])}
+			err := fmt.Errorf("idem: acquire: %w", errs[j])
+			out[i] = Began{Ctx: ctx, Err: err}
+			if e.observer != nil {
+				e.observeBegin(ctx, keys[i].scopeKind(), sent, store, err)
+			}
 			continue
 		}
-		c, a, err := e.begun(ctx, skeys[j], reqs[j].Fingerprint, acqs[j], sent)
+		c, a, err := e.begun(ctx, skeys[j], keys[i], reqs[j].Fingerprint, acqs[j], sent, store)
 		out[i] = Began{c, a, err}
 	}
 	return out
@@ -207,6 +215,7 @@ func (e *Executor) CommitBatchWith(ctx context.Context, attempts []*Attempt, val
 		}
 		if err := a.end(); err != nil {
 			errs[i] = err
+			a.endFailed(ctx, err)
 			continue
 		}
 		cs = append(cs, BatchCompletion{Index: i, Key: a.key, Lease: a.lease, Result: blob, Retention: e.retention, Effect: a.effect})
@@ -215,20 +224,31 @@ func (e *Executor) CommitBatchWith(ctx context.Context, attempts []*Attempt, val
 		return errs
 	}
 	// Repeat the completions whose outcome is unknown, as Commit does.
+	sent := time.Now()
 	cerrs := repeatUnknown(ctx, e.lease, func(js []int) []error {
 		if js == nil {
 			return complete(ctx, cs)
 		}
 		return complete(ctx, subset(cs, js))
 	})
+	var store time.Duration
+	if e.observer != nil {
+		store = time.Since(sent)
+	}
 	for j, c := range cs {
 		a := attempts[c.Index]
 		a.cancel(nil)
+		if a.obs != nil {
+			a.obs.storeTime += store
+		}
 		switch err := cerrs[j]; {
 		case errors.Is(err, ErrEffect):
 			errs[c.Index] = a.effectFailed(ctx, err)
 		case err != nil:
 			errs[c.Index] = fmt.Errorf("idem: complete: %w", err)
+			a.observeEnd(ctx, ObservedExecuted, err, errs[c.Index])
+		default:
+			a.observeEnd(ctx, ObservedExecuted, nil, nil)
 		}
 	}
 	return errs

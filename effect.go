@@ -125,11 +125,15 @@ func (a *Attempt) hasEffect() bool {
 // key is released or FAILED.
 func (a *Attempt) effectFailed(ctx context.Context, err error) error {
 	terminal := a.e.policy(err)
-	if ferr := a.fail(ctx, err, terminal); ferr != nil {
-		return errors.Join(err, ferr)
+	st, ferr := a.fail(ctx, err, terminal)
+	if ferr != nil {
+		err = errors.Join(err, ferr)
+		a.observeEnd(ctx, ObservedExecuted, ferr, err)
+		return err
 	}
 	if terminal {
-		return Terminal(err) // the key is FAILED: say so to the caller
+		err = Terminal(err) // the key is FAILED: say so to the caller
 	}
+	a.observeEnd(ctx, failedOrReleased(st), nil, err)
 	return err
 }

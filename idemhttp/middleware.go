@@ -275,7 +275,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 
 	defer m.bodies.release(cap(body))
 
-	key := idem.Key{Scope: m.scopeOf(r, principal), ID: id}
+	key := idem.Key{Scope: m.scopeOf(r, principal), ID: id, Kind: "http"}
 	ctx, a, err := m.exec.Begin(r.Context(), key, fp)
 	if err != nil && m.wait > 0 && errors.Is(err, idem.ErrInProgress) {
 		ctx, a, err = m.await(r, key, fp, start, err)
