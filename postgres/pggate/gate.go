@@ -324,7 +324,7 @@ func (g *Gate[T]) record(ctx, sctx context.Context, e *idem.Executor, a *idem.At
 // commit inserts the completion of a's value in tx, commits it and ends a:
 // Do's last step.
 func (g *Gate[T]) commit(actx, sctx context.Context, a *idem.Attempt, tx pgq.Tx, res idem.Result) (idem.Result, error) {
-	blob, conflict, st, err := g.record(actx, sctx, g.e, a, tx, res.Value)
+	blob, conflict, st, err := g.record(actx, sctx, a.Executor(), a, tx, res.Value)
 	switch {
 	case st == stepEncode:
 		return res, errors.Join(fmt.Errorf("%w; the transaction was rolled back and the key is FAILED", err), a.Fail(sctx, err))
@@ -339,7 +339,7 @@ func (g *Gate[T]) commit(actx, sctx context.Context, a *idem.Attempt, tx pgq.Tx,
 		// completion and replays it.
 		return res, errors.Join(err, a.Release(sctx))
 	case conflict:
-		return g.replay(actx, g.e, a)
+		return g.replay(actx, a)
 	}
 	_ = a.Abandon() // ends the attempt; the completion is written below
 	g.relayed(sctx, a, blob)
@@ -394,9 +394,8 @@ FROM idem_completions WHERE digest = $1`, key).Scan(&fp, &c.Fence, &c.Result, &l
 }
 
 // replay answers an attempt whose insert found a committed completion:
-// the store gets that completion and the caller its result (decoded by
-// e). It ends a.
-func (g *Gate[T]) replay(ctx context.Context, e *idem.Executor, a *idem.Attempt) (idem.Result, error) {
+// the store gets that completion and the caller its result. It ends a.
+func (g *Gate[T]) replay(ctx context.Context, a *idem.Attempt) (idem.Result, error) {
 	defer a.Abandon()
 	c, err := g.load(ctx, a.Key())
 	if err != nil {
@@ -408,7 +407,7 @@ func (g *Gate[T]) replay(ctx context.Context, e *idem.Executor, a *idem.Attempt)
 	if c.Fingerprint != a.Fingerprint() {
 		return idem.Result{}, idem.ErrMismatch
 	}
-	v, err := e.DecodeResult(a.Key(), c.Result)
+	v, err := a.Executor().DecodeResult(a.Key(), c.Result)
 	if err != nil {
 		return idem.Result{}, err
 	}
