@@ -411,7 +411,8 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 		store = tr.store(store)
 	}
 	exec, err := idem.New(obs.instrument(store),
-		idem.WithLease(c.lease), idem.WithRetention(c.retention), idem.WithMaxResultSize(readLimit))
+		idem.WithLease(c.lease), idem.WithRetention(c.retention), idem.WithMaxResultSize(readLimit),
+		idem.WithObserver(obs.exec.Observe))
 	if err != nil {
 		return usagef("%v", err)
 	}
@@ -531,7 +532,7 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 // (the store answers, and the proxy is not shutting down).
 func adminHandler(obs *observer, store idem.Store, draining *atomic.Bool) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", obs.reg.Handler())
+	mux.Handle("GET /metrics", obs.handler())
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		fmt.Fprintln(w, "ok")
