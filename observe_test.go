@@ -17,6 +17,23 @@ import (
 	"github.com/idemgo/idem/redisstore"
 )
 
+// newRedisStore returns a redisstore on a new redis-server started with
+// args, or skips the test where there is no redis-server.
+func newRedisStore(t *testing.T, args ...string) *redisstore.Store {
+	t.Helper()
+	if err := redistest.Available(); err != nil {
+		t.Skip(err)
+	}
+	srv := redistest.Start(t, args...)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { _ = c.Close() })
+	s, err := redisstore.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
 // recorder is an Observer that keeps what it is told.
 type recorder struct {
 	mu  sync.Mutex
@@ -71,19 +88,7 @@ func TestObserverOutcomes(t *testing.T) {
 			}
 			return s
 		},
-		"redisstore": func(t *testing.T) idem.Store {
-			if err := redistest.Available(); err != nil {
-				t.Skip(err)
-			}
-			srv := redistest.Start(t)
-			c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-			t.Cleanup(func() { _ = c.Close() })
-			s, err := redisstore.New(c)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return s
-		},
+		"redisstore": func(t *testing.T) idem.Store { return newRedisStore(t) },
 	}
 	for name, newStore := range stores {
 		t.Run(name, func(t *testing.T) { testObserverOutcomes(t, newStore(t)) })
@@ -303,5 +308,31 @@ func TestObservedString(t *testing.T) {
 	}
 	if s := idem.Observed(200).String(); s != "invalid" {
 		t.Errorf("got %q, want invalid", s)
+	}
+}
+
+// TestObserverHandoff checks that Handoff reports the outcome given, once,
+// and a lost lease as such.
+func TestObserverHandoff(t *testing.T) {
+	rec := &recorder{}
+	e, s := newExec(t, idem.WithObserver(rec.observe))
+	ctx := t.Context()
+	key := idem.Key{Scope: "gate", ID: "1"}
+	_, a, err := e.Begin(ctx, key, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Handoff(ctx, idem.ObservedExecuted); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Handoff(ctx, idem.ObservedExecuted); !errors.Is(err, idem.ErrLeaseLost) {
+		t.Fatalf("second Handoff: got %v, want ErrLeaseLost", err)
+	}
+	if got := rec.take(); len(got) != 1 || got[0].Outcome != idem.ObservedExecuted {
+		t.Fatalf("got %+v, want one executed", got)
+	}
+	// The record stays IN_PROGRESS: Handoff makes no store call.
+	if r, err := s.Get(ctx, key.Digest()); err != nil || r.State != idem.StateInProgress {
+		t.Fatalf("record: got %v, %v, want IN_PROGRESS", r.State, err)
 	}
 }

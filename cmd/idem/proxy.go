@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemhttp"
+	"github.com/idemgo/idem/prometheusidem"
 )
 
 // proxyConfig is the configuration of `idem proxy`.
@@ -412,9 +413,14 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 		store = tr.store(store)
 	}
 	exec, err := idem.New(obs.instrument(store),
-		idem.WithLease(c.lease), idem.WithRetention(c.retention), idem.WithMaxResultSize(readLimit))
+		idem.WithLease(c.lease), idem.WithRetention(c.retention), idem.WithMaxResultSize(readLimit),
+		idem.WithObserver(obs.exec.Observe))
 	if err != nil {
 		return usagef("%v", err)
+	}
+	// The store's gauges (records by state, memory), where it counts them.
+	if sc, err := prometheusidem.NewStoreCollector(store); err == nil {
+		obs.reg.MustRegister(sc)
 	}
 	opts := []idemhttp.Option{
 		idemhttp.WithMethods(c.methods...),
@@ -532,7 +538,7 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 // (the store answers, and the proxy is not shutting down).
 func adminHandler(obs *observer, store idem.Store, draining *atomic.Bool) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", obs.reg.Handler())
+	mux.Handle("GET /metrics", obs.handler())
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		fmt.Fprintln(w, "ok")
