@@ -21,13 +21,22 @@ const clusterNodeTimeout = "2000"
 // TestClusterFailover kills a master of a 3-master Redis Cluster with one
 // replica each under Do load through both clients (go-redis ClusterClient
 // and rueidis), with no durability option and with WithWait(1, …).
+// The "rejoin" variant (make chaos-long) restarts the killed master after
+// the promotion: it rejoins as the promoted master's replica, which ends the
+// window in which WithWait(1, …) cannot acknowledge.
 func TestClusterFailover(t *testing.T) {
-	for _, d := range durabilities[:2] {
-		t.Run("kill/"+d.name, func(t *testing.T) { runCluster(t, d) })
+	faults := []string{"kill"}
+	if chaostest.Long() {
+		faults = append(faults, "rejoin")
+	}
+	for _, f := range faults {
+		for _, d := range durabilities[:2] {
+			t.Run(f+"/"+d.name, func(t *testing.T) { runCluster(t, f, d) })
+		}
 	}
 }
 
-func runCluster(t *testing.T, d durability) {
+func runCluster(t *testing.T, fault string, d durability) {
 	c := redistest.StartClusterReplicas(t, 3, 1, "--cluster-node-timeout", clusterNodeTimeout)
 	addrs := c.Addrs()
 	newGoRedis := func() *redis.ClusterClient {
@@ -72,6 +81,12 @@ func runCluster(t *testing.T, d durability) {
 	start := time.Now()
 	promoted := c.WaitFailover(t, old)
 	failover := time.Since(start)
+	var rejoined time.Duration
+	if fault == "rejoin" {
+		old.Restart(t)
+		c.WaitOK(t) // every node ok, the old master a connected replica
+		rejoined = time.Since(start)
+	}
 	// Both clients must reach the promoted master: a Do started after the
 	// kill succeeds through each.
 	if !l.awaitRecovery() {
@@ -91,7 +106,19 @@ func runCluster(t *testing.T, d durability) {
 	lost, acked := l.verify(t, checkStore, retry)
 	figures := l.figures(lost, acked)
 	figures["promotion"] = failover.Round(time.Millisecond).String()
-	chaostest.Report(t, "Cluster failover, kill a master, "+d.name, "make chaos-long RUN='TestClusterFailover/kill/"+d.name+"'", &l.c, figures)
+	scenario := "Cluster failover, kill a master, " + d.name
+	if fault == "rejoin" {
+		figures["rejoined as a replica"] = rejoined.Round(time.Millisecond).String()
+		scenario = "Cluster failover, kill a master and restart it, " + d.name
+	}
+	chaostest.Report(t, scenario, "make chaos-long RUN='TestClusterFailover/"+fault+"/"+d.name+"'", &l.c, figures)
+	if fault == "rejoin" {
+		for _, cl := range l.clients {
+			if cl.recovery.Load() == 0 {
+				t.Errorf("%s: no Do on a key of the killed master succeeded after it rejoined as a replica: %s", cl.name, l.errorsAfter())
+			}
+		}
+	}
 	if d.name != "none" && lost != 0 {
 		t.Errorf("kill with %s: %d acknowledged completions lost, want 0: the promoted replica has every write WAIT counted", d.name, lost)
 	}

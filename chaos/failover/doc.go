@@ -23,7 +23,9 @@
 //     Executor.Do load through a go-redis ClusterClient and rueidis; SIGKILL
 //     of a master, until every live node reports cluster_state:ok with its
 //     replica promoted and each client had an answer on a key of the dead
-//     master's slots. With no durability option and WithWait(1, …). Every
+//     master's slots. With no durability option and WithWait(1, …); make
+//     chaos-long adds "rejoin", which restarts the killed node after the
+//     promotion (it rejoins as a replica, so WAIT can count again). Every
 //     call and verification read is bounded by a timeout: a client that
 //     does not follow the new topology fails the test with its errors.
 //
