@@ -321,6 +321,7 @@ type Attempt struct {
 	finished bool
 	lost     bool
 	effect   *Effect // SetEffect; read once finished
+	lastTry  bool    // SetLastTry
 }
 
 // Begin acquires key for the caller. It returns the same errors as Do. On

@@ -17,6 +17,23 @@ import (
 	"github.com/idemgo/idem/redisstore"
 )
 
+// newRedisStore returns a redisstore on a new redis-server started with
+// args, or skips the test where there is no redis-server.
+func newRedisStore(t *testing.T, args ...string) *redisstore.Store {
+	t.Helper()
+	if err := redistest.Available(); err != nil {
+		t.Skip(err)
+	}
+	srv := redistest.Start(t, args...)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { _ = c.Close() })
+	s, err := redisstore.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
 // recorder is an Observer that keeps what it is told.
 type recorder struct {
 	mu  sync.Mutex
@@ -71,19 +88,7 @@ func TestObserverOutcomes(t *testing.T) {
 			}
 			return s
 		},
-		"redisstore": func(t *testing.T) idem.Store {
-			if err := redistest.Available(); err != nil {
-				t.Skip(err)
-			}
-			srv := redistest.Start(t)
-			c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-			t.Cleanup(func() { _ = c.Close() })
-			s, err := redisstore.New(c)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return s
-		},
+		"redisstore": func(t *testing.T) idem.Store { return newRedisStore(t) },
 	}
 	for name, newStore := range stores {
 		t.Run(name, func(t *testing.T) { testObserverOutcomes(t, newStore(t)) })

@@ -4,49 +4,76 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"net/http"
+	"slices"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/memstore"
 	"github.com/idemgo/idem/prometheusidem"
 )
 
-// An Executor whose outcomes are counted; idemhttp and the consumer
-// adapters built on it are counted too.
+func charge(context.Context) ([]byte, error) { return []byte("ch_1"), nil }
+
+// An Executor whose outcomes are counted (idemhttp and the consumer
+// adapters built on it too), and the store's gauges.
 func Example() {
-	reg := prometheus.NewRegistry()
 	m, err := prometheusidem.New()
 	if err != nil {
 		log.Fatal(err)
 	}
+	reg := prometheus.NewRegistry() // or prometheus.DefaultRegisterer
 	reg.MustRegister(m)
 
-	store, _ := memstore.New()
+	store, _ := memstore.New() // redisstore.New(client) in production
 	exec, err := idem.New(store, idem.WithObserver(m.Observe))
 	if err != nil {
 		log.Fatal(err)
 	}
+	gauges, err := prometheusidem.NewStoreCollector(store) // records by state, memory
+	if err != nil {
+		log.Fatal(err)
+	}
+	reg.MustRegister(gauges)
+	http.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+
 	key := idem.Key{Scope: "charge", ID: "order-1"}
-	charge := func(context.Context) ([]byte, error) { return []byte("ch_1"), nil }
 	for range 2 {
 		if _, err := exec.Do(context.Background(), key, "", charge); err != nil {
 			log.Fatal(err)
 		}
 	}
+	printSeries(reg, "idem_operations_total", "idem_store_records")
+	// Output:
+	// idem_operations_total{outcome="executed",scope_kind="charge"} 1
+	// idem_operations_total{outcome="replayed",scope_kind="charge"} 1
+	// idem_store_records{state="COMPLETED"} 1
+}
 
-	families, _ := reg.Gather()
+// printSeries prints the samples of the named counters and gauges that are
+// not zero.
+func printSeries(g prometheus.Gatherer, names ...string) {
+	families, err := g.Gather()
+	if err != nil {
+		log.Fatal(err)
+	}
 	for _, f := range families {
-		if f.GetName() != "idem_operations_total" {
+		if !slices.Contains(names, f.GetName()) {
 			continue
 		}
 		for _, s := range f.GetMetric() {
-			if v := s.GetCounter().GetValue(); v > 0 {
-				fmt.Println(s.GetLabel()[0].GetValue(), s.GetLabel()[1].GetValue(), v)
+			v := s.GetCounter().GetValue() + s.GetGauge().GetValue()
+			if v == 0 {
+				continue
 			}
+			var labels []string
+			for _, l := range s.GetLabel() {
+				labels = append(labels, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
+			}
+			fmt.Printf("%s{%s} %v\n", f.GetName(), strings.Join(labels, ","), v)
 		}
 	}
-	// Output:
-	// executed charge 1
-	// replayed charge 1
 }

@@ -136,6 +136,7 @@ func New(opts ...Option) (*Metrics, error) {
 		}, []string{"scope_kind"}),
 	}
 	m.other = m.series(OtherScopeKind)
+	m.kinds.Store(OtherScopeKind, m.other)
 	for _, k := range c.kinds {
 		m.kind(k)
 	}
@@ -158,18 +159,19 @@ func (m *Metrics) series(kind string) *kindSeries {
 	return ks
 }
 
-// kind returns the series of kind, created at its first use.
+// kind returns the series of kind, created at its first use; beyond the
+// maximum of kinds, those of OtherScopeKind.
 func (m *Metrics) kind(kind string) *kindSeries {
 	if ks, ok := m.kinds.Load(kind); ok {
 		return ks.(*kindSeries)
+	}
+	if m.nkinds.Load() >= int64(m.maxKinds) {
+		return m.other
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if ks, ok := m.kinds.Load(kind); ok {
 		return ks.(*kindSeries)
-	}
-	if kind == OtherScopeKind {
-		return m.other
 	}
 	if m.nkinds.Load() >= int64(m.maxKinds) {
 		return m.other

@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemhttp"
+	"github.com/idemgo/idem/prometheusidem"
 )
 
 // proxyConfig is the configuration of `idem proxy`.
@@ -415,6 +416,10 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 		idem.WithObserver(obs.exec.Observe))
 	if err != nil {
 		return usagef("%v", err)
+	}
+	// The store's gauges (records by state, memory), where it counts them.
+	if sc, err := prometheusidem.NewStoreCollector(store); err == nil {
+		obs.reg.MustRegister(sc)
 	}
 	opts := []idemhttp.Option{
 		idemhttp.WithMethods(c.methods...),
