@@ -675,6 +675,27 @@ func (a *Attempt) Abandon() error {
 	return nil
 }
 
+// Handoff ends the attempt without a store call, as Abandon does, for a
+// caller that records the outcome by other means: a commit gate
+// (postgres/pggate) commits the completion in its own transaction and
+// relays it to the store. The Observer (WithObserver) is told o, for
+// example ObservedExecuted after such a commit, or ObservedReplayed when
+// the gate found a completion committed by an earlier run. Handoff cannot
+// fail, except with ErrLeaseLost when the attempt already ended or lost its
+// lease (the Observer is then told of the lost lease).
+func (a *Attempt) Handoff(ctx context.Context, o Observed) error {
+	if a.replayed {
+		return nil
+	}
+	if err := a.end(); err != nil {
+		a.endFailed(ctx, err)
+		return err
+	}
+	a.cancel(nil)
+	a.observeEnd(ctx, o, nil, nil)
+	return nil
+}
+
 // Release gives the key back without storing anything and without counting
 // a failure: the next caller acquires it at once. Use it when the operation
 // did not take effect (for example the request was rejected before it

@@ -310,3 +310,29 @@ func TestObservedString(t *testing.T) {
 		t.Errorf("got %q, want invalid", s)
 	}
 }
+
+// TestObserverHandoff checks that Handoff reports the outcome given, once,
+// and a lost lease as such.
+func TestObserverHandoff(t *testing.T) {
+	rec := &recorder{}
+	e, s := newExec(t, idem.WithObserver(rec.observe))
+	ctx := t.Context()
+	key := idem.Key{Scope: "gate", ID: "1"}
+	_, a, err := e.Begin(ctx, key, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Handoff(ctx, idem.ObservedExecuted); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Handoff(ctx, idem.ObservedExecuted); !errors.Is(err, idem.ErrLeaseLost) {
+		t.Fatalf("second Handoff: got %v, want ErrLeaseLost", err)
+	}
+	if got := rec.take(); len(got) != 1 || got[0].Outcome != idem.ObservedExecuted {
+		t.Fatalf("got %+v, want one executed", got)
+	}
+	// The record stays IN_PROGRESS: Handoff makes no store call.
+	if r, err := s.Get(ctx, key.Digest()); err != nil || r.State != idem.StateInProgress {
+		t.Fatalf("record: got %v, %v, want IN_PROGRESS", r.State, err)
+	}
+}

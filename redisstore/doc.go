@@ -145,6 +145,17 @@
 // batch. On a Cluster without a hash tag, a batch is a pipeline of one-key
 // scripts, split by node.
 //
+// Records whose attempt carries an effect (CompleteEffectBatch, used by
+// CommitBatch for a batch with effects, and CompleteAndAckBatch) are not
+// packed into a batch script: each is one call of its effect's script or
+// function, and those calls go in one pipeline per registered effect, so
+// a consumer's batch still completes in one or two round trips
+// (TestCommitBatchWithEffects), each record's check, effect and
+// completion one atomic call as with CompleteEffect. A batch script per
+// effect (its body under pcall once per record, as complete_effect.lua
+// runs it for one) would save Redis's fixed cost per call as
+// complete_many does, not a round trip; it is not built.
+//
 // An IN_PROGRESS record expires one lease plus idem.InProgressGrace after
 // its lease ends; COMPLETED, RELEASED and FAILED records after the
 // retention. The fence is seeded as max(previous + 1, server time in µs), so

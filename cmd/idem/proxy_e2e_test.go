@@ -100,6 +100,12 @@ func TestProxyBasics(t *testing.T) {
 					t.Errorf("%s: got %v, want %v", name, got, want)
 				}
 			}
+			// The store's gauges, read at the scrape.
+			for _, name := range []string{`idem_store_stats_up`, `idem_store_records{state="COMPLETED"}`, `idem_store_memory_used_bytes`} {
+				if got := p.metric(name); got <= 0 {
+					t.Errorf("%s: got %v, want > 0", name, got)
+				}
+			}
 			// Of the concurrent requests, one executed and the others got
 			// 409 or, if they came late, the replay.
 			conflicts, replays := p.metric(`idem_requests_total{outcome="conflict"}`), p.metric(`idem_requests_total{outcome="replayed"}`)

@@ -357,7 +357,7 @@ func (g *Gate[T]) commit(actx, sctx context.Context, a *idem.Attempt, tx pgq.Tx,
 	case st == stepEncode:
 		return res, errors.Join(fmt.Errorf("%w; the transaction was rolled back and the key is FAILED", err), a.Fail(sctx, err))
 	case st == stepLease:
-		_ = a.Abandon() // the record has a newer owner
+		_ = a.Handoff(sctx, idem.ObservedLeaseLost) // the record has a newer owner
 		return res, err
 	case st == stepInsert:
 		return res, g.failed(sctx, a, err)
@@ -369,7 +369,7 @@ func (g *Gate[T]) commit(actx, sctx context.Context, a *idem.Attempt, tx pgq.Tx,
 	case conflict:
 		return g.replay(actx, a)
 	}
-	_ = a.Abandon() // ends the attempt; the completion is written below
+	_ = a.Handoff(sctx, idem.ObservedExecuted) // ends the attempt; the completion is written below
 	g.relayed(sctx, a, blob)
 	return res, nil
 }
@@ -423,8 +423,8 @@ FROM idem_completions WHERE digest = $1`, key).Scan(&fp, &c.Fence, &c.Result, &l
 
 // replay answers an attempt whose insert found a committed completion:
 // the store gets that completion and the caller its result. It ends a.
-func (g *Gate[T]) replay(ctx context.Context, a *idem.Attempt) (idem.Result, error) {
-	defer a.Abandon()
+func (g *Gate[T]) replay(ctx context.Context, a *idem.Attempt) (res idem.Result, err error) {
+	defer func() { _ = a.Handoff(context.WithoutCancel(ctx), replayOutcome(err)) }()
 	c, err := g.load(ctx, a.Key())
 	if err != nil {
 		return idem.Result{}, err
@@ -440,6 +440,19 @@ func (g *Gate[T]) replay(ctx context.Context, a *idem.Attempt) (idem.Result, err
 		return idem.Result{}, err
 	}
 	return idem.Result{Value: v, Replayed: true}, nil
+}
+
+// replayOutcome is what the Executor's Observer is told of a replay that
+// returned err.
+func replayOutcome(err error) idem.Observed {
+	switch {
+	case err == nil:
+		return idem.ObservedReplayed
+	case errors.Is(err, idem.ErrMismatch):
+		return idem.ObservedMismatch
+	default:
+		return idem.ObservedStoreError
+	}
 }
 
 // relay writes a committed completion into the store, repeating a call

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -591,5 +592,54 @@ func TestAbortedTransaction(t *testing.T) {
 	}
 	if res, err := v.gate.Do(t.Context(), key, "fp", effect("k", "ok")); err != nil || res.Replayed {
 		t.Fatalf("retry: got %+v, %v, want a run (the key was released)", res, err)
+	}
+}
+
+// TestObserverOutcomes checks that the Executor's Observer sees the gate's
+// outcomes once each: executed for a committed operation, replayed for a
+// key the store holds, and replayed again when only Postgres holds the
+// completion (the insert conflicts) — not "abandoned", although the gate
+// ends its attempts without a store call.
+func TestObserverOutcomes(t *testing.T) {
+	pool, _ := pgtest.Pool(t)
+	ms, err := memstore.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var seen []string
+	e, err := idem.New(ms, idem.WithObserver(func(_ context.Context, o idem.Observation) {
+		mu.Lock()
+		defer mu.Unlock()
+		seen = append(seen, o.Outcome.String())
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := pggate.New(e, pool, pggate.WithRelayInterval(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Close() })
+	if err := g.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	key := idem.Key{Scope: "t", ID: "observed"}
+	op := func(context.Context, pgx.Tx) ([]byte, error) { return []byte("v"), nil }
+	for range 2 {
+		if _, err := g.Do(t.Context(), key, "fp", op); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := ms.Delete(t.Context(), key.Digest()); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := g.Do(t.Context(), key, "fp", op); err != nil || !res.Replayed {
+		t.Fatalf("after the store lost the record: got %+v, %v, want a replay from Postgres", res, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []string{"executed", "replayed", "replayed"}; !slices.Equal(seen, want) {
+		t.Errorf("got %v, want %v", seen, want)
 	}
 }
