@@ -154,6 +154,7 @@ func registerProxyFlags(fs *flagSet) *proxyConfig {
 	fs.String(&c.fenceHeader, "fence-header", "NAME", "Idempotency-Fence", "request header that tells the upstream the request's fencing token; a client's own is removed (empty: off)")
 	fs.String(&c.errorBody, "error-body", "SHAPE", "problem", "shape of error bodies: problem (RFC 9457 application/problem+json), stripe ({\"error\":{...}} with Stripe-Should-Retry, for Stripe's SDKs), a JSON template, or @FILE holding one (placeholders {{type}} {{code}} {{title}} {{detail}} {{status}} {{retry}})")
 	fs.Var(durationValue{&c.wait}, "wait", "DURATION", "how long a retry waits for the first request to finish before 409 (0: answer 409 at once)")
+	c.store.registerWait(fs)
 	fs.Bool(&c.store.allowEviction, "allow-eviction", false, "start on a Redis whose maxmemory-policy is not noeviction (it may evict records: retried requests then run again)")
 	fs.Bool(&c.failOpen, "fail-open", false, "when the store is unreachable, forward requests unprotected instead of answering 503")
 	fs.Var(durationValue{&c.bodyTimeout}, "body-timeout", "DURATION", "how long a request's body may take to arrive, from its header (then 408, or a cut-off upstream request if not covered; 0: no limit)")
