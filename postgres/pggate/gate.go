@@ -274,6 +274,14 @@ ON CONFLICT (digest) DO UPDATE SET fingerprint = excluded.fingerprint, fence = e
   result = excluded.result, created_at = excluded.created_at, expires_at = excluded.expires_at, relayed = excluded.relayed
 WHERE c.expires_at <= now()`
 
+// insertCommit is insertCompletion for one round trip with the COMMIT
+// (pgq.Committer): a row whose retention ended is deleted first, and the
+// insert fails with a unique violation when a live completion committed
+// (or waits for the transaction that inserted one, as insertCompletion).
+const insertCommit = `DELETE FROM idem_completions WHERE digest = $1 AND expires_at <= now();
+INSERT INTO idem_completions (digest, fingerprint, fence, result, expires_at, relayed)
+VALUES ($1, $2, $3, $4, now() + $5 * interval '1 microsecond', $6)`
+
 // step says which step of record failed.
 type step uint8
 
@@ -306,7 +314,27 @@ func (g *Gate[T]) record(ctx, sctx context.Context, e *idem.Executor, a *idem.At
 			return nil, false, stepInsert, err
 		}
 	}
-	n, err := tx.Exec(ctx, insertCompletion, a.Key(), []byte(a.Fingerprint()), lease.Fence, blob, e.Retention().Microseconds(), inTx)
+	args := []any{a.Key(), []byte(a.Fingerprint()), lease.Fence, blob, e.Retention().Microseconds(), inTx}
+	if c, ok := tx.(pgq.Committer); ok {
+		// One round trip: the insert fails (unique violation) when a live
+		// completion committed, and then the COMMIT does not run.
+		err := c.CommitWith(ctx, insertCommit, args...)
+		switch {
+		case err == nil:
+			return blob, false, 0, nil
+		case pgq.Aborted(err) && pgq.ConflictOn(err, Table):
+			_ = tx.Rollback(sctx)
+			return nil, true, 0, nil
+		case pgq.TxDone(err) || pgq.Aborted(err):
+			// Refused before the COMMIT (a statement failed, or the
+			// transaction had ended): nothing of it committed.
+			_ = tx.Rollback(sctx)
+			return nil, false, stepInsert, err
+		}
+		_ = tx.Rollback(sctx)
+		return nil, false, stepCommit, fmt.Errorf("pggate: commit (the effect may have committed; retry with the same key): %w", err)
+	}
+	n, err := tx.Exec(ctx, insertCompletion, args...)
 	if err != nil {
 		_ = tx.Rollback(sctx)
 		return nil, false, stepInsert, err

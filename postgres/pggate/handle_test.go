@@ -14,6 +14,7 @@ import (
 	"github.com/idemgo/idem/consumer/redisstream"
 	"github.com/idemgo/idem/internal/redistest"
 	"github.com/idemgo/idem/postgres/pggate"
+	"github.com/idemgo/idem/postgres/pgstore"
 	"github.com/idemgo/idem/postgres/pgtest"
 	"github.com/idemgo/idem/redisstore"
 	"github.com/jackc/pgx/v5"
@@ -318,5 +319,65 @@ func TestHandleErrors(t *testing.T) {
 	v.pool.QueryRow(t.Context(), `SELECT count(*) FROM effects`).Scan(&n)
 	if n != 1 {
 		t.Fatalf("effects: got %d, want 1 (the self-committed one only)", n)
+	}
+}
+
+// TestHandleOnPgstore: on pgstore the gate completes the record inside the
+// handler's transaction; the Processor's completion then repeats it (same
+// lease, same result) and acknowledges. A crash after the handlers (the
+// batch abandoned) leaves nothing to redo: the redelivery is a replay.
+func TestHandleOnPgstore(t *testing.T) {
+	pool, _ := pgtest.Pool(t)
+	ps, err := pgstore.New(pool, pgstore.WithNotify(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ps.Close() })
+	if err := ps.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	e, err := idem.New(ps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := pggate.New(e, pool, pggate.WithRelayInterval(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Close() })
+	if err := g.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(t.Context(), `CREATE TABLE effects (key text NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	p, err := consumer.New(e, consumer.WithScope("pay"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := []consumer.Message{{Key: "a", Fingerprint: "fp"}, {Key: "b", Fingerprint: "fp"}, {Key: "c", Fingerprint: "fp"}}
+	h := func(ctx context.Context, i int) error {
+		return g.Handle(ctx, func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `INSERT INTO effects (key) VALUES ($1)`, msgs[i].Key)
+			return err
+		})
+	}
+	for i, r := range p.Process(t.Context(), msgs[:2], h) {
+		if r.Action != consumer.Ack || r.Replayed {
+			t.Fatalf("message %d: got %+v, want a processed ack", i, r)
+		}
+	}
+	b := p.Acquire(t.Context(), msgs[2:])
+	b.Handle(func(ctx context.Context, _ int) error { return h(ctx, 2) })
+	b.Abandon() // crash after the commit
+	for i, r := range p.Process(t.Context(), msgs, h) {
+		if r.Action != consumer.Ack || !r.Replayed {
+			t.Fatalf("redelivery %d: got %+v, want a replayed ack", i, r)
+		}
+	}
+	var n int
+	pool.QueryRow(t.Context(), `SELECT count(*) FROM effects`).Scan(&n)
+	if n != 3 {
+		t.Fatalf("effects: got %d, want 3", n)
 	}
 }
