@@ -128,10 +128,22 @@ bench-streams: check-redis
 	$(GO) test -run '^$$' -bench 'Consumer/.*/batch=100' -benchtime 50000x -count 5 ./consumer/redisstream/ | $(GO) run ./internal/benchratio -metric msgs/s -base plain
 
 ## bench-functions: the Redis time per call of each transition in script
-## mode and in Functions mode (WithFunctions), 7 runs each; prints medians
-## and the Functions/script ratios.
+## mode and in Functions mode (WithFunctions), the two interleaved call by
+## call in the same run, and Redis's own cost of EVALSHA, FCALL and
+## FCALL_RO on a "return 1" body; 7 runs, prints the medians of the
+## Functions/script ratios and of the µs per call.
 bench-functions: check-redis
-	$(GO) test -run '^$$' -bench Transitions -benchtime 20000x -count 7 ./redisstore/ | $(GO) run ./internal/benchratio -metric redis-µs/call -base scripts | $(GO) run ./internal/benchratio -metric redis-cpu-µs/call -base scripts
+	$(GO) test -run '^$$' -bench Transitions -benchtime 20000x -count 7 ./redisstore/ \
+	  | $(GO) run ./internal/benchratio -metric functions/scripts -base none \
+	  | $(GO) run ./internal/benchratio -metric scripts-redis-µs/call -base none \
+	  | $(GO) run ./internal/benchratio -metric functions-redis-µs/call -base none \
+	  | $(GO) run ./internal/benchratio -metric scripts-client-µs/call -base none \
+	  | $(GO) run ./internal/benchratio -metric functions-client-µs/call -base none \
+	  | $(GO) run ./internal/benchratio -metric fcall/evalsha -base none \
+	  | $(GO) run ./internal/benchratio -metric fcall_ro/evalsha -base none \
+	  | $(GO) run ./internal/benchratio -metric evalsha-redis-µs/call -base none \
+	  | $(GO) run ./internal/benchratio -metric fcall-redis-µs/call -base none \
+	  | $(GO) run ./internal/benchratio -metric fcall_ro-redis-µs/call -base none
 
 ## bench-http: idemhttp (both Redis clients), Fiber's idempotency middleware,
 ## a plain reverse proxy and the idem proxy against the bare handler under

@@ -20,6 +20,24 @@ type BatchStore interface {
 	CompleteBatch(ctx context.Context, keys []string, leases []Lease, results [][]byte, retention time.Duration) []error
 }
 
+// EffectBatchStore is a BatchStore that completes a batch whose records
+// carry effects (SetEffect) in about one round trip too (redisstore
+// pipelines one call per record with an effect). CommitBatch uses it, for
+// a batch with effects, when the store or a store it unwraps to has it
+// (StoreAs: a wrapper without it is bypassed, as for CompleteEffect);
+// otherwise it commits each attempt with an effect alone, with Commit.
+//
+// This is part of the store-writer API, like Store.
+type EffectBatchStore interface {
+	BatchStore
+	EffectStore
+	// CompleteEffectBatch is CompleteBatch where effects[i], when not
+	// nil, is applied with the completion of keys[i] as CompleteEffect
+	// applies it: each record's effect and completion stay one atomic
+	// call, and a record whose effect failed gets an *EffectError.
+	CompleteEffectBatch(ctx context.Context, keys []string, leases []Lease, results [][]byte, retention time.Duration, effects []*Effect) []error
+}
+
 // Began is the outcome of one key of BeginBatch: what Begin returns.
 type Began struct {
 	Ctx     context.Context
@@ -85,21 +103,30 @@ func (e *Executor) BeginBatch(ctx context.Context, keys []Key, fingerprints []st
 		}
 		return errs
 	})
+	var store time.Duration
+	if e.observer != nil {
+		store = time.Since(sent)
+	}
 	for j, i := range idx {
 		if errs[j] != nil {
-			out[i] = Began{Ctx: ctx, Err: fmt.Errorf("idem: acquire: %w", errs[j])}
+			err := fmt.Errorf("idem: acquire: %w", errs[j])
+			out[i] = Began{Ctx: ctx, Err: err}
+			if e.observer != nil {
+				e.observeBegin(ctx, keys[i].scopeKind(), sent, store, err)
+			}
 			continue
 		}
-		c, a, err := e.begun(ctx, skeys[j], acqs[j], sent)
+		c, a, err := e.begun(ctx, skeys[j], keys[i], reqs[j].Fingerprint, acqs[j], sent, store)
 		out[i] = Began{c, a, err}
 	}
 	return out
 }
 
 // CommitBatch is Commit for many attempts at once: on a BatchStore the
-// completions go in one pipeline. It returns one error per attempt, with
-// Commit's meaning; a nil or replayed attempt gets nil. values must have
-// one entry per attempt; the store does not keep them.
+// completions go in one pipeline, those of attempts with an effect too on
+// an EffectBatchStore. It returns one error per attempt, with Commit's
+// meaning; a nil or replayed attempt gets nil. values must have one entry
+// per attempt; the store does not keep them.
 func (e *Executor) CommitBatch(ctx context.Context, attempts []*Attempt, values [][]byte) []error {
 	bs, ok := StoreAs[BatchStore](e.store)
 	if !ok {
@@ -117,8 +144,9 @@ func (e *Executor) CommitBatch(ctx context.Context, attempts []*Attempt, values 
 		}
 		return errs
 	}
-	// An attempt with an effect is committed alone, with its effect:
-	// CompleteBatch applies none.
+	// CompleteBatch applies no effects: a batch with effects goes to the
+	// EffectBatchStore (the innermost store, as CompleteEffect does),
+	// or else each attempt with an effect is committed alone.
 	var alone []int
 	if len(values) == len(attempts) {
 		for i, a := range attempts {
@@ -126,6 +154,16 @@ func (e *Executor) CommitBatch(ctx context.Context, attempts []*Attempt, values 
 				alone = append(alone, i)
 			}
 		}
+	}
+	if ebs, ok := StoreAs[EffectBatchStore](e.store); ok && len(alone) > 0 {
+		return e.CommitBatchWith(ctx, attempts, values, func(ctx context.Context, cs []BatchCompletion) []error {
+			keys, leases, blobs := completionArgs(cs)
+			effects := make([]*Effect, len(cs))
+			for k, c := range cs {
+				effects[k] = c.Effect
+			}
+			return ebs.CompleteEffectBatch(ctx, keys, leases, blobs, e.retention, effects)
+		})
 	}
 	batch := attempts
 	if len(alone) > 0 {
@@ -135,18 +173,25 @@ func (e *Executor) CommitBatch(ctx context.Context, attempts []*Attempt, values 
 		}
 	}
 	errs := e.CommitBatchWith(ctx, batch, values, func(ctx context.Context, cs []BatchCompletion) []error {
-		keys := make([]string, len(cs))
-		leases := make([]Lease, len(cs))
-		blobs := make([][]byte, len(cs))
-		for k, c := range cs {
-			keys[k], leases[k], blobs[k] = c.Key, c.Lease, c.Result
-		}
+		keys, leases, blobs := completionArgs(cs)
 		return bs.CompleteBatch(ctx, keys, leases, blobs, e.retention)
 	})
 	for _, i := range alone {
 		errs[i] = attempts[i].Commit(ctx, values[i])
 	}
 	return errs
+}
+
+// completionArgs returns the keys, leases and results of cs, the arguments
+// of BatchStore.CompleteBatch.
+func completionArgs(cs []BatchCompletion) (keys []string, leases []Lease, blobs [][]byte) {
+	keys = make([]string, len(cs))
+	leases = make([]Lease, len(cs))
+	blobs = make([][]byte, len(cs))
+	for k, c := range cs {
+		keys[k], leases[k], blobs[k] = c.Key, c.Lease, c.Result
+	}
+	return keys, leases, blobs
 }
 
 // BatchCompletion is one record that CommitBatchWith asks its store call to
@@ -207,6 +252,7 @@ func (e *Executor) CommitBatchWith(ctx context.Context, attempts []*Attempt, val
 		}
 		if err := a.end(); err != nil {
 			errs[i] = err
+			a.endFailed(ctx, err)
 			continue
 		}
 		cs = append(cs, BatchCompletion{Index: i, Key: a.key, Lease: a.lease, Result: blob, Retention: e.retention, Effect: a.effect})
@@ -215,20 +261,31 @@ func (e *Executor) CommitBatchWith(ctx context.Context, attempts []*Attempt, val
 		return errs
 	}
 	// Repeat the completions whose outcome is unknown, as Commit does.
+	sent := time.Now()
 	cerrs := repeatUnknown(ctx, e.lease, func(js []int) []error {
 		if js == nil {
 			return complete(ctx, cs)
 		}
 		return complete(ctx, subset(cs, js))
 	})
+	var store time.Duration
+	if e.observer != nil {
+		store = time.Since(sent)
+	}
 	for j, c := range cs {
 		a := attempts[c.Index]
 		a.cancel(nil)
+		if a.obs != nil {
+			a.obs.storeTime += store
+		}
 		switch err := cerrs[j]; {
 		case errors.Is(err, ErrEffect):
 			errs[c.Index] = a.effectFailed(ctx, err)
 		case err != nil:
 			errs[c.Index] = fmt.Errorf("idem: complete: %w", err)
+			a.observeEnd(ctx, ObservedExecuted, err, errs[c.Index])
+		default:
+			a.observeEnd(ctx, ObservedExecuted, nil, nil)
 		}
 	}
 	return errs

@@ -22,9 +22,17 @@ func benchKeys(n int) []idem.Key {
 // BenchmarkDo measures a full lifecycle on memstore: acquire, run, complete.
 // The store is sized for the run, so that what is measured is Do, not the
 // map growing to b.N records.
-func BenchmarkDo(b *testing.B) {
+func BenchmarkDo(b *testing.B) { benchDo(b) }
+
+// BenchmarkDoObserved is BenchmarkDo with an Observer that does nothing:
+// the cost of the observations themselves (BenchmarkDo has none).
+func BenchmarkDoObserved(b *testing.B) {
+	benchDo(b, idem.WithObserver(func(context.Context, idem.Observation) {}))
+}
+
+func benchDo(b *testing.B, opts ...idem.Option) {
 	s, _ := memstore.New(memstore.WithCapacity(b.N))
-	e, _ := idem.New(s)
+	e, _ := idem.New(s, opts...)
 	keys := benchKeys(b.N)
 	fn := func(context.Context) ([]byte, error) { return benchValue, nil }
 	ctx := context.Background()

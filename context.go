@@ -48,6 +48,21 @@ func OwnerFrom(ctx context.Context) (owner string, ok bool) {
 	return l.Owner, ok
 }
 
+// AttemptFrom returns the attempt that runs with ctx: the one whose
+// operation got ctx (or a context derived from it) from Do, Typed.Do,
+// Begin, BeginBatch or a consumer.Processor. It is for code that must
+// record the attempt's completion elsewhere too (the Postgres commit gate,
+// github.com/idemgo/idem/postgres/pggate, inside a consumer handler or an
+// idemhttp handler); the attempt is ended by whoever began it. ok is false
+// outside an attempt.
+func AttemptFrom(ctx context.Context) (a *Attempt, ok bool) {
+	c, ok := ctx.Value(leaseKey{}).(*leaseCtx)
+	if !ok || c.a == nil {
+		return nil, false
+	}
+	return c.a, true
+}
+
 // LeaseDeadline returns the local time at which the lease of the attempt
 // that runs with ctx ends at the latest (see Attempt.LeaseDeadline): the
 // context is cancelled then, with a cause wrapping ErrLeaseLost, unless an

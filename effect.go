@@ -62,8 +62,9 @@ var ErrEffect = errors.New("idem: effect failed")
 // The completion was not written. Do and Commit then end the attempt as if
 // the operation had returned this error: the failure policy decides
 // whether the key is released (the default: the next call runs the
-// operation again) or becomes FAILED; in the latter case the error they
-// return is marked with Terminal (IsTerminal reports true).
+// operation again) or becomes FAILED, as it does on the attempt's last try
+// (SetLastTry) whatever the policy; when FAILED, the error they return is
+// marked with Terminal (IsTerminal reports true).
 type EffectError struct {
 	// Name is the effect's name.
 	Name string
@@ -112,6 +113,21 @@ func SetEffect(ctx context.Context, e Effect) error {
 	return nil
 }
 
+// SetLastTry marks the attempt as the key's last try: if its completion is
+// refused because its effect failed (ErrEffect), the key becomes FAILED
+// whatever the failure policy, and the error Commit (or CommitBatch)
+// returns is marked with Terminal. A broker consumer calls it for a
+// message that it dead-letters if it fails (the maximum of deliveries
+// reached, or a last delivery), so that the dead-lettered message's key is
+// FAILED, as after a handler's own error, rather than left RELEASED for a
+// later copy to run again. Call it before the commit; it is safe for
+// concurrent use.
+func (a *Attempt) SetLastTry() {
+	a.mu.Lock()
+	a.lastTry = true
+	a.mu.Unlock()
+}
+
 // hasEffect reports whether the operation attached an effect.
 func (a *Attempt) hasEffect() bool {
 	a.mu.Lock()
@@ -124,12 +140,18 @@ func (a *Attempt) hasEffect() bool {
 // operation failed after all, and the failure policy decides whether the
 // key is released or FAILED.
 func (a *Attempt) effectFailed(ctx context.Context, err error) error {
-	terminal := a.e.policy(err)
-	if ferr := a.fail(ctx, err, terminal); ferr != nil {
-		return errors.Join(err, ferr)
+	a.mu.Lock()
+	terminal := a.lastTry || a.e.policy(err)
+	a.mu.Unlock()
+	st, ferr := a.fail(ctx, err, terminal)
+	if ferr != nil {
+		err = errors.Join(err, ferr)
+		a.observeEnd(ctx, ObservedExecuted, ferr, err)
+		return err
 	}
 	if terminal {
-		return Terminal(err) // the key is FAILED: say so to the caller
+		err = Terminal(err) // the key is FAILED: say so to the caller
 	}
+	a.observeEnd(ctx, failedOrReleased(st), nil, err)
 	return err
 }

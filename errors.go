@@ -47,7 +47,12 @@ var (
 	// ErrNotDurable is returned by stores configured with a durability
 	// option (WAIT, WAITAOF) when the write was applied on the primary but
 	// not acknowledged by as many replicas or AOF fsyncs as required. The
-	// state transition happened; it may be lost on failover.
+	// state transition happened; it may be lost on failover. Treat the
+	// outcome as unknown: do not report the operation as durably done, and
+	// retry the same key later (it replays, or runs again if Redis lost
+	// the write). A primary cut off from its replicas answers every call
+	// with it, where without WAIT it would acknowledge writes that the
+	// failover then loses (RELIABILITY.md, Sentinel partition).
 	ErrNotDurable = errors.New("idem: write not acknowledged by enough replicas")
 
 	// ErrCorruptResult is returned when a stored result cannot be decoded:

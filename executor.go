@@ -80,6 +80,7 @@ type Executor struct {
 	policy      FailurePolicy
 	codec       blobCodec
 	onLeaseLost func(context.Context, LeaseLost)
+	observer    Observer
 
 	ownerPrefix string
 	ownerSeq    atomic.Uint64
@@ -302,11 +303,14 @@ func (e *Executor) Do(ctx context.Context, key Key, fingerprint string, fn func(
 type Attempt struct {
 	e        *Executor
 	key      string // store key (digest)
+	fp       string // the fingerprint it was acquired with
 	lease    Lease
 	previous string
 	attempts int
 	replayed bool
 	value    []byte
+
+	obs *attemptObs // with an Observer only
 
 	cancel   context.CancelCauseFunc
 	beat     *beater
@@ -317,6 +321,7 @@ type Attempt struct {
 	finished bool
 	lost     bool
 	effect   *Effect // SetEffect; read once finished
+	lastTry  bool    // SetLastTry
 }
 
 // Begin acquires key for the caller. It returns the same errors as Do. On
@@ -347,6 +352,7 @@ func (e *Executor) Begin(ctx context.Context, key Key, fingerprint string) (cont
 	// The first send: a repetition returns the acquisition that call made.
 	sent := time.Now()
 	acq, err := e.store.Acquire(ctx, skey, req)
+	var store time.Duration
 	// An acquire whose outcome is unknown may have taken the key: repeated
 	// with the same owner it returns that acquisition, instead of leaving
 	// the key held by nobody until the lease ends. A few quick repetitions
@@ -355,15 +361,36 @@ func (e *Executor) Begin(ctx context.Context, key Key, fingerprint string) (cont
 	for r := acquireRepeats(); OutcomeUnknown(err) && r.wait(ctx); {
 		acq, err = e.store.Acquire(ctx, skey, req)
 	}
-	if err != nil {
-		return ctx, nil, fmt.Errorf("idem: acquire: %w", err)
+	if e.observer != nil {
+		store = time.Since(sent)
 	}
-	return e.begun(ctx, skey, acq, sent)
+	if err != nil {
+		err = fmt.Errorf("idem: acquire: %w", err)
+		if e.observer != nil {
+			e.observeBegin(ctx, key.scopeKind(), sent, store, err)
+		}
+		return ctx, nil, err
+	}
+	return e.begun(ctx, skey, key, fingerprint, acq, sent, store)
 }
 
-// begun turns an acquisition of skey, whose acquire was sent at sent, into
-// Begin's results.
-func (e *Executor) begun(ctx context.Context, skey string, acq Acquisition, sent time.Time) (context.Context, *Attempt, error) {
+// begun turns an acquisition of key (store key skey) with fingerprint fp,
+// whose acquire was sent at sent and took store, into Begin's results, and
+// tells the Observer when no attempt starts.
+func (e *Executor) begun(ctx context.Context, skey string, key Key, fp string, acq Acquisition, sent time.Time, store time.Duration) (context.Context, *Attempt, error) {
+	c, a, err := e.acquired(ctx, skey, fp, acq, sent)
+	if e.observer != nil {
+		if a != nil && !a.replayed {
+			a.obs = &attemptObs{kind: key.scopeKind(), started: sent, storeTime: store}
+		} else {
+			e.observeBegin(ctx, key.scopeKind(), sent, store, err)
+		}
+	}
+	return c, a, err
+}
+
+// acquired is begun without the Observer.
+func (e *Executor) acquired(ctx context.Context, skey, fp string, acq Acquisition, sent time.Time) (context.Context, *Attempt, error) {
 	switch acq.Outcome {
 	case Acquired, TakenOver:
 	case Replay:
@@ -388,6 +415,7 @@ func (e *Executor) begun(ctx context.Context, skey string, acq Acquisition, sent
 	a := &Attempt{
 		e:        e,
 		key:      skey,
+		fp:       fp,
 		lease:    acq.Lease,
 		previous: acq.PreviousOwner,
 		attempts: acq.Attempts,
@@ -438,6 +466,13 @@ func (a *Attempt) Attempts() int { return a.attempts }
 
 // Key returns the store key (the digest of the idempotency key).
 func (a *Attempt) Key() string { return a.key }
+
+// Fingerprint returns the fingerprint the key was acquired with (empty for
+// a replay).
+func (a *Attempt) Fingerprint() string { return a.fp }
+
+// Executor returns the Executor that made the attempt.
+func (a *Attempt) Executor() *Executor { return a.e }
 
 // LeaseDeadline returns the local time at which the attempt's lease ends at
 // the latest: when the acquire (or the last successful extension) was sent,
@@ -517,26 +552,35 @@ func (a *Attempt) Commit(ctx context.Context, value []byte) error {
 		return nil
 	}
 	if err := a.end(); err != nil {
+		a.endFailed(ctx, err)
 		return err
 	}
 	defer a.cancel(nil)
 	if len(value) > a.e.codec.maxSize {
 		tooLarge := resultTooLarge(len(value), a.e.codec.maxSize)
-		if err := a.fail(ctx, tooLarge, true); err != nil {
-			return errors.Join(tooLarge, err)
+		if _, ferr := a.fail(ctx, tooLarge, true); ferr != nil {
+			err := errors.Join(tooLarge, ferr)
+			a.observeEnd(ctx, ObservedExecuted, ferr, err)
+			return err
 		}
-		return fmt.Errorf("%w; the key is FAILED", tooLarge)
+		err := fmt.Errorf("%w; the key is FAILED", tooLarge)
+		a.observeEnd(ctx, ObservedExecuted, nil, err)
+		return err
 	}
 	blob, err := a.e.codec.encode(a.key, value)
 	if err != nil {
+		a.observeEnd(ctx, ObservedNotRecorded, nil, err)
 		return err
 	}
 	if err := a.finish(ctx, endComplete, blob, false); err != nil {
 		if errors.Is(err, ErrEffect) {
 			return a.effectFailed(ctx, err)
 		}
-		return fmt.Errorf("idem: complete: %w", err)
+		err = fmt.Errorf("idem: complete: %w", err)
+		a.observeEnd(ctx, ObservedExecuted, err, err)
+		return err
 	}
+	a.observeEnd(ctx, ObservedExecuted, nil, nil)
 	return nil
 }
 
@@ -550,13 +594,28 @@ func (a *Attempt) Abort(ctx context.Context, cause error) error {
 		return cause
 	}
 	if err := a.end(); err != nil {
-		return errors.Join(cause, err)
+		err = errors.Join(cause, err)
+		a.endFailed(ctx, err)
+		return err
 	}
 	defer a.cancel(nil)
-	if err := a.fail(ctx, cause, cause != nil && a.e.policy(cause)); err != nil {
-		return errors.Join(cause, err)
+	st, ferr := a.fail(ctx, cause, cause != nil && a.e.policy(cause))
+	if ferr != nil {
+		err := errors.Join(cause, ferr)
+		a.observeEnd(ctx, ObservedExecuted, ferr, err)
+		return err
 	}
+	a.observeEnd(ctx, failedOrReleased(st), nil, cause)
 	return cause
+}
+
+// failedOrReleased returns the outcome of an attempt whose failure moved
+// the record to st.
+func failedOrReleased(st State) Observed {
+	if st == StateFailed {
+		return ObservedExecuted
+	}
+	return ObservedReleased
 }
 
 // Fail ends the attempt with a terminal failure whatever the failure
@@ -569,26 +628,31 @@ func (a *Attempt) Fail(ctx context.Context, cause error) error {
 		return nil
 	}
 	if err := a.end(); err != nil {
+		a.endFailed(ctx, err)
 		return err
 	}
 	defer a.cancel(nil)
-	return a.fail(ctx, cause, true)
+	_, err := a.fail(ctx, cause, true)
+	a.observeEnd(ctx, ObservedExecuted, err, err)
+	return err
 }
 
-// fail stores a failure; the attempt has ended.
-func (a *Attempt) fail(ctx context.Context, cause error, terminal bool) error {
+// fail stores a failure and returns the state the record moved to; the
+// attempt has ended.
+func (a *Attempt) fail(ctx context.Context, cause error, terminal bool) (State, error) {
 	msg := ""
 	if cause != nil {
 		msg = cause.Error()
 	}
 	blob, err := a.e.codec.encode(a.key, []byte(msg))
 	if err != nil {
-		return err
+		return 0, err
 	}
-	if err := a.finish(ctx, endFail, blob, terminal); err != nil {
-		return fmt.Errorf("idem: fail: %w", err)
+	st, err := a.finishFail(ctx, blob, terminal)
+	if err != nil {
+		return 0, fmt.Errorf("idem: fail: %w", err)
 	}
-	return nil
+	return st, nil
 }
 
 // Abandon ends the attempt without telling the store: the heartbeat stops
@@ -603,9 +667,32 @@ func (a *Attempt) Abandon() error {
 		return nil
 	}
 	if err := a.end(); err != nil {
+		a.endFailed(a.lctx.Context, err)
 		return err
 	}
 	a.cancel(nil)
+	a.observeEnd(a.lctx.Context, ObservedAbandoned, nil, nil)
+	return nil
+}
+
+// Handoff ends the attempt without a store call, as Abandon does, for a
+// caller that records the outcome by other means: a commit gate
+// (postgres/pggate) commits the completion in its own transaction and
+// relays it to the store. The Observer (WithObserver) is told o, for
+// example ObservedExecuted after such a commit, or ObservedReplayed when
+// the gate found a completion committed by an earlier run. Handoff cannot
+// fail, except with ErrLeaseLost when the attempt already ended or lost its
+// lease (the Observer is then told of the lost lease).
+func (a *Attempt) Handoff(ctx context.Context, o Observed) error {
+	if a.replayed {
+		return nil
+	}
+	if err := a.end(); err != nil {
+		a.endFailed(ctx, err)
+		return err
+	}
+	a.cancel(nil)
+	a.observeEnd(ctx, o, nil, nil)
 	return nil
 }
 
@@ -618,12 +705,16 @@ func (a *Attempt) Release(ctx context.Context) error {
 		return nil
 	}
 	if err := a.end(); err != nil {
+		a.endFailed(ctx, err)
 		return err
 	}
 	defer a.cancel(nil)
 	if err := a.finish(ctx, endRelease, nil, false); err != nil {
-		return fmt.Errorf("idem: release: %w", err)
+		err = fmt.Errorf("idem: release: %w", err)
+		a.observeEnd(ctx, ObservedReleased, err, err)
+		return err
 	}
+	a.observeEnd(ctx, ObservedReleased, nil, nil)
 	return nil
 }
 
@@ -645,7 +736,25 @@ const (
 // and run the operation again. It stops at the first definite answer, when
 // ctx is done, or after one lease.
 func (a *Attempt) finish(ctx context.Context, op ending, blob []byte, terminal bool) error {
+	_, err := a.finishState(ctx, op, blob, terminal)
+	return err
+}
+
+// finishFail is finish for endFail; it returns the state the record moved
+// to.
+func (a *Attempt) finishFail(ctx context.Context, blob []byte, terminal bool) (State, error) {
+	return a.finishState(ctx, endFail, blob, terminal)
+}
+
+// finishState is finish, returning the state Store.Fail answered (for
+// endFail). With an Observer, the time of the calls is added to the
+// attempt's store time.
+func (a *Attempt) finishState(ctx context.Context, op ending, blob []byte, terminal bool) (State, error) {
+	if a.obs != nil {
+		defer func(start time.Time) { a.obs.storeTime += time.Since(start) }(time.Now())
+	}
 	var r repeater // set at the first unknown outcome
+	var st State
 	for {
 		var err error
 		switch op {
@@ -660,7 +769,7 @@ func (a *Attempt) finish(ctx context.Context, op ending, blob []byte, terminal b
 				err = a.e.store.Complete(ctx, a.key, a.lease, blob, a.e.retention)
 			}
 		case endFail:
-			_, err = a.e.store.Fail(ctx, a.key, a.lease, Failure{
+			st, err = a.e.store.Fail(ctx, a.key, a.lease, Failure{
 				Result:      blob,
 				Terminal:    terminal,
 				Retention:   a.e.retention,
@@ -670,13 +779,13 @@ func (a *Attempt) finish(ctx context.Context, op ending, blob []byte, terminal b
 			err = a.e.store.Release(ctx, a.key, a.lease, a.e.retention)
 		}
 		if !OutcomeUnknown(err) {
-			return err
+			return st, err
 		}
 		if r.pause == 0 {
 			r = within(a.e.lease)
 		}
 		if !r.wait(ctx) {
-			return err
+			return st, err
 		}
 	}
 }

@@ -15,6 +15,12 @@ type Key struct {
 	Scope string
 	// ID is the client's idempotency key: 1 to MaxKeyLen bytes.
 	ID string
+	// Kind, if set, names the kind of Scope for an Observer (see
+	// WithObserver), where Scope itself would make too many metric
+	// series: idemhttp sets "http", since its scopes hold the route. It is
+	// not part of the key: two keys that differ only in Kind are the same
+	// key. When empty, observers are given Scope.
+	Kind string
 }
 
 // Validate reports whether k may be used: ID must be 1 to MaxKeyLen bytes.

@@ -295,3 +295,44 @@ func ValidateDuration(what string, d time.Duration) error {
 	}
 	return nil
 }
+
+// StatsStore is implemented by stores that can tell, cheaply enough to be
+// asked at every metrics scrape, how many records they hold and how much
+// memory they use: memstore and boltstore count every record, redisstore
+// a bounded sample (with SCAN, never KEYS) and reads INFO memory. It is
+// found beneath wrappers with StoreAs. Stats must be safe for concurrent
+// use.
+type StatsStore interface {
+	Stats(ctx context.Context) (Stats, error)
+}
+
+// Stats is what a StatsStore tells about itself.
+type Stats struct {
+	// Records counts the live records by state (indexed by State; index 0
+	// is unused).
+	Records [StateFailed + 1]int64
+	// Sampled is set when Records counts a sample of the records, not all
+	// of them (redisstore stops at a bound).
+	Sampled bool
+	// OldestInProgress is the age, by the store's clock, of the oldest
+	// IN_PROGRESS record counted, since it was first acquired; zero if
+	// none.
+	OldestInProgress time.Duration
+	// MemoryUsed and MemoryLimit are the memory the store uses and may
+	// use, in bytes: for Redis, used_memory and maxmemory of the node
+	// closest to its limit. Zero when unknown, or for MemoryLimit when
+	// there is no limit.
+	MemoryUsed, MemoryLimit int64
+}
+
+// Count counts a record in state st, first acquired at created, read at
+// now (both by the store's clock).
+func (s *Stats) Count(st State, created, now time.Time) {
+	if st == 0 || st > StateFailed {
+		return
+	}
+	s.Records[st]++
+	if st == StateInProgress {
+		s.OldestInProgress = max(s.OldestInProgress, now.Sub(created))
+	}
+}

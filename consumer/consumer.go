@@ -358,8 +358,7 @@ func (b *Batch) Handle(h Handler) {
 			continue
 		}
 		b.held[i] = nil
-		deliveries := max(m.Deliveries, a.Attempts())
-		if !errors.Is(err, ErrStopping) && (idem.IsTerminal(err) || m.Last || (p.maxDeliveries > 0 && deliveries >= p.maxDeliveries)) {
+		if !errors.Is(err, ErrStopping) && (idem.IsTerminal(err) || p.lastTry(m, a)) {
 			ferr := a.Fail(sctx, err)
 			if ran {
 				b.leaseLost(i, a, ferr, err)
@@ -377,6 +376,14 @@ func (b *Batch) Handle(h Handler) {
 		}
 		b.results[i] = Result{Action: Retry, Delay: p.retryDelay, Err: errors.Join(err, rerr)}
 	}
+}
+
+// lastTry reports whether m, whose key a holds, is dead-lettered if its
+// handler fails: the broker will not deliver it again, or it reached the
+// maximum of deliveries (counted by the broker or, when the broker's count
+// was lost, by the store's acquisitions).
+func (p *Processor) lastTry(m Message, a *idem.Attempt) bool {
+	return m.Last || p.maxDeliveries > 0 && max(m.Deliveries, a.Attempts()) >= p.maxDeliveries
 }
 
 // passDuplicate runs h for message i, a duplicate of a COMPLETED key
@@ -433,18 +440,22 @@ func (b *Batch) Commit(ctx context.Context) []Result {
 		}
 	}
 	if len(catt) > 0 {
+		for k, a := range catt {
+			if p.lastTry(cmsgs[k], a) {
+				a.SetLastTry()
+			}
+		}
 		for k, err := range p.commit(context.WithoutCancel(ctx), cmsgs, catt) {
 			i := cidx[k]
 			b.leaseLost(i, catt[k], err, nil)
 			if err != nil {
 				b.results[i] = Result{Action: Retry, Delay: p.retryDelay, Err: err}
 				// A refused effect (idem.SetEffect) is a failed message:
-				// nothing was applied, and the Executor released the key or,
-				// per its policy, failed it (then the error is terminal).
-				// A terminal one, or one after the maximum of deliveries, is
-				// dead-lettered.
-				if errors.Is(err, idem.ErrEffect) && (idem.IsTerminal(err) ||
-					p.maxDeliveries > 0 && max(b.msgs[i].Deliveries, catt[k].Attempts()) >= p.maxDeliveries) {
+				// nothing was applied, and the Executor released the key or
+				// failed it, per its policy or because this was the
+				// message's last try (SetLastTry above); then the error is
+				// terminal and the message dead-lettered.
+				if errors.Is(err, idem.ErrEffect) && idem.IsTerminal(err) {
 					b.results[i] = Result{Action: DeadLetter, Err: err}
 				}
 				continue

@@ -13,8 +13,9 @@
 //     handler (Ack, Replayed);
 //   - a duplicate whose key is IN_PROGRESS elsewhere is never acknowledged:
 //     it is redelivered after the lease left (Retry);
-//   - a handler error, or a panic (recovered as ErrPanic), releases the key
-//     and the message is redelivered (Retry), until it was delivered
+//   - a handler error, a panic (recovered as ErrPanic), or an effect
+//     (idem.SetEffect) that the store refused at the completion, releases
+//     the key and the message is redelivered (Retry), until it was delivered
 //     MaxDeliveries times (the larger of the broker's count and the record's
 //     acquisitions in the store, so a restart loses no count): then the key
 //     becomes FAILED and the message goes to the dead-letter path

@@ -135,6 +135,15 @@
 // first byte (see the README's benchmark), and memory up to the limit per
 // request, as recording it did already.
 //
+// # Effects in the handler's own database
+//
+// A handler whose effect is a database transaction registers a Recorder
+// (SetRecorder): the middleware hands it the response to store, and it
+// commits the effect and the response together (and may answer with a
+// response recorded earlier, which is replayed); a response that is not
+// stored is discarded, rolling the effect back. The Postgres commit gate
+// (github.com/idemgo/idem/postgres/pggate, Gate.HTTP) is one.
+//
 // # Content negotiation
 //
 // A stored response is replayed as it was stored, whatever the retry's

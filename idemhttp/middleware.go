@@ -275,7 +275,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 
 	defer m.bodies.release(cap(body))
 
-	key := idem.Key{Scope: m.scopeOf(r, principal), ID: id}
+	key := idem.Key{Scope: m.scopeOf(r, principal), ID: id, Kind: "http"}
 	ctx, a, err := m.exec.Begin(r.Context(), key, fp)
 	if err != nil && m.wait > 0 && errors.Is(err, idem.ErrInProgress) {
 		ctx, a, err = m.await(r, key, fp, start, err)
@@ -486,10 +486,12 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, start time.
 	x := &struct {
 		cw   captureWriter
 		body bodyReader
+		rctx recorderCtx
 	}{cw: captureWriter{w: w, m: m}}
 	cw := &x.cw
 	x.body.Reset(body)
-	r2 := r.WithContext(ctx)
+	x.rctx.Context = ctx
+	r2 := r.WithContext(&x.rctx)
 	r2.Body = &x.body
 	// The fields set before the handler ran (by outer middleware), for an
 	// error response that replaces the handler's.
@@ -510,6 +512,7 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, start time.
 		// and let the panic go on, with its stack, to net/http, which
 		// aborts the response (see http.ErrAbortHandler). A held response
 		// is dropped.
+		discard(sctx, &x.rctx)
 		err := a.Release(sctx)
 		m.log(r, slog.LevelWarn, "idemhttp: handler panicked; key released", err, a.Key())
 		m.emit(r, Event{Outcome: OutcomeReleased, Status: cw.status, Duration: time.Since(start), Err: errors.Join(ErrHandlerPanicked, err)})
@@ -519,14 +522,21 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, start time.
 
 	status := cw.finish()
 	if cw.hijacked || status < 200 {
+		discard(sctx, &x.rctx)
 		// A hijacked connection, or 101 Switching Protocols: what was sent
 		// is unknown, and cannot be replayed.
 		err := errors.Join(ErrHijacked, a.Release(sctx))
 		m.emit(r, Event{Outcome: OutcomeReleased, Status: status, Duration: time.Since(start), Err: err})
 		return
 	}
+	decision := m.policy(r, status)
+	rec := x.rctx.rec
+	if rec != nil && (cw.overflow || decision != StoreResponse) {
+		discard(sctx, &x.rctx) // the response is not stored: neither is the effect
+		rec = nil
+	}
 	var err error
-	switch decision := m.policy(r, status); {
+	switch {
 	case decision == ReleaseKey:
 		if err = a.Release(sctx); err != nil {
 			m.log(r, slog.LevelError, "idemhttp: releasing the key", err, a.Key())
@@ -547,6 +557,9 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, start time.
 			err = errors.Join(cause, ferr)
 		}
 		m.log(r, slog.LevelWarn, "idemhttp: response not stored; the key is FAILED", err, a.Key())
+	case rec != nil:
+		m.record(w, r, start, a, rec, cw, before, status)
+		return
 	case cw.sent:
 		// A stream: the client has it already.
 		if err = a.Commit(sctx, cw.buf); err != nil {
@@ -572,6 +585,43 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, start time.
 		cw.send()
 	}
 	m.emit(r, Event{Outcome: OutcomeExecuted, Status: status, Duration: time.Since(start), Err: err})
+}
+
+// discard rolls back the effect of a request's recorder, if it has one.
+func discard(ctx context.Context, c *recorderCtx) {
+	if c.rec != nil {
+		c.rec.Discard(ctx)
+		c.rec = nil
+	}
+}
+
+// record stores the response of a handler that set a Recorder: the
+// recorder commits its effect with the response and ends the attempt; the
+// client then gets the response, or the one an earlier run recorded.
+func (m *Middleware) record(w http.ResponseWriter, r *http.Request, start time.Time, a *idem.Attempt, rec Recorder, cw *captureWriter, before http.Header, status int) {
+	stored, err := rec.Record(context.WithoutCancel(r.Context()), cw.buf)
+	switch {
+	case err != nil:
+		if cw.sent {
+			m.log(r, slog.LevelError, "idemhttp: storing the streamed response", err, a.Key())
+			m.emit(r, Event{Outcome: OutcomeExecuted, Status: status, Duration: time.Since(start), Err: err})
+			return
+		}
+		m.notRecorded(w, r, start, a, before, status, err)
+	case stored != nil && cw.sent:
+		m.log(r, slog.LevelError, "idemhttp: a streamed response was rolled back: another run's response was recorded first", nil, a.Key())
+		m.emit(r, Event{Outcome: OutcomeReplayed, Status: status, Duration: time.Since(start)})
+	case stored != nil:
+		// Another run's effect committed first: this one was rolled back,
+		// and the client gets that run's response.
+		h := w.Header()
+		clear(h)
+		maps.Copy(h, before)
+		m.replay(w, r, start, stored)
+	default:
+		cw.send()
+		m.emit(r, Event{Outcome: OutcomeExecuted, Status: status, Duration: time.Since(start)})
+	}
 }
 
 // notRecorded answers a request whose handler ran but whose response could

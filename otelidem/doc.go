@@ -17,4 +17,13 @@
 //
 // The decorated store keeps idem.Watcher when the store has it, so that
 // Executor.Await is still woken by the store's notifications.
+//
+// Metrics measures the Executor's outcomes with the OpenTelemetry metrics
+// API: the counter idem.operations, the histograms idem.operation.duration
+// and idem.operation.store.duration (seconds, bounds from 50µs) and the
+// counter idem.operation.takeovers, with the attributes idem.outcome and
+// idem.scope.kind (never a key). It is an idem.Observer:
+//
+//	m, err := otelidem.NewMetrics(otelidem.WithMeterProvider(mp))
+//	exec, err := idem.New(store, idem.WithObserver(m.Observe))
 package otelidem

@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -59,6 +60,7 @@ type Option func(*config)
 
 type config struct {
 	tp    trace.TracerProvider
+	mp    metric.MeterProvider
 	attrs []attribute.KeyValue
 }
 
@@ -69,7 +71,14 @@ func WithTracerProvider(tp trace.TracerProvider) Option {
 	return func(c *config) { c.tp = tp }
 }
 
-// WithAttributes adds attrs to every span, for example the store's kind or
+// WithMeterProvider sets the provider of the meter that Metrics uses. The
+// default is the global one, otel.GetMeterProvider(), read when NewMetrics
+// is called; a nil mp also means the global one.
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return func(c *config) { c.mp = mp }
+}
+
+// WithAttributes adds attrs to every span and measurement, for example the store's kind or
 // the name of the service that uses it. The default is none.
 func WithAttributes(attrs ...attribute.KeyValue) Option {
 	return func(c *config) { c.attrs = append(c.attrs, attrs...) }

@@ -180,26 +180,6 @@ func usecPerCall(b *testing.B, srv *redistest.Server, cmd string) float64 {
 	return 0
 }
 
-// mainThreadCPU returns the CPU time, in seconds, of the server's main
-// thread (INFO cpu): unlike usec_per_call, it does not count the time the
-// server waits for a CPU on a loaded machine.
-func mainThreadCPU(b *testing.B, srv *redistest.Server) float64 {
-	b.Helper()
-	info, err := srv.Command("INFO", "cpu")
-	if err != nil {
-		b.Fatal(err)
-	}
-	var total float64
-	for line := range strings.Lines(info) {
-		name, v, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if ok && (name == "used_cpu_user_main_thread" || name == "used_cpu_sys_main_thread") {
-			n, _ := strconv.ParseFloat(v, 64)
-			total += n
-		}
-	}
-	return total
-}
-
 // BenchmarkBatch measures Executor.BeginBatch and CommitBatch of 100 new
 // keys (the broker consumers' path): one script call acquires the batch,
 // one completes it. An op is one key; redis-µs/key-transition is the Redis
@@ -243,17 +223,25 @@ func BenchmarkBatch(b *testing.B) {
 	}
 }
 
-// BenchmarkTransitions measures each transition's Redis time per call
-// (redis-µs/call: usec_per_call of EVALSHA in script mode, of FCALL or
-// FCALL_RO in Functions mode, from INFO commandstats; and redis-cpu-µs/call,
-// the CPU of the server's main thread per call, reading and parsing
-// included, which a loaded machine inflates less) in both modes, one
-// store call per op from 16 goroutines through go-redis. The records each
-// op needs (an acquired key for complete, extend, release and fail; a
-// completed one for replay and get) are made before the measured calls, and
-// the server's statistics are reset after. Compare the modes with
+// BenchmarkTransitions compares the Redis time per call of each transition
+// in script mode and in Functions mode (WithFunctions), through go-redis
+// from 16 goroutines. The two modes run at the same time, interleaved call
+// by call (even calls in one mode, odd ones in the other), so that the load
+// of a shared machine weighs on both alike; their commands are told apart
+// in INFO commandstats (EVALSHA in script mode, FCALL, or FCALL_RO for get,
+// in Functions mode). Each sub-benchmark reports, per mode,
+// <mode>-redis-µs/call (usec_per_call: the command's execution in the
+// server) and <mode>-client-µs/call (the store call's round trip, as the
+// caller sees it), and functions/scripts, the ratio of the Redis times.
+// The records each op needs (an acquired key for complete, extend, release
+// and fail; a completed one for replay and get) are made before the
+// measured calls, and the server's statistics are reset after.
 //
-//	go test -run '^$' -bench Transitions -count 5 ./redisstore | go run ./internal/benchratio -metric redis-µs/call -base scripts
+// The sub-benchmark "fixed" measures Redis's own cost of each way of
+// calling Lua: a script "return 1" with EVALSHA against the same body as a
+// function with FCALL and with FCALL_RO (metrics evalsha-, fcall-,
+// fcall_ro-redis-µs/call and the ratios fcall/evalsha, fcall_ro/evalsha).
+// make bench-functions prints the medians over 7 runs.
 func BenchmarkTransitions(b *testing.B) {
 	srv := redistest.Start(b)
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: 16})
@@ -308,7 +296,8 @@ redis.call('INCRBY', KEYS[1], n)`)
 	}
 	stores := make([]*redisstore.Store, len(modes))
 	for i, m := range modes {
-		s, err := redisstore.New(rdb, append([]redisstore.Option{effect, redisstore.WithNotify(false)}, m.opts...)...)
+		// No replay cache: every call is a server call.
+		s, err := redisstore.New(rdb, append([]redisstore.Option{effect, redisstore.WithNotify(false), redisstore.WithReplayCache(false)}, m.opts...)...)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -318,15 +307,15 @@ redis.call('INCRBY', KEYS[1], n)`)
 		}
 		stores[i] = s
 	}
-	// Each transition in one mode, then in the other: the load of the
-	// machine changes less between the two than over the whole run.
 	for _, tr := range transitions {
-		for i, m := range modes {
-			s := stores[i]
-			b.Run(m.name+"/"+tr.name, func(b *testing.B) {
-				ctx := context.Background()
-				keys := make([]string, b.N)
-				leases := make([]idem.Lease, b.N)
+		b.Run(tr.name, func(b *testing.B) {
+			ctx := context.Background()
+			n := (b.N + len(modes) - 1) / len(modes) // calls per mode
+			lanes := make([]benchLane, len(modes))
+			for li, m := range modes {
+				s := stores[li]
+				keys := make([]string, n)
+				leases := make([]idem.Lease, n)
 				for i := range keys {
 					keys[i] = newBenchKey().Digest()
 				}
@@ -350,21 +339,6 @@ redis.call('INCRBY', KEYS[1], n)`)
 						}
 					}
 				}
-				resetStats(b, srv)
-				cpu := mainThreadCPU(b, srv)
-				var next atomic.Int64
-				b.SetParallelism(max(1, 16/runtime.GOMAXPROCS(0)))
-				b.ResetTimer()
-				b.RunParallel(func(pb *testing.PB) {
-					for pb.Next() {
-						i := next.Add(1) - 1
-						if err := tr.op(ctx, s, keys[i], leases[i]); err != nil {
-							b.Error(err)
-							return
-						}
-					}
-				})
-				b.StopTimer()
 				cmd := "evalsha"
 				if m.name == "functions" {
 					cmd = "fcall"
@@ -372,9 +346,81 @@ redis.call('INCRBY', KEYS[1], n)`)
 						cmd = "fcall_ro"
 					}
 				}
-				b.ReportMetric(usecPerCall(b, srv, cmd), "redis-µs/call")
-				b.ReportMetric((mainThreadCPU(b, srv)-cpu)*1e6/float64(b.N), "redis-cpu-µs/call")
-			})
+				lanes[li] = benchLane{m.name, cmd, func(ctx context.Context, i int) error {
+					if tr.setup == completed {
+						i = 0
+					}
+					return tr.op(ctx, s, keys[i], leases[i])
+				}}
+			}
+			runLanes(b, srv, lanes)
+		})
+	}
+	b.Run("fixed", func(b *testing.B) {
+		ctx := context.Background()
+		sha, err := rdb.ScriptLoad(ctx, "return 1").Result()
+		if err != nil {
+			b.Fatal(err)
+		}
+		lib := "#!lua name=idembench\n" +
+			"redis.register_function{function_name='idembench_one', callback=function(KEYS, ARGV) return 1 end}\n" +
+			"redis.register_function{function_name='idembench_one_ro', callback=function(KEYS, ARGV) return 1 end, flags={'no-writes'}}\n"
+		if err := rdb.FunctionLoad(ctx, lib).Err(); err != nil && !strings.Contains(err.Error(), "already exists") {
+			b.Fatal(err)
+		}
+		keys := []string{"{bench}k"}
+		runLanes(b, srv, []benchLane{
+			{"evalsha", "evalsha", func(ctx context.Context, _ int) error { return rdb.EvalSha(ctx, sha, keys).Err() }},
+			{"fcall", "fcall", func(ctx context.Context, _ int) error { return rdb.FCall(ctx, "idembench_one", keys).Err() }},
+			{"fcall_ro", "fcall_ro", func(ctx context.Context, _ int) error { return rdb.FCallRo(ctx, "idembench_one_ro", keys).Err() }},
+		})
+	})
+}
+
+// benchLane is one of the ways of making a call that a sub-benchmark of
+// BenchmarkTransitions compares.
+type benchLane struct {
+	name string                                 // the metrics' prefix
+	cmd  string                                 // its command in INFO commandstats, lower case
+	op   func(ctx context.Context, i int) error // the i-th call of this lane
+}
+
+// runLanes makes b.N calls from 16 goroutines, the lanes taking turns call
+// by call, and reports for each lane <name>-redis-µs/call (usec_per_call of
+// its command), <name>-client-µs/call, and, for every lane but the first,
+// <name>/<first>, the ratio of its Redis time to the first lane's. The
+// lanes' commands must differ.
+func runLanes(b *testing.B, srv *redistest.Server, lanes []benchLane) {
+	ctx := context.Background()
+	clientNs := make([]atomic.Int64, len(lanes))
+	calls := make([]atomic.Int64, len(lanes))
+	resetStats(b, srv)
+	var next atomic.Int64
+	b.SetParallelism(max(1, 16/runtime.GOMAXPROCS(0)))
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			i := int(next.Add(1) - 1)
+			l := i % len(lanes)
+			start := time.Now()
+			if err := lanes[l].op(ctx, i/len(lanes)); err != nil {
+				b.Error(err)
+				return
+			}
+			clientNs[l].Add(int64(time.Since(start)))
+			calls[l].Add(1)
+		}
+	})
+	b.StopTimer()
+	redisUs := make([]float64, len(lanes))
+	for l, ln := range lanes {
+		redisUs[l] = usecPerCall(b, srv, ln.cmd)
+		b.ReportMetric(redisUs[l], ln.name+"-redis-µs/call")
+		if c := calls[l].Load(); c > 0 {
+			b.ReportMetric(float64(clientNs[l].Load())/float64(c)/1e3, ln.name+"-client-µs/call")
+		}
+		if l > 0 && redisUs[0] > 0 {
+			b.ReportMetric(redisUs[l]/redisUs[0], ln.name+"/"+lanes[0].name)
 		}
 	}
 }

@@ -74,28 +74,37 @@
 // LoadedLibraries and idem doctor report what is loaded. See WithFunctions
 // for when to choose which mode and for the ACL rights each needs.
 //
-// make bench-functions compares the Redis time per call of each transition
-// in both modes (BenchmarkTransitions, go-redis, 16 callers, medians of 7
-// interleaved runs, one run on 2026-11-23 on the 2-core development
-// machine while other work loaded it: the figures are noisy, and the same
-// transition moved by up to 2× between runs that day). usec_per_call
-// (INFO commandstats) / the server's main-thread CPU per call, µs, script
-// mode → Functions mode:
+// make bench-functions compares the two modes (BenchmarkTransitions,
+// go-redis, 16 callers): the modes run at the same time, interleaved call
+// by call, so that a shared machine's load weighs on both alike, and their
+// commands are told apart in INFO commandstats (EVALSHA; FCALL, FCALL_RO
+// for get). Earlier runs that measured one mode after the other showed
+// ratios from 0.54× to 1.41× for the same transition on the same day: the
+// load had changed between the two windows, not the code. The library's
+// functions are the script files themselves (no dispatcher, no table
+// lookup, no redis.setresp, the same redis.call's; KEYS and ARGV are the
+// callback's arguments instead of globals), so idem adds nothing per call
+// in Functions mode. Medians of 7 runs on 2026-11-23, on the 2-core
+// development machine loaded by other work (noisy; per-run ratios spread
+// over about ±10%), usec_per_call in µs, script mode → Functions mode, and
+// the median of the per-run ratios:
 //
-//	acquire (new key)   9.85 → 12.14 (1.23×)   20.09 → 23.08 (1.15×)
-//	replay              5.90 →  5.24 (0.89×)   17.96 → 14.59 (0.81×)
-//	complete           11.66 → 11.72 (1.01×)   20.48 → 20.13 (0.98×)
-//	complete + effect  18.16 → 17.71 (0.98×)   24.77 → 24.26 (0.98×)
-//	extend             11.74 → 16.59 (1.41×)   21.39 → 23.06 (1.08×)
-//	release            12.94 → 15.60 (1.21×)   19.03 → 21.16 (1.11×)
-//	fail               10.91 → 12.03 (1.10×)   19.53 → 19.41 (0.99×)
-//	get (FCALL_RO)     15.14 → 10.14 (0.67×)   17.70 → 17.64 (1.00×)
+//	acquire (new key)   11.08 → 10.55   0.98×
+//	replay               6.00 →  5.68   1.02×
+//	complete             9.82 →  9.76   0.95×
+//	complete + effect   18.60 → 19.97   0.98×
+//	extend              15.21 → 15.44   0.99×
+//	release              8.26 →  7.68   0.93×
+//	fail                11.20 → 11.25   1.00×
+//	get (FCALL_RO)       7.96 →  8.24   0.99×
 //
-// By CPU, which a loaded machine inflates less, five transitions are
-// within 1.00× ± 0.02 and acquire, extend and release 1.08–1.15× in this
-// run; an earlier run that day had acquire at 0.78× and extend at 0.54×.
-// A quiet machine is needed to tell whether Functions mode costs anything
-// per call; nothing in the function bodies differs from the scripts.
+// The round trip the callers saw was the same in both modes (380–870 µs
+// per call on that loaded machine, within 2% between modes). Redis's own
+// cost per call of each way of calling Lua, a body "return 1" with one key
+// (the sub-benchmark fixed): EVALSHA 1.59 µs, FCALL 1.42 µs (0.89×),
+// FCALL_RO 1.43 µs (0.90×); Functions mode has no fixed cost over script
+// mode in Redis 7.0, and FCALL_RO costs what FCALL does, so Get keeps
+// FCALL_RO, which a replica may serve.
 //
 // # Redis-side effects
 //
@@ -135,6 +144,17 @@
 // because the per-call work (parsing, script lookup, TIME) is paid once per
 // batch. On a Cluster without a hash tag, a batch is a pipeline of one-key
 // scripts, split by node.
+//
+// Records whose attempt carries an effect (CompleteEffectBatch, used by
+// CommitBatch for a batch with effects, and CompleteAndAckBatch) are not
+// packed into a batch script: each is one call of its effect's script or
+// function, and those calls go in one pipeline per registered effect, so
+// a consumer's batch still completes in one or two round trips
+// (TestCommitBatchWithEffects), each record's check, effect and
+// completion one atomic call as with CompleteEffect. A batch script per
+// effect (its body under pcall once per record, as complete_effect.lua
+// runs it for one) would save Redis's fixed cost per call as
+// complete_many does, not a round trip; it is not built.
 //
 // An IN_PROGRESS record expires one lease plus idem.InProgressGrace after
 // its lease ends; COMPLETED, RELEASED and FAILED records after the

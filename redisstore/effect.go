@@ -217,9 +217,69 @@ func effectError(name string, err error) error {
 	return err
 }
 
-// completeAckEffects completes and acknowledges the elements idx of acks
-// that carry an effect, each in one call of its effect's script (all in
-// one pipeline per effect), and sets errs.
+// CompleteEffectBatch implements idem.EffectBatchStore: CompleteBatch
+// where effects[i], when not nil, is applied with the completion of
+// keys[i] as CompleteEffect applies it. The records without an effect go
+// as CompleteBatch sends them; each record with one is one call of its
+// effect's script or function (atomic for that record), and those calls
+// go in one pipeline per registered effect (on a Cluster, one per node),
+// so a batch of records with one effect costs two round trips at most.
+// A store configured with WithWait or WithWaitAOF refuses batches (every
+// error wraps idem.ErrInvalid). The results must not be modified during
+// the call. It is safe for concurrent use.
+func (s *Store) CompleteEffectBatch(ctx context.Context, keys []string, leases []idem.Lease, results [][]byte, retention time.Duration, effects []*idem.Effect) []error {
+	errs := make([]error, len(keys))
+	if len(leases) != len(keys) || len(results) != len(keys) || len(effects) != len(keys) {
+		for i := range errs {
+			errs[i] = fmt.Errorf("%w: %d keys, %d leases, %d results and %d effects", idem.ErrInvalid, len(keys), len(leases), len(results), len(effects))
+		}
+		return errs
+	}
+	var plain, withEffect []int
+	for i, e := range effects {
+		if e == nil {
+			plain = append(plain, i)
+		} else {
+			withEffect = append(withEffect, i)
+		}
+	}
+	if len(withEffect) == 0 {
+		return s.CompleteBatch(ctx, keys, leases, results, retention)
+	}
+	if len(plain) > 0 {
+		perrs := s.CompleteBatch(ctx, subset(keys, plain), subset(leases, plain), subset(results, plain), retention)
+		for k, i := range plain {
+			errs[i] = perrs[k]
+		}
+	}
+	retentionErr := idem.ValidateDuration("retention", retention)
+	acks := make([]StreamAck, len(keys))
+	idx := make([]int, 0, len(withEffect))
+	for _, i := range withEffect {
+		switch {
+		case s.wait != nil:
+			errs[i] = errBatchWait
+		case retentionErr != nil:
+			errs[i] = retentionErr
+		default:
+			if errs[i] = checkOwner(keys[i], leases[i]); errs[i] == nil {
+				acks[i] = StreamAck{Key: keys[i], Lease: leases[i], Result: results[i], Effect: effects[i]}
+				idx = append(idx, i)
+			}
+		}
+	}
+	if len(idx) > 0 {
+		s.completeAckEffects(ctx, "", "", retention, acks, idx, errs)
+	}
+	return errs
+}
+
+var _ idem.EffectBatchStore = (*Store)(nil)
+
+// completeAckEffects completes the elements idx of acks that carry an
+// effect and, when group is not "", acknowledges their entries of stream:
+// each in one call of its effect's script (all in one pipeline per
+// effect), and sets errs.
 func (s *Store) completeAckEffects(ctx context.Context, stream, group string, retention time.Duration, acks []StreamAck, idx []int, errs []error) {
 	byName := map[string][]int{}
 	for _, i := range idx {

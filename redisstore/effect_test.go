@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -360,5 +361,97 @@ func TestCompleteAndAckEffect(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestCommitBatchWithEffects: Executor.CommitBatch of attempts with and
+// without effects applies every effect once, with its completion, in a
+// few round trips (not one per effect); the attempt whose effect fails
+// gets an *idem.EffectError and its key released, the others complete.
+func TestCommitBatchWithEffects(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	for _, m := range modes {
+		t.Run(m.name, func(t *testing.T) {
+			rdb := goRedisClient(t, srv.Addr())
+			trips := &roundTrips{}
+			rdb.AddHook(trips)
+			s, err := redisstore.New(rdb, append(append([]redisstore.Option{}, m.opts...), testEffects...)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			exec, err := idem.New(s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := t.Context()
+			// batch acquires n keys and attaches the count effect to all but
+			// the last two; the first gets an argument the effect refuses.
+			const n = 13
+			batch := func(round string) ([]idem.Key, []*idem.Attempt) {
+				keys := make([]idem.Key, n)
+				for i := range keys {
+					keys[i] = idem.Key{Scope: m.name + round, ID: strconv.Itoa(i)}
+				}
+				attempts := make([]*idem.Attempt, n)
+				for i, b := range exec.BeginBatch(ctx, keys, make([]string, n)) {
+					if b.Err != nil {
+						t.Fatal(b.Err)
+					}
+					attempts[i] = b.Attempt
+					if i >= n-2 {
+						continue
+					}
+					e := count(t, s, keys[i])
+					if i == 0 {
+						e.Args = []string{"x"}
+					}
+					if err := idem.SetEffect(b.Ctx, e); err != nil {
+						t.Fatal(err)
+					}
+				}
+				return keys, attempts
+			}
+			values := make([][]byte, n)
+			for i := range values {
+				values[i] = []byte("v")
+			}
+			_, warm := batch("warm-up")
+			exec.CommitBatch(ctx, warm, values) // loads the scripts or the library
+			keys, attempts := batch("")
+			trips.mu.Lock()
+			trips.names = nil
+			trips.mu.Unlock()
+			errs := exec.CommitBatch(ctx, attempts, values)
+			trips.mu.Lock()
+			if len(trips.names) > 3 {
+				t.Errorf("round trips for a batch of %d, %d with effects: %q; want 3 at most", n, n-2, trips.names)
+			}
+			trips.mu.Unlock()
+			var ee *idem.EffectError
+			if !errors.As(errs[0], &ee) {
+				t.Fatalf("key 0: got %v, want an *idem.EffectError", errs[0])
+			}
+			if rec, err := s.Get(ctx, keys[0].Digest()); err != nil || rec.State != idem.StateReleased {
+				t.Fatalf("key 0: %v %v, want RELEASED", rec.State, err)
+			}
+			for i := 1; i < n; i++ {
+				if errs[i] != nil {
+					t.Fatalf("key %d: %v", i, errs[i])
+				}
+				if rec, err := s.Get(ctx, keys[i].Digest()); err != nil || rec.State != idem.StateCompleted {
+					t.Fatalf("key %d: %v %v, want COMPLETED", i, rec.State, err)
+				}
+				if i >= n-2 {
+					continue
+				}
+				if v, err := rdb.Get(ctx, count(t, s, keys[i]).Keys[0]).Int(); err != nil || v != 1 {
+					t.Fatalf("key %d: counter %d %v, want 1", i, v, err)
+				}
+			}
+			if v, err := rdb.Exists(ctx, count(t, s, keys[0]).Keys[0]).Result(); err != nil || v != 0 {
+				t.Fatalf("key 0: the refused effect wrote its counter (%d, %v)", v, err)
+			}
+		})
 	}
 }

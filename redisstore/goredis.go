@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -54,6 +56,27 @@ func (b *goRedis) nodes(context.Context) ([]node, error) { return []node{goRedis
 type goRedisCluster struct{ c *redis.ClusterClient }
 
 func (b *goRedisCluster) run(ctx context.Context, s *script, keys, args []string, w *waitConfig, fcall bool) (any, int64, error) {
+	v, acks, err := b.runOnce(ctx, s, keys, args, w, fcall)
+	if unreachable(err) {
+		// go-redis reloads its slot map on MOVED and every
+		// ClusterStateReloadInterval (60s by default), not when a node
+		// stops answering: after a master is killed, the keys of its
+		// slots would fail until then although a replica took them over
+		// within seconds (RELIABILITY.md, Cluster failover). Ask for a
+		// reload; go-redis runs one at a time, in the background.
+		b.c.ReloadState(ctx)
+	}
+	return v, acks, err
+}
+
+// unreachable reports whether err says a node could not be reached or
+// dropped the connection, rather than answered.
+func unreachable(err error) bool {
+	var op *net.OpError
+	return err != nil && (errors.As(err, &op) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF))
+}
+
+func (b *goRedisCluster) runOnce(ctx context.Context, s *script, keys, args []string, w *waitConfig, fcall bool) (any, int64, error) {
 	if w == nil {
 		v, err := callGoRedis(ctx, b.c, s, keys, args, fcall)
 		return v, 0, err

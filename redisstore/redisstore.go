@@ -64,8 +64,10 @@ func WithNotify(on bool) Option { return func(c *config) { c.notify = on } }
 // the primary but may be lost on failover. With as many replicas as
 // numReplicas, one node down makes every acquire and complete return
 // ErrNotDurable until it is back (measured: RELIABILITY.md, Sentinel
-// failover): wait for fewer replicas than you run. The default is not to
-// wait.
+// failover): wait for fewer replicas than you run. A primary partitioned
+// from its replicas answers ErrNotDurable instead of acknowledging writes
+// that the failover would lose (measured: RELIABILITY.md, Sentinel
+// partition). The default is not to wait.
 func WithWait(numReplicas int, timeout time.Duration) Option {
 	return func(c *config) {
 		c.wait = &waitConfig{replicas: numReplicas, timeout: timeout}

@@ -16,9 +16,16 @@
 //   - 4 processes × 5 concurrent duplicates per key, with FLUSHALL every
 //     100ms: 1 effect row per key.
 //   - Postgres connections cut and refused (a restart as the clients see
-//     it, through a TCP proxy: the shared server is not restarted): no
-//     committed completion lost, recovery without a manual step.
+//     it, through a TCP proxy in front of the shared server): no committed
+//     completion lost, recovery without a manual step.
+//   - Postgres restarted for real, as a crash and as a fast shutdown: a
+//     server of the test's own (pgtest.StartServer, initdb and pg_ctl in a
+//     temporary directory, on a free port; the shared server is never
+//     restarted): no committed completion lost, recovery without a manual
+//     step.
 //
 // Tests need Redis (started per test) and PostgreSQL (IDEM_POSTGRES_URL,
-// each test in a schema of its own).
+// each test in a schema of its own); TestPGRestarted needs the PostgreSQL
+// binaries (IDEM_POSTGRES_BIN, or /usr/lib/postgresql/*/bin) and is skipped
+// without them.
 package pgeffects

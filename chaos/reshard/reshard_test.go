@@ -377,26 +377,9 @@ func movedSlots(a, b [slots]string) int {
 	return n
 }
 
-// keySlot returns the slot of the record of key ID id: the record key's hash
-// tag is the digest.
+// keySlot returns the slot of the record of key ID id.
 func keySlot(id string) int {
-	return int(crc16(idem.Key{Scope: "reshard", ID: id}.Digest()) % slots)
-}
-
-// crc16 is the CRC16-CCITT (XMODEM) that Redis Cluster hashes keys with.
-func crc16(s string) uint16 {
-	var crc uint16
-	for i := 0; i < len(s); i++ {
-		crc ^= uint16(s[i]) << 8
-		for range 8 {
-			if crc&0x8000 != 0 {
-				crc = crc<<1 ^ 0x1021
-			} else {
-				crc <<= 1
-			}
-		}
-	}
-	return crc
+	return chaostest.KeySlot(idem.Key{Scope: "reshard", ID: id})
 }
 
 // checkSlotFunction checks keySlot against the server's CLUSTER KEYSLOT for

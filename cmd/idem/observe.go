@@ -8,33 +8,41 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemhttp"
-	"github.com/idemgo/idem/internal/metrics"
+	"github.com/idemgo/idem/prometheusidem"
 )
 
-// observer holds the proxy's metrics. Every series is resolved when the
-// proxy starts, so that recording takes no lock and allocates nothing.
+// observer holds the proxy's metrics: its own (the HTTP outcomes, the
+// upstream, the store calls), and the Executor's (prometheusidem). Every
+// series is resolved when the proxy starts, so that recording takes no
+// lock and allocates nothing.
 type observer struct {
-	reg *metrics.Registry
+	reg *prometheus.Registry
+	// exec records the Executor's outcomes (idem.WithObserver).
+	exec *prometheusidem.Metrics
 	// traced says that requests have spans, which get the outcome too.
 	traced bool
 
-	requests  []*metrics.Counter   // by idemhttp.Outcome
-	durations []*metrics.Histogram // by idemhttp.Outcome
-	overhead  *metrics.Histogram
-	upstream  *metrics.Histogram
-	passed    *metrics.Counter
-	busy      *metrics.Counter
+	requests  []prometheus.Counter  // by idemhttp.Outcome
+	durations []prometheus.Observer // by idemhttp.Outcome
+	overhead  prometheus.Observer
+	upstream  prometheus.Observer
+	passed    prometheus.Counter
+	busy      prometheus.Counter
 	inFlight  atomic.Int64
 
-	upstreamErrors [upstreamFailureKinds]*metrics.Counter
+	upstreamErrors [upstreamFailureKinds]prometheus.Counter
 
-	storeCalls   [storeOps]*metrics.Histogram
-	storeErrors  [storeOps]*metrics.Counter
-	leaseLost    [storeOps]*metrics.Counter
-	acquisitions []*metrics.Counter // by idem.Outcome
-	takeovers    *metrics.Counter
+	storeCalls   [storeOps]prometheus.Observer
+	storeErrors  [storeOps]prometheus.Counter
+	leaseLost    [storeOps]prometheus.Counter
+	acquisitions []prometheus.Counter // by idem.Outcome
+	takeovers    prometheus.Counter
 }
 
 // The store operations that are timed and counted.
@@ -53,59 +61,86 @@ const (
 var storeOpNames = [storeOps]string{"acquire", "complete", "fail", "extend", "release", "get", "delete", "watch"}
 
 func newObserver() *observer {
-	reg := metrics.NewRegistry()
-	o := &observer{reg: reg}
-	reqs := reg.CounterVec("idem_requests_total",
+	reg := prometheus.NewRegistry()
+	f := promauto{reg}
+	exec, err := prometheusidem.New(prometheusidem.WithScopeKinds("http"))
+	if err != nil {
+		panic(err) // the options are fixed
+	}
+	reg.MustRegister(exec, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	o := &observer{reg: reg, exec: exec}
+	reqs := f.counterVec("idem_requests_total",
 		"Requests with a covered method, by what the idempotency layer did: executed (forwarded, response stored), replayed, conflict (409, in progress), mismatch (422), failed (422, key FAILED), rejected (400/413), released (forwarded, key released), abandoned (forwarded, outcome unknown, key left to its lease), not-recorded (forwarded, response not stored: 503 outcome unknown, key left to its lease), store-error (503), failed-open, no-key.",
 		"outcome")
-	durs := reg.HistogramVec("idem_request_duration_seconds",
+	durs := f.histogramVec("idem_request_duration_seconds",
 		"Time from receiving a covered request to the end of its handling, upstream included, by outcome.",
-		metrics.DurationBuckets, "outcome")
+		"outcome")
 	for oc := idemhttp.Outcome(0); ; oc++ {
 		name := oc.String()
 		if oc > 0 && name == "invalid" {
 			break
 		}
-		o.requests = append(o.requests, reqs.With(name))
-		o.durations = append(o.durations, durs.With(name))
+		o.requests = append(o.requests, reqs.WithLabelValues(name))
+		o.durations = append(o.durations, durs.WithLabelValues(name))
 	}
-	o.overhead = reg.Histogram("idem_overhead_seconds",
-		"Time a forwarded request spent in the proxy outside the upstream call: reading the body, the store calls before and after.",
-		metrics.DurationBuckets)
-	o.upstream = reg.Histogram("idem_upstream_duration_seconds",
-		"Time of the upstream call of forwarded covered requests, response body included.",
-		metrics.DurationBuckets)
-	o.passed = reg.Counter("idem_passthrough_requests_total",
-		"Requests whose method the proxy does not cover (see --methods), forwarded untouched.")
-	o.busy = reg.Counter("idem_busy_requests_total",
-		"Requests answered 503 without being handled because --max-concurrent requests were in flight.")
-	reg.GaugeFunc("idem_requests_in_flight", "Requests being handled.", func() float64 { return float64(o.inFlight.Load()) })
-	uerr := reg.CounterVec("idem_upstream_errors_total",
+	o.overhead = f.histogramVec("idem_overhead_seconds",
+		"Time a forwarded request spent in the proxy outside the upstream call: reading the body, the store calls before and after.").WithLabelValues()
+	o.upstream = f.histogramVec("idem_upstream_duration_seconds",
+		"Time of the upstream call of forwarded covered requests, response body included.").WithLabelValues()
+	o.passed = f.counterVec("idem_passthrough_requests_total",
+		"Requests whose method the proxy does not cover (see --methods), forwarded untouched.").WithLabelValues()
+	o.busy = f.counterVec("idem_busy_requests_total",
+		"Requests answered 503 without being handled because --max-concurrent requests were in flight.").WithLabelValues()
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "idem_requests_in_flight", Help: "Requests being handled."},
+		func() float64 { return float64(o.inFlight.Load()) }))
+	uerr := f.counterVec("idem_upstream_errors_total",
 		"Upstream calls that failed without a response: unreachable (never sent; key released, 502), timeout (sent; key left to its lease, 504), broken (sent; key left to its lease, 502).",
 		"kind")
 	for k := range upstreamFailureKinds {
-		o.upstreamErrors[k] = uerr.With(upstreamFailureNames[k])
+		o.upstreamErrors[k] = uerr.WithLabelValues(upstreamFailureNames[k])
 	}
 
-	calls := reg.HistogramVec("idem_store_duration_seconds", "Duration of store calls, by operation.", metrics.DurationBuckets, "op")
-	errs := reg.CounterVec("idem_store_errors_total", "Store calls that failed (not counting lease losses and absent records), by operation.", "op")
-	lost := reg.CounterVec("idem_lease_lost_total", "Store calls refused because the caller no longer owned the key (ErrLeaseLost), by operation.", "op")
+	calls := f.histogramVec("idem_store_duration_seconds", "Duration of store calls, by operation.", "op")
+	errs := f.counterVec("idem_store_errors_total", "Store calls that failed (not counting lease losses and absent records), by operation.", "op")
+	lost := f.counterVec("idem_lease_lost_total", "Store calls refused because the caller no longer owned the key (ErrLeaseLost), by operation.", "op")
 	for op := range storeOps {
-		o.storeCalls[op] = calls.With(storeOpNames[op])
-		o.storeErrors[op] = errs.With(storeOpNames[op])
-		o.leaseLost[op] = lost.With(storeOpNames[op])
+		o.storeCalls[op] = calls.WithLabelValues(storeOpNames[op])
+		o.storeErrors[op] = errs.WithLabelValues(storeOpNames[op])
+		o.leaseLost[op] = lost.WithLabelValues(storeOpNames[op])
 	}
-	acq := reg.CounterVec("idem_store_acquire_total", "Acquire outcomes: acquired, taken-over, in-progress, replay, mismatch.", "outcome")
+	acq := f.counterVec("idem_store_acquire_total", "Acquire outcomes: acquired, taken-over, in-progress, replay, mismatch.", "outcome")
 	for oc := idem.Outcome(0); ; oc++ {
 		name := oc.String()
 		if oc > 0 && name == "invalid" {
 			break
 		}
-		o.acquisitions = append(o.acquisitions, acq.With(name))
+		o.acquisitions = append(o.acquisitions, acq.WithLabelValues(name))
 	}
-	o.takeovers = reg.Counter("idem_takeovers_total", "Keys taken over after their owner's lease expired (the owner crashed, hung, or its outcome was unknown).")
-	reg.GaugeVec("idem_build_info", "The idem binary's version.", "version", "goversion").With(version(), runtime.Version()).Set(1)
+	o.takeovers = f.counterVec("idem_takeovers_total", "Keys taken over after their owner's lease expired (the owner crashed, hung, or its outcome was unknown).").WithLabelValues()
+	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_build_info", Help: "The idem binary's version."}, []string{"version", "goversion"})
+	build.WithLabelValues(version(), runtime.Version()).Set(1)
+	reg.MustRegister(build)
 	return o
+}
+
+// handler serves the metrics page.
+func (o *observer) handler() http.Handler {
+	return promhttp.HandlerFor(o.reg, promhttp.HandlerOpts{})
+}
+
+// promauto creates and registers the proxy's metric families.
+type promauto struct{ reg *prometheus.Registry }
+
+func (f promauto) counterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	v := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
+	f.reg.MustRegister(v)
+	return v
+}
+
+func (f promauto) histogramVec(name, help string, labels ...string) *prometheus.HistogramVec {
+	v := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: prometheusidem.DefaultBuckets}, labels)
+	f.reg.MustRegister(v)
+	return v
 }
 
 // hook records one covered request.
@@ -115,13 +150,13 @@ func (o *observer) hook(r *http.Request, ev idemhttp.Event) {
 		i = 0
 	}
 	o.requests[i].Inc()
-	o.durations[i].ObserveDuration(ev.Duration)
+	o.durations[i].Observe(ev.Duration.Seconds())
 	if o.traced {
 		setOutcome(r.Context(), ev.Outcome.String())
 	}
 	if x := exchangeFrom(r.Context()); x != nil && x.upstreamTime > 0 {
-		o.upstream.ObserveDuration(x.upstreamTime)
-		o.overhead.ObserveDuration(max(ev.Duration-x.upstreamTime, 0))
+		o.upstream.Observe(x.upstreamTime.Seconds())
+		o.overhead.Observe(max(ev.Duration-x.upstreamTime, 0).Seconds())
 	}
 }
 
@@ -159,7 +194,7 @@ func (o *observer) instrument(s idem.Store) idem.Store {
 }
 
 func (s *instrumentedStore) done(op int, start time.Time, err error) {
-	s.o.storeCalls[op].ObserveDuration(time.Since(start))
+	s.o.storeCalls[op].Observe(time.Since(start).Seconds())
 	switch {
 	case err == nil, op == opGet && errors.Is(err, idem.ErrNotFound):
 	case errors.Is(err, idem.ErrLeaseLost):

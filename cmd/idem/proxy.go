@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemhttp"
+	"github.com/idemgo/idem/prometheusidem"
 )
 
 // proxyConfig is the configuration of `idem proxy`.
@@ -153,6 +154,7 @@ func registerProxyFlags(fs *flagSet) *proxyConfig {
 	fs.String(&c.fenceHeader, "fence-header", "NAME", "Idempotency-Fence", "request header that tells the upstream the request's fencing token; a client's own is removed (empty: off)")
 	fs.String(&c.errorBody, "error-body", "SHAPE", "problem", "shape of error bodies: problem (RFC 9457 application/problem+json), stripe ({\"error\":{...}} with Stripe-Should-Retry, for Stripe's SDKs), a JSON template, or @FILE holding one (placeholders {{type}} {{code}} {{title}} {{detail}} {{status}} {{retry}})")
 	fs.Var(durationValue{&c.wait}, "wait", "DURATION", "how long a retry waits for the first request to finish before 409 (0: answer 409 at once)")
+	c.store.registerWait(fs)
 	fs.Bool(&c.store.allowEviction, "allow-eviction", false, "start on a Redis whose maxmemory-policy is not noeviction (it may evict records: retried requests then run again)")
 	fs.Bool(&c.failOpen, "fail-open", false, "when the store is unreachable, forward requests unprotected instead of answering 503")
 	fs.Var(durationValue{&c.bodyTimeout}, "body-timeout", "DURATION", "how long a request's body may take to arrive, from its header (then 408, or a cut-off upstream request if not covered; 0: no limit)")
@@ -411,9 +413,14 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 		store = tr.store(store)
 	}
 	exec, err := idem.New(obs.instrument(store),
-		idem.WithLease(c.lease), idem.WithRetention(c.retention), idem.WithMaxResultSize(readLimit))
+		idem.WithLease(c.lease), idem.WithRetention(c.retention), idem.WithMaxResultSize(readLimit),
+		idem.WithObserver(obs.exec.Observe))
 	if err != nil {
 		return usagef("%v", err)
+	}
+	// The store's gauges (records by state, memory), where it counts them.
+	if sc, err := prometheusidem.NewStoreCollector(store); err == nil {
+		obs.reg.MustRegister(sc)
 	}
 	opts := []idemhttp.Option{
 		idemhttp.WithMethods(c.methods...),
@@ -531,7 +538,7 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 // (the store answers, and the proxy is not shutting down).
 func adminHandler(obs *observer, store idem.Store, draining *atomic.Bool) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", obs.reg.Handler())
+	mux.Handle("GET /metrics", obs.handler())
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		fmt.Fprintln(w, "ok")

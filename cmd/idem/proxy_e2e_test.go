@@ -91,9 +91,19 @@ func TestProxyBasics(t *testing.T) {
 				`idem_passthrough_requests_total`:              2,
 				`idem_overhead_seconds_count`:                  3,
 				`idem_store_acquire_total{outcome="acquired"}`: 3,
+				// The Executor's outcomes, through prometheusidem.
+				`idem_operations_total{outcome="executed",scope_kind="http"}`:                 3,
+				`idem_operations_total{outcome="mismatch",scope_kind="http"}`:                 1,
+				`idem_operation_duration_seconds_count{outcome="executed",scope_kind="http"}`: 3,
 			} {
 				if got := p.metric(name); got != want {
 					t.Errorf("%s: got %v, want %v", name, got, want)
+				}
+			}
+			// The store's gauges, read at the scrape.
+			for _, name := range []string{`idem_store_stats_up`, `idem_store_records{state="COMPLETED"}`, `idem_store_memory_used_bytes`} {
+				if got := p.metric(name); got <= 0 {
+					t.Errorf("%s: got %v, want > 0", name, got)
 				}
 			}
 			// Of the concurrent requests, one executed and the others got

@@ -35,9 +35,13 @@ type storeFlags struct {
 	// records: the proxy's --allow-eviction, and always for the admin
 	// commands, which only read and delete records.
 	allowEviction bool
-	logger        *slog.Logger // for the store's start warning; nil: slog.Default()
-	postgres      string       // pgstore, or with Redis the commit gate's database (doctor, relay)
-	hybrid        bool         // --postgres may come with Redis (doctor, relay)
+	// waitReplicas and waitTimeout are the proxy's --wait-replicas and
+	// --wait-replicas-timeout (redisstore.WithWait); 0: no WAIT.
+	waitReplicas int
+	waitTimeout  time.Duration
+	logger       *slog.Logger // for the store's start warning; nil: slog.Default()
+	postgres     string       // pgstore, or with Redis the commit gate's database (doctor, relay)
+	hybrid       bool         // --postgres may come with Redis (doctor, relay)
 }
 
 const (
@@ -46,6 +50,9 @@ const (
 	// connectTimeout bounds the checks made at start (dialling the
 	// upstream, pinging Redis).
 	connectTimeout = 3 * time.Second
+	// defaultWaitTimeout is --wait-replicas-timeout's default, the WAIT
+	// timeout the failover scenarios ran with (RELIABILITY.md rows 13).
+	defaultWaitTimeout = 500 * time.Millisecond
 )
 
 func (s *storeFlags) register(fs *flagSet) {
@@ -60,8 +67,25 @@ func (s *storeFlags) register(fs *flagSet) {
 	fs.String(&s.postgres, "postgres", "URL", "", "PostgreSQL for the records (pgstore), e.g. postgres://user:password@host:5432/db; its tables go in the first schema of the search_path")
 }
 
+// registerWait registers --wait-replicas and --wait-replicas-timeout (the
+// proxy's; doctor has a --wait-replicas of its own, which checks).
+func (s *storeFlags) registerWait(fs *flagSet) {
+	s.waitTimeout = defaultWaitTimeout
+	fs.Int(&s.waitReplicas, "wait-replicas", "N", 0, "after each acquire and complete, wait until N Redis replicas have the write (WAIT); when fewer confirm within --wait-replicas-timeout, the request gets 503 and is not reported done (0: do not wait)")
+	fs.Var(durationValue{&s.waitTimeout}, "wait-replicas-timeout", "DURATION", "how long --wait-replicas waits for the replicas")
+}
+
 // validate checks the flags without I/O.
 func (s *storeFlags) validate() error {
+	if s.waitReplicas < 0 {
+		return usagef("--wait-replicas %d is negative", s.waitReplicas)
+	}
+	if s.waitReplicas > 0 && !s.redis() {
+		return usagef("--wait-replicas needs a Redis store (--redis, --redis-cluster or --redis-sentinel)")
+	}
+	if s.waitReplicas > 0 && s.waitTimeout <= 0 {
+		return usagef("--wait-replicas-timeout %v must be positive", s.waitTimeout)
+	}
 	given := 0
 	for _, v := range []string{s.redisURL, s.cluster, s.sentinel} {
 		if v != "" {
@@ -222,6 +246,9 @@ func (s *storeFlags) openRedis(ctx context.Context, c redis.UniversalClient, des
 	opts := []redisstore.Option{redisstore.WithPrefix(s.prefix)}
 	if s.allowEviction {
 		opts = append(opts, redisstore.WithAllowEviction())
+	}
+	if s.waitReplicas > 0 {
+		opts = append(opts, redisstore.WithWait(s.waitReplicas, s.waitTimeout))
 	}
 	if s.logger != nil {
 		opts = append(opts, redisstore.WithLogger(s.logger))

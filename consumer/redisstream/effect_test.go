@@ -15,8 +15,8 @@ import (
 // TestEffectCompletedAndAckedInOneCall: each handler attaches an effect
 // (count the key once, refuse "bad"); the effect, the completion and the
 // XACK happen in one call: duplicates apply nothing, the refused effect
-// leaves its entry unacknowledged and its key released, then
-// dead-lettered.
+// leaves its entry unacknowledged and its key released, then, at the
+// maximum of deliveries, its key FAILED and the entry dead-lettered.
 func TestEffectCompletedAndAckedInOneCall(t *testing.T) {
 	for _, functions := range []bool{false, true} {
 		t.Run(map[bool]string{false: "scripts", true: "functions"}[functions], func(t *testing.T) {
@@ -64,8 +64,8 @@ redis.call('HINCRBY', KEYS[1], ARGV[1], 1)`)}
 				t.Fatalf("pending %d, want 0", p)
 			}
 			rec, err := store.Get(t.Context(), idem.Key{Scope: e.stream, ID: "bad"}.Digest())
-			if err != nil || rec.State != idem.StateReleased {
-				t.Fatalf("record of the refused entry: %v %v, want RELEASED", rec.State, err)
+			if err != nil || rec.State != idem.StateFailed {
+				t.Fatalf("record of the refused entry: %v %v, want FAILED", rec.State, err)
 			}
 		})
 	}

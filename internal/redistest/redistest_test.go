@@ -208,6 +208,27 @@ func TestCluster(t *testing.T) {
 	t.Logf("WaitOK after a node restart took %v", time.Since(start))
 }
 
+func TestClusterReplicasFailover(t *testing.T) {
+	t.Parallel()
+	c := redistest.StartClusterReplicas(t, 3, 1, "--cluster-node-timeout", "1000")
+	if n := len(c.Nodes()); n != 6 {
+		t.Fatalf("len(Nodes()) = %d, want 6", n)
+	}
+	masters := c.Masters()
+	if len(masters) != 3 {
+		t.Fatalf("len(Masters()) = %d, want 3", len(masters))
+	}
+	old := masters[0]
+	old.Kill(t)
+	promoted := c.WaitFailover(t, old)
+	if promoted == old {
+		t.Fatal("WaitFailover returned the killed node")
+	}
+	if info := promoted.Do(t, "INFO", "replication"); !strings.Contains(info, "role:master") {
+		t.Errorf("%s after WaitFailover:\n%s\nwant role:master", promoted.Addr(), info)
+	}
+}
+
 func TestReservedArgsAreRefused(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{

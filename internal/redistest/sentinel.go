@@ -26,6 +26,7 @@ type Sentinel struct {
 	MasterName string
 	data       []*Server // the first one is the first primary
 	sentinels  []*Server
+	alias      map[string]*Server // the address replicas and Sentinels use for the first primary
 
 	mu       sync.Mutex
 	password string // of the data servers, once RequirePass set it
@@ -40,15 +41,32 @@ type Sentinel struct {
 // primary and the replicas. Every process is killed when the test ends.
 func StartSentinel(t testing.TB, replicas int, args ...string) *Sentinel {
 	t.Helper()
-	s := &Sentinel{MasterName: "mymaster"}
+	return StartSentinelVia(t, replicas, nil, args...)
+}
+
+// StartSentinelVia is StartSentinel where the replicas replicate from, and
+// the Sentinels monitor, the primary at the address via returns for the
+// primary's own address (for example a TCP proxy that the test can cut,
+// partitioning the primary from the replicas and the Sentinels while its
+// clients, which connect to Data()[0].Addr(), still reach it). A nil via
+// is StartSentinel. Primary and WaitFailover know the primary by either
+// address.
+func StartSentinelVia(t testing.TB, replicas int, via func(addr string) string, args ...string) *Sentinel {
+	t.Helper()
+	s := &Sentinel{MasterName: "mymaster", alias: map[string]*Server{}}
 	primary := start(t, args)
 	s.data = append(s.data, primary)
+	watched := primary.Addr()
+	if via != nil {
+		watched = via(primary.Addr())
+		s.alias[watched] = primary
+	}
 	for range replicas {
-		host, port, _ := strings.Cut(primary.Addr(), ":")
+		host, port, _ := strings.Cut(watched, ":")
 		s.data = append(s.data, start(t, append(append([]string(nil), args...), "--replicaof", host, port)))
 	}
 	conf := fmt.Sprintf("sentinel monitor %[1]s %[2]s 2\nsentinel down-after-milliseconds %[1]s %[3]d\nsentinel failover-timeout %[1]s 10000\nsentinel parallel-syncs %[1]s 1\n",
-		s.MasterName, strings.Replace(primary.Addr(), ":", " ", 1), SentinelDownAfter.Milliseconds())
+		s.MasterName, strings.Replace(watched, ":", " ", 1), SentinelDownAfter.Milliseconds())
 	for range 3 {
 		s.sentinels = append(s.sentinels, startConf(t, conf, []string{"--sentinel"}))
 	}
@@ -145,7 +163,7 @@ func (s *Sentinel) WaitFailover(t testing.TB, old *Server) *Server {
 				return err
 			}
 			addr := strings.Replace(reply, "\n", ":", 1)
-			if addr == old.Addr() {
+			if s.server(addr) == old {
 				return fmt.Errorf("sentinel %s still names %s", n.Addr(), addr)
 			}
 			if named != "" && addr != named {
@@ -191,6 +209,9 @@ func (s *Sentinel) primaryAddr() (string, error) {
 }
 
 func (s *Sentinel) server(addr string) *Server {
+	if d, ok := s.alias[addr]; ok {
+		return d
+	}
 	for _, d := range s.data {
 		if d.Addr() == addr {
 			return d

@@ -35,6 +35,31 @@
 // is completed inside the same transaction, so a stale owner is refused
 // before anything commits, and there is nothing to relay.
 //
+// # Broker consumers and HTTP handlers
+//
+// A consumer handler (consumer.Processor and every adapter built on it)
+// calls Gate.Handle with the context it was given: the message's effect
+// and its completion row commit in one transaction, and the Processor
+// completes the record and acknowledges as without the gate. A redelivery
+// whose completion never reached the store conflicts, rolls back and is
+// acknowledged.
+//
+//	err = c.Run(ctx, func(ctx context.Context, msg redis.XMessage) error {
+//		return gate.Handle(ctx, func(ctx context.Context, tx pgx.Tx) error {
+//			_, err := tx.Exec(ctx, `INSERT INTO payments ...`, ...)
+//			return err
+//		})
+//	})
+//
+// An idemhttp handler wrapped with Gate.HTTP gets the transaction; its
+// response is only known at the end, so the gate registers itself with the
+// middleware (idemhttp.SetRecorder), which hands it the captured response
+// when it is to be stored: the gate inserts the completion row holding the
+// response and commits, and only then does the client get the response. A
+// retry whose record Redis lost conflicts, rolls back and gets the
+// committed response replayed. A response the middleware does not store
+// (a released key, a panic) rolls the transaction back.
+//
 // # Guarantees
 //
 // Exactly one transaction commits an effect per key within the retention

@@ -183,6 +183,9 @@ func (g *Gate[T]) Close() error {
 	return nil
 }
 
+// Executor returns the gate's Executor.
+func (g *Gate[T]) Executor() *idem.Executor { return g.e }
+
 // Migrate creates the completion table and its indexes if they do not exist
 // (Schema). It is safe to run at every start, from several processes at
 // once (a transaction-scoped advisory lock orders them).
@@ -258,7 +261,7 @@ func (g *Gate[T]) Do(ctx context.Context, key idem.Key, fingerprint string, fn f
 		_ = tx.Rollback(sctx)
 		return res, a.Abort(sctx, ferr)
 	}
-	return g.commit(actx, sctx, a, tx, fingerprint, res)
+	return g.commit(actx, sctx, a, tx, res)
 }
 
 // insertCompletion inserts the completion row, or replaces one whose
@@ -271,86 +274,185 @@ ON CONFLICT (digest) DO UPDATE SET fingerprint = excluded.fingerprint, fence = e
   result = excluded.result, created_at = excluded.created_at, expires_at = excluded.expires_at, relayed = excluded.relayed
 WHERE c.expires_at <= now()`
 
-// commit inserts the completion of a's value in tx and commits it.
-func (g *Gate[T]) commit(actx, sctx context.Context, a *idem.Attempt, tx pgq.Tx, fingerprint string, res idem.Result) (idem.Result, error) {
-	blob, err := g.e.EncodeResult(a.Key(), res.Value)
+// insertCommit is insertCompletion for one round trip with the COMMIT
+// (pgq.Committer): a row whose retention ended is deleted first, and the
+// insert fails with a unique violation when a live completion committed
+// (or waits for the transaction that inserted one, as insertCompletion).
+const insertCommit = `DELETE FROM idem_completions WHERE digest = $1 AND expires_at <= now();
+INSERT INTO idem_completions (digest, fingerprint, fence, result, expires_at, relayed)
+VALUES ($1, $2, $3, $4, now() + $5 * interval '1 microsecond', $6)`
+
+// step says which step of record failed.
+type step uint8
+
+const (
+	stepEncode step = iota + 1 // the result is over the size limit
+	stepLease                  // pgstore: the lease was taken over
+	stepInsert                 // the completion's insert (or CompleteTx) failed
+	stepCommit                 // COMMIT failed: its outcome is unknown
+)
+
+// record inserts the completion of value (for the attempt a of the
+// Executor e) in tx and commits tx; it does not end a. conflict reports
+// that a live completion for the key had committed already: tx was rolled
+// back. On an error, tx was rolled back (or its commit failed) and st says
+// where. blob is the stored form of value.
+func (g *Gate[T]) record(ctx, sctx context.Context, e *idem.Executor, a *idem.Attempt, tx pgq.Tx, value []byte) (blob []byte, conflict bool, st step, err error) {
+	blob, err = e.EncodeResult(a.Key(), value)
 	if err != nil { // too large: a retry would roll back again
 		_ = tx.Rollback(sctx)
-		return res, errors.Join(fmt.Errorf("%w; the transaction was rolled back and the key is FAILED", err), a.Fail(sctx, err))
+		return nil, false, stepEncode, err
 	}
 	lease := a.Lease()
 	inTx := g.txc != nil
 	if inTx {
-		if err := g.txc.CompleteTx(actx, tx, a.Key(), lease, blob, g.e.Retention()); err != nil {
+		if err := g.txc.CompleteTx(ctx, tx, a.Key(), lease, blob, e.Retention()); err != nil {
 			_ = tx.Rollback(sctx)
 			if errors.Is(err, idem.ErrLeaseLost) {
-				_ = a.Abandon() // the record has a newer owner
-				return res, fmt.Errorf("pggate: the transaction was rolled back: %w", err)
+				return nil, false, stepLease, fmt.Errorf("pggate: the transaction was rolled back: %w", err)
 			}
-			return res, g.failed(sctx, a, err)
+			return nil, false, stepInsert, err
 		}
 	}
-	n, err := tx.Exec(actx, insertCompletion, a.Key(), []byte(fingerprint), lease.Fence, blob, g.e.Retention().Microseconds(), inTx)
+	args := []any{a.Key(), []byte(a.Fingerprint()), lease.Fence, blob, e.Retention().Microseconds(), inTx}
+	if c, ok := tx.(pgq.Committer); ok {
+		// One round trip: the insert fails (unique violation) when a live
+		// completion committed, and then the COMMIT does not run.
+		err := c.CommitWith(ctx, insertCommit, args...)
+		switch {
+		case err == nil:
+			return blob, false, 0, nil
+		case pgq.Aborted(err) && pgq.ConflictOn(err, Table):
+			_ = tx.Rollback(sctx)
+			return nil, true, 0, nil
+		case pgq.TxDone(err) || pgq.Aborted(err):
+			// Refused before the COMMIT (a statement failed, or the
+			// transaction had ended): nothing of it committed.
+			_ = tx.Rollback(sctx)
+			return nil, false, stepInsert, err
+		}
+		_ = tx.Rollback(sctx)
+		return nil, false, stepCommit, fmt.Errorf("pggate: commit (the effect may have committed; retry with the same key): %w", err)
+	}
+	n, err := tx.Exec(ctx, insertCompletion, args...)
 	if err != nil {
 		_ = tx.Rollback(sctx)
-		return res, g.failed(sctx, a, err)
+		return nil, false, stepInsert, err
 	}
 	if n == 0 {
 		_ = tx.Rollback(sctx)
-		return g.replay(actx, a, fingerprint)
+		return nil, true, 0, nil
 	}
-	if err := tx.Commit(actx); err != nil {
+	if err := tx.Commit(ctx); err != nil {
+		return nil, false, stepCommit, fmt.Errorf("pggate: commit (the effect may have committed; retry with the same key): %w", err)
+	}
+	return blob, false, 0, nil
+}
+
+// commit inserts the completion of a's value in tx, commits it and ends a:
+// Do's last step.
+func (g *Gate[T]) commit(actx, sctx context.Context, a *idem.Attempt, tx pgq.Tx, res idem.Result) (idem.Result, error) {
+	blob, conflict, st, err := g.record(actx, sctx, a.Executor(), a, tx, res.Value)
+	switch {
+	case st == stepEncode:
+		return res, errors.Join(fmt.Errorf("%w; the transaction was rolled back and the key is FAILED", err), a.Fail(sctx, err))
+	case st == stepLease:
+		_ = a.Handoff(sctx, idem.ObservedLeaseLost) // the record has a newer owner
+		return res, err
+	case st == stepInsert:
+		return res, g.failed(sctx, a, err)
+	case st == stepCommit:
 		// The commit may or may not have happened. Releasing is safe
 		// either way: the next attempt's insert conflicts with a committed
 		// completion and replays it.
-		return res, errors.Join(fmt.Errorf("pggate: commit (the effect may have committed; retry with the same key): %w", err), a.Release(sctx))
+		return res, errors.Join(err, a.Release(sctx))
+	case conflict:
+		return g.replay(actx, a)
 	}
-	_ = a.Abandon() // ends the attempt; the completion is written below
-	if !inTx {
-		g.relay(sctx, a.Key(), idem.Completion{Fingerprint: fingerprint, Fence: lease.Fence, Result: blob, Retention: g.e.Retention()})
-	}
+	_ = a.Handoff(sctx, idem.ObservedExecuted) // ends the attempt; the completion is written below
+	g.relayed(sctx, a, blob)
 	return res, nil
+}
+
+// relayed writes the committed completion blob of a into the store, unless
+// the store got it inside the transaction (pgstore).
+func (g *Gate[T]) relayed(sctx context.Context, a *idem.Attempt, blob []byte) {
+	if g.txc == nil {
+		g.relay(sctx, a.Key(), idem.Completion{Fingerprint: a.Fingerprint(), Fence: a.Lease().Fence, Result: blob, Retention: a.Executor().Retention()})
+	}
 }
 
 // failed ends an attempt whose insert or in-transaction completion failed
 // (the transaction was rolled back) and returns the error to report.
 func (g *Gate[T]) failed(sctx context.Context, a *idem.Attempt, err error) error {
-	switch {
-	case pgq.TxDone(err):
-		return errors.Join(ErrTxDone, a.Fail(sctx, ErrTxDone))
-	case pgq.Code(err) == pgq.UndefinedTable:
-		return errors.Join(fmt.Errorf("%w: %w", ErrNoTable, err), a.Release(sctx))
+	err = insertErr(err)
+	if errors.Is(err, ErrTxDone) {
+		return errors.Join(err, a.Fail(sctx, err))
 	}
-	return errors.Join(fmt.Errorf("pggate: insert completion: %w", err), a.Release(sctx))
+	return errors.Join(err, a.Release(sctx))
 }
 
-// replay answers an attempt whose insert found a committed completion:
-// the store gets that completion and the caller its result.
-func (g *Gate[T]) replay(ctx context.Context, a *idem.Attempt, fingerprint string) (idem.Result, error) {
-	defer a.Abandon()
+// insertErr is the error to report for a failed insert of the completion
+// (or in-transaction completion).
+func insertErr(err error) error {
+	switch {
+	case pgq.TxDone(err):
+		return ErrTxDone
+	case pgq.Code(err) == pgq.UndefinedTable:
+		return fmt.Errorf("%w: %w", ErrNoTable, err)
+	}
+	return fmt.Errorf("pggate: insert completion: %w", err)
+}
+
+// load reads the committed completion of key.
+func (g *Gate[T]) load(ctx context.Context, key string) (idem.Completion, error) {
 	var (
 		c      idem.Completion
 		fp     []byte
 		leftUS int64
 	)
 	err := g.db.QueryRow(ctx, `SELECT fingerprint, fence, result, (extract(epoch FROM expires_at - now()) * 1000000)::bigint
-FROM idem_completions WHERE digest = $1`, a.Key()).Scan(&fp, &c.Fence, &c.Result, &leftUS)
+FROM idem_completions WHERE digest = $1`, key).Scan(&fp, &c.Fence, &c.Result, &leftUS)
 	if err != nil {
-		return idem.Result{}, fmt.Errorf("pggate: the transaction was rolled back (a completion committed first) and reading it failed: %w", err)
+		return c, fmt.Errorf("pggate: the transaction was rolled back (a completion committed first) and reading it failed: %w", err)
 	}
 	c.Fingerprint = string(fp)
 	c.Retention = time.Duration(leftUS) * time.Microsecond
+	return c, nil
+}
+
+// replay answers an attempt whose insert found a committed completion:
+// the store gets that completion and the caller its result. It ends a.
+func (g *Gate[T]) replay(ctx context.Context, a *idem.Attempt) (res idem.Result, err error) {
+	defer func() { _ = a.Handoff(context.WithoutCancel(ctx), replayOutcome(err)) }()
+	c, err := g.load(ctx, a.Key())
+	if err != nil {
+		return idem.Result{}, err
+	}
 	if c.Retention >= time.Millisecond {
 		g.relay(context.WithoutCancel(ctx), a.Key(), c)
 	}
-	if c.Fingerprint != fingerprint {
+	if c.Fingerprint != a.Fingerprint() {
 		return idem.Result{}, idem.ErrMismatch
 	}
-	v, err := g.e.DecodeResult(a.Key(), c.Result)
+	v, err := a.Executor().DecodeResult(a.Key(), c.Result)
 	if err != nil {
 		return idem.Result{}, err
 	}
 	return idem.Result{Value: v, Replayed: true}, nil
+}
+
+// replayOutcome is what the Executor's Observer is told of a replay that
+// returned err.
+func replayOutcome(err error) idem.Observed {
+	switch {
+	case err == nil:
+		return idem.ObservedReplayed
+	case errors.Is(err, idem.ErrMismatch):
+		return idem.ObservedMismatch
+	default:
+		return idem.ObservedStoreError
+	}
 }
 
 // relay writes a committed completion into the store, repeating a call

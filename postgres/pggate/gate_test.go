@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -517,5 +519,127 @@ func TestBinaryFingerprint(t *testing.T) {
 	}
 	if n := v.effects(t, "bin"); n != 1 {
 		t.Fatalf("effects: got %d, want 1", n)
+	}
+}
+
+// TestExpiredRowReplaced: a completion row past its retention that the
+// janitor has not deleted yet does not make a new run of its key a
+// replay: the new completion replaces it, in the same round trip as the
+// commit.
+func TestExpiredRowReplaced(t *testing.T) {
+	pool, _ := pgtest.Pool(t)
+	ms, _ := memstore.New()
+	e, _ := idem.New(ms, idem.WithLease(10*time.Millisecond), idem.WithRetention(50*time.Millisecond))
+	g, _ := pggate.New(e, pool, pggate.WithRelayInterval(0), pggate.WithSweepInterval(0))
+	defer g.Close()
+	if err := g.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	key := idem.Key{Scope: "t", ID: "k"}
+	runs := 0
+	fn := func(context.Context, pgx.Tx) ([]byte, error) { runs++; return []byte("run " + strconv.Itoa(runs)), nil }
+	if _, err := g.Do(t.Context(), key, "fp", fn); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for { // until the row's retention ended, by the database's clock
+		var expired bool
+		if err := pool.QueryRow(t.Context(), `SELECT expires_at <= now() FROM idem_completions WHERE digest = $1`, key.Digest()).Scan(&expired); err != nil {
+			t.Fatal(err)
+		}
+		if expired {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the row did not expire")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for { // until the store forgot the record too
+		res, err := g.Do(t.Context(), key, "fp", fn)
+		if errors.Is(err, idem.ErrInProgress) || (err == nil && res.Replayed && time.Now().Before(deadline)) {
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		if err != nil || res.Replayed || string(res.Value) != "run 2" {
+			t.Fatalf("after the retention: got %+v, %v; want run 2, not replayed", res, err)
+		}
+		break
+	}
+	var n int
+	pool.QueryRow(t.Context(), `SELECT count(*) FROM idem_completions WHERE expires_at > now()`).Scan(&n)
+	if n != 1 {
+		t.Fatalf("live completion rows: got %d, want 1", n)
+	}
+}
+
+// TestAbortedTransaction: a function that ignores the error of one of its
+// statements leaves the transaction aborted; nothing commits, the key is
+// released and the error does not claim the effect may have committed.
+func TestAbortedTransaction(t *testing.T) {
+	v := newEnv(t)
+	key := idem.Key{Scope: "t", ID: "k"}
+	_, err := v.gate.Do(t.Context(), key, "fp", func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+		_, _ = tx.Exec(ctx, `INSERT INTO effects (key, fence) VALUES ('k', 1)`)
+		_, _ = tx.Exec(ctx, `SELECT 1/0`) // error ignored
+		return []byte("x"), nil
+	})
+	if err == nil || strings.Contains(err.Error(), "may have committed") {
+		t.Fatalf("got %v, want an error that does not say the effect may have committed", err)
+	}
+	if n := v.effects(t, "k"); n != 0 {
+		t.Fatalf("effects: got %d, want 0", n)
+	}
+	if res, err := v.gate.Do(t.Context(), key, "fp", effect("k", "ok")); err != nil || res.Replayed {
+		t.Fatalf("retry: got %+v, %v, want a run (the key was released)", res, err)
+	}
+}
+
+// TestObserverOutcomes checks that the Executor's Observer sees the gate's
+// outcomes once each: executed for a committed operation, replayed for a
+// key the store holds, and replayed again when only Postgres holds the
+// completion (the insert conflicts) — not "abandoned", although the gate
+// ends its attempts without a store call.
+func TestObserverOutcomes(t *testing.T) {
+	pool, _ := pgtest.Pool(t)
+	ms, err := memstore.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var seen []string
+	e, err := idem.New(ms, idem.WithObserver(func(_ context.Context, o idem.Observation) {
+		mu.Lock()
+		defer mu.Unlock()
+		seen = append(seen, o.Outcome.String())
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := pggate.New(e, pool, pggate.WithRelayInterval(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Close() })
+	if err := g.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	key := idem.Key{Scope: "t", ID: "observed"}
+	op := func(context.Context, pgx.Tx) ([]byte, error) { return []byte("v"), nil }
+	for range 2 {
+		if _, err := g.Do(t.Context(), key, "fp", op); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := ms.Delete(t.Context(), key.Digest()); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := g.Do(t.Context(), key, "fp", op); err != nil || !res.Replayed {
+		t.Fatalf("after the store lost the record: got %+v, %v, want a replay from Postgres", res, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []string{"executed", "replayed", "replayed"}; !slices.Equal(seen, want) {
+		t.Errorf("got %v, want %v", seen, want)
 	}
 }

@@ -6,38 +6,15 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/redistest"
-	"github.com/idemgo/idem/postgres/pggate"
-	"github.com/idemgo/idem/postgres/pgtest"
-	"github.com/idemgo/idem/redisstore"
 	"github.com/jackc/pgx/v5"
-	"github.com/redis/go-redis/v9"
 )
 
 // TestHybridRedis runs the gate on redisstore: the completion reaches
 // Redis after the commit, and after FLUSHALL (record loss) a retry's
 // effect is rolled back and Redis repaired.
 func TestHybridRedis(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	t.Cleanup(func() { rdb.Close() })
-	rs, err := redisstore.New(rdb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, _ := idem.New(rs, idem.WithLease(5*time.Second))
-	pool, _ := pgtest.Pool(t)
-	g, err := pggate.New(e, pool, pggate.WithRelayInterval(0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
-	if err := g.Migrate(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pool.Exec(t.Context(), `CREATE TABLE effects (key text NOT NULL)`); err != nil {
-		t.Fatal(err)
-	}
+	v := newRedisEnv(t, 5*time.Second)
+	srv, rs, pool, g := v.srv, v.rs, v.pool, v.gate
 	runs := 0
 	fn := func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
 		runs++

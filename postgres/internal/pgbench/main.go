@@ -18,8 +18,10 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,8 +39,20 @@ import (
 func main() {
 	duration := flag.Duration("duration", 2*time.Second, "length of one measurement")
 	runs := flag.Int("runs", 3, "measurements per cell; the median is printed")
+	only := flag.String("modes", "", "comma-separated modes to run (bare,hybrid,pgstore,pgstore-quiet); all by default (bare always runs)")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
-	if err := run(*duration, *runs); err != nil {
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "pgbench:", err)
+			os.Exit(1)
+		}
+		pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
+	}
+	if err := run(*duration, *runs, *only); err != nil {
+		pprof.StopCPUProfile()
 		fmt.Fprintln(os.Stderr, "pgbench:", err)
 		os.Exit(1)
 	}
@@ -52,7 +66,7 @@ func insert(ctx context.Context, tx pgx.Tx, id int64) error {
 	return err
 }
 
-func run(duration time.Duration, runs int) error {
+func run(duration time.Duration, runs int, only string) error {
 	ctx := context.Background()
 	addr, stop, err := startRedis()
 	if err != nil {
@@ -145,11 +159,18 @@ func run(duration time.Duration, runs int) error {
 	}
 	defer closePGQ()
 
-	modes := []struct {
+	type mode struct {
+		flag string
 		name string
 		op   op
-	}{{"bare tx", bare}, {"hybrid gate (Redis + Postgres)", gated(hg)}, {"pgstore gate (Postgres only)", gated(pg)},
-		{"pgstore gate, WithNotify(false)", gated(pgq)}}
+	}
+	var modes []mode
+	for _, m := range []mode{{"bare", "bare tx", bare}, {"hybrid", "hybrid gate (Redis + Postgres)", gated(hg)}, {"pgstore", "pgstore gate (Postgres only)", gated(pg)},
+		{"pgstore-quiet", "pgstore gate, WithNotify(false)", gated(pgq)}} {
+		if only == "" || m.flag == "bare" || slices.Contains(strings.Split(only, ","), m.flag) {
+			modes = append(modes, m)
+		}
+	}
 	var next atomic.Int64
 	type cells struct{ new1, new64, replay64 float64 }
 	results := make([]cells, len(modes))

@@ -46,8 +46,25 @@ type DB[T any] interface {
 // Pgx adapts a pgx pool.
 type Pgx struct{ Pool *pgxpool.Pool }
 
-// PgxTx adapts a pgx transaction.
-type PgxTx struct{ Tx pgx.Tx }
+// PgxTx adapts a pgx transaction on a connection of its own, acquired
+// from the pool, which it gives back when the transaction ends (Commit,
+// Rollback or CommitWith).
+type PgxTx struct {
+	Tx pgx.Tx
+	c  *pgxpool.Conn // nil once released
+}
+
+// Committer is a Tx that can run a last statement and COMMIT in one round
+// trip (pgx). SQLTx is not one: database/sql hides the connection.
+type Committer interface {
+	// CommitWith runs sql (statements without results, separated by
+	// semicolons; args are interpolated by the client) followed by COMMIT,
+	// in one round trip. If a statement fails, nothing after it runs and
+	// the transaction must be rolled back (Rollback). It returns
+	// pgx.ErrTxClosed when the transaction was committed or rolled back
+	// already.
+	CommitWith(ctx context.Context, sql string, args ...any) error
+}
 
 // SQL adapts a database/sql pool.
 type SQL struct{ DB *sql.DB }
@@ -58,7 +75,8 @@ type SQLTx struct{ Tx *sql.Tx }
 var (
 	_ DB[pgx.Tx]  = Pgx{}
 	_ DB[*sql.Tx] = SQL{}
-	_ Tx          = PgxTx{}
+	_ Tx          = (*PgxTx)(nil)
+	_ Committer   = (*PgxTx)(nil)
 	_ Tx          = SQLTx{}
 )
 
@@ -105,33 +123,103 @@ func (d Pgx) Query(ctx context.Context, sql string, args []any, each func(Row) e
 
 // Begin implements DB.
 func (d Pgx) Begin(ctx context.Context) (Tx, pgx.Tx, error) {
-	tx, err := d.Pool.Begin(ctx)
+	c, err := d.Pool.Acquire(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
-	return PgxTx{tx}, tx, nil
+	tx, err := c.Begin(ctx)
+	if err != nil {
+		c.Release()
+		return nil, nil, err
+	}
+	return &PgxTx{Tx: tx, c: c}, tx, nil
 }
 
 // Exec implements Querier.
-func (t PgxTx) Exec(ctx context.Context, sql string, args ...any) (int64, error) {
+func (t *PgxTx) Exec(ctx context.Context, sql string, args ...any) (int64, error) {
 	return pgxExec(ctx, t.Tx, sql, args)
 }
 
 // QueryRow implements Querier.
-func (t PgxTx) QueryRow(ctx context.Context, sql string, args ...any) Row {
+func (t *PgxTx) QueryRow(ctx context.Context, sql string, args ...any) Row {
 	return t.Tx.QueryRow(ctx, sql, args...)
 }
 
 // Query implements Querier.
-func (t PgxTx) Query(ctx context.Context, sql string, args []any, each func(Row) error) error {
+func (t *PgxTx) Query(ctx context.Context, sql string, args []any, each func(Row) error) error {
 	return pgxQuery(ctx, t.Tx, sql, args, each)
 }
 
 // Commit implements Tx.
-func (t PgxTx) Commit(ctx context.Context) error { return t.Tx.Commit(ctx) }
+func (t *PgxTx) Commit(ctx context.Context) error {
+	if t.c == nil { // CommitWith committed: the connection is another's now
+		return pgx.ErrTxClosed
+	}
+	defer t.release()
+	return t.Tx.Commit(ctx)
+}
 
 // Rollback implements Tx.
-func (t PgxTx) Rollback(ctx context.Context) error { return t.Tx.Rollback(ctx) }
+func (t *PgxTx) Rollback(ctx context.Context) error {
+	if t.c == nil {
+		return pgx.ErrTxClosed
+	}
+	defer t.release()
+	return t.Tx.Rollback(ctx)
+}
+
+// CommitWith implements Committer.
+func (t *PgxTx) CommitWith(ctx context.Context, sql string, args ...any) error {
+	if t.c == nil {
+		return pgx.ErrTxClosed
+	}
+	switch t.c.Conn().PgConn().TxStatus() {
+	case 'T':
+	case 'E':
+		return aborted{errors.New("the transaction is aborted: one of its statements failed")}
+	default: // idle: the transaction was committed or rolled back
+		return pgx.ErrTxClosed
+	}
+	if _, err := t.c.Exec(ctx, sql+"; COMMIT", append([]any{pgx.QueryExecModeSimpleProtocol}, args...)...); err != nil {
+		if !t.c.Conn().IsClosed() && t.c.Conn().PgConn().TxStatus() == 'E' {
+			return aborted{err} // a statement failed: the COMMIT did not run
+		}
+		return err
+	}
+	if t.c.Conn().PgConn().TxStatus() != 'I' {
+		return errors.New("COMMIT did not end the transaction")
+	}
+	t.release() // committed: the pool takes the connection back
+	return nil
+}
+
+// aborted is the error of a CommitWith whose statements failed before the
+// COMMIT: nothing committed.
+type aborted struct{ error }
+
+func (a aborted) Unwrap() error { return a.error }
+
+// Aborted reports whether err is the error of a CommitWith whose
+// transaction was aborted before its COMMIT ran: nothing committed.
+func Aborted(err error) bool {
+	var a aborted
+	return errors.As(err, &a)
+}
+
+// ConflictOn reports whether err is a unique violation on table.
+func ConflictOn(err error, table string) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == UniqueViolation && pe.TableName == table
+}
+
+// release gives the connection back to the pool (which closes it if it is
+// still in a transaction), once.
+func (t *PgxTx) release() {
+	if t.c != nil {
+		t.c.Release()
+		t.c = nil
+	}
+}
 
 // sqlQuerier is what *sql.DB and *sql.Tx share.
 type sqlQuerier interface {
@@ -225,6 +313,7 @@ func Code(err error) string {
 // SQLSTATE codes idem checks.
 const (
 	UndefinedTable    = "42P01"
+	UniqueViolation   = "23505"
 	UndefinedFunction = "42883"
 	UndefinedColumn   = "42703"
 	InsufficientPriv  = "42501"

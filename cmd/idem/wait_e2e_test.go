@@ -1,0 +1,64 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemgo/idem/internal/redistest"
+)
+
+// TestProxyWaitReplicas checks --wait-replicas: on a primary without a
+// replica no request is reported done (503, the upstream not called: the
+// acquire was not confirmed), which is what a primary cut off from its
+// replicas answers instead of acknowledging writes a failover would lose
+// (RELIABILITY.md, Sentinel partition); once a replica is connected,
+// requests succeed and replay. Bad values are refused at start.
+func TestProxyWaitReplicas(t *testing.T) {
+	t.Parallel()
+	primary := redistest.Start(t)
+	up := newUpstream(t)
+	storeArgs := []string{"--redis", "redis://" + primary.Addr()}
+	p := startProxy(t, up.url(), storeArgs, "--wait-replicas", "1", "--wait-replicas-timeout", "100ms")
+	if res := post(t, p.url("/payments"), "alone", "x"); res.status != 503 {
+		t.Errorf("--wait-replicas 1 without a replica: got %d %s, want 503", res.status, res.body)
+	}
+	if n := up.executions("alone"); n != 0 {
+		t.Errorf("--wait-replicas 1 without a replica: the upstream ran %d times, want 0", n)
+	}
+
+	host, port, _ := strings.Cut(primary.Addr(), ":")
+	replica := redistest.Start(t, "--replicaof", host, port)
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(replica.Do(t, "INFO", "replication"), "master_link_status:up") {
+		if time.Now().After(deadline) {
+			t.Fatal("the replica did not connect within 30s")
+		}
+		time.Sleep(20 * time.Millisecond) // poll the replica's link
+	}
+	first := post(t, p.url("/payments"), "replicated", "x")
+	again := post(t, p.url("/payments"), "replicated", "x")
+	if first.status != 201 || again.status != 201 || !again.replayed() {
+		t.Errorf("--wait-replicas 1 with a replica: got %d then %d (replayed %v), want 201 then a replayed 201", first.status, again.status, again.replayed())
+	}
+	if n := up.executions("replicated"); n != 1 {
+		t.Errorf("the upstream ran %d times, want 1", n)
+	}
+	if v := replica.Do(t, "DBSIZE"); v == "0" {
+		t.Error("the replica holds no record")
+	}
+
+	for _, bad := range [][]string{
+		{"--wait-replicas", "-1"},
+		{"--wait-replicas", "1", "--wait-replicas-timeout", "0s"},
+	} {
+		args := append([]string{"proxy", "--listen", freeAddr(t), "--upstream", up.url()}, storeArgs...)
+		if code, _, stderr := runIdem(t, append(args, bad...)...); code != 2 || !strings.Contains(stderr, "--wait-replicas") {
+			t.Errorf("proxy %v: got exit %d, stderr %q, want 2 naming the flag", bad, code, stderr)
+		}
+	}
+	args := []string{"proxy", "--listen", freeAddr(t), "--upstream", up.url(), "--data", t.TempDir(), "--wait-replicas", "1"}
+	if code, _, stderr := runIdem(t, args...); code != 2 || !strings.Contains(stderr, "needs a Redis store") {
+		t.Errorf("--wait-replicas with the embedded store: got exit %d, stderr %q, want 2", code, stderr)
+	}
+}

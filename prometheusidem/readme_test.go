@@ -1,0 +1,14 @@
+package prometheusidem_test
+
+import (
+	"testing"
+
+	"github.com/idemgo/idem/internal/readmetest"
+)
+
+// TestReadmeExample checks that the Prometheus snippet in the repository's
+// README.md is the body of Example, which the tests run.
+func TestReadmeExample(t *testing.T) {
+	readmetest.Snippet(t, "../README.md", "<!-- README example: the body of Example in prometheusidem/example_test.go", "example_test.go",
+		"func Example() {")
+}
