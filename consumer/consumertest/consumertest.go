@@ -7,6 +7,7 @@ package consumertest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -37,11 +38,140 @@ type Harness interface {
 	Start(t *testing.T, opts []consumer.Option, h Handler) (stats func() consumer.Stats, stop func())
 	// DeadLetters returns how many messages the dead-letter path holds.
 	DeadLetters(t *testing.T) int
+	// Executor returns an executor on the store that the harness's
+	// consumers use (the same one for every Start of the harness): the
+	// suite reads records through it, acquires keys as another owner and
+	// deletes records to take a lease away. Its lease must be short (about
+	// a second), so that a lost lease is noticed within the suite's waits.
+	Executor(t *testing.T) *idem.Executor
 }
 
 // Run runs the suite; newHarness returns a harness on a fresh queue.
 func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 	opts := []consumer.Option{consumer.WithMaxDeliveries(MaxDeliveries), consumer.WithRetryDelay(20 * time.Millisecond)}
+	// scoped returns the suite's options with a scope of the subtest's
+	// own, so that the suite knows the keys' records.
+	scoped := func(extra ...consumer.Option) ([]consumer.Option, string) {
+		scope := fmt.Sprintf("consumertest-%d", time.Now().UnixNano())
+		return append(append(append([]consumer.Option{}, opts...), consumer.WithScope(scope)), extra...), scope
+	}
+	t.Run("OrderAcquireHandlerComplete", func(t *testing.T) {
+		// The handler runs with the key acquired (IN_PROGRESS in the store,
+		// under the fence of its context), and the message counts as
+		// processed only once the record is COMPLETED.
+		h := newHarness(t)
+		exec := h.Executor(t)
+		opts, scope := scoped()
+		key := idem.Key{Scope: scope, ID: "ordered"}
+		var mu sync.Mutex
+		var seen []string
+		stats, stop := h.Start(t, opts, func(ctx context.Context, k string, payload []byte) error {
+			fence, ok := idem.FenceFrom(ctx)
+			rec, err := exec.Store().Get(context.WithoutCancel(ctx), key.Digest())
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case !ok:
+				seen = append(seen, "no fence in the handler's context")
+			case err != nil:
+				seen = append(seen, fmt.Sprintf("no record while the handler runs: %v", err))
+			case rec.State != idem.StateInProgress || rec.Fence != fence:
+				seen = append(seen, fmt.Sprintf("record %v fence %d while the handler with fence %d runs", rec.State, rec.Fence, fence))
+			default:
+				seen = append(seen, "acquired")
+			}
+			return nil
+		})
+		defer stop()
+		h.Publish(t, "ordered", []byte("a"))
+		waitFor(t, "the message processed", func() bool { return stats().Processed == 1 })
+		rec, err := exec.Store().Get(t.Context(), key.Digest())
+		if err != nil || rec.State != idem.StateCompleted {
+			t.Errorf("after the message was processed: record %v, %v; want COMPLETED", rec.State, err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if len(seen) != 1 || seen[0] != "acquired" {
+			t.Errorf("handler runs saw %q, want one run with its key acquired", seen)
+		}
+	})
+	t.Run("InProgressDuplicateNeverAcked", func(t *testing.T) {
+		// Another owner holds the key: the message is not handled and not
+		// acknowledged while it does; once the owner completes, the message
+		// comes back and is replayed.
+		h := newHarness(t)
+		exec := h.Executor(t)
+		opts, scope := scoped()
+		_, owner, err := exec.Begin(t.Context(), idem.Key{Scope: scope, ID: "busy"}, "a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := newRuns()
+		stats, stop := h.Start(t, opts, r.handler(nil))
+		defer stop()
+		h.Publish(t, "busy", []byte("a"))
+		waitFor(t, "the duplicate found in progress", func() bool { return stats().Retried >= 1 })
+		if err := owner.Commit(t.Context(), nil); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "the duplicate back and replayed (an adapter that acked it loses it)", func() bool { return stats().Replayed == 1 })
+		if n := r.count("busy"); n != 0 {
+			t.Errorf("handler ran %d times for a key held by another owner, want 0", n)
+		}
+	})
+	t.Run("LeaseLostNotAckedHookCalled", func(t *testing.T) {
+		// The record is deleted while the handler runs (as a takeover
+		// would): its context is cancelled with idem.ErrLeaseLost, the
+		// compensation hook gets the key and fence, and the message is not
+		// acknowledged: it comes back and runs again.
+		h := newHarness(t)
+		exec := h.Executor(t)
+		lost := make(chan idem.LeaseLost, 1)
+		opts, scope := scoped(consumer.WithOnLeaseLost(func(_ context.Context, l idem.LeaseLost) { lost <- l }))
+		key := idem.Key{Scope: scope, ID: "lost"}
+		entered := make(chan int64, 1)
+		r := newRuns()
+		var first sync.Once // the first run waits for the lease loss
+		stats, stop := h.Start(t, opts, r.handler(nil).wrap(func(ctx context.Context) error {
+			var err error
+			first.Do(func() {
+				fence, _ := idem.FenceFrom(ctx)
+				entered <- fence
+				<-ctx.Done()
+				err = context.Cause(ctx)
+			})
+			return err
+		}))
+		defer stop()
+		h.Publish(t, "lost", []byte("a"))
+		var fence int64
+		waitFor(t, "the handler", func() bool {
+			select {
+			case fence = <-entered:
+				return true
+			default:
+				return false
+			}
+		})
+		if err := exec.Store().Delete(t.Context(), key.Digest()); err != nil {
+			t.Fatal(err)
+		}
+		var l idem.LeaseLost
+		waitFor(t, "the compensation hook", func() bool {
+			select {
+			case l = <-lost:
+				return true
+			default:
+				return false
+			}
+		})
+		if l.Key != key || l.Fence != fence || !errors.Is(l.Err, idem.ErrLeaseLost) {
+			t.Errorf("hook got key %v fence %d err %v, want %v, %d and idem.ErrLeaseLost", l.Key, l.Fence, l.Err, key, fence)
+		}
+		waitFor(t, "the message back and completed (an adapter that acked it loses it)", func() bool {
+			return r.count("lost") == 1 && stats().Processed == 1 // r counts the second run only
+		})
+	})
 	t.Run("CompletedDuplicateAckedWithoutHandler", func(t *testing.T) {
 		h := newHarness(t)
 		r := newRuns()
@@ -176,6 +306,16 @@ func (r *runs) handler(fail func(key string) error) Handler {
 			return fail(key)
 		}
 		return nil
+	}
+}
+
+// wrap returns h preceded by f: f's error ends the run.
+func (h Handler) wrap(f func(ctx context.Context) error) Handler {
+	return func(ctx context.Context, key string, payload []byte) error {
+		if err := f(ctx); err != nil {
+			return err
+		}
+		return h(ctx, key, payload)
 	}
 }
 

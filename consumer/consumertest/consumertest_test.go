@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/consumer/consumertest"
 	"github.com/idemgo/idem/internal/prooftest"
@@ -21,9 +22,20 @@ type queue struct {
 	msgs  []*msg
 	dead  int
 	ready chan struct{}
-	// ackEarly is the deliberate bug of the negative control: the
-	// consumer acknowledges a message when it receives it.
-	ackEarly bool
+	// bug is the deliberate bug of a negative control: "ack-early" (the
+	// consumer acknowledges a message when it receives it), "ack-retries"
+	// (it acknowledges a message the Processor leaves for redelivery),
+	// "handler-outside" (it runs the handler before the Processor acquires
+	// the key).
+	bug  string
+	exec *idem.Executor
+}
+
+func (q *queue) Executor(t *testing.T) *idem.Executor {
+	if q.exec == nil {
+		q.exec = prooftest.MemExecutor(t, idem.WithLease(time.Second))
+	}
+	return q.exec
 }
 
 type msg struct {
@@ -66,7 +78,10 @@ func (q *queue) DeadLetters(t *testing.T) int {
 // Processor's actions: Ack drops the message, Retry puts it back, and
 // DeadLetter counts it.
 func (q *queue) Start(t *testing.T, opts []consumer.Option, h consumertest.Handler) (func() consumer.Stats, func()) {
-	p := prooftest.MemProcessor(t, time.Second, opts...)
+	p, err := consumer.New(q.Executor(t), opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
 	run := func(ctx context.Context) error {
 		for ctx.Err() == nil {
 			m := q.pop()
@@ -79,14 +94,20 @@ func (q *queue) Start(t *testing.T, opts []consumer.Option, h consumertest.Handl
 			}
 			m.deliveries++
 			in := consumer.Message{Key: m.key, Fingerprint: m.payload, Deliveries: m.deliveries}
-			r := p.Process(ctx, []consumer.Message{in}, func(ctx context.Context, _ int) error {
-				return h(ctx, m.key, []byte(m.payload))
-			})[0]
-			if q.ackEarly {
+			handler := func(ctx context.Context, _ int) error { return h(ctx, m.key, []byte(m.payload)) }
+			if q.bug == "handler-outside" {
+				err := h(ctx, m.key, []byte(m.payload))
+				handler = func(context.Context, int) error { return err }
+			}
+			r := p.Process(ctx, []consumer.Message{in}, handler)[0]
+			if q.bug == "ack-early" {
 				continue
 			}
 			switch r.Action {
 			case consumer.Retry:
+				if q.bug == "ack-retries" {
+					continue
+				}
 				q.push(m)
 			case consumer.DeadLetter:
 				q.mu.Lock()
@@ -103,24 +124,37 @@ func (q *queue) Start(t *testing.T, opts []consumer.Option, h consumertest.Handl
 // passes it.
 func TestConformance(t *testing.T) {
 	consumertest.Run(t, func(t *testing.T) consumertest.Harness {
-		return &queue{ready: make(chan struct{}, 1), ackEarly: os.Getenv("CONSUMERTEST_ACK_EARLY") != ""}
+		return &queue{ready: make(chan struct{}, 1), bug: os.Getenv("CONSUMERTEST_BUG")}
 	})
 }
 
-// TestAckEarlyFails is the suite's negative control: an adapter that
-// acknowledges a message when it receives it loses the message in flight at
-// shutdown, and the suite says so.
-func TestAckEarlyFails(t *testing.T) {
+// TestBuggyAdaptersFail is the suite's negative controls: each case fails
+// an adapter with the bug it guards against, and says why.
+func TestBuggyAdaptersFail(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the suite in a child process")
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestConformance$/^ShutdownFinishesOrReleasesInFlight$", "-test.v")
-	cmd.Env = append(os.Environ(), "CONSUMERTEST_ACK_EARLY=1")
-	out, err := cmd.CombinedOutput()
-	if err == nil {
-		t.Fatalf("the suite passed an adapter that acks early:\n%s", out)
-	}
-	if !strings.Contains(string(out), "else it is lost") {
-		t.Fatalf("the suite failed for another reason:\n%s", out)
+	for _, tc := range []struct{ bug, test, want string }{
+		// Acks a message when it receives it: the one in flight at
+		// shutdown is lost.
+		{"ack-early", "ShutdownFinishesOrReleasesInFlight", "else it is lost"},
+		// Acks what the Processor leaves for redelivery: a duplicate in
+		// progress elsewhere, a message whose lease was lost.
+		{"ack-retries", "InProgressDuplicateNeverAcked", "an adapter that acked it loses it"},
+		{"ack-retries", "LeaseLostNotAckedHookCalled", "an adapter that acked it loses it"},
+		// Runs the handler before the key is acquired.
+		{"handler-outside", "OrderAcquireHandlerComplete", "want one run with its key acquired"},
+	} {
+		t.Run(tc.bug+"/"+tc.test, func(t *testing.T) {
+			cmd := exec.Command(os.Args[0], "-test.run=^TestConformance$/^"+tc.test+"$", "-test.v")
+			cmd.Env = append(os.Environ(), "CONSUMERTEST_BUG="+tc.bug)
+			out, err := cmd.CombinedOutput()
+			if err == nil {
+				t.Fatalf("the suite passed an adapter with the bug %s:\n%s", tc.bug, out)
+			}
+			if !strings.Contains(string(out), tc.want) {
+				t.Fatalf("the suite failed for another reason:\n%s", out)
+			}
+		})
 	}
 }

@@ -25,7 +25,16 @@ func TestConformance(t *testing.T) {
 type harness struct {
 	addrs []string
 	prod  *kgo.Client
+	exec  *idem.Executor
 }
+
+func (h *harness) Executor(t *testing.T) *idem.Executor {
+	if h.exec == nil {
+		h.exec = prooftest.MemExecutor(t, idem.WithLease(time.Second))
+	}
+	return h.exec
+}
+
 
 func (h *harness) Publish(t *testing.T, key string, payload []byte) {
 	r := &kgo.Record{Topic: "in", Value: payload}
@@ -40,7 +49,7 @@ func (h *harness) Start(t *testing.T, opts []consumer.Option, hd consumertest.Ha
 		consumer.WithMaxDeliveries(consumertest.MaxDeliveries), consumer.WithRetryDelay(20 * time.Millisecond),
 		kafka.WithFingerprint(func(r *kgo.Record) string { return string(r.Value) }),
 	}, opts...)
-	c, err := kafka.New(groupOpts(h.addrs, "g", "in"), prooftest.MemExecutor(t, idem.WithLease(time.Second)),
+	c, err := kafka.New(groupOpts(h.addrs, "g", "in"), h.Executor(t),
 		func(ctx context.Context, r *kgo.Record) error {
 			return hd(ctx, kafka.KeyHeader(kafka.DefaultKeyHeader)(r), r.Value)
 		}, opts...)

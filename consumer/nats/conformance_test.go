@@ -27,8 +27,17 @@ func TestConformance(t *testing.T) {
 
 type harness struct {
 	js jetstream.JetStream
-	s  *testStream
+	s    *testStream
+	exec *idem.Executor
 }
+
+func (h *harness) Executor(t *testing.T) *idem.Executor {
+	if h.exec == nil {
+		h.exec = prooftest.MemExecutor(t, idem.WithLease(time.Second))
+	}
+	return h.exec
+}
+
 
 func (h *harness) Publish(t *testing.T, key string, payload []byte) {
 	h.s.publish(t, "orders", "Idem-Key", key, payload)
@@ -37,7 +46,7 @@ func (h *harness) Publish(t *testing.T, key string, payload []byte) {
 func (h *harness) Start(t *testing.T, opts []consumer.Option, hd consumertest.Handler) (func() consumer.Stats, func()) {
 	opts = append([]consumer.Option{natsconsumer.WithKeyHeader("Idem-Key"), natsconsumer.WithFetchMaxWait(100 * time.Millisecond),
 		natsconsumer.WithFingerprint(func(m jetstream.Msg) string { return string(m.Data()) })}, opts...)
-	c, err := natsconsumer.New(h.js, h.s.consumer(t, nil), prooftest.MemExecutor(t, idem.WithLease(time.Second)),
+	c, err := natsconsumer.New(h.js, h.s.consumer(t, nil), h.Executor(t),
 		func(ctx context.Context, m jetstream.Msg) error {
 			return hd(ctx, m.Headers().Get("Idem-Key"), m.Data())
 		}, opts...)

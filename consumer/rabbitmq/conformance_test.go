@@ -25,7 +25,16 @@ type harness struct {
 	q    string
 	pub  *publisher
 	conn *amqp.Connection
+	exec *idem.Executor
 }
+
+func (h *harness) Executor(t *testing.T) *idem.Executor {
+	if h.exec == nil {
+		h.exec = prooftest.MemExecutor(t, idem.WithLease(time.Second))
+	}
+	return h.exec
+}
+
 
 func (h *harness) Publish(t *testing.T, key string, payload []byte) {
 	// A header: the message-id property cannot hold the suite's key over
@@ -40,7 +49,7 @@ func (h *harness) Publish(t *testing.T, key string, payload []byte) {
 func (h *harness) Start(t *testing.T, opts []consumer.Option, hd consumertest.Handler) (func() consumer.Stats, func()) {
 	opts = append([]consumer.Option{consumer.WithScope(h.q), WithKeyHeader("idem-key"),
 		WithFingerprint(func(d *amqp.Delivery) string { return string(d.Body) })}, opts...)
-	c, err := New(amqpURL(), h.q, prooftest.MemExecutor(t, idem.WithLease(time.Second)), func(ctx context.Context, d *amqp.Delivery) error {
+	c, err := New(amqpURL(), h.q, h.Executor(t), func(ctx context.Context, d *amqp.Delivery) error {
 		k, _ := d.Headers["idem-key"].(string)
 		return hd(ctx, k, d.Body)
 	}, opts...)

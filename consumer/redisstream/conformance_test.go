@@ -7,6 +7,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/consumer/consumertest"
 )
@@ -20,6 +21,8 @@ func TestConformance(t *testing.T) {
 }
 
 type harness struct{ e *env }
+
+func (h *harness) Executor(*testing.T) *idem.Executor { return h.e.exec }
 
 func (h *harness) Publish(t *testing.T, key string, payload []byte) {
 	vals := []any{"body", string(payload)}

@@ -8,6 +8,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
+	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/consumer/consumertest"
 	sqsconsumer "github.com/idemgo/idem/consumer/sqs"
@@ -27,7 +28,16 @@ func TestConformance(t *testing.T) {
 type harness struct {
 	f      *fakeSQS
 	q, dlq string
+	exec   *idem.Executor
 }
+
+func (h *harness) Executor(t *testing.T) *idem.Executor {
+	if h.exec == nil {
+		h.exec = prooftest.MemExecutor(t, idem.WithLease(time.Second))
+	}
+	return h.exec
+}
+
 
 func (h *harness) Publish(t *testing.T, key string, payload []byte) {
 	h.f.Send("q", string(payload), keyAttr(key), "")
@@ -37,7 +47,7 @@ func (h *harness) Start(t *testing.T, opts []consumer.Option, hd consumertest.Ha
 	opts = append([]consumer.Option{consumer.WithMaxDeliveries(consumertest.MaxDeliveries),
 		consumer.WithRetryDelay(0), sqsconsumer.WithWaitTime(time.Second),
 		sqsconsumer.WithFingerprint(func(m types.Message) string { return aws.ToString(m.Body) })}, opts...)
-	c, err := sqsconsumer.New(h.f.client(nil), h.q, h.dlq, prooftest.MemExecutor(t), func(ctx context.Context, m types.Message) error {
+	c, err := sqsconsumer.New(h.f.client(nil), h.q, h.dlq, h.Executor(t), func(ctx context.Context, m types.Message) error {
 		return hd(ctx, sqsconsumer.KeyHeader(sqsconsumer.DefaultKeyAttribute)(m), []byte(aws.ToString(m.Body)))
 	}, opts...)
 	if err != nil {
