@@ -118,61 +118,6 @@ type Event struct {
 	Duration time.Duration
 }
 
-// Option configures a Processor.
-type Option func(*Processor)
-
-// WithScope sets the scope of message keys, for example the topic or queue
-// name, so that two consumers with overlapping key spaces do not share
-// records. The default is "consumer".
-func WithScope(scope string) Option { return func(p *Processor) { p.scope = scope } }
-
-// WithMaxDeliveries sets after how many deliveries a message whose handler
-// keeps failing is dead-lettered (its key becomes FAILED). Deliveries are
-// the larger of the broker's count (Message.Deliveries) and the record's
-// acquisitions in the store, so that a count a restart loses in the broker
-// adapter is still found in the store. The default is 5; 0 means never (a
-// failing message is retried forever).
-func WithMaxDeliveries(n int) Option { return func(p *Processor) { p.maxDeliveries = n } }
-
-// WithRetryDelay sets the redelivery delay after a handler or store error.
-// The default is 1s.
-func WithRetryDelay(d time.Duration) Option { return func(p *Processor) { p.retryDelay = d } }
-
-// WithCommit sets how the keys of handled messages are completed (see
-// CommitFunc). The default is the executor's CommitBatch.
-func WithCommit(f CommitFunc) Option { return func(p *Processor) { p.commit = f } }
-
-// WithEventHook sets a function called once per message with the
-// Processor's decision, for metrics or tracing. It is called from the
-// goroutine that processes the batch, in the batch's order, and must not
-// block. The default is none.
-func WithEventHook(f func(Event)) Option { return func(p *Processor) { p.onEvent = f } }
-
-// WithLogger sets the logger of handler panics (ERROR, with the stack),
-// dead letters (WARN) and retries (DEBUG). Records carry the key's digest,
-// never the key. The default is slog.Default().
-func WithLogger(l *slog.Logger) Option { return func(p *Processor) { p.log = l } }
-
-// WithOnLeaseLost sets the compensation hook: a function called when a
-// handler ran but its lease was lost (another owner took the key over, so
-// the message will run again there, with a higher fence), with the key,
-// the fence and the handler's error (nil if it succeeded). The message is
-// not acknowledged. f can undo the handler's work or flag it; it is
-// called from the goroutine that processes the batch, after the handler
-// and before the batch's acknowledgements. The default is none.
-func WithOnLeaseLost(f func(ctx context.Context, l idem.LeaseLost)) Option {
-	return func(p *Processor) { p.onLeaseLost = f }
-}
-
-// WithPassDuplicates passes a duplicate whose key is COMPLETED to the
-// handler instead of acknowledging it silently (Apache Camel's
-// skipDuplicate=false): its context says so (DuplicateFrom) and carries the
-// stored result; the key is not acquired and the handler's error only
-// delays the acknowledgement (Retry). A repeat of a key within the same
-// batch is not passed on (it is acknowledged after the first). The default
-// is off.
-func WithPassDuplicates() Option { return func(p *Processor) { p.passDuplicates = true } }
-
 // duplicateKey is the context key of a duplicate passed to the handler.
 type duplicateKey struct{}
 
@@ -231,29 +176,12 @@ type Processor struct {
 	}
 }
 
-// New returns a Processor on exec. Errors wrap idem.ErrInvalid.
+// New returns a Processor on exec, configured by the options of package
+// consumer (an adapter's own options are refused). Errors wrap
+// idem.ErrInvalid.
 func New(exec *idem.Executor, opts ...Option) (*Processor, error) {
-	if exec == nil {
-		return nil, fmt.Errorf("%w: consumer: nil executor", idem.ErrInvalid)
-	}
-	p := &Processor{exec: exec, scope: "consumer", maxDeliveries: 5, retryDelay: time.Second, log: slog.Default()}
-	for _, o := range opts {
-		o(p)
-	}
-	switch {
-	case p.maxDeliveries < 0:
-		return nil, fmt.Errorf("%w: consumer: max deliveries %d is negative", idem.ErrInvalid, p.maxDeliveries)
-	case p.retryDelay < 0:
-		return nil, fmt.Errorf("%w: consumer: retry delay %v is negative", idem.ErrInvalid, p.retryDelay)
-	case p.log == nil:
-		return nil, fmt.Errorf("%w: consumer: nil logger", idem.ErrInvalid)
-	}
-	if p.commit == nil {
-		p.commit = func(ctx context.Context, _ []Message, attempts []*idem.Attempt) []error {
-			return exec.CommitBatch(ctx, attempts, make([][]byte, len(attempts)))
-		}
-	}
-	return p, nil
+	p, _, err := Setup(exec, Config{Scope: "consumer"}, nil, opts)
+	return p, err
 }
 
 // Executor returns the processor's executor.

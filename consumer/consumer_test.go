@@ -204,7 +204,10 @@ func TestNewInvalid(t *testing.T) {
 	}
 	s, _ := memstore.New()
 	exec, _ := idem.New(s)
-	for _, o := range []consumer.Option{consumer.WithMaxDeliveries(-1), consumer.WithRetryDelay(-time.Second)} {
+	type adapterSettings struct{ n int }
+	for _, o := range []consumer.Option{consumer.WithMaxDeliveries(-1), consumer.WithRetryDelay(-time.Second),
+		consumer.WithBatchSize(0), consumer.WithConcurrency(0), consumer.WithShutdownTimeout(-1), consumer.WithLogger(nil),
+		consumer.AdapterOption(func(a *adapterSettings) { a.n = 1 })} {
 		if _, err := consumer.New(exec, o); !errors.Is(err, idem.ErrInvalid) {
 			t.Errorf("bad option: got %v", err)
 		}

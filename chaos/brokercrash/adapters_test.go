@@ -7,7 +7,9 @@ import (
 	"errors"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -131,19 +133,21 @@ func startRedisStream(rdb *redis.Client, h handlerFunc) (func(context.Context) e
 	if err != nil {
 		return nil, err
 	}
-	c, err := redisstream.New(rdb, store, streamName, streamGroup, os.Getenv(envName),
-		redisstream.WithBatchSize(1), redisstream.WithBlock(100*time.Millisecond),
-		redisstream.WithRetryDelay(100*time.Millisecond),
-		redisstream.WithExecutorOptions(idem.WithLease(lease)))
+	exec, err := idem.New(store, idem.WithLease(lease))
 	if err != nil {
 		return nil, err
 	}
-	return func(ctx context.Context) error {
-		return c.Run(ctx, func(ctx context.Context, m redis.XMessage) error {
+	c, err := redisstream.New(rdb, streamName, streamGroup, os.Getenv(envName), exec,
+		func(ctx context.Context, m redis.XMessage) error {
 			key, _ := m.Values["key"].(string)
 			return h(ctx, key)
-		})
-	}, nil
+		},
+		consumer.WithBatchSize(1), redisstream.WithBlock(100*time.Millisecond),
+		consumer.WithRetryDelay(100*time.Millisecond))
+	if err != nil {
+		return nil, err
+	}
+	return c.Run, nil
 }
 
 // --- Kafka: a kfake cluster in the test process, on loopback.
@@ -236,7 +240,7 @@ func startKafka(rdb *redis.Client, h handlerFunc) (func(context.Context) error, 
 	if err != nil {
 		return nil, err
 	}
-	c, err := kafka.New(exec, func(ctx context.Context, r *kgo.Record) error { return h(ctx, string(r.Key)) },
+	c, err := kafka.New(
 		[]kgo.Opt{
 			kgo.SeedBrokers(os.Getenv(envBroker)),
 			kgo.ConsumerGroup(kafkaGroup),
@@ -246,9 +250,9 @@ func startKafka(rdb *redis.Client, h handlerFunc) (func(context.Context) error, 
 			kgo.HeartbeatInterval(200 * time.Millisecond),
 			kgo.RebalanceTimeout(3 * time.Second),
 			kgo.AutoCommitInterval(200 * time.Millisecond),
-		},
-		kafka.WithBatchSize(1), kafka.WithConcurrency(1),
-		kafka.WithRetryDelay(100*time.Millisecond), kafka.WithScope(kafkaTopic))
+		}, exec, func(ctx context.Context, r *kgo.Record) error { return h(ctx, string(r.Key)) },
+		consumer.WithBatchSize(1), consumer.WithConcurrency(1),
+		consumer.WithRetryDelay(100*time.Millisecond), consumer.WithScope(kafkaTopic))
 	if err != nil {
 		return nil, err
 	}
@@ -256,10 +260,6 @@ func startKafka(rdb *redis.Client, h handlerFunc) (func(context.Context) error, 
 }
 
 // --- RabbitMQ: the server on 127.0.0.1:5672, a queue of the test's own.
-
-// rabbitAcked is the set of the publication's sequence numbers that a
-// consumer settled for good (acked, not as a retry copy).
-const rabbitAcked = "chaos:rabbitmq:acked"
 
 type rabbitBroker struct {
 	queue string
@@ -321,16 +321,28 @@ func (b *rabbitBroker) publish(t *testing.T, msgs []message) {
 	}
 }
 
-// remaining is the larger of the messages not settled for good by a
-// consumer and those ready in the queue and its retry queue (RabbitMQ does
-// not count unacknowledged deliveries there; a stopped consumer's go back).
+// remaining is the number of messages in the queue and its retry queue,
+// ready or delivered and not acknowledged yet, as rabbitmqctl counts them
+// (AMQP's passive declare counts only the ready ones).
 func (b *rabbitBroker) remaining(t *testing.T, total int) int {
-	acked, err := b.rdb.SCard(t.Context(), rabbitAcked).Result()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "rabbitmqctl", "-q", "list_queues", "name", "messages").Output()
 	if err != nil {
-		t.Fatalf("SCARD: %v", err)
+		t.Fatalf("rabbitmqctl list_queues: %v", err)
 	}
-	ready := b.depth(t, b.queue) + b.depth(t, b.queue+".retry")
-	return max(total-int(acked), ready)
+	n := 0
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 2 && (f[0] == b.queue || f[0] == b.queue+".retry") {
+			m, err := strconv.Atoi(f[1])
+			if err != nil {
+				t.Fatalf("rabbitmqctl list_queues: %q", line)
+			}
+			n += m
+		}
+	}
+	return n
 }
 
 func (b *rabbitBroker) depth(t *testing.T, queue string) int {
@@ -358,19 +370,11 @@ func startRabbitMQ(rdb *redis.Client, h handlerFunc) (func(context.Context) erro
 		return nil, err
 	}
 	queue := os.Getenv(envQueue)
-	proc, err := consumer.New(exec, consumer.WithScope(queue), consumer.WithRetryDelay(100*time.Millisecond))
-	if err != nil {
-		return nil, err
-	}
-	c, err := rabbitmq.New(os.Getenv(envBroker), queue, proc,
+	c, err := rabbitmq.New(os.Getenv(envBroker), queue, exec,
 		func(ctx context.Context, d *amqp.Delivery) error { return h(ctx, d.MessageId) },
-		rabbitmq.WithBatch(1, 0), rabbitmq.WithPrefetch(4), rabbitmq.WithMaxDelay(lease),
-		rabbitmq.WithBackoff(50*time.Millisecond, time.Second),
-		rabbitmq.WithOnResult(func(d *amqp.Delivery, o rabbitmq.Outcome) {
-			if o.Action != consumer.Retry && !o.Requeued {
-				_ = rdb.SAdd(context.Background(), rabbitAcked, string(d.Body)).Err()
-			}
-		}))
+		consumer.WithScope(queue), consumer.WithRetryDelay(100*time.Millisecond),
+		consumer.WithBatchSize(1), rabbitmq.WithPrefetch(4), rabbitmq.WithMaxDelay(lease),
+		rabbitmq.WithBackoff(50*time.Millisecond, time.Second))
 	if err != nil {
 		return nil, err
 	}
@@ -496,13 +500,10 @@ func startNATS(rdb *redis.Client, h handlerFunc) (func(context.Context) error, e
 	if err != nil {
 		return nil, err
 	}
-	proc, err := consumer.New(exec, consumer.WithScope(stream), consumer.WithRetryDelay(100*time.Millisecond))
-	if err != nil {
-		return nil, err
-	}
-	c, err := natsconsumer.New(js, cons, proc,
+	c, err := natsconsumer.New(js, cons, exec,
 		func(ctx context.Context, m jetstream.Msg) error { return h(ctx, m.Headers().Get(natsHeader)) },
-		natsconsumer.WithKeyHeader(natsHeader), natsconsumer.WithBatchSize(1),
+		consumer.WithScope(stream), consumer.WithRetryDelay(100*time.Millisecond),
+		natsconsumer.WithKeyHeader(natsHeader), consumer.WithBatchSize(1),
 		natsconsumer.WithFetchMaxWait(200*time.Millisecond))
 	if err != nil {
 		return nil, err
@@ -580,8 +581,8 @@ func startSQS(rdb *redis.Client, h handlerFunc) (func(context.Context) error, er
 	})
 	c, err := sqsconsumer.New(client, os.Getenv(envQueue), os.Getenv(envDLQ), exec,
 		func(ctx context.Context, m sqstypes.Message) error { return h(ctx, sqsconsumer.DefaultKey(m)) },
-		sqsconsumer.WithBatchSize(1), sqsconsumer.WithVisibilityTimeout(sqsVisibility),
-		sqsconsumer.WithWaitTime(time.Second), sqsconsumer.WithRetryDelay(100*time.Millisecond))
+		consumer.WithBatchSize(1), sqsconsumer.WithVisibilityTimeout(sqsVisibility),
+		sqsconsumer.WithWaitTime(time.Second), consumer.WithRetryDelay(100*time.Millisecond))
 	if err != nil {
 		return nil, err
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/consumer/kafka"
 	"github.com/idemgo/idem/internal/prooftest"
 	"github.com/idemgo/idem/internal/redistest"
@@ -64,7 +65,7 @@ func BenchmarkConsume(b *testing.B) {
 					} else {
 						exec = prooftest.MemExecutor(b)
 					}
-					c, err := kafka.New(exec, h, kopts, kafka.WithBatchSize(batch))
+					c, err := kafka.New(kopts, exec, h, consumer.WithBatchSize(batch))
 					if err != nil {
 						b.Fatal(err)
 					}

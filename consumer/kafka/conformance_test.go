@@ -36,11 +36,14 @@ func (h *harness) Publish(t *testing.T, key string, payload []byte) {
 }
 
 func (h *harness) Start(t *testing.T, opts []consumer.Option, hd consumertest.Handler) (func() consumer.Stats, func()) {
-	c, err := kafka.New(prooftest.MemExecutor(t, idem.WithLease(time.Second)), func(ctx context.Context, r *kgo.Record) error {
-		return hd(ctx, kafka.KeyHeader(kafka.DefaultKeyHeader)(r), r.Value)
-	}, groupOpts(h.addrs, "g", "in"), kafka.WithProcessorOptions(opts...),
-		kafka.WithMaxDeliveries(consumertest.MaxDeliveries), kafka.WithRetryDelay(20*time.Millisecond),
-		kafka.WithFingerprint(func(r *kgo.Record) string { return string(r.Value) }))
+	opts = append([]consumer.Option{
+		consumer.WithMaxDeliveries(consumertest.MaxDeliveries), consumer.WithRetryDelay(20 * time.Millisecond),
+		kafka.WithFingerprint(func(r *kgo.Record) string { return string(r.Value) }),
+	}, opts...)
+	c, err := kafka.New(groupOpts(h.addrs, "g", "in"), prooftest.MemExecutor(t, idem.WithLease(time.Second)),
+		func(ctx context.Context, r *kgo.Record) error {
+			return hd(ctx, kafka.KeyHeader(kafka.DefaultKeyHeader)(r), r.Value)
+		}, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

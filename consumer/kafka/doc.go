@@ -4,14 +4,14 @@
 // nothing lost.
 //
 // Each poll is split by partition, and each partition's records into
-// batches of WithBatchSize records; a batch is handled in offset order by
+// batches of consumer.WithBatchSize records; a batch is handled in offset order by
 // one consumer.Processor call, a partition's batches one after the other,
-// partitions concurrently (WithConcurrency). Then, for each record of a
+// partitions concurrently (consumer.WithConcurrency). Then, for each record of a
 // batch in order:
 //
 //   - completed now or before (a duplicate is replayed without running the
 //     handler): marked for commit (kgo.AutoCommitMarks);
-//   - dead-lettered (no key, handler failed WithMaxDeliveries times, key
+//   - dead-lettered (no key, handler failed consumer.WithMaxDeliveries times, key
 //     reused with another fingerprint, key FAILED): produced to the
 //     dead-letter topic ("<topic>.dlq" by default) with its headers plus
 //     HeaderError and friends, the produce acknowledged, then marked;
@@ -26,18 +26,18 @@
 // handlers are cancelled, its records are no longer marked, and what was
 // marked before is committed (on revoke) before the partition moves.
 // Run's shutdown stops fetching, lets in-flight batches finish (at most
-// WithShutdownTimeout), commits and leaves the group.
+// consumer.WithShutdownTimeout), commits and leaves the group.
 //
 // Example:
 //
 //	store, _ := redisstore.New(rdb)
 //	exec, _ := idem.New(store)
-//	c, err := kafka.New(exec, func(ctx context.Context, r *kgo.Record) error {
+//	kopts := []kgo.Opt{kgo.SeedBrokers("localhost:9092"),
+//		kgo.ConsumerGroup("billing"), kgo.ConsumeTopics("orders")}
+//	c, err := kafka.New(kopts, exec, func(ctx context.Context, r *kgo.Record) error {
 //		fence, _ := idem.FenceFrom(ctx)
 //		return charge(ctx, r.Value, fence) // UPDATE … WHERE fence < $fence
-//	}, []kgo.Opt{kgo.SeedBrokers("localhost:9092"),
-//		kgo.ConsumerGroup("billing"), kgo.ConsumeTopics("orders")},
-//		kafka.WithKeyHeader("Idempotency-Key"))
+//	}, kafka.WithKeyHeader("Idempotency-Key"), consumer.WithScope("billing"))
 //	if err != nil {
 //		return err
 //	}
@@ -45,7 +45,7 @@
 //
 // # Limits
 //
-//   - Kafka keeps no delivery count: the count of WithMaxDeliveries is the
+//   - Kafka keeps no delivery count: the count of consumer.WithMaxDeliveries is the
 //     larger of the handler runs this member saw and the acquisitions of
 //     the key in the store, which survive a restart or a rebalance. A
 //     handler that panics does not crash the consumer: the panic is the

@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"log/slog"
 	"os"
 	"os/signal"
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/consumer/kafka"
 	"github.com/idemgo/idem/memstore"
 	"github.com/idemgo/idem/redisstore"
@@ -35,12 +37,12 @@ func Example() {
 	store, _ := memstore.New()
 	exec, _ := idem.New(store)
 	done := make(chan struct{}, 3)
-	c, err := kafka.New(exec, func(ctx context.Context, r *kgo.Record) error {
-		fence, _ := idem.FenceFrom(ctx) // pass to the side effect
-		fmt.Printf("charging %s (fence > 0: %v)\n", r.Value, fence > 0)
-		return nil
-	}, []kgo.Opt{seeds, kgo.ConsumerGroup("billing"), kgo.ConsumeTopics("orders")},
-		kafka.WithErrorHook(func(error) {}))
+	c, err := kafka.New([]kgo.Opt{seeds, kgo.ConsumerGroup("billing"), kgo.ConsumeTopics("orders")},
+		exec, func(ctx context.Context, r *kgo.Record) error {
+			fence, _ := idem.FenceFrom(ctx) // pass to the side effect
+			fmt.Printf("charging %s (fence > 0: %v)\n", r.Value, fence > 0)
+			return nil
+		})
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -88,19 +90,20 @@ func consume(ctx context.Context, rdb *redis.Client) error {
 	if err != nil {
 		return err
 	}
-	c, err := kafka.New(exec, func(ctx context.Context, r *kgo.Record) error {
+	c, err := kafka.New([]kgo.Opt{
+		kgo.SeedBrokers("localhost:9092"),
+		kgo.ConsumerGroup("billing"),
+		kgo.ConsumeTopics("orders"),
+	}, exec, func(ctx context.Context, r *kgo.Record) error {
 		fence, _ := idem.FenceFrom(ctx)
 		// Check the fence in the side effect's own system:
 		// UPDATE accounts SET …, fence = $fence WHERE id = $id AND fence < $fence
 		return charge(ctx, r.Value, fence)
-	}, []kgo.Opt{
-		kgo.SeedBrokers("localhost:9092"),
-		kgo.ConsumerGroup("billing"),
-		kgo.ConsumeTopics("orders"),
 	},
 		kafka.WithKeyHeader("Idempotency-Key"), // the default
-		kafka.WithMaxDeliveries(5),             // then dead-letter, key FAILED
-		kafka.WithScope("billing/orders"),
+		consumer.WithMaxDeliveries(5),          // then dead-letter, key FAILED
+		consumer.WithScope("billing/orders"),
+		consumer.WithLogger(slog.Default()), // key digests, never raw keys
 	)
 	if err != nil {
 		return err // bad configuration: wraps idem.ErrInvalid

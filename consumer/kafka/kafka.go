@@ -75,41 +75,51 @@ const (
 	HeaderDeliveries = "idem-deliveries"
 )
 
-// Option configures a Consumer.
-type Option func(*config)
+// Option configures a Consumer: the options of package consumer shared by
+// every adapter (consumer.WithScope, consumer.WithMaxDeliveries,
+// consumer.WithRetryDelay, consumer.WithBatchSize, consumer.WithConcurrency,
+// consumer.WithShutdownTimeout, consumer.WithDeadLetter,
+// consumer.WithLogger, consumer.WithEventHook, consumer.WithOnLeaseLost,
+// consumer.WithPassDuplicates) and this package's own.
+//
+// For Kafka: the default scope is DefaultScope ("kafka"); the batch size
+// is how many records of one partition go to the Processor at once (a poll
+// takes up to the batch size times the concurrency records), default
+// DefaultBatchSize (100); the concurrency is how many partitions' batches
+// are processed at the same time, default DefaultConcurrency (16); the
+// dead-letter destination is a topic, default the record's topic followed
+// by ".dlq". Kafka keeps no delivery count, so the count is the larger of
+// the handler runs this member saw (in memory) and the acquisitions of the
+// record's key in the store, which a restart or a rebalance does not
+// reset. After a failure a partition waits the retry delay before the
+// record is delivered again.
+type Option = consumer.Option
 
 type config struct {
-	key           KeyFunc
-	keySet        int
-	fingerprint   func(*kgo.Record) string
-	dlq           func(topic string) string
-	scope         string
-	maxDeliveries int
-	retryDelay    time.Duration
-	batch         int
-	concurrency   int
-	shutdown      time.Duration
-	onError       func(error)
-	procOpts      []consumer.Option
+	key         KeyFunc
+	keySet      int
+	fingerprint func(*kgo.Record) string
 }
 
 // WithKeyHeader takes the idempotency key from the record header name (the
 // first header with that name). The default is DefaultKeyHeader
 // ("Idempotency-Key"); a record without it is dead-lettered.
 func WithKeyHeader(name string) Option {
-	return func(c *config) {
+	return consumer.AdapterOption(func(c *config) {
 		c.keySet++
 		c.key = nil
 		if name != "" {
 			c.key = KeyHeader(name)
 		}
-	}
+	})
 }
 
 // WithKeyFunc takes the idempotency key from f, for example KeyField or
 // KeyHash. The default is the header DefaultKeyHeader. f must be safe for
 // concurrent use.
-func WithKeyFunc(f KeyFunc) Option { return func(c *config) { c.keySet++; c.key = f } }
+func WithKeyFunc(f KeyFunc) Option {
+	return consumer.AdapterOption(func(c *config) { c.keySet++; c.key = f })
+}
 
 // WithRecordKey takes the idempotency key from the record key. It is safe
 // only when producers give every operation a record key of its own (a
@@ -125,74 +135,7 @@ func WithRecordKey() Option {
 // record whose key was used before with another fingerprint is
 // dead-lettered with idem.ErrMismatch. The default is no fingerprint.
 func WithFingerprint(f func(r *kgo.Record) string) Option {
-	return func(c *config) { c.fingerprint = f }
-}
-
-// WithDeadLetterTopic sends every dead-lettered record to topic. The
-// default is the record's topic followed by ".dlq".
-func WithDeadLetterTopic(topic string) Option {
-	return func(c *config) {
-		if topic == "" {
-			c.dlq = nil
-			return
-		}
-		c.dlq = func(string) string { return topic }
-	}
-}
-
-// WithScope sets the scope of the idempotency keys (see
-// consumer.WithScope). The default is DefaultScope ("kafka").
-func WithScope(scope string) Option { return func(c *config) { c.scope = scope } }
-
-// WithMaxDeliveries sets after how many deliveries a record whose handler
-// keeps failing (or panics) is dead-lettered. Kafka keeps no delivery
-// count, so the count is the larger of the handler runs this member saw
-// (in memory; a delivery counts when the handler ran, not when the record
-// only waited for a key in progress elsewhere or came again behind another
-// record) and the acquisitions of the record's key in the store, which a
-// restart or a rebalance does not reset. The default is
-// DefaultMaxDeliveries (5); 0 means never.
-func WithMaxDeliveries(n int) Option { return func(c *config) { c.maxDeliveries = n } }
-
-// WithRetryDelay sets how long a partition waits before a record whose
-// handler failed is delivered again; a record whose key is in progress
-// elsewhere is delivered again after the rest of that lease, but at most
-// after this delay. The default is DefaultRetryDelay (1s).
-func WithRetryDelay(d time.Duration) Option { return func(c *config) { c.retryDelay = d } }
-
-// WithBatchSize sets how many records of one partition are handed to the
-// idempotency layer at once (one consumer.Processor call: acquired
-// together, handled in order, completed together). A poll takes up to the
-// batch size times the concurrency records. The default is
-// DefaultBatchSize (100).
-func WithBatchSize(n int) Option { return func(c *config) { c.batch = n } }
-
-// WithConcurrency sets how many partitions' batches are processed at the
-// same time. The default is DefaultConcurrency (16).
-func WithConcurrency(n int) Option { return func(c *config) { c.concurrency = n } }
-
-// WithShutdownTimeout bounds how long Run waits for in-flight handlers once
-// its context is done; then their contexts are cancelled, their keys
-// released and their records left uncommitted. The default is
-// DefaultShutdownTimeout (30s).
-func WithShutdownTimeout(d time.Duration) Option { return func(c *config) { c.shutdown = d } }
-
-// WithErrorHook sets a function that is told about errors that Run
-// recovers from: fetch errors, failed dead-letter produces (the record is
-// retried), failed commits, and handler or store errors of records that
-// are retried or dead-lettered. It must be safe for concurrent use and
-// return quickly. The default is none.
-func WithErrorHook(f func(err error)) Option { return func(c *config) { c.onError = f } }
-
-// WithProcessorOptions passes options to the consumer.Processor that the
-// Consumer builds (the one consumer algorithm): the per-message event hook
-// (consumer.WithEventHook), the logger (consumer.WithLogger), the
-// compensation hook (consumer.WithOnLeaseLost), duplicates passed on
-// (consumer.WithPassDuplicates). The Consumer's own options of the same
-// meaning (scope, maximum of deliveries, retry delay) are applied after
-// them. The default is none.
-func WithProcessorOptions(opts ...consumer.Option) Option {
-	return func(c *config) { c.procOpts = append(c.procOpts, opts...) }
+	return consumer.AdapterOption(func(c *config) { c.fingerprint = f })
 }
 
 // Stats are the counters of a Consumer: consumer.Stats, the one type of
@@ -218,10 +161,12 @@ type part struct {
 // most once per idempotency key. Create it with New, run it with Run. Its
 // methods are safe for concurrent use.
 type Consumer struct {
-	cl   *kgo.Client
-	proc *consumer.Processor
-	h    Handler
-	cfg  config
+	cl     *kgo.Client
+	proc   *consumer.Processor
+	h      Handler
+	cfg    config
+	shared consumer.Config
+	dlq    func(topic string) string
 
 	mu      sync.Mutex
 	parts   map[tp]*part
@@ -236,22 +181,22 @@ type Consumer struct {
 // OnPartitionsRevoked and OnPartitionsLost callbacks to kopts; do not set
 // those, nor kgo.DisableAutoCommit or kgo.BlockRebalanceOnPoll. Errors
 // wrap idem.ErrInvalid for a bad configuration.
-func New(exec *idem.Executor, h Handler, kopts []kgo.Opt, opts ...Option) (*Consumer, error) {
+func New(kopts []kgo.Opt, exec *idem.Executor, h Handler, opts ...Option) (*Consumer, error) {
 	c := &Consumer{
 		h:       h,
 		parts:   make(map[tp]*part),
 		resumes: make(map[tp]*time.Timer),
-		cfg: config{
-			scope:         DefaultScope,
-			maxDeliveries: DefaultMaxDeliveries,
-			retryDelay:    DefaultRetryDelay,
-			batch:         DefaultBatchSize,
-			concurrency:   DefaultConcurrency,
-			shutdown:      DefaultShutdownTimeout,
-		},
 	}
-	for _, o := range opts {
-		o(&c.cfg)
+	proc, shared, err := consumer.Setup(exec, consumer.Config{
+		Scope:           DefaultScope,
+		MaxDeliveries:   DefaultMaxDeliveries,
+		RetryDelay:      DefaultRetryDelay,
+		BatchSize:       DefaultBatchSize,
+		Concurrency:     DefaultConcurrency,
+		ShutdownTimeout: DefaultShutdownTimeout,
+	}, &c.cfg, opts)
+	if err != nil {
+		return nil, err
 	}
 	cfg := &c.cfg
 	switch {
@@ -261,25 +206,15 @@ func New(exec *idem.Executor, h Handler, kopts []kgo.Opt, opts ...Option) (*Cons
 		return nil, fmt.Errorf("%w: kafka: empty key header name or nil key function", idem.ErrInvalid)
 	case cfg.keySet > 1:
 		return nil, fmt.Errorf("%w: kafka: WithKeyHeader and WithKeyFunc are exclusive", idem.ErrInvalid)
-	case cfg.batch < 1:
-		return nil, fmt.Errorf("%w: kafka: batch size %d is not positive", idem.ErrInvalid, cfg.batch)
-	case cfg.concurrency < 1:
-		return nil, fmt.Errorf("%w: kafka: concurrency %d is not positive", idem.ErrInvalid, cfg.concurrency)
-	case cfg.shutdown < 0:
-		return nil, fmt.Errorf("%w: kafka: shutdown timeout %v is negative", idem.ErrInvalid, cfg.shutdown)
 	}
 	if cfg.key == nil {
 		cfg.key = KeyHeader(DefaultKeyHeader)
 	}
-	if cfg.dlq == nil {
-		cfg.dlq = func(topic string) string { return topic + DefaultDLQSuffix }
+	c.proc, c.shared = proc, shared
+	c.dlq = func(topic string) string { return topic + DefaultDLQSuffix }
+	if shared.DeadLetter != "" {
+		c.dlq = func(string) string { return shared.DeadLetter }
 	}
-	proc, err := consumer.New(exec, append(cfg.procOpts, consumer.WithScope(cfg.scope),
-		consumer.WithMaxDeliveries(cfg.maxDeliveries), consumer.WithRetryDelay(cfg.retryDelay))...)
-	if err != nil {
-		return nil, err
-	}
-	c.proc = proc
 	all := append([]kgo.Opt(nil), kopts...)
 	all = append(all,
 		kgo.AutoCommitMarks(),
@@ -361,7 +296,6 @@ func (c *Consumer) revoked(ctx context.Context, cl *kgo.Client, m map[string][]i
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := cl.CommitMarkedOffsets(cctx); err != nil {
-		c.report(fmt.Errorf("kafka: commit on revoke: %w", err))
 		c.proc.ReportError("commit on revoke", err)
 	}
 }
@@ -387,17 +321,17 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if c.ran.Swap(true) {
 		return fmt.Errorf("%w: kafka: Run called twice", idem.ErrInvalid)
 	}
-	work, stop := consumer.GraceContext(ctx, c.cfg.shutdown, errShutdownTimeout)
+	work, stop := consumer.GraceContext(ctx, c.shared.ShutdownTimeout, errShutdownTimeout)
 	defer stop()
 	defer c.stopTimers()
 	for ctx.Err() == nil && !c.crashed.Load() {
-		fetches := c.cl.PollRecords(ctx, c.cfg.batch*c.cfg.concurrency)
+		fetches := c.cl.PollRecords(ctx, c.shared.BatchSize*c.shared.Concurrency)
 		if fetches.IsClientClosed() {
 			break
 		}
 		fetches.EachError(func(topic string, p int32, err error) {
 			if !errors.Is(err, context.Canceled) {
-				c.report(fmt.Errorf("kafka: fetching %s/%d: %w", topic, p, err))
+				c.proc.ReportError(fmt.Sprintf("fetching %s/%d", topic, p), err)
 			}
 		})
 		var batches []kgo.FetchTopicPartition
@@ -410,7 +344,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 			continue
 		}
 		rewinds := make([]*rewind, len(batches))
-		sem := make(chan struct{}, c.cfg.concurrency)
+		sem := make(chan struct{}, c.shared.Concurrency)
 		var wg sync.WaitGroup
 		for i, b := range batches {
 			sem <- struct{}{}
@@ -480,18 +414,11 @@ func (c *Consumer) stopTimers() {
 	}
 }
 
-// report passes err to the error hook, if any.
-func (c *Consumer) report(err error) {
-	if c.cfg.onError != nil {
-		c.cfg.onError(err)
-	}
-}
-
 // partition processes one partition's records of a poll, in batches of the
 // batch size, in offset order, until one of them must be rewound.
 func (c *Consumer) partition(work context.Context, p kgo.FetchTopicPartition) *rewind {
 	for recs := p.Records; len(recs) > 0; {
-		n := min(len(recs), c.cfg.batch)
+		n := min(len(recs), c.shared.BatchSize)
 		rw, more := c.batch(work, tp{p.Topic, p.Partition}, recs[:n])
 		if !more {
 			return rw
@@ -544,20 +471,17 @@ func (c *Consumer) batch(work context.Context, k tp, records []*kgo.Record) (rw 
 			continue
 		}
 		if res.Action == consumer.DeadLetter {
-			c.report(fmt.Errorf("kafka: dead-lettering %s/%d@%d: %w", r.Topic, r.Partition, r.Offset, res.Err))
 			if err := c.deadLetter(ctx, r, res.Err, msgs[i].Deliveries); err != nil {
-				c.report(err)
 				c.proc.ReportError("dead-letter produce", err)
-				res = consumer.Result{Action: consumer.Retry, Delay: c.cfg.retryDelay, Err: err}
+				res = consumer.Result{Action: consumer.Retry, Delay: c.shared.RetryDelay, Err: err}
 			}
 		}
 		if res.Action == consumer.Retry {
-			c.report(fmt.Errorf("kafka: retrying %s/%d@%d in %v: %w", r.Topic, r.Partition, r.Offset, res.Delay, res.Err))
 			// The delay of a key in progress elsewhere is the rest of its
 			// lease; the owner usually finishes sooner, and the partition
 			// waits behind this record, so poll the key at least every
 			// retry delay.
-			rw = &rewind{tp: k, part: pt, offset: r.Offset, epoch: r.LeaderEpoch, delay: min(res.Delay, c.cfg.retryDelay)}
+			rw = &rewind{tp: k, part: pt, offset: r.Offset, epoch: r.LeaderEpoch, delay: min(res.Delay, c.shared.RetryDelay)}
 			continue
 		}
 		done = append(done, r)
@@ -600,7 +524,7 @@ func (c *Consumer) deadLetter(ctx context.Context, r *kgo.Record, cause error, d
 		kgo.RecordHeader{Key: HeaderOffset, Value: strconv.AppendInt(nil, r.Offset, 10)},
 		kgo.RecordHeader{Key: HeaderDeliveries, Value: strconv.AppendInt(nil, int64(deliveries), 10)},
 	)
-	d := &kgo.Record{Topic: c.cfg.dlq(r.Topic), Key: r.Key, Value: r.Value, Headers: headers}
+	d := &kgo.Record{Topic: c.dlq(r.Topic), Key: r.Key, Value: r.Value, Headers: headers}
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	if err := c.cl.ProduceSync(pctx, d).FirstErr(); err != nil {

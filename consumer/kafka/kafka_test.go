@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/consumer/kafka"
 	"github.com/idemgo/idem/internal/prooftest"
 	"github.com/idemgo/idem/memstore"
@@ -37,20 +38,20 @@ func TestNewValidation(t *testing.T) {
 		{"empty header", exec, ok, good, []kafka.Option{kafka.WithKeyHeader("")}},
 		{"nil key func", exec, ok, good, []kafka.Option{kafka.WithKeyFunc(nil)}},
 		{"two key sources", exec, ok, good, []kafka.Option{kafka.WithKeyHeader("k"), kafka.WithKeyFunc(func(*kgo.Record) string { return "" })}},
-		{"zero batch", exec, ok, good, []kafka.Option{kafka.WithBatchSize(0)}},
-		{"zero concurrency", exec, ok, good, []kafka.Option{kafka.WithConcurrency(0)}},
-		{"negative shutdown", exec, ok, good, []kafka.Option{kafka.WithShutdownTimeout(-1)}},
-		{"negative deliveries", exec, ok, good, []kafka.Option{kafka.WithMaxDeliveries(-1)}},
-		{"negative retry delay", exec, ok, good, []kafka.Option{kafka.WithRetryDelay(-1)}},
+		{"zero batch", exec, ok, good, []kafka.Option{consumer.WithBatchSize(0)}},
+		{"zero concurrency", exec, ok, good, []kafka.Option{consumer.WithConcurrency(0)}},
+		{"negative shutdown", exec, ok, good, []kafka.Option{consumer.WithShutdownTimeout(-1)}},
+		{"negative deliveries", exec, ok, good, []kafka.Option{consumer.WithMaxDeliveries(-1)}},
+		{"negative retry delay", exec, ok, good, []kafka.Option{consumer.WithRetryDelay(-1)}},
 	}
-	c, err := kafka.New(exec, ok, good)
+	c, err := kafka.New(good, exec, ok)
 	if err != nil {
 		t.Fatalf("valid configuration: %v", err)
 	}
 	c.Client().Close()
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, err := kafka.New(tt.exec, tt.h, tt.kopts, tt.opts...)
+			c, err := kafka.New(tt.kopts, tt.exec, tt.h, tt.opts...)
 			if err == nil {
 				c.Client().Close()
 				t.Fatal("got nil error, want one")
@@ -75,9 +76,10 @@ func TestDuplicatesRunOnce(t *testing.T) {
 	produce(t, prod, rs...)
 
 	s := newSink()
-	c, err := kafka.New(prooftest.MemExecutor(t), func(ctx context.Context, r *kgo.Record) error {
-		return s.apply(ctx, string(r.Key))
-	}, groupOpts(addrs, "g1", "orders"))
+	c, err := kafka.New(
+		groupOpts(addrs, "g1", "orders"), prooftest.MemExecutor(t), func(ctx context.Context, r *kgo.Record) error {
+			return s.apply(ctx, string(r.Key))
+		})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,8 +119,9 @@ func TestNoKeyDeadLettered(t *testing.T) {
 		&kgo.Record{Topic: "in", Value: []byte("ok"), Headers: []kgo.RecordHeader{{Key: "id", Value: []byte("a")}}},
 	)
 	var ran atomic.Int32
-	c, err := kafka.New(prooftest.MemExecutor(t), func(context.Context, *kgo.Record) error { ran.Add(1); return nil },
-		groupOpts(addrs, "g", "in"), kafka.WithKeyHeader("id"))
+	c, err := kafka.New(
+		groupOpts(addrs, "g", "in"), prooftest.MemExecutor(t), func(context.Context, *kgo.Record) error { ran.Add(1); return nil },
+		kafka.WithKeyHeader("id"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,22 +182,23 @@ func testHandlerErrorRetried(t *testing.T, batch int, wantOrder string) {
 	runs := map[string]int{}
 	var order []string
 	exec := prooftest.MemExecutor(t)
-	c, err := kafka.New(exec, func(ctx context.Context, r *kgo.Record) error {
-		k := string(r.Key)
-		mu.Lock()
-		defer mu.Unlock()
-		runs[k]++
-		switch {
-		case k == "flaky" && runs[k] < 3:
-			return errors.New("flaky: not yet")
-		case k == "poison":
-			return errors.New("poison: always fails")
-		}
-		order = append(order, k)
-		return nil
-	}, groupOpts(addrs, "g", "jobs"),
-		kafka.WithMaxDeliveries(3), kafka.WithRetryDelay(10*time.Millisecond),
-		kafka.WithDeadLetterTopic("dead"), kafka.WithBatchSize(batch))
+	c, err := kafka.New(
+		groupOpts(addrs, "g", "jobs"), exec, func(ctx context.Context, r *kgo.Record) error {
+			k := string(r.Key)
+			mu.Lock()
+			defer mu.Unlock()
+			runs[k]++
+			switch {
+			case k == "flaky" && runs[k] < 3:
+				return errors.New("flaky: not yet")
+			case k == "poison":
+				return errors.New("poison: always fails")
+			}
+			order = append(order, k)
+			return nil
+		},
+		consumer.WithMaxDeliveries(3), consumer.WithRetryDelay(10*time.Millisecond),
+		consumer.WithDeadLetter("dead"), consumer.WithBatchSize(batch))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -235,8 +239,8 @@ func TestInProgressNotAcked(t *testing.T) {
 	}
 	produce(t, prod, &kgo.Record{Topic: "t", Key: []byte("busy"), Headers: keyHeader("busy")})
 	var ran atomic.Int32
-	c, err := kafka.New(exec, func(context.Context, *kgo.Record) error { ran.Add(1); return nil },
-		groupOpts(addrs, "g", "t"))
+	c, err := kafka.New(
+		groupOpts(addrs, "g", "t"), exec, func(context.Context, *kgo.Record) error { ran.Add(1); return nil })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -275,15 +279,16 @@ func TestGracefulShutdown(t *testing.T) {
 			addrs := startCluster(t, 1, "t")
 			produce(t, producer(t, addrs), &kgo.Record{Topic: "t", Key: []byte("k"), Headers: keyHeader("k")})
 			started := make(chan struct{})
-			c, err := kafka.New(prooftest.MemExecutor(t), func(ctx context.Context, r *kgo.Record) error {
-				close(started)
-				select {
-				case <-time.After(500 * time.Millisecond):
-					return nil
-				case <-ctx.Done():
-					return ctx.Err()
-				}
-			}, groupOpts(addrs, "g", "t"), kafka.WithShutdownTimeout(tt.timeout))
+			c, err := kafka.New(
+				groupOpts(addrs, "g", "t"), prooftest.MemExecutor(t), func(ctx context.Context, r *kgo.Record) error {
+					close(started)
+					select {
+					case <-time.After(500 * time.Millisecond):
+						return nil
+					case <-ctx.Done():
+						return ctx.Err()
+					}
+				}, consumer.WithShutdownTimeout(tt.timeout))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -338,14 +343,14 @@ func TestRebalanceWhileInFlight(t *testing.T) {
 			return s.apply(ctx, string(r.Key))
 		}
 	}
-	opts := []kafka.Option{kafka.WithBatchSize(1000), kafka.WithRetryDelay(20 * time.Millisecond)}
-	a, err := kafka.New(exec, handler(true), groupOpts(addrs, "g", "t"), opts...)
+	opts := []kafka.Option{consumer.WithBatchSize(1000), consumer.WithRetryDelay(20 * time.Millisecond)}
+	a, err := kafka.New(groupOpts(addrs, "g", "t"), exec, handler(true), opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	stopA := prooftest.Start(t, a.Run)
 	eventually(t, 20*time.Second, "the first consumer blocked", func() bool { return blocked.Load() > 0 })
-	b, err := kafka.New(exec, handler(false), groupOpts(addrs, "g", "t"), opts...)
+	b, err := kafka.New(groupOpts(addrs, "g", "t"), exec, handler(false), opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -401,15 +406,16 @@ func TestLeaseLostNotAcked(t *testing.T) {
 	}
 	var runs atomic.Int32
 	var firstCause atomic.Value
-	c, err := kafka.New(exec, func(ctx context.Context, r *kgo.Record) error {
-		if runs.Add(1) == 1 {
-			<-ctx.Done()
-			firstCause.Store(context.Cause(ctx))
-			st.lose.Store(false)
-			return ctx.Err()
-		}
-		return nil
-	}, groupOpts(addrs, "g", "t"), kafka.WithRetryDelay(10*time.Millisecond))
+	c, err := kafka.New(
+		groupOpts(addrs, "g", "t"), exec, func(ctx context.Context, r *kgo.Record) error {
+			if runs.Add(1) == 1 {
+				<-ctx.Done()
+				firstCause.Store(context.Cause(ctx))
+				st.lose.Store(false)
+				return ctx.Err()
+			}
+			return nil
+		}, consumer.WithRetryDelay(10*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -36,10 +36,12 @@ func TestPanicDeadLetteredAcrossRestarts(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c, err := kafka.New(exec, func(context.Context, *kgo.Record) error {
-			runs.Add(1)
-			panic("poison record")
-		}, groupOpts(addrs, "g", "in"), kafka.WithKeyHeader("Idempotency-Key"), kafka.WithMaxDeliveries(maxDeliveries), kafka.WithRetryDelay(time.Hour)) // one delivery per process
+		c, err := kafka.New(
+			groupOpts(addrs, "g", "in"), exec, func(context.Context, *kgo.Record) error {
+				runs.Add(1)
+				panic("poison record")
+			}, kafka.WithKeyHeader("Idempotency-Key"), consumer.WithMaxDeliveries(maxDeliveries), consumer.WithRetryDelay(time.Hour))
+		// one delivery per process
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -74,9 +76,10 @@ func TestPoisonLengthsDeadLetteredAtOnce(t *testing.T) {
 		&kgo.Record{Topic: "in", Value: []byte("ok"), Headers: keyHeader("ok")},
 	)
 	var ran atomic.Int32
-	c, err := kafka.New(prooftest.MemExecutor(t), func(context.Context, *kgo.Record) error { ran.Add(1); return nil },
-		groupOpts(addrs, "g", "in"), kafka.WithKeyHeader("Idempotency-Key"), kafka.WithFingerprint(func(r *kgo.Record) string { return string(r.Value) }),
-		kafka.WithRetryDelay(10*time.Millisecond))
+	c, err := kafka.New(
+		groupOpts(addrs, "g", "in"), prooftest.MemExecutor(t), func(context.Context, *kgo.Record) error { ran.Add(1); return nil },
+		kafka.WithKeyHeader("Idempotency-Key"), kafka.WithFingerprint(func(r *kgo.Record) string { return string(r.Value) }),
+		consumer.WithRetryDelay(10*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,8 +108,8 @@ func TestRecordKeyIsNotTheDefault(t *testing.T) {
 		&kgo.Record{Topic: "in", Key: []byte("customer-7"), Value: []byte("order 3")},
 	)
 	var ran atomic.Int32
-	c, err := kafka.New(prooftest.MemExecutor(t), func(context.Context, *kgo.Record) error { ran.Add(1); return nil },
-		groupOpts(addrs, "g", "in"))
+	c, err := kafka.New(
+		groupOpts(addrs, "g", "in"), prooftest.MemExecutor(t), func(context.Context, *kgo.Record) error { ran.Add(1); return nil })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,8 +123,9 @@ func TestRecordKeyIsNotTheDefault(t *testing.T) {
 		t.Errorf("got %+v and %d handler runs, want 2 processed, 1 dead-lettered (no key), 2 runs", st, ran.Load())
 	}
 	// The record key stays available as an explicit choice.
-	if _, err := kafka.New(prooftest.MemExecutor(t), func(context.Context, *kgo.Record) error { return nil },
-		groupOpts(addrs, "g2", "in"), kafka.WithRecordKey()); err != nil {
+	if _, err := kafka.New(
+		groupOpts(addrs, "g2", "in"), prooftest.MemExecutor(t), func(context.Context, *kgo.Record) error { return nil },
+		kafka.WithRecordKey()); err != nil {
 		t.Errorf("WithRecordKey: %v", err)
 	}
 }

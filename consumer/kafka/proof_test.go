@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/consumer/kafka"
 	"github.com/idemgo/idem/internal/prooftest"
 	"github.com/idemgo/idem/internal/redistest"
@@ -112,11 +113,11 @@ func TestProof(t *testing.T) {
 			}
 			return s.apply(ctx, key)
 		}
-		c, err := kafka.New(exec, h, groupOpts(addrs, "proof-group", "proof"),
-			kafka.WithKeyHeader("id"), kafka.WithRetryDelay(50*time.Millisecond),
-			kafka.WithBatchSize(100), kafka.WithScope("proof"),
-			kafka.WithErrorHook(func(err error) {
-				if errors.Is(err, idem.ErrInProgress) {
+		c, err := kafka.New(groupOpts(addrs, "proof-group", "proof"), exec, h,
+			kafka.WithKeyHeader("id"), consumer.WithRetryDelay(50*time.Millisecond),
+			consumer.WithBatchSize(100), consumer.WithScope("proof"),
+			consumer.WithEventHook(func(e consumer.Event) {
+				if errors.Is(e.Result.Err, idem.ErrInProgress) {
 					inProgress.Add(1)
 				}
 			}))

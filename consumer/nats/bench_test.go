@@ -107,11 +107,7 @@ func benchConsume(b *testing.B, batch int, plain bool, store idem.Store, loops i
 		if err != nil {
 			b.Fatal(err)
 		}
-		proc, err := consumer.New(exec, consumer.WithScope(s.name))
-		if err != nil {
-			b.Fatal(err)
-		}
-		c, err := natsconsumer.New(js, cons, proc, h, natsconsumer.WithBatchSize(batch), natsconsumer.WithFetchMaxWait(200*time.Millisecond))
+		c, err := natsconsumer.New(js, cons, exec, h, consumer.WithScope(s.name), consumer.WithBatchSize(batch), natsconsumer.WithFetchMaxWait(200*time.Millisecond))
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -35,14 +35,12 @@ func (h *harness) Publish(t *testing.T, key string, payload []byte) {
 }
 
 func (h *harness) Start(t *testing.T, opts []consumer.Option, hd consumertest.Handler) (func() consumer.Stats, func()) {
-	proc, err := consumer.New(prooftest.MemExecutor(t, idem.WithLease(time.Second)), opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := natsconsumer.New(h.js, h.s.consumer(t, nil), proc, func(ctx context.Context, m jetstream.Msg) error {
-		return hd(ctx, m.Headers().Get("Idem-Key"), m.Data())
-	}, natsconsumer.WithKeyHeader("Idem-Key"), natsconsumer.WithFetchMaxWait(100*time.Millisecond),
-		natsconsumer.WithFingerprint(func(m jetstream.Msg) string { return string(m.Data()) }))
+	opts = append([]consumer.Option{natsconsumer.WithKeyHeader("Idem-Key"), natsconsumer.WithFetchMaxWait(100 * time.Millisecond),
+		natsconsumer.WithFingerprint(func(m jetstream.Msg) string { return string(m.Data()) })}, opts...)
+	c, err := natsconsumer.New(h.js, h.s.consumer(t, nil), prooftest.MemExecutor(t, idem.WithLease(time.Second)),
+		func(ctx context.Context, m jetstream.Msg) error {
+			return hd(ctx, m.Headers().Get("Idem-Key"), m.Data())
+		}, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

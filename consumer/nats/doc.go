@@ -3,7 +3,7 @@
 // lost, on top of JetStream's at-least-once delivery. It uses the jetstream
 // API of github.com/nats-io/nats.go (pull consumers, explicit ack).
 //
-// A Consumer fetches a batch (Fetch with up to WithBatchSize messages) and
+// A Consumer fetches a batch (Fetch with up to consumer.WithBatchSize messages) and
 // processes it with one Processor.Process call, then maps each outcome:
 //
 //   - Ack (the key is COMPLETED, now or before): msg.Ack. A duplicate of a
@@ -38,14 +38,13 @@
 //
 //	store, _ := redisstore.New(rdb) // errors elided
 //	exec, _ := idem.New(store)
-//	proc, _ := consumer.New(exec, consumer.WithScope("orders"))
 //	cons, _ := js.CreateOrUpdateConsumer(ctx, "ORDERS", jetstream.ConsumerConfig{
 //		Durable: "billing", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: -1,
 //	})
-//	c, err := natsconsumer.New(js, cons, proc, func(ctx context.Context, msg jetstream.Msg) error {
+//	c, err := natsconsumer.New(js, cons, exec, func(ctx context.Context, msg jetstream.Msg) error {
 //		fence, _ := idem.FenceFrom(ctx)
 //		return charge(ctx, msg.Data(), fence) // the side effect checks the fence
-//	})
+//	}, consumer.WithScope("orders"))
 //	if err != nil {
 //		return err
 //	}

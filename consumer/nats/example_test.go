@@ -56,17 +56,13 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	proc, err := consumer.New(exec, consumer.WithScope(stream), consumer.WithMaxDeliveries(5))
-	if err != nil {
-		log.Fatal(err)
-	}
 	charged := make(chan string, 10)
-	c, err := natsconsumer.New(js, cons, proc, func(ctx context.Context, msg jetstream.Msg) error {
+	c, err := natsconsumer.New(js, cons, exec, func(ctx context.Context, msg jetstream.Msg) error {
 		fence, _ := idem.FenceFrom(ctx) // pass it to the side effect's own store
 		_ = fence
 		charged <- string(msg.Data())
 		return nil
-	})
+	}, consumer.WithScope(stream), consumer.WithMaxDeliveries(5))
 	if err != nil {
 		log.Fatal(err)
 	}

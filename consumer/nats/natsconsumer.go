@@ -16,13 +16,14 @@ import (
 
 // Defaults of the Consumer's options.
 const (
+	DefaultScope           = "nats"
 	DefaultKeyHeader       = jetstream.MsgIDHeader // "Nats-Msg-Id"
 	DefaultBatchSize       = 100
 	DefaultFetchMaxWait    = time.Second
 	DefaultShutdownTimeout = 10 * time.Second
 	DefaultDeadLetterWait  = 5 * time.Second
 	// DefaultDeadLetterPrefix is put before the original subject to form the
-	// dead-letter subject unless WithDeadLetterSubject is given.
+	// dead-letter subject unless consumer.WithDeadLetter is given.
 	DefaultDeadLetterPrefix = "dlq."
 )
 
@@ -58,19 +59,32 @@ type Handler func(ctx context.Context, msg jetstream.Msg) error
 // none (it is dead-lettered and counted in Stats.Invalid).
 type KeyFunc func(msg jetstream.Msg) string
 
-// Option configures a Consumer.
-type Option func(*config)
+// Option configures a Consumer: the options of package consumer shared by
+// every adapter (consumer.WithScope, consumer.WithMaxDeliveries,
+// consumer.WithRetryDelay, consumer.WithBatchSize,
+// consumer.WithShutdownTimeout, consumer.WithDeadLetter,
+// consumer.WithLogger, consumer.WithEventHook, consumer.WithOnLeaseLost,
+// consumer.WithPassDuplicates) and this package's own.
+//
+// For NATS: the default scope is DefaultScope ("nats"); the batch size is
+// how many messages one Fetch asks for, default DefaultBatchSize (100), a
+// fetched batch going to one consumer.Processor call; the shutdown timeout
+// is how long Run, once its context is done, lets the handlers of the
+// in-flight batch finish, default DefaultShutdownTimeout (10s); the
+// dead-letter destination is a subject, default DefaultDeadLetterPrefix +
+// the message's subject ("dlq.orders.created" for "orders.created"). A
+// stream must capture the dead-letter subject: the publish waits for the
+// stream's acknowledgement before the original is terminated, and fails
+// (the message is redelivered) otherwise. Each Run goroutine processes one
+// batch at a time: for concurrency, call Run from several goroutines.
+type Option = consumer.Option
 
 type config struct {
-	key             KeyFunc
-	fingerprint     func(jetstream.Msg) string
-	batch           int
-	maxWait         time.Duration
-	shutdownTimeout time.Duration
-	dlqSubject      string
-	dlqWait         time.Duration
-	heartbeat       time.Duration
-	onResult        func(jetstream.Msg, consumer.Result)
+	key         KeyFunc
+	fingerprint func(jetstream.Msg) string
+	maxWait     time.Duration
+	dlqWait     time.Duration
+	heartbeat   time.Duration
 }
 
 // WithKeyHeader takes the idempotency key from the header name. The
@@ -78,7 +92,9 @@ type config struct {
 // publish deduplication ID: the adapter then extends JetStream's duplicate
 // window (2 minutes by default) to the idempotency record's retention and to
 // redeliveries, which the server-side window does not cover.
-func WithKeyHeader(name string) Option {
+func WithKeyHeader(name string) Option { return consumer.AdapterOption(withKeyHeader(name)) }
+
+func withKeyHeader(name string) func(*config) {
 	return func(c *config) {
 		c.key = KeyHeader(name)
 		if name == "" {
@@ -89,60 +105,34 @@ func WithKeyHeader(name string) Option {
 
 // WithKeyFunc takes the idempotency key from f, for example a field of the
 // payload or a hash of a stable part of it. It replaces WithKeyHeader.
-func WithKeyFunc(f KeyFunc) Option { return func(c *config) { c.key = f } }
+func WithKeyFunc(f KeyFunc) Option { return consumer.AdapterOption(func(c *config) { c.key = f }) }
 
 // WithFingerprint sets a function returning a fingerprint of the message's
 // payload: a message whose key was seen with another fingerprint is
 // dead-lettered with idem.ErrMismatch. The default is no fingerprint (any
 // payload matches).
 func WithFingerprint(f func(msg jetstream.Msg) string) Option {
-	return func(c *config) { c.fingerprint = f }
+	return consumer.AdapterOption(func(c *config) { c.fingerprint = f })
 }
-
-// WithBatchSize sets how many messages one Fetch asks for; a fetched batch
-// is processed by one consumer.Processor.Process call, so its keys are
-// acquired and completed together. The default is DefaultBatchSize (100).
-func WithBatchSize(n int) Option { return func(c *config) { c.batch = n } }
 
 // WithFetchMaxWait sets how long one Fetch waits for a full batch. The
 // default is DefaultFetchMaxWait (1s).
-func WithFetchMaxWait(d time.Duration) Option { return func(c *config) { c.maxWait = d } }
-
-// WithShutdownTimeout sets how long Run, once its context is done, lets the
-// handlers of the in-flight batch finish before their context is cancelled
-// (they are then released and redelivered). The default is
-// DefaultShutdownTimeout (10s).
-func WithShutdownTimeout(d time.Duration) Option {
-	return func(c *config) { c.shutdownTimeout = d }
-}
-
-// WithDeadLetterSubject publishes every dead-lettered message to subject.
-// The default is DefaultDeadLetterPrefix + the message's subject ("dlq.orders.created"
-// for "orders.created"). A stream must capture the subject: the publish
-// waits for the stream's acknowledgement before the original is
-// terminated, and fails (the message is redelivered) otherwise.
-func WithDeadLetterSubject(subject string) Option {
-	return func(c *config) { c.dlqSubject = subject }
+func WithFetchMaxWait(d time.Duration) Option {
+	return consumer.AdapterOption(func(c *config) { c.maxWait = d })
 }
 
 // WithDeadLetterTimeout bounds the wait for the dead-letter publish
 // acknowledgement. The default is DefaultDeadLetterWait (5s).
-func WithDeadLetterTimeout(d time.Duration) Option { return func(c *config) { c.dlqWait = d } }
+func WithDeadLetterTimeout(d time.Duration) Option {
+	return consumer.AdapterOption(func(c *config) { c.dlqWait = d })
+}
 
 // WithProgressInterval sets how often the messages of the in-flight batch
 // are marked in progress (msg.InProgress) while their handlers run, which
 // resets the server's AckWait timer. The default is a third of the
 // consumer's AckWait.
-func WithProgressInterval(d time.Duration) Option { return func(c *config) { c.heartbeat = d } }
-
-// WithResultHook calls f after each message was settled with the broker,
-// with the action taken (a dead letter whose publish failed is reported as
-// the Retry it became) and the reasons, joined with the broker call's
-// error if it failed: a place for logs and metrics. f is called from the
-// Run goroutines, one message at a time per goroutine, and must not block
-// for long. The default is none.
-func WithResultHook(f func(msg jetstream.Msg, r consumer.Result)) Option {
-	return func(c *config) { c.onResult = f }
+func WithProgressInterval(d time.Duration) Option {
+	return consumer.AdapterOption(func(c *config) { c.heartbeat = d })
 }
 
 // Stats are the counters of a Consumer: consumer.Stats, the one type of
@@ -155,45 +145,47 @@ type Stats = consumer.Stats
 // is COMPLETED. Its methods are safe for concurrent use; Run may be called
 // from several goroutines (each runs its own fetch loop).
 type Consumer struct {
-	js    jetstream.JetStream
-	cons  jetstream.Consumer
-	proc  *consumer.Processor
-	h     Handler
-	cfg   config
-	maxDl int // the server's MaxDeliver, or 0
-
+	js     jetstream.JetStream
+	cons   jetstream.Consumer
+	proc   *consumer.Processor
+	h      Handler
+	cfg    config
+	shared consumer.Config
+	maxDl  int // the server's MaxDeliver, or 0
 }
 
 // New returns a Consumer of cons, a pull consumer with explicit
-// acknowledgement, running h through proc. js publishes dead letters.
+// acknowledgement, running h at most once per key on exec. js publishes
+// dead letters.
 //
-// cons should have MaxDeliver -1 (unlimited): proc's WithMaxDeliveries
+// cons should have MaxDeliver -1 (unlimited): consumer.WithMaxDeliveries
 // decides when a failing message is dead-lettered. If cons has a MaxDeliver
 // limit, a message on its last delivery that would be retried is
 // dead-lettered instead, because the server would never deliver it again.
 //
 // It returns an error wrapping idem.ErrInvalid for a nil argument, an
 // invalid option or a consumer without explicit acknowledgement.
-func New(js jetstream.JetStream, cons jetstream.Consumer, proc *consumer.Processor, h Handler, opts ...Option) (*Consumer, error) {
+func New(js jetstream.JetStream, cons jetstream.Consumer, exec *idem.Executor, h Handler, opts ...Option) (*Consumer, error) {
 	switch {
 	case js == nil:
 		return nil, fmt.Errorf("%w: natsconsumer: nil JetStream", idem.ErrInvalid)
 	case cons == nil:
 		return nil, fmt.Errorf("%w: natsconsumer: nil consumer", idem.ErrInvalid)
-	case proc == nil:
-		return nil, fmt.Errorf("%w: natsconsumer: nil processor", idem.ErrInvalid)
 	case h == nil:
 		return nil, fmt.Errorf("%w: natsconsumer: nil handler", idem.ErrInvalid)
 	}
-	cfg := config{
-		batch:           DefaultBatchSize,
-		maxWait:         DefaultFetchMaxWait,
-		shutdownTimeout: DefaultShutdownTimeout,
-		dlqWait:         DefaultDeadLetterWait,
+	cfg := config{maxWait: DefaultFetchMaxWait, dlqWait: DefaultDeadLetterWait}
+	withKeyHeader(DefaultKeyHeader)(&cfg)
+	proc, shared, err := consumer.Setup(exec, consumer.Config{
+		Scope:           DefaultScope,
+		BatchSize:       DefaultBatchSize,
+		ShutdownTimeout: DefaultShutdownTimeout,
+	}, &cfg, opts)
+	if err != nil {
+		return nil, err
 	}
-	WithKeyHeader(DefaultKeyHeader)(&cfg)
-	for _, o := range opts {
-		o(&cfg)
+	if shared.Concurrency != 1 {
+		return nil, fmt.Errorf("%w: natsconsumer: concurrency %d: call Run from several goroutines instead", idem.ErrInvalid, shared.Concurrency)
 	}
 	info := cons.CachedInfo()
 	if info == nil {
@@ -211,18 +203,14 @@ func New(js jetstream.JetStream, cons jetstream.Consumer, proc *consumer.Process
 		return nil, fmt.Errorf("%w: natsconsumer: consumer %q has ack policy %v, want explicit", idem.ErrInvalid, info.Name, info.Config.AckPolicy)
 	case cfg.key == nil:
 		return nil, fmt.Errorf("%w: natsconsumer: nil key function or empty key header", idem.ErrInvalid)
-	case cfg.batch < 1:
-		return nil, fmt.Errorf("%w: natsconsumer: batch size %d is below 1", idem.ErrInvalid, cfg.batch)
 	case cfg.maxWait < 10*time.Millisecond:
 		return nil, fmt.Errorf("%w: natsconsumer: fetch max wait %v is below 10ms", idem.ErrInvalid, cfg.maxWait)
-	case cfg.shutdownTimeout < 0:
-		return nil, fmt.Errorf("%w: natsconsumer: shutdown timeout %v is negative", idem.ErrInvalid, cfg.shutdownTimeout)
 	case cfg.dlqWait <= 0:
 		return nil, fmt.Errorf("%w: natsconsumer: dead-letter timeout %v is not positive", idem.ErrInvalid, cfg.dlqWait)
 	case cfg.heartbeat <= 0 || cfg.heartbeat >= ackWait:
 		return nil, fmt.Errorf("%w: natsconsumer: progress interval %v must be positive and below AckWait %v", idem.ErrInvalid, cfg.heartbeat, ackWait)
 	}
-	c := &Consumer{js: js, cons: cons, proc: proc, h: h, cfg: cfg}
+	c := &Consumer{js: js, cons: cons, proc: proc, h: h, cfg: cfg, shared: shared}
 	if info.Config.MaxDeliver > 0 {
 		c.maxDl = info.Config.MaxDeliver
 	}
@@ -287,11 +275,11 @@ func fatal(err error) bool {
 func (c *Consumer) fetch(ctx context.Context) ([]jetstream.Msg, error) {
 	fctx, cancel := context.WithTimeout(ctx, c.cfg.maxWait)
 	defer cancel()
-	batch, err := c.cons.Fetch(c.cfg.batch, jetstream.FetchContext(fctx))
+	batch, err := c.cons.Fetch(c.shared.BatchSize, jetstream.FetchContext(fctx))
 	if err != nil {
 		return nil, err
 	}
-	msgs := make([]jetstream.Msg, 0, c.cfg.batch)
+	msgs := make([]jetstream.Msg, 0, c.shared.BatchSize)
 	for m := range batch.Messages() {
 		msgs = append(msgs, m)
 	}
@@ -309,9 +297,6 @@ func (c *Consumer) nakAll(msgs []jetstream.Msg) {
 		if err := m.Nak(); err != nil {
 			c.proc.ReportError("nak at stop", err)
 			r.Err = errors.Join(r.Err, fmt.Errorf("natsconsumer: %v: %w", r.Action, err))
-		}
-		if c.cfg.onResult != nil {
-			c.cfg.onResult(m, r)
 		}
 	}
 }
@@ -340,7 +325,7 @@ func (c *Consumer) ProcessBatch(ctx context.Context, msgs []jetstream.Msg) {
 	}
 
 	// Handlers run on a context that survives ctx by the shutdown timeout.
-	hctx, stopShutdown := consumer.GraceContext(ctx, c.cfg.shutdownTimeout, errShutdown)
+	hctx, stopShutdown := consumer.GraceContext(ctx, c.shared.ShutdownTimeout, errShutdown)
 	defer stopShutdown()
 
 	// Keep the server's AckWait timer from expiring while the batch runs.
@@ -381,15 +366,12 @@ func (c *Consumer) settle(m jetstream.Msg, in consumer.Message, r consumer.Resul
 		c.proc.ReportError(r.Action.String(), berr)
 		r.Err = errors.Join(r.Err, fmt.Errorf("natsconsumer: %v: %w", r.Action, berr))
 	}
-	if c.cfg.onResult != nil {
-		c.cfg.onResult(m, r)
-	}
 }
 
 // deadLetter publishes m to the dead-letter subject and waits for the
 // stream's acknowledgement.
 func (c *Consumer) deadLetter(m jetstream.Msg, in consumer.Message, cause error) error {
-	subject := c.cfg.dlqSubject
+	subject := c.shared.DeadLetter
 	if subject == "" {
 		subject = DefaultDeadLetterPrefix + m.Subject()
 	}

@@ -58,9 +58,9 @@ func TestProofExactlyOnceEffects(t *testing.T) {
 	s := newStream(t, js, nil)
 	s.consumer(t, func(c *jetstream.ConsumerConfig) { c.AckWait = lease })
 
-	// newProc returns a Processor as one consumer process has it: its own
-	// Redis client, store and Executor.
-	newProc := func() *consumer.Processor {
+	// newExec returns an Executor as one consumer process has it: its own
+	// Redis client and store.
+	newExec := func() *idem.Executor {
 		rc := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 		t.Cleanup(func() { _ = rc.Close() })
 		store, err := redisstore.New(rc)
@@ -71,11 +71,7 @@ func TestProofExactlyOnceEffects(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		proc, err := consumer.New(exec, consumer.WithScope(s.name), consumer.WithMaxDeliveries(3), consumer.WithRetryDelay(100*time.Millisecond))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return proc
+		return exec
 	}
 
 	key := func(i int) string { return "key-" + strconv.Itoa(i) }
@@ -146,14 +142,15 @@ func TestProofExactlyOnceEffects(t *testing.T) {
 			}
 			return nil
 		}
-		c, err := natsconsumer.New(wjs, wcons, newProc(), h,
+		c, err := natsconsumer.New(wjs, wcons, newExec(), h,
+			consumer.WithScope(s.name), consumer.WithMaxDeliveries(3), consumer.WithRetryDelay(100*time.Millisecond),
 			natsconsumer.WithKeyHeader("Idem-Key"),
-			natsconsumer.WithBatchSize(batchSize),
+			consumer.WithBatchSize(batchSize),
 			natsconsumer.WithFetchMaxWait(200*time.Millisecond),
-			natsconsumer.WithShutdownTimeout(5*time.Second),
-			natsconsumer.WithResultHook(func(_ jetstream.Msg, r consumer.Result) {
+			consumer.WithShutdownTimeout(5*time.Second),
+			consumer.WithEventHook(func(e consumer.Event) {
 				var ip *idem.InProgressError
-				if r.Action == consumer.Retry && errors.As(r.Err, &ip) {
+				if e.Result.Action == consumer.Retry && errors.As(e.Result.Err, &ip) {
 					inProgress.Add(1)
 				}
 			}))

@@ -61,21 +61,17 @@ func benchConsume(b *testing.B, exec *idem.Executor, batch, conc int, dedup bool
 			msgs = msgs[:0]
 		}
 	}
-	proc, err := consumer.New(exec, consumer.WithScope(q))
+	done := make(chan struct{})
+	var seen atomic.Int64
+	c, err := New(amqpURL(), q, exec, func(context.Context, *amqp.Delivery) error { return nil },
+		consumer.WithScope(q), consumer.WithBatchSize(batch), WithPrefetch(max(2*batch*conc, 32)), consumer.WithConcurrency(conc))
 	if err != nil {
 		b.Fatal(err)
 	}
-	done := make(chan struct{})
-	var seen atomic.Int64
-	c, err := New(amqpURL(), q, proc, func(context.Context, *amqp.Delivery) error { return nil },
-		WithBatch(batch, 0), WithPrefetch(max(2*batch*conc, 32)), WithConcurrency(conc),
-		WithOnResult(func(*amqp.Delivery, Outcome) {
-			if seen.Add(1) == int64(b.N) {
-				close(done)
-			}
-		}))
-	if err != nil {
-		b.Fatal(err)
+	c.settled = func(*amqp.Delivery, consumer.Result, bool) {
+		if seen.Add(1) == int64(b.N) {
+			close(done)
+		}
 	}
 	if !dedup {
 		c.proc = nil

@@ -7,6 +7,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/consumer/consumertest"
 	"github.com/idemgo/idem/internal/prooftest"
@@ -37,11 +38,12 @@ func (h *harness) Publish(t *testing.T, key string, payload []byte) {
 }
 
 func (h *harness) Start(t *testing.T, opts []consumer.Option, hd consumertest.Handler) (func() consumer.Stats, func()) {
-	proc := prooftest.MemProcessor(t, time.Second, append(opts, consumer.WithScope(h.q))...)
-	c, err := New(amqpURL(), h.q, proc, func(ctx context.Context, d *amqp.Delivery) error {
+	opts = append([]consumer.Option{consumer.WithScope(h.q), WithKeyHeader("idem-key"),
+		WithFingerprint(func(d *amqp.Delivery) string { return string(d.Body) })}, opts...)
+	c, err := New(amqpURL(), h.q, prooftest.MemExecutor(t, idem.WithLease(time.Second)), func(ctx context.Context, d *amqp.Delivery) error {
 		k, _ := d.Headers["idem-key"].(string)
 		return hd(ctx, k, d.Body)
-	}, WithKeyHeader("idem-key"), WithFingerprint(func(d *amqp.Delivery) string { return string(d.Body) }))
+	}, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,16 +25,6 @@ import (
 // handler must not acknowledge the delivery itself.
 type Handler func(ctx context.Context, d *amqp.Delivery) error
 
-// Outcome is what the Consumer did with a delivery, as given to the
-// WithOnResult function.
-type Outcome struct {
-	consumer.Result
-	// Requeued is true when the retry or dead-letter copy could not be
-	// published (or was not confirmed): the original was rejected with
-	// requeue instead, so RabbitMQ delivers it again at once.
-	Requeued bool
-}
-
 // Stats are the Consumer's counters: consumer.Stats, the one type of every
 // adapter, counted by the processor. Errors counts the copies (retry or
 // dead letter) that could not be published, whose original was rejected
@@ -47,29 +37,31 @@ type Stats = consumer.Stats
 // documentation). Create it with New and start it with Run. Stats is safe
 // for concurrent use.
 type Consumer struct {
-	url   string
-	queue string
-	proc  *consumer.Processor // nil only in this package's benchmarks
-	h     Handler
-	cfg   config
+	url    string
+	queue  string
+	proc   *consumer.Processor // nil only in this package's benchmarks
+	h      Handler
+	cfg    config
+	shared consumer.Config
 
 	running atomic.Bool
 
 	batches, plainAcked atomic.Int64 // for the benchmarks
+	// settled, if set by a test before Run, is called for every delivery
+	// once it is settled on the broker.
+	settled func(d *amqp.Delivery, r consumer.Result, requeued bool)
 }
 
 // New returns a Consumer of queue on the broker at url (for example
-// "amqp://guest:guest@127.0.0.1:5672/"), running h through proc. It does no
-// I/O; Run connects. It returns an error wrapping idem.ErrInvalid for an
-// invalid configuration.
-func New(url, queue string, proc *consumer.Processor, h Handler, opts ...Option) (*Consumer, error) {
+// "amqp://guest:guest@127.0.0.1:5672/"), running h at most once per key on
+// exec. It does no I/O; Run connects. It returns an error wrapping
+// idem.ErrInvalid for an invalid configuration.
+func New(url, queue string, exec *idem.Executor, h Handler, opts ...Option) (*Consumer, error) {
 	switch {
 	case url == "":
 		return nil, invalidf("empty URL")
 	case queue == "":
 		return nil, invalidf("empty queue name")
-	case proc == nil:
-		return nil, invalidf("nil processor")
 	case h == nil:
 		return nil, invalidf("nil handler")
 	}
@@ -77,16 +69,21 @@ func New(url, queue string, proc *consumer.Processor, h Handler, opts ...Option)
 		return nil, fmt.Errorf("%w: rabbitmq: %w", idem.ErrInvalid, err)
 	}
 	cfg := defaultConfig(queue)
-	for _, o := range opts {
-		o(&cfg)
+	proc, shared, err := consumer.Setup(exec, consumer.Config{
+		Scope:           DefaultScope,
+		BatchSize:       DefaultBatchSize,
+		ShutdownTimeout: DefaultShutdownTimeout,
+	}, &cfg, opts)
+	if err != nil {
+		return nil, err
 	}
-	if err := cfg.validate(queue); err != nil {
+	if err := cfg.validate(queue, shared); err != nil {
 		return nil, err
 	}
 	if err := proc.Key("k").Validate(); err != nil {
-		return nil, fmt.Errorf("rabbitmq: the processor's scope: %w", err)
+		return nil, fmt.Errorf("rabbitmq: the scope: %w", err)
 	}
-	return &Consumer{url: url, queue: queue, proc: proc, h: h, cfg: cfg}, nil
+	return &Consumer{url: url, queue: queue, proc: proc, h: h, cfg: cfg, shared: shared}, nil
 }
 
 func invalidf(format string, args ...any) error {
@@ -103,7 +100,7 @@ func (c *Consumer) Stats() Stats {
 
 // Run connects, declares the topology and consumes until ctx is cancelled.
 // It reconnects with exponential backoff whenever the connection or the
-// channel is lost (reporting the cause to the WithOnError function) and
+// channel is lost (logging the cause and counting it in Stats.Errors) and
 // re-declares the topology each time.
 //
 // When ctx is cancelled, Run stops taking deliveries, lets the handlers of
@@ -111,7 +108,7 @@ func (c *Consumer) Stats() Stats {
 // timeout, which releases their keys), settles that batch, closes the
 // connection (RabbitMQ requeues the prefetched deliveries that no handler
 // saw) and returns nil. Run returns only then: dial errors, authentication
-// failures included, are reported to the WithOnError function and retried.
+// failures included, are logged, counted in Stats.Errors and retried.
 // Run may be called only once at a time.
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
@@ -121,7 +118,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 
 	// work is the context of handlers and broker calls: it outlives ctx by
 	// the shutdown timeout.
-	work, stop := consumer.GraceContext(ctx, c.cfg.shutdownTimeout, errShutdownTimeout)
+	work, stop := consumer.GraceContext(ctx, c.shared.ShutdownTimeout, errShutdownTimeout)
 	defer stop()
 
 	backoff := c.cfg.minBackoff
@@ -133,7 +130,6 @@ func (c *Consumer) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		c.report(err)
 		if c.proc != nil && err != nil {
 			c.proc.ReportError("connection lost, reconnecting", err)
 		}
@@ -149,12 +145,6 @@ func (c *Consumer) Run(ctx context.Context) error {
 			return nil
 		case <-t.C:
 		}
-	}
-}
-
-func (c *Consumer) report(err error) {
-	if err != nil && c.cfg.onError != nil {
-		c.cfg.onError(err)
 	}
 }
 
@@ -188,15 +178,15 @@ func (c *Consumer) session(ctx, work context.Context) (consumed bool, err error)
 	// the connection closes.
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	slots := make(chan struct{}, c.cfg.concurrency)
+	slots := make(chan struct{}, c.shared.Concurrency)
 	failed := make(chan error, 1)
-	serial := c.cfg.concurrency == 1
-	batch := make([]amqp.Delivery, 0, c.cfg.batchSize)
+	serial := c.shared.Concurrency == 1
+	batch := make([]amqp.Delivery, 0, c.shared.BatchSize)
 	for {
 		if serial {
 			batch = batch[:0]
 		} else {
-			batch = make([]amqp.Delivery, 0, c.cfg.batchSize)
+			batch = make([]amqp.Delivery, 0, c.shared.BatchSize)
 		}
 		if ctx.Err() != nil {
 			return true, nil
@@ -271,7 +261,7 @@ func (c *Consumer) fill(ctx context.Context, deliveries <-chan amqp.Delivery, ba
 		defer t.Stop()
 		timeout = t.C
 	}
-	for yields := 0; len(batch) < c.cfg.batchSize; {
+	for yields := 0; len(batch) < c.shared.BatchSize; {
 		select {
 		case d, ok := <-deliveries:
 			if !ok {
@@ -431,8 +421,8 @@ func (c *Consumer) settle(work context.Context, ch *amqp.Channel, batch []amqp.D
 	}
 	for i, r := range results {
 		c.count(r, requeue[i])
-		if c.cfg.onResult != nil {
-			c.cfg.onResult(&batch[i], Outcome{Result: r, Requeued: requeue[i]})
+		if c.settled != nil {
+			c.settled(&batch[i], r, requeue[i])
 		}
 	}
 	return nil

@@ -5,21 +5,20 @@
 // or dead-letter queue).
 //
 //	exec, _ := idem.New(redisStore)
-//	proc, _ := consumer.New(exec, consumer.WithScope("orders"))
-//	c, err := rabbitmq.New("amqp://guest:guest@127.0.0.1:5672/", "orders", proc,
+//	c, err := rabbitmq.New("amqp://guest:guest@127.0.0.1:5672/", "orders", exec,
 //		func(ctx context.Context, d *amqp.Delivery) error {
 //			fence, _ := idem.FenceFrom(ctx)
 //			return charge(ctx, d.MessageId, d.Body, fence)
-//		})
+//		}, consumer.WithScope("orders"))
 //	err = c.Run(ctx) // until ctx is cancelled; reconnects by itself
 //
 // # Flow
 //
 // Run consumes with manual acknowledgements and a prefetch (basic.qos, see
-// WithPrefetch). It takes a batch of deliveries (WithBatch), reads each
+// WithPrefetch). It takes a batch of deliveries (consumer.WithBatchSize, WithBatchWait), reads each
 // one's key (WithKeyFunc; the default is the message-id property) and hands
 // the batch to one Processor.Process call, then settles every delivery by
-// its consumer.Action (WithConcurrency processes several batches at once):
+// its consumer.Action (consumer.WithConcurrency processes several batches at once):
 //
 //   - Ack: the handler ran and the key is COMPLETED, or the key was
 //     COMPLETED before (a duplicate; the handler did not run). The delivery
@@ -47,7 +46,7 @@
 //   - the retry queue <queue>.retry (WithRetryQueue), without consumers,
 //     with x-dead-letter-exchange "" and x-dead-letter-routing-key <queue>:
 //     expired copies return to the queue through the default exchange;
-//   - the dead-letter queue <queue>.dlq (WithDeadLetterQueue), unless
+//   - the dead-letter queue <queue>.dlq (consumer.WithDeadLetter), unless
 //     WithDeadLetterExchange names an exchange of the user's instead.
 //
 // Why a retry queue and not a nack with requeue after sleeping: RabbitMQ
@@ -76,7 +75,7 @@
 //
 // When Run's context is cancelled, it stops taking deliveries, waits for the
 // handlers of the batch in flight (their context is cancelled after
-// WithShutdownTimeout, which releases their keys), settles that batch and
+// consumer.WithShutdownTimeout, which releases their keys), settles that batch and
 // closes the connection: the prefetched deliveries no handler saw go back
 // to the queue.
 //

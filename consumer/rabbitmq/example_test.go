@@ -29,16 +29,12 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	proc, err := consumer.New(exec, consumer.WithScope(queue), consumer.WithMaxDeliveries(5))
-	if err != nil {
-		log.Fatal(err)
-	}
-	c, err := rabbitmq.New(url, queue, proc, func(ctx context.Context, d *amqp.Delivery) error {
+	c, err := rabbitmq.New(url, queue, exec, func(ctx context.Context, d *amqp.Delivery) error {
 		fence, _ := idem.FenceFrom(ctx) // pass it to the side effect
 		_ = fence
 		fmt.Printf("charging %s\n", d.MessageId)
 		return nil
-	}, rabbitmq.WithBatch(1, 0))
+	}, consumer.WithScope(queue), consumer.WithMaxDeliveries(5), consumer.WithBatchSize(1))
 	if err != nil {
 		log.Fatal(err)
 	}

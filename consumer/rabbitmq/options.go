@@ -14,6 +14,7 @@ import (
 
 // Defaults of the Consumer's options.
 const (
+	DefaultScope           = "rabbitmq"
 	DefaultBatchSize       = 32
 	DefaultPrefetch        = 64
 	DefaultMaxDelay        = 5 * time.Second
@@ -73,47 +74,59 @@ func BodyHashKey(d *amqp.Delivery) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// Option configures a Consumer.
-type Option func(*config)
+// Option configures a Consumer: the options of package consumer shared by
+// every adapter (consumer.WithScope, consumer.WithMaxDeliveries,
+// consumer.WithRetryDelay, consumer.WithBatchSize, consumer.WithConcurrency,
+// consumer.WithShutdownTimeout, consumer.WithDeadLetter,
+// consumer.WithLogger, consumer.WithEventHook, consumer.WithOnLeaseLost,
+// consumer.WithPassDuplicates) and this package's own.
+//
+// For RabbitMQ: the default scope is DefaultScope ("rabbitmq"); the batch
+// size is the largest batch handed to one consumer.Processor call, default
+// DefaultBatchSize (32), a batch being whatever is buffered when its first
+// message arrives (see WithBatchWait); the concurrency is how many batches
+// are processed at once on the channel, default 1 (above 1, each batch is
+// acknowledged message by message instead of with one multiple ack); the
+// shutdown timeout, default DefaultShutdownTimeout (10s), must be
+// positive; the dead-letter destination is the name of the queue that the
+// Consumer declares and publishes dead letters to, through the default
+// exchange, default the queue's name followed by ".dlq" (see also
+// WithDeadLetterExchange).
+type Option = consumer.Option
 
 type config struct {
-	key             KeyFunc
-	fingerprint     func(d *amqp.Delivery) string
-	batchSize       int
-	concurrency     int
-	batchWait       time.Duration
-	prefetch        int
-	retryQueue      string
-	dlExchange      string
-	dlKey           string
-	dlDeclare       bool
-	queueArgs       amqp.Table
-	maxDelay        time.Duration
-	shutdownTimeout time.Duration
-	minBackoff      time.Duration
-	maxBackoff      time.Duration
-	publishTimeout  time.Duration
-	amqpConfig      amqp.Config
-	consumerTag     string
-	onError         func(error)
-	onResult        func(d *amqp.Delivery, r Outcome)
+	key            KeyFunc
+	fingerprint    func(d *amqp.Delivery) string
+	batchWait      time.Duration
+	prefetch       int
+	retryQueue     string
+	dlExchange     string
+	dlKey          string
+	dlDeclare      bool
+	queueArgs      amqp.Table
+	maxDelay       time.Duration
+	minBackoff     time.Duration
+	maxBackoff     time.Duration
+	publishTimeout time.Duration
+	amqpConfig     amqp.Config
+	consumerTag    string
 }
 
 // WithKeyFunc sets how the idempotency key is read from a delivery. The
 // default is MessageIDKey (the message-id property). See also KeyHeader and
 // BodyHashKey.
-func WithKeyFunc(f KeyFunc) Option { return func(c *config) { c.key = f } }
+func WithKeyFunc(f KeyFunc) Option { return consumer.AdapterOption(func(c *config) { c.key = f }) }
 
 // WithKeyHeader reads the idempotency key from the header name; it is
 // WithKeyFunc(KeyHeader(name)).
 func WithKeyHeader(name string) Option {
-	return func(c *config) {
+	return consumer.AdapterOption(func(c *config) {
 		if name == "" {
 			c.key = nil // reported by New
 			return
 		}
 		c.key = KeyHeader(name)
-	}
+	})
 }
 
 // WithFingerprint sets a function returning the payload fingerprint of a
@@ -121,128 +134,101 @@ func WithKeyHeader(name string) Option {
 // another fingerprint is dead-lettered with idem.ErrMismatch. The default is
 // none (no fingerprint check).
 func WithFingerprint(f func(d *amqp.Delivery) string) Option {
-	return func(c *config) { c.fingerprint = f }
+	return consumer.AdapterOption(func(c *config) { c.fingerprint = f })
 }
 
-// WithBatch sets the largest batch handed to one consumer.Processor.Process
-// call, and how long to wait for a batch to fill once its first message
-// arrived. The default is DefaultBatchSize (32) and no wait: a batch is
-// whatever is buffered when the first message arrives.
-func WithBatch(size int, wait time.Duration) Option {
-	return func(c *config) { c.batchSize, c.batchWait = size, wait }
+// WithBatchWait sets how long to wait for a batch to fill once its first
+// message arrived. The default is no wait: a batch is whatever is buffered
+// when the first message arrives.
+func WithBatchWait(d time.Duration) Option {
+	return consumer.AdapterOption(func(c *config) { c.batchWait = d })
 }
-
-// WithConcurrency sets how many batches are processed at once on the
-// channel. Above 1, each batch is acknowledged message by message instead
-// of with one multiple ack, and the WithOnResult function is called from
-// several goroutines at once. The default is 1.
-func WithConcurrency(n int) Option { return func(c *config) { c.concurrency = n } }
 
 // WithPrefetch sets the channel's prefetch count (basic.qos): how many
 // unacknowledged deliveries the broker sends ahead. It should be at least
 // the batch size. The default is DefaultPrefetch (64); 0 means unlimited.
-func WithPrefetch(n int) Option { return func(c *config) { c.prefetch = n } }
+func WithPrefetch(n int) Option { return consumer.AdapterOption(func(c *config) { c.prefetch = n }) }
 
 // WithRetryQueue sets the name of the retry queue that the Consumer
 // declares (see the package documentation). The default is the queue's
 // name followed by ".retry".
-func WithRetryQueue(name string) Option { return func(c *config) { c.retryQueue = name } }
-
-// WithDeadLetterQueue sets the name of the dead-letter queue that the
-// Consumer declares and publishes dead letters to (through the default
-// exchange). The default is the queue's name followed by ".dlq".
-func WithDeadLetterQueue(name string) Option {
-	return func(c *config) { c.dlExchange, c.dlKey, c.dlDeclare = "", name, true }
+func WithRetryQueue(name string) Option {
+	return consumer.AdapterOption(func(c *config) { c.retryQueue = name })
 }
 
 // WithDeadLetterExchange makes the Consumer publish dead letters to
-// exchange with routingKey instead of its own dead-letter queue. The
-// exchange and its bindings are not declared: they must exist and route the
-// message somewhere, or RabbitMQ drops it (confirms do not tell an
-// unroutable message apart).
+// exchange with routingKey instead of its own dead-letter queue
+// (consumer.WithDeadLetter). The exchange and its bindings are not
+// declared: they must exist and route the message somewhere, or RabbitMQ
+// drops it (confirms do not tell an unroutable message apart).
 func WithDeadLetterExchange(exchange, routingKey string) Option {
-	return func(c *config) { c.dlExchange, c.dlKey, c.dlDeclare = exchange, routingKey, false }
+	return consumer.AdapterOption(func(c *config) { c.dlExchange, c.dlKey, c.dlDeclare = exchange, routingKey, false })
 }
 
 // WithQueueArgs sets the arguments the main queue is declared with (for
 // example amqp.Table{"x-queue-type": "quorum"}). They must match those of
 // an existing queue. The default is none.
-func WithQueueArgs(args amqp.Table) Option { return func(c *config) { c.queueArgs = args } }
+func WithQueueArgs(args amqp.Table) Option {
+	return consumer.AdapterOption(func(c *config) { c.queueArgs = args })
+}
 
 // WithMaxDelay caps the redelivery delay of a Retry. An in-progress
 // duplicate is asked to wait for the rest of the owner's lease, which is
 // usually much longer than the owner's handler; a capped delay brings it
 // back sooner, and it is only retried again if the key is still in
 // progress. The default is DefaultMaxDelay (5s).
-func WithMaxDelay(d time.Duration) Option { return func(c *config) { c.maxDelay = d } }
-
-// WithShutdownTimeout sets how long Run waits, after its context is
-// cancelled, for the handlers of the batch in flight before it cancels
-// their context. The default is DefaultShutdownTimeout (10s).
-func WithShutdownTimeout(d time.Duration) Option {
-	return func(c *config) { c.shutdownTimeout = d }
+func WithMaxDelay(d time.Duration) Option {
+	return consumer.AdapterOption(func(c *config) { c.maxDelay = d })
 }
 
 // WithBackoff sets the reconnection backoff: it starts at min and doubles
 // up to max after each failed attempt, with jitter. The default is
 // DefaultMinBackoff (100ms) and DefaultMaxBackoff (10s).
 func WithBackoff(min, max time.Duration) Option {
-	return func(c *config) { c.minBackoff, c.maxBackoff = min, max }
+	return consumer.AdapterOption(func(c *config) { c.minBackoff, c.maxBackoff = min, max })
 }
 
 // WithPublishTimeout bounds the wait for the broker's confirmation of a
 // retry or dead-letter publish. The default is DefaultPublishTimeout (10s).
-func WithPublishTimeout(d time.Duration) Option { return func(c *config) { c.publishTimeout = d } }
+func WithPublishTimeout(d time.Duration) Option {
+	return consumer.AdapterOption(func(c *config) { c.publishTimeout = d })
+}
 
 // WithAMQPConfig sets the configuration the connection is dialled with
 // (TLS, SASL, heartbeat, a custom Dial). The default is amqp.Config with a
 // 10s heartbeat.
-func WithAMQPConfig(cfg amqp.Config) Option { return func(c *config) { c.amqpConfig = cfg } }
+func WithAMQPConfig(cfg amqp.Config) Option {
+	return consumer.AdapterOption(func(c *config) { c.amqpConfig = cfg })
+}
 
 // WithConsumerTag sets the consumer tag. The default is "" (the broker
 // picks one).
-func WithConsumerTag(tag string) Option { return func(c *config) { c.consumerTag = tag } }
-
-// WithOnError sets a function called with connection, channel, topology
-// and acknowledgement errors (Run keeps going after them). It is called
-// from the Consumer's goroutine and must not block. The default ignores
-// them.
-func WithOnError(f func(error)) Option { return func(c *config) { c.onError = f } }
-
-// WithOnResult sets a function called for every delivery once the Consumer
-// has settled it on the broker (acknowledged it, or published its copy and
-// acknowledged the original). It is called from the goroutine that
-// processed the batch (see WithConcurrency) and must not block. The default is none.
-func WithOnResult(f func(d *amqp.Delivery, o Outcome)) Option {
-	return func(c *config) { c.onResult = f }
+func WithConsumerTag(tag string) Option {
+	return consumer.AdapterOption(func(c *config) { c.consumerTag = tag })
 }
 
 func defaultConfig(queue string) config {
 	return config{
-		key:             MessageIDKey,
-		batchSize:       DefaultBatchSize,
-		concurrency:     1,
-		prefetch:        DefaultPrefetch,
-		retryQueue:      queue + ".retry",
-		dlKey:           queue + ".dlq",
-		dlDeclare:       true,
-		maxDelay:        DefaultMaxDelay,
-		shutdownTimeout: DefaultShutdownTimeout,
-		minBackoff:      DefaultMinBackoff,
-		maxBackoff:      DefaultMaxBackoff,
-		publishTimeout:  DefaultPublishTimeout,
-		amqpConfig:      amqp.Config{Heartbeat: 10 * time.Second, Locale: "en_US"},
+		key:            MessageIDKey,
+		prefetch:       DefaultPrefetch,
+		retryQueue:     queue + ".retry",
+		dlKey:          queue + ".dlq",
+		dlDeclare:      true,
+		maxDelay:       DefaultMaxDelay,
+		minBackoff:     DefaultMinBackoff,
+		maxBackoff:     DefaultMaxBackoff,
+		publishTimeout: DefaultPublishTimeout,
+		amqpConfig:     amqp.Config{Heartbeat: 10 * time.Second, Locale: "en_US"},
 	}
 }
 
-func (c *config) validate(queue string) error {
+func (c *config) validate(queue string, shared consumer.Config) error {
+	if shared.DeadLetter != "" {
+		c.dlExchange, c.dlKey, c.dlDeclare = "", shared.DeadLetter, true
+	}
 	switch {
 	case c.key == nil:
 		return invalidf("nil key function or empty key header")
-	case c.batchSize < 1:
-		return invalidf("batch size %d is below 1", c.batchSize)
-	case c.concurrency < 1:
-		return invalidf("concurrency %d is below 1", c.concurrency)
 	case c.batchWait < 0:
 		return invalidf("batch wait %v is negative", c.batchWait)
 	case c.prefetch < 0:
@@ -255,8 +241,8 @@ func (c *config) validate(queue string) error {
 		return invalidf("dead-letter exchange and routing key are both empty")
 	case c.maxDelay < time.Millisecond:
 		return invalidf("max delay %v is below 1ms", c.maxDelay)
-	case c.shutdownTimeout <= 0:
-		return invalidf("shutdown timeout %v is not positive", c.shutdownTimeout)
+	case shared.ShutdownTimeout <= 0:
+		return invalidf("shutdown timeout %v is not positive", shared.ShutdownTimeout)
 	case c.minBackoff <= 0 || c.maxBackoff < c.minBackoff:
 		return invalidf("backoff %v..%v: min must be positive and not above max", c.minBackoff, c.maxBackoff)
 	case c.publishTimeout <= 0:

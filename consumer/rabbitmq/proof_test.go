@@ -43,7 +43,7 @@ func TestProof(t *testing.T) {
 	pub := newPublisher(t, q)
 	pub2 := newPublisher(t, q)
 	srv := redistest.Start(t)
-	newProc := func() *consumer.Processor {
+	newExec := func() *idem.Executor {
 		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 		t.Cleanup(func() { rdb.Close() })
 		store, err := redisstore.New(rdb)
@@ -54,19 +54,15 @@ func TestProof(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p, err := consumer.New(exec, consumer.WithScope(q), consumer.WithRetryDelay(100*time.Millisecond))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return p
+		return exec
 	}
-	shared := newProc()
+	shared := newExec()
 
 	s := newSink()
 	var mu sync.Mutex
 	resolved := map[string]bool{} // message instances acked or dead-lettered
-	onResult := func(d *amqp.Delivery, o Outcome) {
-		if o.Requeued || o.Action == consumer.Retry {
+	onResult := func(d *amqp.Delivery, r consumer.Result, requeued bool) {
+		if requeued || r.Action == consumer.Retry {
 			return
 		}
 		mu.Lock()
@@ -80,8 +76,9 @@ func TestProof(t *testing.T) {
 	}
 	opts := func(extra ...Option) []Option {
 		return append([]Option{
-			WithBatch(50, 5*time.Millisecond), WithPrefetch(100),
-			WithMaxDelay(200 * time.Millisecond), WithOnResult(onResult),
+			consumer.WithScope(q), consumer.WithRetryDelay(100 * time.Millisecond),
+			consumer.WithBatchSize(50), WithBatchWait(5 * time.Millisecond), WithPrefetch(100),
+			WithMaxDelay(200 * time.Millisecond),
 			WithBackoff(20*time.Millisecond, 500*time.Millisecond),
 		}, extra...)
 	}
@@ -105,11 +102,11 @@ func TestProof(t *testing.T) {
 	)
 	victimCtx, crash = context.WithCancel(context.Background())
 	crashAt := int64(n / 20)
-	victimResult := func(d *amqp.Delivery, o Outcome) {
+	victimResult := func(d *amqp.Delivery, r consumer.Result, requeued bool) {
 		inBatch.Store(0)
-		onResult(d, o)
+		onResult(d, r, requeued)
 	}
-	victim, err := New(amqpURL(), q, newProc(), func(ctx context.Context, d *amqp.Delivery) error {
+	victim, err := New(amqpURL(), q, newExec(), func(ctx context.Context, d *amqp.Delivery) error {
 		if crashed.Load() {
 			<-ctx.Done() // the rest of the batch: the process is gone
 			return ctx.Err()
@@ -131,20 +128,22 @@ func TestProof(t *testing.T) {
 			return ctx.Err()
 		}
 		return handler(ctx, d)
-	}, opts(WithAMQPConfig(killer.config()), WithShutdownTimeout(time.Millisecond), WithOnResult(victimResult))...)
+	}, opts(WithAMQPConfig(killer.config()), consumer.WithShutdownTimeout(time.Millisecond))...)
 	if err != nil {
 		t.Fatal(err)
 	}
+	victim.settled = victimResult
 	victimDone := make(chan error, 1)
 	go func() { victimDone <- victim.Run(victimCtx) }()
 	t.Cleanup(crash)
 
 	var live []*Consumer
 	for range 3 {
-		c, err := New(amqpURL(), q, shared, handler, opts(WithConcurrency(2))...)
+		c, err := New(amqpURL(), q, shared, handler, opts(consumer.WithConcurrency(2))...)
 		if err != nil {
 			t.Fatal(err)
 		}
+		c.settled = onResult
 		live = append(live, c)
 	}
 	var stops []func()

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/internal/redistest"
 	"github.com/idemgo/idem/redisstore"
 	"github.com/redis/go-redis/v9"
@@ -66,8 +67,7 @@ func BenchmarkConsumer(b *testing.B) {
 				if mode == "dedup-rueidis" {
 					st = rstore
 				}
-				c, err := New(rdb, st, stream, "g", "c", WithBatchSize(batch), WithBlock(10*time.Millisecond),
-					WithExecutorOptions(idem.WithLease(10*time.Second)))
+				c, err := New(rdb, stream, "g", "c", executorOn(st, idem.WithLease(10*time.Second)), nopHandler, consumer.WithBatchSize(batch), WithBlock(10*time.Millisecond))
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -82,7 +82,7 @@ func BenchmarkConsumer(b *testing.B) {
 				b.ResetTimer()
 				start := time.Now()
 				go func() {
-					done <- c.Run(rctx, func(context.Context, redis.XMessage) error { return nil })
+					done <- runWith(rctx, c, func(context.Context, redis.XMessage) error { return nil })
 				}()
 				for c.Stats().Processed+c.baselineAcked.Load() < int64(b.N) {
 					time.Sleep(time.Millisecond)

@@ -32,13 +32,13 @@ func (h *harness) Publish(t *testing.T, key string, payload []byte) {
 func (h *harness) Start(t *testing.T, opts []consumer.Option, hd consumertest.Handler) (func() consumer.Stats, func()) {
 	h.e.stream = "s-" + t.Name()
 	h.e.group = "g"
-	c := h.e.consumer("c1", WithProcessorOptions(opts...), WithMaxDeliveries(consumertest.MaxDeliveries),
-		WithRetryDelay(20*time.Millisecond), WithClaimIdle(30*time.Millisecond),
-		WithFingerprint(func(m redis.XMessage) string { s, _ := m.Values["body"].(string); return s }))
+	c := h.e.consumer("c1", append([]consumer.Option{consumer.WithMaxDeliveries(consumertest.MaxDeliveries),
+		consumer.WithRetryDelay(20 * time.Millisecond), WithClaimIdle(30 * time.Millisecond),
+		WithFingerprint(func(m redis.XMessage) string { s, _ := m.Values["body"].(string); return s })}, opts...)...)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- c.Run(ctx, func(ctx context.Context, m redis.XMessage) error {
+		done <- runWith(ctx, c, func(ctx context.Context, m redis.XMessage) error {
 			k, _ := m.Values["key"].(string)
 			b, _ := m.Values["body"].(string)
 			return hd(ctx, k, []byte(b))

@@ -3,12 +3,13 @@
 // redisstore.Store on the same Redis (or Cluster).
 //
 //	store, _ := redisstore.New(rdb, redisstore.WithHashTag("orders"))
-//	c, _ := redisstream.New(rdb, store, "{orders}:created", "billing", "billing-1",
-//		redisstream.WithExecutorOptions(idem.WithLease(time.Minute)))
-//	err := c.Run(ctx, func(ctx context.Context, msg redis.XMessage) error {
-//		fence, _ := idem.FenceFrom(ctx)
-//		return charge(ctx, msg.Values["key"], fence)
-//	})
+//	exec, _ := idem.New(store, idem.WithLease(time.Minute))
+//	c, _ := redisstream.New(rdb, "{orders}:created", "billing", "billing-1", exec,
+//		func(ctx context.Context, msg redis.XMessage) error {
+//			fence, _ := idem.FenceFrom(ctx)
+//			return charge(ctx, msg.Values["key"], fence)
+//		}, consumer.WithScope("orders"))
+//	err := c.Run(ctx)
 //
 // # The loop
 //
@@ -38,12 +39,12 @@
 //   - a duplicate whose key is IN_PROGRESS elsewhere, a handler error, a
 //     store error or a lost lease leave the entry pending, never
 //     acknowledged: it is claimed again once idle for the claim idle time;
-//   - after WithMaxDeliveries deliveries (the larger of the group's
+//   - after consumer.WithMaxDeliveries deliveries (the larger of the group's
 //     delivery counter and the record's acquisitions), or for an error
 //     marked idem.Terminal, the key becomes FAILED and the entry is copied
 //     to the dead-letter stream ("<stream>:dlq", with "dlq-error", "dlq-id"
 //     and "dlq-deliveries" fields) and acknowledged, in one script;
-//   - an entry without a key (WithKey), or with a key or fingerprint over
+//   - an entry without a key (WithKeyFunc), or with a key or fingerprint over
 //     its limit, is dead-lettered at once and counted in Stats.Invalid;
 //     fingerprint mismatches are dead-lettered too.
 //
@@ -56,7 +57,7 @@
 // # Shutdown
 //
 // When Run's context is cancelled it stops fetching, lets the batch in
-// flight finish for up to WithShutdownTimeout, then cancels the handlers'
+// flight finish for up to consumer.WithShutdownTimeout, then cancels the handlers'
 // contexts; their keys are released and their entries stay pending for
 // another consumer.
 //

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/redisstore"
 	"github.com/redis/go-redis/v9"
 )
@@ -37,7 +38,7 @@ redis.call('HINCRBY', KEYS[1], ARGV[1], 1)`)}
 			}
 			e.add("key", "bad")
 			counts := store.EffectKey(idem.Key{}, "counts")
-			c := e.consumer("c1", WithMaxDeliveries(2), WithClaimIdle(30*time.Millisecond), WithBatchSize(16))
+			c := e.consumer("c1", consumer.WithMaxDeliveries(2), WithClaimIdle(30*time.Millisecond), consumer.WithBatchSize(16))
 			err = e.run(c, func(ctx context.Context, m redis.XMessage) error {
 				return idem.SetEffect(ctx, idem.Effect{Name: "count", Keys: []string{counts}, Args: []string{m.Values["key"].(string)}})
 			}, func() bool { s := c.Stats(); return s.Processed+s.Replayed == 3*keys && s.DeadLettered == 1 })

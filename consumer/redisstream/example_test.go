@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/consumer/redisstream"
 	"github.com/idemgo/idem/redisstore"
 	"github.com/redis/go-redis/v9"
@@ -27,10 +28,20 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	c, err := redisstream.New(rdb, store, "{orders}:created", "billing", "billing-1",
-		redisstream.WithKey(redisstream.KeyField("order_id")),
-		redisstream.WithMaxDeliveries(5),
-		redisstream.WithExecutorOptions(idem.WithLease(time.Minute)),
+	exec, err := idem.New(store, idem.WithLease(time.Minute))
+	if err != nil {
+		log.Fatal(err)
+	}
+	c, err := redisstream.New(rdb, "{orders}:created", "billing", "billing-1", exec,
+		func(ctx context.Context, msg redis.XMessage) error {
+			fence, _ := idem.FenceFrom(ctx)
+			// Charge the order once; the fence lets the database refuse a
+			// stale owner: UPDATE … WHERE fence < $1.
+			fmt.Println("charging", msg.Values["order_id"], "fence", fence)
+			return nil
+		},
+		redisstream.WithKeyFunc(redisstream.KeyField("order_id")),
+		consumer.WithMaxDeliveries(5),
 	)
 	if err != nil {
 		log.Fatal(err)
@@ -38,14 +49,7 @@ func Example() {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	err = c.Run(ctx, func(ctx context.Context, msg redis.XMessage) error {
-		fence, _ := idem.FenceFrom(ctx)
-		// Charge the order once; the fence lets the database refuse a
-		// stale owner: UPDATE … WHERE fence < $1.
-		fmt.Println("charging", msg.Values["order_id"], "fence", fence)
-		return nil
-	})
-	if err != nil {
+	if err := c.Run(ctx); err != nil {
 		log.Fatal(err)
 	}
 	fmt.Printf("%+v\n", c.Stats())

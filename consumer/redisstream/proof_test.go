@@ -77,8 +77,7 @@ func TestProof(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c, err := New(rdb, store, stream, group, name, WithBatchSize(50), WithBlock(100*time.Millisecond),
-			WithExecutorOptions(idem.WithLease(lease), idem.WithRetention(time.Hour)))
+		c, err := New(rdb, stream, group, name, executorOn(store, idem.WithLease(lease), idem.WithRetention(time.Hour)), nopHandler, consumer.WithBatchSize(50), WithBlock(100*time.Millisecond))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -112,7 +111,7 @@ func TestProof(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = m.c.Run(runCtx, handler)
+			errs[i] = runWith(runCtx, m.c, handler)
 			if i == 0 {
 				m.rdb.Close() // abrupt: nothing more reaches Redis
 			}

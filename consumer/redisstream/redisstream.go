@@ -64,46 +64,53 @@ func KeyHash(fields ...string) KeyFunc {
 	}
 }
 
-// Option configures a Consumer.
-type Option func(*Consumer)
+// Option configures a Consumer: the options of package consumer shared by
+// every adapter (consumer.WithScope, consumer.WithMaxDeliveries,
+// consumer.WithRetryDelay, consumer.WithBatchSize,
+// consumer.WithShutdownTimeout, consumer.WithDeadLetter,
+// consumer.WithLogger, consumer.WithEventHook, consumer.WithOnLeaseLost,
+// consumer.WithPassDuplicates) and this package's own.
+//
+// For Redis Streams: the default scope is the stream name; the batch size
+// is how many entries one XREADGROUP (COUNT) or XAUTOCLAIM fetches and one
+// pipelined round of acquisitions and completions handles, default
+// DefaultBatchSize (100), in 1..10,000; the maximum of deliveries counts
+// the group's delivery counter, default DefaultMaxDeliveries (5); a
+// retried entry is left pending and claimed again once idle for the claim
+// idle time, so the effective retry delay (default DefaultRetryDelay, 1s)
+// is max(retry delay, claim idle); the shutdown timeout is
+// DefaultShutdownTimeout (10s); the dead-letter destination is a stream,
+// default "<stream>:dlq", which shares the stream's hash tag, and gets the
+// entry's fields plus "dlq-error", "dlq-id" and "dlq-deliveries". Run
+// processes one batch at a time while the previous one completes:
+// consumer.WithConcurrency must be 1.
+type Option = consumer.Option
 
-// WithBatchSize sets how many entries one XREADGROUP (COUNT) or XAUTOCLAIM
-// fetches and one pipelined round of acquisitions and completions handles.
-// The default is DefaultBatchSize (100); it must be 1 to 10,000.
-func WithBatchSize(n int) Option { return func(c *Consumer) { c.batch = n } }
+type config struct {
+	block      time.Duration
+	keyFn      KeyFunc
+	fpFn       func(redis.XMessage) string
+	claimIdle  time.Duration
+	groupStart string
+}
 
 // WithBlock sets how long XREADGROUP blocks waiting for new entries (BLOCK).
 // It bounds how fast Run notices its context's cancellation. The default is
 // DefaultBlock (1s); it must be at least 1ms.
-func WithBlock(d time.Duration) Option { return func(c *Consumer) { c.block = d } }
+func WithBlock(d time.Duration) Option {
+	return consumer.AdapterOption(func(c *config) { c.block = d })
+}
 
-// WithKey sets how an entry's idempotency key is found. The default is
+// WithKeyFunc sets how an entry's idempotency key is found. The default is
 // KeyField(DefaultKeyField), the field "key".
-func WithKey(f KeyFunc) Option { return func(c *Consumer) { c.keyFn = f } }
+func WithKeyFunc(f KeyFunc) Option { return consumer.AdapterOption(func(c *config) { c.keyFn = f }) }
 
 // WithFingerprint sets a function returning an entry's payload fingerprint
 // (at most idem.MaxFingerprintLen bytes): a key reused with another
 // fingerprint is dead-lettered with idem.ErrMismatch. The default is none.
 func WithFingerprint(f func(msg redis.XMessage) string) Option {
-	return func(c *Consumer) { c.fpFn = f }
+	return consumer.AdapterOption(func(c *config) { c.fpFn = f })
 }
-
-// WithScope sets the scope of idempotency keys. The default is the stream
-// name.
-func WithScope(scope string) Option { return func(c *Consumer) { c.scope = scope; c.scopeSet = true } }
-
-// WithMaxDeliveries sets after how many deliveries (the group's delivery
-// counter) an entry whose handler keeps failing is dead-lettered and its
-// key becomes FAILED. The default is DefaultMaxDeliveries (5); 0 means
-// never.
-func WithMaxDeliveries(n int) Option { return func(c *Consumer) { c.maxDeliveries = n } }
-
-// WithRetryDelay sets the delay the consumer.Processor semantics attach to
-// a retry after a handler or store error. A Redis Streams entry that is
-// retried is left pending and is claimed again once idle for the claim
-// idle time, so the effective delay is max(retry delay, claim idle). The
-// default is DefaultRetryDelay (1s).
-func WithRetryDelay(d time.Duration) Option { return func(c *Consumer) { c.retryDelay = d } }
 
 // WithClaimIdle sets after how long without activity a pending entry is
 // claimed (XAUTOCLAIM) from its consumer: a crashed consumer's entries, and
@@ -111,42 +118,16 @@ func WithRetryDelay(d time.Duration) Option { return func(c *Consumer) { c.retry
 // entries are touched (XCLAIM … JUSTID to the same consumer) every third of
 // it, so a live consumer keeps them. The default is the executor's lease;
 // it must be at least 3ms.
-func WithClaimIdle(d time.Duration) Option { return func(c *Consumer) { c.claimIdle = d } }
-
-// WithDeadLetterStream sets the stream that dead-lettered entries are
-// added to, with their fields plus "dlq-error", "dlq-id" and
-// "dlq-deliveries". The default is "<stream>:dlq", which shares the
-// stream's hash tag.
-func WithDeadLetterStream(name string) Option { return func(c *Consumer) { c.dlq = name } }
-
-// WithShutdownTimeout bounds how long Run, once its context is cancelled,
-// lets the batch in flight finish before it cancels the handlers' contexts
-// and releases the keys not completed. The default is
-// DefaultShutdownTimeout (10s).
-func WithShutdownTimeout(d time.Duration) Option { return func(c *Consumer) { c.shutdown = d } }
-
-// WithExecutorOptions sets the options of the consumer's idem.Executor
-// (lease, retention, maximum attempts, failure policy, encryption, …). The
-// default is none: idem's defaults (30s lease, 24h retention).
-func WithExecutorOptions(opts ...idem.Option) Option {
-	return func(c *Consumer) { c.execOpts = append(c.execOpts, opts...) }
-}
-
-// WithProcessorOptions passes options to the consumer.Processor that the
-// Consumer builds (the one consumer algorithm): the per-message event hook
-// (consumer.WithEventHook), the logger (consumer.WithLogger), the
-// compensation hook (consumer.WithOnLeaseLost), duplicates passed on
-// (consumer.WithPassDuplicates). The Consumer's own options of the same
-// meaning (scope, maximum of deliveries, retry delay) and its commit hook
-// (complete and XACK in one script) are applied after them. The default is none.
-func WithProcessorOptions(opts ...consumer.Option) Option {
-	return func(c *Consumer) { c.procOpts = append(c.procOpts, opts...) }
+func WithClaimIdle(d time.Duration) Option {
+	return consumer.AdapterOption(func(c *config) { c.claimIdle = d })
 }
 
 // WithGroupStart sets the ID from which a consumer group created by Run
 // (XGROUP CREATE … MKSTREAM) starts: "0" for the whole stream, "$" for new
 // entries only. An existing group is left as it is. The default is "0".
-func WithGroupStart(id string) Option { return func(c *Consumer) { c.groupStart = id } }
+func WithGroupStart(id string) Option {
+	return consumer.AdapterOption(func(c *config) { c.groupStart = id })
+}
 
 // Consumer reads a Redis stream in a consumer group and runs a Handler at
 // most once per idempotency key (see the package documentation). Run it
@@ -159,20 +140,11 @@ type Consumer struct {
 	group  string
 	name   string
 
-	batch         int
-	block         time.Duration
-	keyFn         KeyFunc
-	fpFn          func(redis.XMessage) string
-	scope         string
-	scopeSet      bool
-	maxDeliveries int
-	retryDelay    time.Duration
-	claimIdle     time.Duration
-	dlq           string
-	shutdown      time.Duration
-	groupStart    string
-	execOpts      []idem.Option
-	procOpts      []consumer.Option
+	h Handler
+	config
+	batch    int
+	dlq      string
+	shutdown time.Duration
 
 	proc    *consumer.Processor
 	running atomic.Bool
@@ -191,79 +163,72 @@ type Consumer struct {
 }
 
 // New returns a Consumer of stream in group, as consumer name, that reads
-// entries with rdb and keeps idempotency records in store, through an
-// idem.Executor of its own (WithExecutorOptions) and a consumer.Processor
-// (the one consumer algorithm) that acquires each batch with one
-// BeginBatch. Records are compatible with any other Executor on store. The
-// completion of a key and the XACK of its entry happen in one script on
-// store (the Processor's commit hook, through
-// idem.Executor.CommitBatchWith, so the result is encoded, and sealed with
-// WithEncryption, by the Executor), so stream, its dead-letter stream
-// and store's records must be able to share a script: on a Cluster, create
-// the store with redisstore.WithHashTag(tag) and name the streams "{tag}…"
-// (see redisstore.Store.CheckStream). New does no I/O. Errors wrap
+// entries with rdb and runs h at most once per key on exec, through a
+// consumer.Processor (the one consumer algorithm) that acquires each batch
+// with one BeginBatch. exec's store must be a *redisstore.Store: the
+// completion of a key and the XACK of its entry happen in one script on it
+// (the Processor's commit hook, through idem.Executor.CommitBatchWith, so
+// the result is encoded, and sealed with WithEncryption, by the Executor),
+// so stream, its dead-letter stream and the store's records must be able
+// to share a script: on a Cluster, create the store with
+// redisstore.WithHashTag(tag) and name the streams "{tag}…" (see
+// redisstore.Store.CheckStream). New does no I/O. Errors wrap
 // idem.ErrInvalid.
-func New(rdb redis.UniversalClient, store *redisstore.Store, stream, group, name string, opts ...Option) (*Consumer, error) {
+func New(rdb redis.UniversalClient, stream, group, name string, exec *idem.Executor, h Handler, opts ...Option) (*Consumer, error) {
 	switch {
 	case rdb == nil:
 		return nil, fmt.Errorf("%w: redisstream: nil client", idem.ErrInvalid)
-	case store == nil:
-		return nil, fmt.Errorf("%w: redisstream: nil store", idem.ErrInvalid)
 	case stream == "" || group == "" || name == "":
 		return nil, fmt.Errorf("%w: redisstream: empty stream, group or consumer name", idem.ErrInvalid)
+	case exec == nil:
+		return nil, fmt.Errorf("%w: redisstream: nil executor", idem.ErrInvalid)
+	case h == nil:
+		return nil, fmt.Errorf("%w: redisstream: nil handler", idem.ErrInvalid)
+	}
+	store, ok := exec.Store().(*redisstore.Store)
+	if !ok {
+		return nil, fmt.Errorf("%w: redisstream: the executor's store is a %T, not a *redisstore.Store", idem.ErrInvalid, exec.Store())
 	}
 	c := &Consumer{
-		rdb: rdb, store: store, stream: stream, group: group, name: name,
-		batch: DefaultBatchSize, block: DefaultBlock, keyFn: KeyField(DefaultKeyField),
-		maxDeliveries: DefaultMaxDeliveries, retryDelay: DefaultRetryDelay,
-		dlq: stream + ":dlq", shutdown: DefaultShutdownTimeout, groupStart: "0",
+		rdb: rdb, store: store, exec: exec, stream: stream, group: group, name: name, h: h,
+		config: config{block: DefaultBlock, keyFn: KeyField(DefaultKeyField), claimIdle: exec.Lease(), groupStart: "0"},
 	}
-	for _, o := range opts {
-		o(c)
-	}
-	exec, err := idem.New(store, c.execOpts...)
+	proc, shared, err := consumer.Setup(exec, consumer.Config{
+		Scope:           stream,
+		MaxDeliveries:   DefaultMaxDeliveries,
+		RetryDelay:      DefaultRetryDelay,
+		BatchSize:       DefaultBatchSize,
+		ShutdownTimeout: DefaultShutdownTimeout,
+		DeadLetter:      stream + ":dlq",
+		Commit:          c.completeAndAck,
+	}, &c.config, opts)
 	if err != nil {
 		return nil, fmt.Errorf("redisstream: %w", err)
 	}
-	c.exec = exec
-	if c.claimIdle == 0 {
-		c.claimIdle = exec.Lease()
-	}
-	if !c.scopeSet {
-		c.scope = stream
-	}
+	c.proc, c.batch, c.dlq, c.shutdown = proc, shared.BatchSize, shared.DeadLetter, shared.ShutdownTimeout
 	switch {
-	case c.batch < 1 || c.batch > 10000:
+	case c.batch > 10000:
 		return nil, fmt.Errorf("%w: redisstream: batch size %d is not in 1..10000", idem.ErrInvalid, c.batch)
+	case shared.Concurrency != 1:
+		return nil, fmt.Errorf("%w: redisstream: concurrency %d: run several consumers instead", idem.ErrInvalid, shared.Concurrency)
 	case c.block < time.Millisecond:
 		return nil, fmt.Errorf("%w: redisstream: block %v is shorter than 1ms", idem.ErrInvalid, c.block)
 	case c.keyFn == nil:
 		return nil, fmt.Errorf("%w: redisstream: nil key function", idem.ErrInvalid)
-	case c.maxDeliveries < 0:
-		return nil, fmt.Errorf("%w: redisstream: max deliveries %d is negative", idem.ErrInvalid, c.maxDeliveries)
-	case c.retryDelay < 0:
-		return nil, fmt.Errorf("%w: redisstream: retry delay %v is negative", idem.ErrInvalid, c.retryDelay)
 	case c.claimIdle < 3*time.Millisecond:
 		return nil, fmt.Errorf("%w: redisstream: claim idle %v is shorter than 3ms", idem.ErrInvalid, c.claimIdle)
 	case c.dlq == "" || c.dlq == stream:
 		return nil, fmt.Errorf("%w: redisstream: the dead-letter stream %q must be named and differ from the stream", idem.ErrInvalid, c.dlq)
-	case c.shutdown < 0:
-		return nil, fmt.Errorf("%w: redisstream: shutdown timeout %v is negative", idem.ErrInvalid, c.shutdown)
 	case c.groupStart == "":
 		return nil, fmt.Errorf("%w: redisstream: empty group start ID", idem.ErrInvalid)
 	}
 	if err := store.CheckStream(stream, c.dlq); err != nil {
 		return nil, fmt.Errorf("redisstream: %w", err)
 	}
-	c.proc, err = consumer.New(exec, append(c.procOpts, consumer.WithScope(c.scope), consumer.WithMaxDeliveries(c.maxDeliveries),
-		consumer.WithRetryDelay(c.retryDelay), consumer.WithCommit(c.completeAndAck))...)
-	if err != nil {
-		return nil, fmt.Errorf("redisstream: %w", err)
-	}
 	return c, nil
 }
 
-// Executor returns the consumer's executor, on the store given to New.
+// Executor returns the consumer's executor.
 func (c *Consumer) Executor() *idem.Executor { return c.exec }
 
 // Stats returns a snapshot of the counters (Errors counts failed reads,
@@ -286,12 +251,10 @@ var errCrashed = errors.New("redisstream: crashed")
 // for up to the shutdown timeout, then cancels the handlers still running
 // and releases their keys (their entries stay pending and are claimed by
 // another consumer), waits for the last completion, and returns nil. Run
-// returns an error for a nil handler, for a second concurrent Run, or when
-// the group cannot be created.
-func (c *Consumer) Run(ctx context.Context, h Handler) error {
-	if h == nil {
-		return fmt.Errorf("%w: redisstream: nil handler", idem.ErrInvalid)
-	}
+// returns an error for a second concurrent Run, or when the group cannot
+// be created.
+func (c *Consumer) Run(ctx context.Context) error {
+	h := c.h
 	if !c.running.CompareAndSwap(false, true) {
 		return errors.New("redisstream: Run is already running")
 	}

@@ -61,9 +61,15 @@ func standalone(t *testing.T) redis.UniversalClient {
 
 func (e *env) consumer(name string, opts ...Option) *Consumer {
 	e.t.Helper()
-	opts = append([]Option{WithBlock(20 * time.Millisecond),
-		WithExecutorOptions(idem.WithLease(e.lease), idem.WithRetention(time.Hour))}, opts...)
-	c, err := New(e.rdb, e.store, e.stream, e.group, name, opts...)
+	return e.consumerOn(name, nil, opts...)
+}
+
+// consumerOn is consumer with more options for its executor.
+func (e *env) consumerOn(name string, execOpts []idem.Option, opts ...Option) *Consumer {
+	e.t.Helper()
+	opts = append([]Option{WithBlock(20 * time.Millisecond)}, opts...)
+	exec := executorOn(e.store, append([]idem.Option{idem.WithLease(e.lease), idem.WithRetention(time.Hour)}, execOpts...)...)
+	c, err := New(e.rdb, e.stream, e.group, name, exec, nopHandler, opts...)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -85,7 +91,7 @@ func (e *env) run(c *Consumer, h Handler, cond func() bool) error {
 	e.t.Helper()
 	ctx, cancel := context.WithCancel(e.t.Context())
 	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx, h) }()
+	go func() { done <- runWith(ctx, c, h) }()
 	deadline := time.Now().Add(10 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
@@ -165,7 +171,7 @@ func TestDuplicateInNextBatchIsReplayed(t *testing.T) {
 	}
 	var mu sync.Mutex
 	seen := map[string]int{}
-	c := e.consumer("c1", WithBatchSize(batch))
+	c := e.consumer("c1", consumer.WithBatchSize(batch))
 	err := e.run(c, func(ctx context.Context, m redis.XMessage) error {
 		mu.Lock()
 		seen[m.Values["key"].(string)]++
@@ -193,7 +199,7 @@ func TestRetryThenDeadLetter(t *testing.T) {
 	e := newEnv(t, standalone(t), "", 30*time.Millisecond)
 	e.add("key", "bad")
 	var runs atomic.Int32
-	c := e.consumer("c1", WithMaxDeliveries(3), WithClaimIdle(30*time.Millisecond))
+	c := e.consumer("c1", consumer.WithMaxDeliveries(3), WithClaimIdle(30*time.Millisecond))
 	err := e.run(c, func(ctx context.Context, m redis.XMessage) error {
 		runs.Add(1)
 		return errors.New("downstream refused")
@@ -295,7 +301,7 @@ func TestLongHandlerKeepsEntry(t *testing.T) {
 	c2 := e.consumer("c2")
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	go c2.Run(ctx, h) //nolint:errcheck // stopped by cancel
+	go runWith(ctx, c2, h) //nolint:errcheck // stopped by cancel
 	if err := e.run(c1, h, func() bool { return c1.Stats().Processed+c2.Stats().Processed == 1 }); err != nil {
 		t.Fatal(err)
 	}
@@ -341,11 +347,11 @@ func TestShutdownReleasesInFlight(t *testing.T) {
 	e := newEnv(t, standalone(t), "", time.Second)
 	e.add("key", "k")
 	started := make(chan struct{})
-	c := e.consumer("c1", WithShutdownTimeout(50*time.Millisecond))
+	c := e.consumer("c1", consumer.WithShutdownTimeout(50*time.Millisecond))
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() {
-		done <- c.Run(ctx, func(ctx context.Context, m redis.XMessage) error {
+		done <- runWith(ctx, c, func(ctx context.Context, m redis.XMessage) error {
 			close(started)
 			<-ctx.Done()
 			return ctx.Err()
@@ -377,7 +383,7 @@ func TestCluster(t *testing.T) {
 
 	// Without a hash tag the consumer refuses to start.
 	plain := newEnv(t, rdb, "", time.Second)
-	if _, err := New(rdb, plain.store, "orders", "g", "c"); !errors.Is(err, idem.ErrInvalid) {
+	if _, err := New(rdb, "orders", "g", "c", executorOn(plain.store), nopHandler); !errors.Is(err, idem.ErrInvalid) {
 		t.Errorf("New on a Cluster without hash tag: %v, want ErrInvalid", err)
 	}
 
@@ -387,11 +393,11 @@ func TestCluster(t *testing.T) {
 	}
 	e.add("x", "no key")
 	var runs atomic.Int32
-	c1 := e.consumer("c1", WithBatchSize(3))
-	c2 := e.consumer("c2", WithBatchSize(3))
+	c1 := e.consumer("c1", consumer.WithBatchSize(3))
+	c2 := e.consumer("c2", consumer.WithBatchSize(3))
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	go c2.Run(ctx, func(context.Context, redis.XMessage) error { runs.Add(1); return nil }) //nolint:errcheck
+	go runWith(ctx, c2, func(context.Context, redis.XMessage) error { runs.Add(1); return nil }) //nolint:errcheck
 	done := func() bool {
 		s1, s2 := c1.Stats(), c2.Stats()
 		return s1.Processed+s2.Processed == 3 && s1.Replayed+s2.Replayed == 2 && s1.DeadLettered+s2.DeadLettered == 1 && e.pending() == 0
@@ -421,26 +427,26 @@ func TestNewValidates(t *testing.T) {
 	}{
 		{"nil store", nil, "s", nil},
 		{"empty stream", store, "", nil},
-		{"batch 0", store, "s", []Option{WithBatchSize(0)}},
+		{"batch 0", store, "s", []Option{consumer.WithBatchSize(0)}},
 		{"block 0", store, "s", []Option{WithBlock(0)}},
-		{"nil key", store, "s", []Option{WithKey(nil)}},
-		{"negative deliveries", store, "s", []Option{WithMaxDeliveries(-1)}},
-		{"negative retry", store, "s", []Option{WithRetryDelay(-1)}},
+		{"nil key", store, "s", []Option{WithKeyFunc(nil)}},
+		{"negative deliveries", store, "s", []Option{consumer.WithMaxDeliveries(-1)}},
+		{"negative retry", store, "s", []Option{consumer.WithRetryDelay(-1)}},
 		{"claim idle", store, "s", []Option{WithClaimIdle(time.Millisecond)}},
-		{"dlq is stream", store, "s", []Option{WithDeadLetterStream("s")}},
+		{"dlq is stream", store, "s", []Option{consumer.WithDeadLetter("s")}},
 		{"group start", store, "s", []Option{WithGroupStart("")}},
-		{"executor option", store, "s", []Option{WithExecutorOptions(idem.WithLease(0))}},
+		{"bare Processor option", store, "s", []Option{consumer.WithConcurrency(2)}},
 		{"tag mismatch", tagged, "{u}:s", nil},
-		{"dlq tag mismatch", tagged, "{t}:s", []Option{WithDeadLetterStream("dlq")}},
+		{"dlq tag mismatch", tagged, "{t}:s", []Option{consumer.WithDeadLetter("dlq")}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			if _, err := New(rdb, tc.store, tc.strm, "g", "c", tc.opts...); !errors.Is(err, idem.ErrInvalid) {
+			if _, err := New(rdb, tc.strm, "g", "c", executorOn(tc.store), nopHandler, tc.opts...); !errors.Is(err, idem.ErrInvalid) {
 				t.Errorf("got %v, want ErrInvalid", err)
 			}
 		})
 	}
-	if _, err := New(rdb, tagged, "{t}:s", "g", "c"); err != nil {
+	if _, err := New(rdb, "{t}:s", "g", "c", executorOn(tagged), nopHandler); err != nil {
 		t.Errorf("valid tagged consumer: %v", err)
 	}
 }
@@ -500,7 +506,7 @@ func TestEncryptedResults(t *testing.T) {
 	e.add("key", "a")
 	ran := atomic.Int32{}
 	h := func(context.Context, redis.XMessage) error { ran.Add(1); return nil }
-	c := e.consumer("c1", WithExecutorOptions(idem.WithEncryption(aead)))
+	c := e.consumerOn("c1", []idem.Option{idem.WithEncryption(aead)})
 	if err := e.run(c, h, func() bool { return c.Stats().Processed == 1 }); err != nil {
 		t.Fatal(err)
 	}
@@ -525,7 +531,7 @@ func TestEncryptedResults(t *testing.T) {
 }
 
 // TestEventHook: the processor's per-message event hook, passed with
-// WithProcessorOptions, sees every entry's outcome under its key digest.
+// consumer.WithEventHook, sees every entry's outcome under its key digest.
 func TestEventHook(t *testing.T) {
 	e := newEnv(t, standalone(t), "", time.Second)
 	e.add("key", "a")
@@ -533,11 +539,11 @@ func TestEventHook(t *testing.T) {
 	e.add("body", "no key")
 	var mu sync.Mutex
 	var events []consumer.Event
-	c := e.consumer("c1", WithProcessorOptions(consumer.WithEventHook(func(ev consumer.Event) {
+	c := e.consumer("c1", consumer.WithEventHook(func(ev consumer.Event) {
 		mu.Lock()
 		events = append(events, ev)
 		mu.Unlock()
-	})))
+	}))
 	if err := e.run(c, func(context.Context, redis.XMessage) error { return nil }, func() bool {
 		mu.Lock()
 		defer mu.Unlock()
@@ -550,4 +556,28 @@ func TestEventHook(t *testing.T) {
 		!events[1].Result.Replayed || events[2].Result.Action != consumer.DeadLetter || events[2].KeyDigest != "" {
 		t.Fatalf("events %+v, want processed and replayed under the key's digest, then a dead letter without one", events)
 	}
+}
+
+// nopHandler is the handler of consumers created before their test's
+// handler; runWith replaces it.
+func nopHandler(context.Context, redis.XMessage) error { return nil }
+
+// runWith runs c with h as its handler: tests create their consumers
+// before their handlers.
+func runWith(ctx context.Context, c *Consumer, h Handler) error {
+	c.h = h
+	return c.Run(ctx)
+}
+
+// executorOn returns an Executor on store, or nil if store is nil or opts
+// are invalid (for New's validation).
+func executorOn(store *redisstore.Store, opts ...idem.Option) *idem.Executor {
+	if store == nil {
+		return nil
+	}
+	exec, err := idem.New(store, opts...)
+	if err != nil {
+		return nil
+	}
+	return exec
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/consumer"
 	sqsconsumer "github.com/idemgo/idem/consumer/sqs"
 	"github.com/idemgo/idem/internal/prooftest"
 	"github.com/idemgo/idem/internal/redistest"
@@ -60,7 +61,7 @@ func benchConsume(b *testing.B, exec *idem.Executor, batch int, plain bool) {
 	c, err := sqsconsumer.New(f.client(nil), qURL, dURL, exec, func(context.Context, types.Message) error {
 		handled.Add(1)
 		return nil
-	}, sqsconsumer.WithBatchSize(batch), sqsconsumer.WithWaitTime(0))
+	}, consumer.WithBatchSize(batch), sqsconsumer.WithWaitTime(0))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -34,11 +34,12 @@ func (h *harness) Publish(t *testing.T, key string, payload []byte) {
 }
 
 func (h *harness) Start(t *testing.T, opts []consumer.Option, hd consumertest.Handler) (func() consumer.Stats, func()) {
+	opts = append([]consumer.Option{consumer.WithMaxDeliveries(consumertest.MaxDeliveries),
+		consumer.WithRetryDelay(0), sqsconsumer.WithWaitTime(time.Second),
+		sqsconsumer.WithFingerprint(func(m types.Message) string { return aws.ToString(m.Body) })}, opts...)
 	c, err := sqsconsumer.New(h.f.client(nil), h.q, h.dlq, prooftest.MemExecutor(t), func(ctx context.Context, m types.Message) error {
 		return hd(ctx, sqsconsumer.KeyHeader(sqsconsumer.DefaultKeyAttribute)(m), []byte(aws.ToString(m.Body)))
-	}, sqsconsumer.WithProcessorOptions(opts...), sqsconsumer.WithMaxDeliveries(consumertest.MaxDeliveries),
-		sqsconsumer.WithRetryDelay(0), sqsconsumer.WithWaitTime(time.Second),
-		sqsconsumer.WithFingerprint(func(m types.Message) string { return aws.ToString(m.Body) }))
+	}, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

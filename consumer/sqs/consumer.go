@@ -62,6 +62,7 @@ type Consumer struct {
 	h        Handler
 	proc     *consumer.Processor
 	cfg      config
+	shared   consumer.Config
 
 	running atomic.Bool
 	// plain skips the Processor: the same loop without idempotency, for
@@ -84,30 +85,25 @@ func New(client API, queueURL, deadLetterURL string, exec *idem.Executor, h Hand
 	c := &Consumer{client: client, queueURL: queueURL, dlqURL: deadLetterURL, h: h}
 	c.cfg = config{
 		key:               DefaultKey,
-		scope:             queueURL,
-		batchSize:         DefaultBatchSize,
-		concurrency:       DefaultConcurrency,
 		visibility:        DefaultVisibilityTimeout,
 		waitTime:          DefaultWaitTime,
-		maxDeliveries:     DefaultMaxDeliveries,
-		retryDelay:        DefaultRetryDelay,
-		shutdownTimeout:   DefaultShutdownTimeout,
 		messageAttributes: []string{"All"},
 	}
-	for _, o := range opts {
-		o(&c.cfg)
-	}
-	if err := c.validate(client, exec); err != nil {
-		return nil, err
-	}
-	proc, err := consumer.New(exec, append(c.cfg.procOpts,
-		consumer.WithScope(c.cfg.scope),
-		consumer.WithMaxDeliveries(c.cfg.maxDeliveries),
-		consumer.WithRetryDelay(c.cfg.retryDelay))...)
+	proc, shared, err := consumer.Setup(exec, consumer.Config{
+		Scope:           queueURL,
+		MaxDeliveries:   DefaultMaxDeliveries,
+		RetryDelay:      DefaultRetryDelay,
+		BatchSize:       DefaultBatchSize,
+		Concurrency:     DefaultConcurrency,
+		ShutdownTimeout: DefaultShutdownTimeout,
+	}, &c.cfg, opts)
 	if err != nil {
 		return nil, err
 	}
-	c.proc = proc
+	c.proc, c.shared = proc, shared
+	if err := c.validate(client); err != nil {
+		return nil, err
+	}
 	return c, nil
 }
 
@@ -117,13 +113,13 @@ func invalid(format string, args ...any) error {
 
 func wholeSeconds(d time.Duration) bool { return d%time.Second == 0 }
 
-func (c *Consumer) validate(client API, exec *idem.Executor) error {
-	cfg := &c.cfg
+func (c *Consumer) validate(client API) error {
+	cfg, shared := &c.cfg, &c.shared
 	switch {
 	case client == nil:
 		return invalid("nil SQS client")
-	case exec == nil:
-		return invalid("nil executor")
+	case shared.DeadLetter != "":
+		return invalid("the dead-letter queue URL is New's argument, not consumer.WithDeadLetter")
 	case c.h == nil:
 		return invalid("nil handler")
 	case c.queueURL == "":
@@ -134,22 +130,16 @@ func (c *Consumer) validate(client API, exec *idem.Executor) error {
 		return invalid("the dead-letter queue is the queue itself")
 	case cfg.key == nil:
 		return invalid("nil key function")
-	case cfg.scope == "":
+	case shared.Scope == "":
 		return invalid("empty scope")
-	case cfg.batchSize < 1 || cfg.batchSize > maxBatch:
-		return invalid("batch size %d is not in 1..%d", cfg.batchSize, maxBatch)
-	case cfg.concurrency < 1:
-		return invalid("concurrency %d is below 1", cfg.concurrency)
+	case shared.BatchSize > maxBatch:
+		return invalid("batch size %d is not in 1..%d", shared.BatchSize, maxBatch)
 	case cfg.visibility < 3*time.Second || cfg.visibility > 12*time.Hour || !wholeSeconds(cfg.visibility):
 		return invalid("visibility timeout %v is not a whole number of seconds in 3s..12h", cfg.visibility)
 	case cfg.waitTime < 0 || cfg.waitTime > 20*time.Second || !wholeSeconds(cfg.waitTime):
 		return invalid("wait time %v is not a whole number of seconds in 0..20s", cfg.waitTime)
-	case cfg.maxDeliveries < 0:
-		return invalid("max deliveries %d is negative", cfg.maxDeliveries)
-	case cfg.retryDelay < 0 || cfg.retryDelay > 12*time.Hour:
-		return invalid("retry delay %v is not in 0..12h", cfg.retryDelay)
-	case cfg.shutdownTimeout < 0:
-		return invalid("shutdown timeout %v is negative", cfg.shutdownTimeout)
+	case shared.RetryDelay > 12*time.Hour:
+		return invalid("retry delay %v is not in 0..12h", shared.RetryDelay)
 	}
 	return nil
 }
@@ -168,8 +158,8 @@ func (c *Consumer) Processor() *consumer.Processor { return c.proc }
 // receiving (a pending long poll is cancelled), waits for the batches in
 // flight, at most the shutdown timeout, and returns nil. After the timeout
 // the handlers' contexts are cancelled: their messages are released and
-// made visible after the retry delay. Receive errors are reported to the
-// error handler and retried with a backoff. Run returns an error if the
+// made visible after the retry delay. Receive errors are logged, counted in
+// Stats.Errors and retried with a backoff. Run returns an error if the
 // Consumer is already running.
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
@@ -178,26 +168,19 @@ func (c *Consumer) Run(ctx context.Context) error {
 	defer c.running.Store(false)
 
 	// Handlers run with work, which outlives ctx by the shutdown timeout.
-	work, stop := consumer.GraceContext(ctx, c.cfg.shutdownTimeout, errShutdownTimeout)
+	work, stop := consumer.GraceContext(ctx, c.shared.ShutdownTimeout, errShutdownTimeout)
 	defer stop()
 
 	var wg sync.WaitGroup
-	for range c.cfg.concurrency {
+	for range c.shared.Concurrency {
 		wg.Go(func() { c.loop(ctx, work) })
 	}
 	wg.Wait()
 	return nil
 }
 
-func (c *Consumer) report(err error) {
-	if c.cfg.onError != nil {
-		c.cfg.onError(err)
-	}
-}
-
 func (c *Consumer) brokerErr(op string, err error) {
 	c.proc.ReportError(op, err)
-	c.report(fmt.Errorf("sqsconsumer: %s: %w", op, err))
 }
 
 func (c *Consumer) loop(ctx, work context.Context) {
@@ -225,8 +208,8 @@ func (c *Consumer) loop(ctx, work context.Context) {
 func (c *Consumer) receive(ctx context.Context) ([]types.Message, error) {
 	var out []types.Message
 	wait := int32(c.cfg.waitTime / time.Second)
-	for len(out) < c.cfg.batchSize {
-		n := min(c.cfg.batchSize-len(out), 10)
+	for len(out) < c.shared.BatchSize {
+		n := min(c.shared.BatchSize-len(out), 10)
 		res, err := c.client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{
 			QueueUrl:            &c.queueURL,
 			MaxNumberOfMessages: int32(n),
@@ -274,13 +257,7 @@ func (c *Consumer) process(ctx context.Context, msgs []types.Message) {
 	if c.plain {
 		process = plainProcess
 	}
-	results := process(ctx, in, func(hctx context.Context, i int) error {
-		err := c.h(hctx, msgs[i])
-		if err != nil {
-			c.report(fmt.Errorf("sqsconsumer: handler of message %s: %w", aws.ToString(msgs[i].MessageId), err))
-		}
-		return err
-	})
+	results := process(ctx, in, func(hctx context.Context, i int) error { return c.h(hctx, msgs[i]) })
 	stopExtend()
 
 	// Broker calls must happen even during shutdown.
@@ -299,14 +276,11 @@ func (c *Consumer) process(ctx context.Context, msgs []types.Message) {
 			s := seconds(r.Delay)
 			retry[s] = append(retry[s], m)
 		case consumer.DeadLetter:
-			if consumer.IsInvalid(r.Err) {
-				c.report(fmt.Errorf("sqsconsumer: message %s: %w", aws.ToString(m.MessageId), r.Err))
-			}
 			if err := c.deadLetter(bctx, m, r.Err); err != nil {
 				// Not dead-lettered: it must come back, the record
 				// decides again then.
 				c.brokerErr("dead-letter send", err)
-				s := seconds(c.cfg.retryDelay)
+				s := seconds(c.shared.RetryDelay)
 				retry[s] = append(retry[s], m)
 				continue
 			}
@@ -384,7 +358,7 @@ func (c *Consumer) changeVisibility(ctx context.Context, msgs []types.Message, s
 }
 
 // BatchEntryError is a failed entry of a DeleteMessageBatch or
-// ChangeMessageVisibilityBatch call, as reported to the error handler.
+// ChangeMessageVisibilityBatch call, as logged.
 type BatchEntryError struct {
 	Code, Message string
 }

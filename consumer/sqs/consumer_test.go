@@ -58,16 +58,16 @@ func TestNewValidation(t *testing.T) {
 		{name: "no queue", client: client, dlq: "d", exec: exec, h: h},
 		{name: "no dead-letter queue", client: client, q: "q", exec: exec, h: h},
 		{name: "dead-letter queue is the queue", client: client, q: "q", dlq: "q", exec: exec, h: h},
-		{name: "batch 0", client: client, q: "q", dlq: "d", exec: exec, h: h, opts: []sqsconsumer.Option{sqsconsumer.WithBatchSize(0)}},
-		{name: "batch 101", client: client, q: "q", dlq: "d", exec: exec, h: h, opts: []sqsconsumer.Option{sqsconsumer.WithBatchSize(101)}},
-		{name: "concurrency 0", client: client, q: "q", dlq: "d", exec: exec, h: h, opts: []sqsconsumer.Option{sqsconsumer.WithConcurrency(0)}},
+		{name: "batch 0", client: client, q: "q", dlq: "d", exec: exec, h: h, opts: []sqsconsumer.Option{consumer.WithBatchSize(0)}},
+		{name: "batch 101", client: client, q: "q", dlq: "d", exec: exec, h: h, opts: []sqsconsumer.Option{consumer.WithBatchSize(101)}},
+		{name: "concurrency 0", client: client, q: "q", dlq: "d", exec: exec, h: h, opts: []sqsconsumer.Option{consumer.WithConcurrency(0)}},
 		{name: "visibility 1s", client: client, q: "q", dlq: "d", exec: exec, h: h, opts: []sqsconsumer.Option{sqsconsumer.WithVisibilityTimeout(time.Second)}},
 		{name: "visibility 3.5s", client: client, q: "q", dlq: "d", exec: exec, h: h, opts: []sqsconsumer.Option{sqsconsumer.WithVisibilityTimeout(3500 * time.Millisecond)}},
 		{name: "wait 21s", client: client, q: "q", dlq: "d", exec: exec, h: h, opts: []sqsconsumer.Option{sqsconsumer.WithWaitTime(21 * time.Second)}},
-		{name: "max deliveries -1", client: client, q: "q", dlq: "d", exec: exec, h: h, opts: []sqsconsumer.Option{sqsconsumer.WithMaxDeliveries(-1)}},
-		{name: "retry delay -1", client: client, q: "q", dlq: "d", exec: exec, h: h, opts: []sqsconsumer.Option{sqsconsumer.WithRetryDelay(-time.Second)}},
+		{name: "max deliveries -1", client: client, q: "q", dlq: "d", exec: exec, h: h, opts: []sqsconsumer.Option{consumer.WithMaxDeliveries(-1)}},
+		{name: "retry delay -1", client: client, q: "q", dlq: "d", exec: exec, h: h, opts: []sqsconsumer.Option{consumer.WithRetryDelay(-time.Second)}},
 		{name: "nil key func", client: client, q: "q", dlq: "d", exec: exec, h: h, opts: []sqsconsumer.Option{sqsconsumer.WithKeyFunc(nil)}},
-		{name: "empty scope", client: client, q: "q", dlq: "d", exec: exec, h: h, opts: []sqsconsumer.Option{sqsconsumer.WithScope("")}},
+		{name: "empty scope", client: client, q: "q", dlq: "d", exec: exec, h: h, opts: []sqsconsumer.Option{consumer.WithScope("")}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -127,7 +127,7 @@ func TestConsume(t *testing.T) {
 		runs[*m.Body]++
 		mu.Unlock()
 		return nil
-	}, sqsconsumer.WithWaitTime(time.Second), sqsconsumer.WithBatchSize(25))
+	}, sqsconsumer.WithWaitTime(time.Second), consumer.WithBatchSize(25))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,7 +180,7 @@ func TestRetryThenDeadLetter(t *testing.T) {
 		}
 		calls.Add(1)
 		return errors.New("always broken")
-	}, sqsconsumer.WithWaitTime(time.Second), sqsconsumer.WithMaxDeliveries(3), sqsconsumer.WithRetryDelay(0))
+	}, sqsconsumer.WithWaitTime(time.Second), consumer.WithMaxDeliveries(3), consumer.WithRetryDelay(0))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,7 +226,7 @@ func TestInProgressDuplicate(t *testing.T) {
 		}
 		return nil
 	}
-	opts := []sqsconsumer.Option{sqsconsumer.WithWaitTime(time.Second), sqsconsumer.WithBatchSize(1), sqsconsumer.WithVisibilityTimeout(3 * time.Second)}
+	opts := []sqsconsumer.Option{sqsconsumer.WithWaitTime(time.Second), consumer.WithBatchSize(1), sqsconsumer.WithVisibilityTimeout(3 * time.Second)}
 	c1, err := sqsconsumer.New(f.client(nil), qURL, dURL, exec, h, opts...)
 	if err != nil {
 		t.Fatal(err)
@@ -274,7 +274,7 @@ func TestLongHandlerKeepsVisibility(t *testing.T) {
 			return context.Cause(ctx)
 		}
 	}
-	opts := []sqsconsumer.Option{sqsconsumer.WithWaitTime(time.Second), sqsconsumer.WithVisibilityTimeout(3 * time.Second), sqsconsumer.WithConcurrency(2)}
+	opts := []sqsconsumer.Option{sqsconsumer.WithWaitTime(time.Second), sqsconsumer.WithVisibilityTimeout(3 * time.Second), consumer.WithConcurrency(2)}
 	c, err := sqsconsumer.New(f.client(nil), qURL, dURL, exec, h, opts...)
 	if err != nil {
 		t.Fatal(err)
@@ -321,7 +321,7 @@ func TestShutdown(t *testing.T) {
 				}
 			}
 			c, err := sqsconsumer.New(f.client(nil), qURL, dURL, exec, h,
-				sqsconsumer.WithWaitTime(time.Second), sqsconsumer.WithShutdownTimeout(time.Second), sqsconsumer.WithRetryDelay(0))
+				sqsconsumer.WithWaitTime(time.Second), consumer.WithShutdownTimeout(time.Second), consumer.WithRetryDelay(0))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -370,12 +370,10 @@ func TestBrokerErrorsCounted(t *testing.T) {
 		return http.DefaultTransport.RoundTrip(r)
 	})
 	var runs atomic.Int32
-	var reported atomic.Int32
 	c, err := sqsconsumer.New(f.client(rt), qURL, dURL, exec, func(ctx context.Context, m types.Message) error {
 		runs.Add(1)
 		return nil
-	}, sqsconsumer.WithWaitTime(time.Second), sqsconsumer.WithVisibilityTimeout(3*time.Second),
-		sqsconsumer.WithErrorHandler(func(error) { reported.Add(1) }))
+	}, sqsconsumer.WithWaitTime(time.Second), sqsconsumer.WithVisibilityTimeout(3*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -384,8 +382,8 @@ func TestBrokerErrorsCounted(t *testing.T) {
 	waitFor(t, 10*time.Second, "the queue to drain", drained(f, "q"))
 	stop()
 	st := c.Stats()
-	if runs.Load() != 1 || st.Processed != 1 || st.Replayed != 1 || st.Errors != 1 || reported.Load() != 1 {
-		t.Errorf("got %d runs, %+v, %d reported; want 1 run, 1 processed, 1 replayed, 1 error reported", runs.Load(), st, reported.Load())
+	if runs.Load() != 1 || st.Processed != 1 || st.Replayed != 1 || st.Errors != 1 {
+		t.Errorf("got %d runs, %+v; want 1 run, 1 processed, 1 replayed, 1 error", runs.Load(), st)
 	}
 }
 
@@ -402,7 +400,7 @@ func TestFingerprintMismatch(t *testing.T) {
 	c, err := sqsconsumer.New(f.client(nil), qURL, dURL, exec, func(ctx context.Context, m types.Message) error {
 		runs.Add(1)
 		return nil
-	}, sqsconsumer.WithWaitTime(time.Second), sqsconsumer.WithBatchSize(1),
+	}, sqsconsumer.WithWaitTime(time.Second), consumer.WithBatchSize(1),
 		sqsconsumer.WithFingerprint(func(m types.Message) string { return sqsconsumer.KeyFromBodyHash(nil)(m)[:16] }))
 	if err != nil {
 		t.Fatal(err)
@@ -432,12 +430,10 @@ func TestLargeBatch(t *testing.T) {
 	dURL := f.CreateQueue("dlq", sqsfake.QueueOptions{})
 	exec := prooftest.MemExecutor(t)
 	var runs atomic.Int32
-	var errs atomic.Int32
 	c, err := sqsconsumer.New(f.client(nil), qURL, dURL, exec, func(ctx context.Context, m types.Message) error {
 		runs.Add(1)
 		return nil
-	}, sqsconsumer.WithWaitTime(time.Second), sqsconsumer.WithBatchSize(100),
-		sqsconsumer.WithErrorHandler(func(err error) { errs.Add(1); t.Log(err) }))
+	}, sqsconsumer.WithWaitTime(time.Second), consumer.WithBatchSize(100))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -455,10 +451,7 @@ func TestLargeBatch(t *testing.T) {
 	if got := runs.Load(); got != 250 {
 		t.Errorf("handler runs: got %d, want 250", got)
 	}
-	if got := errs.Load(); got != 0 {
-		t.Errorf("errors: got %d, want 0", got)
-	}
-	if st := c.Stats(); st.Processed != 250 {
+	if st := c.Stats(); st.Processed != 250 || st.Errors != 0 || st.Retried != 0 {
 		t.Errorf("stats: got %+v, want 250 processed", st)
 	}
 }

@@ -43,7 +43,7 @@
 //			fence, _ := idem.FenceFrom(ctx)
 //			return charge(ctx, *m.Body, fence)
 //		},
-//		sqsconsumer.WithBatchSize(10),
+//		consumer.WithBatchSize(10),
 //		sqsconsumer.WithVisibilityTimeout(30*time.Second))
 //	if err != nil {
 //		return err

@@ -10,6 +10,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/consumer"
 	sqsconsumer "github.com/idemgo/idem/consumer/sqs"
 	"github.com/idemgo/idem/internal/sqsfake"
 	"github.com/idemgo/idem/memstore"
@@ -42,7 +43,7 @@ func TestLeaseLost(t *testing.T) {
 		<-ctx.Done()
 		cause <- context.Cause(ctx)
 		return context.Cause(ctx)
-	}, sqsconsumer.WithWaitTime(time.Second), sqsconsumer.WithRetryDelay(0))
+	}, sqsconsumer.WithWaitTime(time.Second), consumer.WithRetryDelay(0))
 	if err != nil {
 		t.Fatal(err)
 	}

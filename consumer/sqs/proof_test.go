@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/consumer"
 	sqsconsumer "github.com/idemgo/idem/consumer/sqs"
 	"github.com/idemgo/idem/internal/prooftest"
 	"github.com/idemgo/idem/internal/redistest"
@@ -173,12 +174,12 @@ func TestProof(t *testing.T) {
 		}
 	}
 	opts := []sqsconsumer.Option{
-		sqsconsumer.WithBatchSize(10),
+		consumer.WithBatchSize(10),
 		sqsconsumer.WithWaitTime(time.Second),
 		sqsconsumer.WithVisibilityTimeout(3 * time.Second),
-		sqsconsumer.WithMaxDeliveries(20),
-		sqsconsumer.WithRetryDelay(time.Second),
-		sqsconsumer.WithShutdownTimeout(5 * time.Second),
+		consumer.WithMaxDeliveries(20),
+		consumer.WithRetryDelay(time.Second),
+		consumer.WithShutdownTimeout(5 * time.Second),
 	}
 	cs := make([]*sqsconsumer.Consumer, consumers)
 	done := make([]chan struct{}, consumers)

@@ -93,7 +93,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	logger.Info("consuming", "stream", stream, "group", group, "consumer", *name)
-	if err := c.Run(ctx, handle); err != nil {
+	if err := c.Run(ctx); err != nil {
 		logger.Error("consumer stopped", "error", err)
 		os.Exit(1)
 	}
@@ -111,10 +111,11 @@ func newConsumer(rdb redis.UniversalClient, name string, opts ...redisstream.Opt
 		return nil, err
 	}
 	terminal := func(err error) bool { return errors.Is(err, idem.ErrEffect) || idem.IsTerminal(err) }
-	opts = append([]redisstream.Option{
-		redisstream.WithExecutorOptions(idem.WithFailurePolicy(terminal)),
-	}, opts...)
-	return redisstream.New(rdb, store, stream, group, name, opts...)
+	exec, err := idem.New(store, idem.WithFailurePolicy(terminal))
+	if err != nil {
+		return nil, err
+	}
+	return redisstream.New(rdb, stream, group, name, exec, handle, opts...)
 }
 
 // handle is the consumer's handler: it checks the entry and attaches the

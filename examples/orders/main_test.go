@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/consumer/redisstream"
 	"github.com/idemgo/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
@@ -40,7 +41,7 @@ func TestOrders(t *testing.T) {
 	runCtx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	for i := range 2 {
-		c, err := newConsumer(rdb, fmt.Sprintf("c%d", i), redisstream.WithBlock(20*time.Millisecond), redisstream.WithBatchSize(32),
+		c, err := newConsumer(rdb, fmt.Sprintf("c%d", i), redisstream.WithBlock(20*time.Millisecond), consumer.WithBatchSize(32),
 			// A copy read while the other consumer still runs its order
 			// is in progress there: it stays pending and is claimed again
 			// after the claim idle time (by default the 30s lease), then
@@ -52,7 +53,7 @@ func TestOrders(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := c.Run(runCtx, handle); err != nil {
+			if err := c.Run(runCtx); err != nil {
 				t.Error(err)
 			}
 		}()
