@@ -19,6 +19,10 @@
 //     the test fails unless the counters see those losses; with
 //     WithWait(1, …) those calls must end in ErrNotDurable and none be
 //     lost.
+//   - TestSentinelPartitionProxy: the same partition with HTTP load through
+//     `idem proxy --redis <primary>`, without and with --wait-replicas 1; a
+//     2xx whose key runs the upstream again on a retry through a proxy on
+//     the promoted primary is a lost completion.
 //   - TestClusterFailover: a 3-master Redis Cluster with one replica each;
 //     Executor.Do load through a go-redis ClusterClient and rueidis; SIGKILL
 //     of a master, until every live node reports cluster_state:ok with its
