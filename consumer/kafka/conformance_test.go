@@ -35,7 +35,6 @@ func (h *harness) Executor(t *testing.T) *idem.Executor {
 	return h.exec
 }
 
-
 func (h *harness) Publish(t *testing.T, key string, payload []byte) {
 	r := &kgo.Record{Topic: "in", Value: payload}
 	if key != "" {

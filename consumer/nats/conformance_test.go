@@ -26,7 +26,7 @@ func TestConformance(t *testing.T) {
 }
 
 type harness struct {
-	js jetstream.JetStream
+	js   jetstream.JetStream
 	s    *testStream
 	exec *idem.Executor
 }
@@ -37,7 +37,6 @@ func (h *harness) Executor(t *testing.T) *idem.Executor {
 	}
 	return h.exec
 }
-
 
 func (h *harness) Publish(t *testing.T, key string, payload []byte) {
 	h.s.publish(t, "orders", "Idem-Key", key, payload)

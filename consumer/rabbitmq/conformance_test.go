@@ -35,7 +35,6 @@ func (h *harness) Executor(t *testing.T) *idem.Executor {
 	return h.exec
 }
 
-
 func (h *harness) Publish(t *testing.T, key string, payload []byte) {
 	// A header: the message-id property cannot hold the suite's key over
 	// 255 bytes.

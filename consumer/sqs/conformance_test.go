@@ -38,7 +38,6 @@ func (h *harness) Executor(t *testing.T) *idem.Executor {
 	return h.exec
 }
 
-
 func (h *harness) Publish(t *testing.T, key string, payload []byte) {
 	h.f.Send("q", string(payload), keyAttr(key), "")
 }
