@@ -25,7 +25,13 @@
 // for callers that cannot wrap their operation in a function; Await for a
 // caller that waits for another's result; FenceFrom and LeaseFrom in the
 // operation's context; the errors of errors.go; WithOnLeaseLost to
-// compensate work whose lease was lost.
+// compensate work whose lease was lost. The endings, by what the record
+// becomes: Commit, COMPLETED with the result; Abort, RELEASED or FAILED as
+// the failure policy decides for the operation's error; Fail, FAILED
+// whatever the policy (the operation took effect, its result cannot be
+// stored); Release, RELEASED without counting a failure (the operation did
+// not start); Abandon, unchanged until the lease expires (the outcome is
+// unknown).
 //
 // Adapters (broker consumers, the HTTP middleware) also use BeginBatch and
 // CommitBatch, and CommitBatchWith for a store call that completes more in
