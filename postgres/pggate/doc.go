@@ -44,12 +44,13 @@
 // whose completion never reached the store conflicts, rolls back and is
 // acknowledged.
 //
-//	err = c.Run(ctx, func(ctx context.Context, msg redis.XMessage) error {
-//		return gate.Handle(ctx, func(ctx context.Context, tx pgx.Tx) error {
-//			_, err := tx.Exec(ctx, `INSERT INTO payments ...`, ...)
-//			return err
+//	c, err := redisstream.New(rdb, "payments", "billing", "worker-1", exec,
+//		func(ctx context.Context, msg redis.XMessage) error {
+//			return gate.Handle(ctx, func(ctx context.Context, tx pgx.Tx) error {
+//				_, err := tx.Exec(ctx, `INSERT INTO payments ...`, ...)
+//				return err
+//			})
 //		})
-//	})
 //
 // An idemhttp handler wrapped with Gate.HTTP gets the transaction; its
 // response is only known at the end, so the gate registers itself with the

@@ -78,17 +78,17 @@ func ExampleGate_Handle() {
 		log.Fatal(err)
 	}
 	defer gate.Close()
-	c, err := redisstream.New(rdb, store, "payments", "billing", "worker-1")
+	c, err := redisstream.New(rdb, "payments", "billing", "worker-1", exec,
+		func(ctx context.Context, msg redis.XMessage) error {
+			return gate.Handle(ctx, func(ctx context.Context, tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, `INSERT INTO payments (order_id, amount) VALUES ($1, $2)`, msg.Values["order"], msg.Values["amount"])
+				return err
+			})
+		})
 	if err != nil {
 		log.Fatal(err)
 	}
-	err = c.Run(ctx, func(ctx context.Context, msg redis.XMessage) error {
-		return gate.Handle(ctx, func(ctx context.Context, tx pgx.Tx) error {
-			_, err := tx.Exec(ctx, `INSERT INTO payments (order_id, amount) VALUES ($1, $2)`, msg.Values["order"], msg.Values["amount"])
-			return err
-		})
-	})
-	if err != nil {
+	if err := c.Run(ctx); err != nil {
 		log.Fatal(err)
 	}
 }

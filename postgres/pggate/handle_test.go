@@ -221,28 +221,16 @@ func TestHandleRedisStream(t *testing.T) {
 	for _, gated := range []bool{true, false} {
 		t.Run(map[bool]string{true: "gate", false: "control"}[gated], func(t *testing.T) {
 			v := newRedisEnv(t, 2*time.Second)
-			c, err := redisstream.New(v.rdb, v.rs, "payments", "g", "c1",
-				redisstream.WithKey(redisstream.KeyField("key")),
-				redisstream.WithRetryDelay(5*time.Millisecond), redisstream.WithClaimIdle(30*time.Millisecond),
-				redisstream.WithMaxDeliveries(0), redisstream.WithBlock(20*time.Millisecond))
-			if err != nil {
-				t.Fatal(err)
-			}
-			for range 3 {
-				for i := range keys {
-					if err := v.rdb.XAdd(t.Context(), &redis.XAddArgs{Stream: "payments", Values: []string{"key", "k" + strconv.Itoa(i)}}).Err(); err != nil {
-						t.Fatal(err)
-					}
-				}
-			}
 			errWindow := errors.New("crash window: committed, completion lost")
 			var mu sync.Mutex
 			runs := map[string]int{}
 			h := v.handler(gated)
-			ctx, cancel := context.WithCancel(t.Context())
-			done := make(chan error, 1)
-			go func() {
-				done <- c.Run(ctx, func(ctx context.Context, msg redis.XMessage) error {
+			streamExec, err := idem.New(v.rs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, err := redisstream.New(v.rdb, "payments", "g", "c1", streamExec,
+				func(ctx context.Context, msg redis.XMessage) error {
 					key := fmt.Sprint(msg.Values["key"])
 					if err := h(ctx, key); err != nil {
 						return err
@@ -253,8 +241,23 @@ func TestHandleRedisStream(t *testing.T) {
 						return errWindow
 					}
 					return nil
-				})
-			}()
+				},
+				redisstream.WithKeyFunc(redisstream.KeyField("key")),
+				consumer.WithRetryDelay(5*time.Millisecond), redisstream.WithClaimIdle(30*time.Millisecond),
+				consumer.WithMaxDeliveries(0), redisstream.WithBlock(20*time.Millisecond))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for range 3 {
+				for i := range keys {
+					if err := v.rdb.XAdd(t.Context(), &redis.XAddArgs{Stream: "payments", Values: []string{"key", "k" + strconv.Itoa(i)}}).Err(); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			ctx, cancel := context.WithCancel(t.Context())
+			done := make(chan error, 1)
+			go func() { done <- c.Run(ctx) }()
 			deadline := time.Now().Add(30 * time.Second)
 			for {
 				pending, err := v.rdb.XPending(t.Context(), "payments", "g").Result()
