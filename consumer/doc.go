@@ -5,6 +5,14 @@
 // broker messages into Messages and the Processor's Actions into the
 // broker's acknowledgements, nothing more.
 //
+// Every adapter has one shape: New(<broker handles>, exec, handler,
+// opts...) and Run(ctx). Options of one meaning are this package's (Option:
+// WithScope, WithMaxDeliveries, WithRetryDelay, WithBatchSize,
+// WithConcurrency, WithShutdownTimeout, WithDeadLetter, WithLogger,
+// WithEventHook, WithOnLeaseLost, WithPassDuplicates), accepted by every
+// adapter; an adapter's own options are made with AdapterOption, and New
+// refuses what it cannot honour. Adapters build their Processor with Setup.
+//
 // The order of operations for each message is: acquire the key, run the
 // handler (with the lease and fence in its context), complete the key, and
 // only then acknowledge. So:
