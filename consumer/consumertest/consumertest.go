@@ -58,7 +58,10 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 	t.Run("OrderAcquireHandlerComplete", func(t *testing.T) {
 		// The handler runs with the key acquired (IN_PROGRESS in the store,
 		// under the fence of its context), and the message counts as
-		// processed only once the record is COMPLETED.
+		// processed only once the record is COMPLETED. That the
+		// acknowledgement waits for the completion is checked by
+		// LeaseLostNotAckedHookCalled: a completion that fails must leave
+		// the message unacknowledged.
 		h := newHarness(t)
 		exec := h.Executor(t)
 		opts, scope := scoped()

@@ -26,7 +26,8 @@ type queue struct {
 	// consumer acknowledges a message when it receives it), "ack-retries"
 	// (it acknowledges a message the Processor leaves for redelivery),
 	// "handler-outside" (it runs the handler before the Processor acquires
-	// the key).
+	// the key), "ack-before-commit" (it acknowledges a handled message
+	// before its key is completed).
 	bug  string
 	exec *idem.Executor
 }
@@ -99,6 +100,17 @@ func (q *queue) Start(t *testing.T, opts []consumer.Option, h consumertest.Handl
 				err := h(ctx, m.key, []byte(m.payload))
 				handler = func(context.Context, int) error { return err }
 			}
+			if q.bug == "ack-before-commit" {
+				b := p.Acquire(ctx, []consumer.Message{in})
+				b.Handle(handler)
+				// acknowledged here, before the completion
+				if r := b.Commit(ctx)[0]; r.Action == consumer.DeadLetter {
+					q.mu.Lock()
+					q.dead++
+					q.mu.Unlock()
+				}
+				continue
+			}
 			r := p.Process(ctx, []consumer.Message{in}, handler)[0]
 			if q.bug == "ack-early" {
 				continue
@@ -142,10 +154,14 @@ func TestBuggyAdaptersFail(t *testing.T) {
 		// progress elsewhere, a message whose lease was lost.
 		{"ack-retries", "InProgressDuplicateNeverAcked", "an adapter that acked it loses it"},
 		{"ack-retries", "LeaseLostNotAckedHookCalled", "an adapter that acked it loses it"},
+		// Acks after the handler, before the completion: a completion that
+		// fails (the lease was lost) loses the message.
+		{"ack-before-commit", "LeaseLostNotAckedHookCalled", "an adapter that acked it loses it"},
 		// Runs the handler before the key is acquired.
 		{"handler-outside", "OrderAcquireHandlerComplete", "want one run with its key acquired"},
 	} {
 		t.Run(tc.bug+"/"+tc.test, func(t *testing.T) {
+			t.Parallel() // each child waits out the suite's 20s timeout
 			cmd := exec.Command(os.Args[0], "-test.run=^TestConformance$/^"+tc.test+"$", "-test.v")
 			cmd.Env = append(os.Environ(), "CONSUMERTEST_BUG="+tc.bug)
 			out, err := cmd.CombinedOutput()
