@@ -85,24 +85,23 @@
 // lookup, no redis.setresp, the same redis.call's; KEYS and ARGV are the
 // callback's arguments instead of globals), so idem adds nothing per call
 // in Functions mode. Medians of 7 runs on 2026-11-23, on the 2-core
-// development machine loaded by other work (noisy; per-run ratios spread
-// over about ±10%), usec_per_call in µs, script mode → Functions mode, and
-// the median of the per-run ratios:
+// development machine with nothing else running, usec_per_call in µs,
+// script mode → Functions mode, and the median of the per-run ratios:
 //
-//	acquire (new key)   11.08 → 10.55   0.98×
-//	replay               6.00 →  5.68   1.02×
-//	complete             9.82 →  9.76   0.95×
-//	complete + effect   18.60 → 19.97   0.98×
-//	extend              15.21 → 15.44   0.99×
-//	release              8.26 →  7.68   0.93×
-//	fail                11.20 → 11.25   1.00×
-//	get (FCALL_RO)       7.96 →  8.24   0.99×
+//	acquire (new key)   11.50 → 10.99   0.97×
+//	replay               5.01 →  5.13   1.04×
+//	complete            10.16 →  9.63   0.97×
+//	complete + effect   14.38 → 14.07   0.97×
+//	extend              12.18 → 11.88   1.00×
+//	release              8.60 →  8.47   0.98×
+//	fail                 9.92 →  9.68   0.98×
+//	get (FCALL_RO)       7.49 →  7.23   1.01×
 //
-// The round trip the callers saw was the same in both modes (380–870 µs
-// per call on that loaded machine, within 2% between modes). Redis's own
-// cost per call of each way of calling Lua, a body "return 1" with one key
-// (the sub-benchmark fixed): EVALSHA 1.59 µs, FCALL 1.42 µs (0.89×),
-// FCALL_RO 1.43 µs (0.90×); Functions mode has no fixed cost over script
+// The round trip the callers saw was the same in both modes (316–458 µs
+// per call with 16 callers, within 1% between modes). Redis's own cost per
+// call of each way of calling Lua, a body "return 1" with one key (the
+// sub-benchmark fixed): EVALSHA 1.42 µs, FCALL 1.20 µs (0.84×), FCALL_RO
+// 1.26 µs (0.89×); Functions mode has no fixed cost over script
 // mode in Redis 7.0, and FCALL_RO costs what FCALL does, so Get keeps
 // FCALL_RO, which a replica may serve.
 //
