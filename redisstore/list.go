@@ -56,19 +56,36 @@ func (s *Store) List(ctx context.Context, limit int) ([]Entry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("redisstore: scan: %w", err)
 	}
+	// The records are read in pipelines of listPipeline get calls: one
+	// round trip per pipeline, not per record (a metrics scrape reads up
+	// to StatsSample of them).
 	out := make([]Entry, 0, len(keys))
-	for _, k := range keys {
-		rec, err := s.Get(ctx, k)
-		if errors.Is(err, idem.ErrNotFound) {
-			continue
+	for lo := 0; lo < len(keys); lo += listPipeline {
+		part := keys[lo:min(lo+listPipeline, len(keys))]
+		calls := make([]evalCall, len(part))
+		for i, k := range part {
+			calls[i] = evalCall{keys: []string{s.Key(k)}}
 		}
-		if err != nil {
-			return nil, err
+		replies, errs := s.runMulti(ctx, getScript, calls)
+		for i, k := range part {
+			if errs[i] != nil {
+				return nil, errs[i]
+			}
+			rec, err := parseGet(replies[i])
+			if errors.Is(err, idem.ErrNotFound) {
+				continue // deleted or expired since the scan
+			}
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, Entry{Key: k, Record: rec})
 		}
-		out = append(out, Entry{Key: k, Record: rec})
 	}
 	return out, nil
 }
+
+// listPipeline is how many records List reads in one pipeline.
+const listPipeline = 256
 
 // globEscape escapes the characters that SCAN's MATCH pattern treats as
 // special.

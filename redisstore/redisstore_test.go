@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -616,5 +617,47 @@ func TestList(t *testing.T) {
 				t.Errorf("List(3): got %d entries, %v, want 3", len(some), err)
 			}
 		})
+	}
+}
+
+// TestListPipelinesReads: List (and so the store's gauges, which read a
+// sample of up to StatsSample records per scrape) reads the records it
+// found in pipelines, not one round trip per record.
+func TestListPipelinesReads(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { _ = c.Close() })
+	s, err := redisstore.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 600
+	for i := range n {
+		acquire(t, s, idem.Key{Scope: "lp", ID: strconv.Itoa(i)}.Digest())
+	}
+	if _, err := s.Get(t.Context(), idem.Key{Scope: "lp", ID: "0"}.Digest()); err != nil {
+		t.Fatal(err) // loads the get script, so that no NOSCRIPT retry is counted
+	}
+	rt := &roundTrips{}
+	c.AddHook(rt)
+	all, err := s.List(t.Context(), n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all) != n {
+		t.Fatalf("List: got %d entries, want %d", len(all), n)
+	}
+	var gets, pipelines int
+	for _, name := range rt.names {
+		switch {
+		case strings.HasPrefix(name, "pipeline of") && strings.HasSuffix(name, " evalsha"):
+			pipelines++
+		case name == "evalsha" || name == "eval":
+			gets++
+		}
+	}
+	if gets != 0 || pipelines > (n+255)/256 {
+		t.Errorf("List read %d records with %d calls of their own and %d pipelines, want none and at most %d: %v", n, gets, pipelines, (n+255)/256, rt.names)
 	}
 }
