@@ -274,13 +274,16 @@ ON CONFLICT (digest) DO UPDATE SET fingerprint = excluded.fingerprint, fence = e
   result = excluded.result, created_at = excluded.created_at, expires_at = excluded.expires_at, relayed = excluded.relayed
 WHERE c.expires_at <= now()`
 
-// insertCommit is insertCompletion for one round trip with the COMMIT
-// (pgq.Committer): a row whose retention ended is deleted first, and the
-// insert fails with a unique violation when a live completion committed
-// (or waits for the transaction that inserted one, as insertCompletion).
-const insertCommit = `DELETE FROM idem_completions WHERE digest = $1 AND expires_at <= now();
-INSERT INTO idem_completions (digest, fingerprint, fence, result, expires_at, relayed)
+// deleteExpired and insertNew are insertCompletion in two statements, for
+// one round trip with the COMMIT (pgq.Committer): a row whose retention
+// ended is deleted first, and the insert fails with a unique violation when
+// a live completion committed (or waits for the transaction that inserted
+// one, as insertCompletion).
+const (
+	deleteExpired = `DELETE FROM idem_completions WHERE digest = $1 AND expires_at <= now()`
+	insertNew     = `INSERT INTO idem_completions (digest, fingerprint, fence, result, expires_at, relayed)
 VALUES ($1, $2, $3, $4, now() + $5 * interval '1 microsecond', $6)`
+)
 
 // step says which step of record failed.
 type step uint8
@@ -318,7 +321,7 @@ func (g *Gate[T]) record(ctx, sctx context.Context, e *idem.Executor, a *idem.At
 	if c, ok := tx.(pgq.Committer); ok {
 		// One round trip: the insert fails (unique violation) when a live
 		// completion committed, and then the COMMIT does not run.
-		err := c.CommitWith(ctx, insertCommit, args...)
+		err := c.CommitWith(ctx, pgq.Statement{SQL: deleteExpired, Args: args[:1]}, pgq.Statement{SQL: insertNew, Args: args})
 		switch {
 		case err == nil:
 			return blob, false, 0, nil

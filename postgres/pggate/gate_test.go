@@ -643,3 +643,54 @@ func TestObserverOutcomes(t *testing.T) {
 		t.Errorf("got %v, want %v", seen, want)
 	}
 }
+
+// TestQueryExecModes: the completion and the COMMIT go in one pipeline in
+// whatever query mode the caller's pool uses (prepared statements by
+// default; a simple-protocol query for poolers that cannot keep prepared
+// statements); in each, a commit records once and a conflict rolls back.
+func TestQueryExecModes(t *testing.T) {
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe,
+		pgx.QueryExecModeDescribeExec, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
+		t.Run(mode.String(), func(t *testing.T) {
+			cfg, err := pgxpool.ParseConfig(pgtest.Schema(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.ConnConfig.DefaultQueryExecMode = mode
+			pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pool.Close()
+			ms, _ := memstore.New()
+			e, _ := idem.New(ms)
+			g, err := pggate.New(e, pool, pggate.WithRelayInterval(0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer g.Close()
+			if err := g.Migrate(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := pool.Exec(t.Context(), `CREATE TABLE effects (key text NOT NULL, fence bigint NOT NULL)`); err != nil {
+				t.Fatal(err)
+			}
+			v := &env{pool: pool}
+			key := idem.Key{Scope: "t", ID: "k"}
+			for i, want := range []string{"first", "first"} {
+				res, err := g.Do(t.Context(), key, "fp", effect("k", []string{"first", "second"}[i]))
+				if err != nil || string(res.Value) != want || res.Replayed != (i == 1) {
+					t.Fatalf("Do %d: got %+v, %v, want %s (replayed %v)", i, res, err, want, i == 1)
+				}
+				// The store forgets the record: the second Do runs, and its
+				// insert conflicts with the committed completion.
+				if err := ms.Delete(t.Context(), key.Digest()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if n := v.effects(t, "k"); n != 1 {
+				t.Fatalf("effects: got %d, want 1", n)
+			}
+		})
+	}
+}

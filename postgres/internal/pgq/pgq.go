@@ -57,13 +57,20 @@ type PgxTx struct {
 // Committer is a Tx that can run a last statement and COMMIT in one round
 // trip (pgx). SQLTx is not one: database/sql hides the connection.
 type Committer interface {
-	// CommitWith runs sql (statements without results, separated by
-	// semicolons; args are interpolated by the client) followed by COMMIT,
-	// in one round trip. If a statement fails, nothing after it runs and
-	// the transaction must be rolled back (Rollback). It returns
-	// pgx.ErrTxClosed when the transaction was committed or rolled back
-	// already.
-	CommitWith(ctx context.Context, sql string, args ...any) error
+	// CommitWith runs stmts (statements without results) followed by
+	// COMMIT, in one round trip: one pipeline in the connection's query
+	// mode (prepared and cached statements by default, one simple-protocol
+	// query when the pool is configured for it). If a statement fails,
+	// nothing after it runs and the transaction must be rolled back
+	// (Rollback). It returns pgx.ErrTxClosed when the transaction was
+	// committed or rolled back already.
+	CommitWith(ctx context.Context, stmts ...Statement) error
+}
+
+// Statement is one statement of a Committer's CommitWith.
+type Statement struct {
+	SQL  string
+	Args []any
 }
 
 // SQL adapts a database/sql pool.
@@ -169,7 +176,7 @@ func (t *PgxTx) Rollback(ctx context.Context) error {
 }
 
 // CommitWith implements Committer.
-func (t *PgxTx) CommitWith(ctx context.Context, sql string, args ...any) error {
+func (t *PgxTx) CommitWith(ctx context.Context, stmts ...Statement) error {
 	if t.c == nil {
 		return pgx.ErrTxClosed
 	}
@@ -180,7 +187,12 @@ func (t *PgxTx) CommitWith(ctx context.Context, sql string, args ...any) error {
 	default: // idle: the transaction was committed or rolled back
 		return pgx.ErrTxClosed
 	}
-	if _, err := t.c.Exec(ctx, sql+"; COMMIT", append([]any{pgx.QueryExecModeSimpleProtocol}, args...)...); err != nil {
+	b := &pgx.Batch{}
+	for _, st := range stmts {
+		b.Queue(st.SQL, st.Args...)
+	}
+	b.Queue("COMMIT")
+	if err := t.c.Conn().SendBatch(ctx, b).Close(); err != nil {
 		if !t.c.Conn().IsClosed() && t.c.Conn().PgConn().TxStatus() == 'E' {
 			return aborted{err} // a statement failed: the COMMIT did not run
 		}
