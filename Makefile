@@ -159,8 +159,10 @@ bench-proxy: check-redis
 	bash internal/httpbench/proxy/run.sh
 
 ## bench-postgres: the commit gate side by side in one run: a bare
-## transaction, the hybrid gate (Redis + Postgres) and pgstore (needs
-## PostgreSQL, see check-postgres; starts its own redis-server).
+## transaction, the gate's Postgres part alone (on memstore), its Redis
+## part alone, the hybrid gate (Redis + Postgres, with each client) and
+## pgstore, with the CPU per key of each process (needs PostgreSQL, see
+## check-postgres; starts its own redis-server).
 bench-postgres: check-redis check-postgres
 	cd postgres && $(GO) run ./internal/pgbench
 

@@ -1,9 +1,19 @@
 // Command pgbench measures the commit gate side by side in one run (make
 // bench-postgres): the same handler, one INSERT in a transaction, run
-// without idem ("bare tx"), through pggate on redisstore ("hybrid gate")
+// without idem ("bare tx"), through pggate on redisstore ("hybrid gate",
+// with go-redis, the client most users have, and with rueidis)
 // and through pggate on pgstore ("pgstore gate"). It prints new keys per
 // second at 1 and 64 concurrent callers and replays per second at 64, the
 // medians of -runs runs of -duration each, as a Markdown table.
+//
+// Two more modes split the hybrid gate into its parts: "gate, in-process
+// store" runs the gate on memstore (the gate's Postgres work, the
+// completion row, with no store round trip) and "Redis lifecycle" runs
+// Executor.Do on redisstore with a function that does nothing (the gate's
+// Redis work, without Postgres). For every mode the table also gives the
+// time per key at 1 caller and the CPU time per key at 64 callers of the
+// Postgres server processes, redis-server and the benchmark's own process
+// (Linux /proc), which tell where each mode's time goes.
 //
 // It starts its own redis-server (no persistence, a free loopback port) and
 // makes a schema of its own in IDEM_POSTGRES_URL, dropped at the end.
@@ -27,6 +37,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/memstore"
 	"github.com/idemgo/idem/postgres/pggate"
 	"github.com/idemgo/idem/postgres/pgstore"
 	"github.com/idemgo/idem/postgres/pgtest"
@@ -34,12 +45,13 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
 )
 
 func main() {
 	duration := flag.Duration("duration", 2*time.Second, "length of one measurement")
 	runs := flag.Int("runs", 3, "measurements per cell; the median is printed")
-	only := flag.String("modes", "", "comma-separated modes to run (bare,hybrid,pgstore,pgstore-quiet); all by default (bare always runs)")
+	only := flag.String("modes", "", "comma-separated modes to run (bare,memgate,lifecycle,hybrid,hybrid-rueidis,pgstore,pgstore-quiet); all by default (bare always runs)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
 	if *cpuprofile != "" {
@@ -68,7 +80,7 @@ func insert(ctx context.Context, tx pgx.Tx, id int64) error {
 
 func run(duration time.Duration, runs int, only string) error {
 	ctx := context.Background()
-	addr, stop, err := startRedis()
+	addr, redisPID, stop, err := startRedis()
 	if err != nil {
 		return err
 	}
@@ -130,6 +142,43 @@ func run(duration time.Duration, runs int, only string) error {
 	if err := hg.Migrate(ctx); err != nil {
 		return err
 	}
+	rc, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, DisableCache: true})
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	rrs, err := redisstore.NewRueidis(rc)
+	if err != nil {
+		return err
+	}
+	re, err := idem.New(rrs)
+	if err != nil {
+		return err
+	}
+	rg, err := pggate.New(re, pool)
+	if err != nil {
+		return err
+	}
+	defer rg.Close()
+	ms, err := memstore.New()
+	if err != nil {
+		return err
+	}
+	me, err := idem.New(ms)
+	if err != nil {
+		return err
+	}
+	mg, err := pggate.New(me, pool)
+	if err != nil {
+		return err
+	}
+	defer mg.Close()
+	lifecycle := func(ctx context.Context, id int64) (bool, error) {
+		res, err := he.Do(ctx, idem.Key{Scope: "lifecycle", ID: strconv.FormatInt(id, 10)}, "", func(context.Context) ([]byte, error) {
+			return []byte("ok"), nil
+		})
+		return res.Replayed, err
+	}
 	onPgstore := func(notify bool) (*pggate.Gate[pgx.Tx], func(), error) {
 		ps, err := pgstore.New(pool, pgstore.WithNotify(notify))
 		if err != nil {
@@ -165,14 +214,19 @@ func run(duration time.Duration, runs int, only string) error {
 		op   op
 	}
 	var modes []mode
-	for _, m := range []mode{{"bare", "bare tx", bare}, {"hybrid", "hybrid gate (Redis + Postgres)", gated(hg)}, {"pgstore", "pgstore gate (Postgres only)", gated(pg)},
+	for _, m := range []mode{{"bare", "bare tx", bare}, {"memgate", "gate, in-process store (its Postgres part)", gated(mg)},
+		{"lifecycle", "Redis lifecycle, no Postgres (the gate's Redis part)", lifecycle}, {"hybrid", "hybrid gate (Redis + Postgres)", gated(hg)},
+		{"hybrid-rueidis", "hybrid gate, rueidis client", gated(rg)}, {"pgstore", "pgstore gate (Postgres only)", gated(pg)},
 		{"pgstore-quiet", "pgstore gate, WithNotify(false)", gated(pgq)}} {
 		if only == "" || m.flag == "bare" || slices.Contains(strings.Split(only, ","), m.flag) {
 			modes = append(modes, m)
 		}
 	}
 	var next atomic.Int64
-	type cells struct{ new1, new64, replay64 float64 }
+	type cells struct {
+		new1, new64, replay64 float64
+		cpu                   cpuTimes // per key at 64 callers
+	}
 	results := make([]cells, len(modes))
 	for r := range runs {
 		for i, m := range modes { // interleaved, so drift hits every mode alike
@@ -181,11 +235,14 @@ func run(duration time.Duration, runs int, only string) error {
 			if err != nil {
 				return fmt.Errorf("%s: %w", m.name, err)
 			}
+			before := readCPU(redisPID)
 			n64, err := measure(ctx, m.op, 64, duration, func() int64 { return next.Add(1) }, false)
 			if err != nil {
 				return fmt.Errorf("%s: %w", m.name, err)
 			}
-			samples[i] = append(samples[i], [3]float64{n1, n64, 0})
+			keys := n64 * duration.Seconds()
+			used := readCPU(redisPID).minus(before)
+			samples[i] = append(samples[i], [6]float64{n1, n64, 0, used.postgres / keys, used.redis / keys, used.self / keys})
 			if i == 0 {
 				continue
 			}
@@ -205,27 +262,30 @@ func run(duration time.Duration, runs int, only string) error {
 		}
 	}
 	for i := range modes {
-		results[i] = cells{median(samples[i], 0), median(samples[i], 1), median(samples[i], 2)}
+		results[i] = cells{median(samples[i], 0), median(samples[i], 1), median(samples[i], 2),
+			cpuTimes{median(samples[i], 3), median(samples[i], 4), median(samples[i], 5)}}
 	}
 	var version string
 	pool.QueryRow(ctx, `SHOW server_version`).Scan(&version)
 	fmt.Printf("pggate benchmark: PostgreSQL %s and redis-server on loopback, one INSERT per transaction, GOMAXPROCS %d, medians of %d runs of %v\n\n",
 		version, runtime.GOMAXPROCS(0), runs, duration)
-	fmt.Println("| mode | new keys/s, 1 caller | new keys/s, 64 callers | × bare (64) | replays/s, 64 callers |")
-	fmt.Println("|---|---:|---:|---:|---:|")
+	fmt.Println("| mode | new keys/s, 1 caller | µs/key, 1 caller | new keys/s, 64 callers | × bare (64) | replays/s, 64 callers | CPU µs/key at 64: Postgres | Redis | Go | total |")
+	fmt.Println("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for i, m := range modes {
 		rep := "—"
 		if i > 0 {
 			rep = fmt.Sprintf("%.0f", results[i].replay64)
 		}
-		fmt.Printf("| %s | %.0f | %.0f | %.2f | %s |\n", m.name, results[i].new1, results[i].new64, results[i].new64/results[0].new64, rep)
+		c := results[i].cpu
+		fmt.Printf("| %s | %.0f | %.0f | %.0f | %.2f | %s | %.0f | %.0f | %.0f | %.0f |\n", m.name, results[i].new1, 1e6/results[i].new1,
+			results[i].new64, results[i].new64/results[0].new64, rep, c.postgres*1e6, c.redis*1e6, c.self*1e6, (c.postgres+c.redis+c.self)*1e6)
 	}
 	return nil
 }
 
-var samples = map[int][][3]float64{}
+var samples = map[int][][6]float64{}
 
-func median(s [][3]float64, col int) float64 {
+func median(s [][6]float64, col int) float64 {
 	v := make([]float64, len(s))
 	for i := range s {
 		v[i] = s[i][col]
@@ -264,16 +324,16 @@ func measure(ctx context.Context, o op, callers int, d time.Duration, id func() 
 
 // startRedis starts redis-server without persistence on a free loopback
 // port.
-func startRedis() (addr string, stop func(), err error) {
+func startRedis() (addr string, pid int, stop func(), err error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
 	cmd := exec.Command("redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
 	if err := cmd.Start(); err != nil {
-		return "", nil, fmt.Errorf("redis-server: %w", err)
+		return "", 0, nil, fmt.Errorf("redis-server: %w", err)
 	}
 	addr = "127.0.0.1:" + strconv.Itoa(port)
 	stop = func() { cmd.Process.Kill(); cmd.Wait() }
@@ -281,11 +341,11 @@ func startRedis() (addr string, stop func(), err error) {
 	defer rdb.Close()
 	for i := 0; ; i++ {
 		if rdb.Ping(context.Background()).Err() == nil {
-			return addr, stop, nil
+			return addr, cmd.Process.Pid, stop, nil
 		}
 		if i == 100 {
 			stop()
-			return "", nil, fmt.Errorf("redis-server on %s did not answer", addr)
+			return "", 0, nil, fmt.Errorf("redis-server on %s did not answer", addr)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -317,3 +377,64 @@ func schema(ctx context.Context) (string, func(), error) {
 	u.RawQuery = q.Encode()
 	return u.String(), drop, nil
 }
+
+// cpuTimes are CPU seconds of the Postgres server's processes, of
+// redis-server and of this process.
+type cpuTimes struct{ postgres, redis, self float64 }
+
+func (a cpuTimes) minus(b cpuTimes) cpuTimes {
+	return cpuTimes{a.postgres - b.postgres, a.redis - b.redis, a.self - b.self}
+}
+
+// readCPU reads the CPU time used so far by every process named postgres,
+// by the process redisPID and by this process, from /proc (zero where
+// there is no /proc).
+func readCPU(redisPID int) cpuTimes {
+	var t cpuTimes
+	dirs, _ := os.ReadDir("/proc")
+	for _, d := range dirs {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil {
+			continue
+		}
+		comm, secs, ok := procCPU(pid)
+		switch {
+		case !ok:
+		case pid == redisPID:
+			t.redis = secs
+		case pid == os.Getpid():
+			t.self = secs
+		case comm == "postgres":
+			t.postgres += secs
+		}
+	}
+	return t
+}
+
+// procCPU returns the command name and the user + system CPU seconds of a
+// process, from /proc/PID/stat.
+func procCPU(pid int) (comm string, secs float64, ok bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return "", 0, false
+	}
+	s := string(b)
+	open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+	if open < 0 || end < open {
+		return "", 0, false
+	}
+	f := strings.Fields(s[end+1:]) // f[0] is field 3 (state); utime and stime are fields 14 and 15
+	if len(f) < 13 {
+		return "", 0, false
+	}
+	utime, err1 := strconv.ParseFloat(f[11], 64)
+	stime, err2 := strconv.ParseFloat(f[12], 64)
+	if err1 != nil || err2 != nil {
+		return "", 0, false
+	}
+	return s[open+1 : end], (utime + stime) / clockTicks, true
+}
+
+// clockTicks is USER_HZ, the unit of /proc's CPU times: 100 on every Linux
+// architecture Go supports.
+const clockTicks = 100
