@@ -54,7 +54,16 @@
 //
 // Each transition is one Lua script (lua/*.lua, embedded), run with EVALSHA
 // and EVAL after NOSCRIPT through the client library's own helper, or as a
-// Redis Function (see Functions mode). Scripts
+// Redis Function (see Functions mode). rueidis sends concurrent calls in
+// pipelines on its own; with a go-redis *redis.Client the store does the
+// same for calls that would wait anyway: a call made while two others are
+// in flight is queued, and the first of those to return sends every queued
+// call as one pipeline (a lone caller's calls go out alone, at once); a
+// queued call waits at most 250 µs for that, then the queue is sent at once,
+// so that a slow network does not delay it by a whole round trip. At 64
+// concurrent callers that halved the time of a lifecycle (BenchmarkLifecycle:
+// 55 µs to 28 µs, as rueidis's 26 µs), most of which was the system calls
+// of one write and one read per call on each side. Scripts
 // read the server's clock with TIME. Every input is validated in Go before a
 // script runs, and every script does all its checks before its only write,
 // so a script error never leaves a half-written record.
@@ -187,26 +196,47 @@
 //
 // # Local replay cache
 //
-// With a rueidis client, Acquire answers the replay of a COMPLETED or
-// terminal FAILED record from rueidis's client-side cache, with no round
-// trip: such a record does not change until it is deleted or expires. The
-// server keeps the cache consistent (RESP3 client tracking): a write or a
-// delete of the key by any client (idem rm included) invalidates the entry
-// as soon as the server's message arrives; the entry's local time to live is
-// the key's PTTL read with it (at most a minute), less 10 ms, so it never
-// outlives the record's retention; rueidis drops every entry of a connection
-// that breaks. An IN_PROGRESS record is never served from the cache, and the
-// fingerprint is checked as the script checks it (Mismatch). Only a key whose
-// acquire returned a replay is read through the cache (one GET, then local
-// hits), so new keys cost nothing more. The cache's memory is rueidis's, an
-// LRU bounded in bytes per connection (ClientOption.CacheSizeEachConn); the
-// store's index of replayed keys holds at most 65,536 of them.
+// Acquire answers the replay of a COMPLETED or terminal FAILED record from
+// a local cache, with no round trip: such a record does not change until it
+// is deleted or expires. The server keeps the cache consistent (client
+// tracking): a write or a delete of the key by any client (idem rm
+// included) invalidates the entry as soon as the server's message arrives;
+// the entry's local time to live is the key's PTTL read with it (at most a
+// minute), less 10 ms, so it never outlives the record's retention; when
+// the connection that carries the invalidations breaks, every entry is
+// dropped. An IN_PROGRESS record is never served from the cache, and the
+// fingerprint is checked as the script checks it (Mismatch). Only a key
+// whose acquire returned a replay is read through the cache (one GET, then
+// local hits), so new keys cost nothing more.
 //
-// The cache is on by default with rueidis (a client built with DisableCache
-// then reads the key from the server each time, which is correct and a
-// little cheaper than the script), and off with WithWait or WithWaitAOF;
-// WithReplayCache(false) turns it off. With go-redis it is not available
-// yet.
+// With rueidis the cache is rueidis's client-side cache (RESP3 tracking on
+// its own connections), an LRU bounded in bytes per connection
+// (ClientOption.CacheSizeEachConn); a client built with DisableCache reads
+// the key from the server each time, which is correct and a little cheaper
+// than the script.
+//
+// With a go-redis *redis.Client (standalone or Sentinel) the store keeps
+// the cache itself: an LRU bounded in bytes (WithReplayCacheBytes, 32 MiB by
+// default) filled by GET and PTTL on the client's pool, and one tracking
+// connection of its own, opened with the client's options (named
+// idem-tracking in CLIENT LIST): in RESP2 it turns on CLIENT TRACKING in
+// broadcasting mode for the store's prefix, redirected to itself, and
+// subscribes to __redis__:invalidate, so that the server reports every write
+// of a key under the prefix, by any client. Nothing is cached or served
+// until that connection's subscription is confirmed; a read in flight when
+// its key is invalidated is not cached; a FLUSHALL, a broken connection or a
+// ping unanswered for 3 s drops every entry. If the server refuses CLIENT
+// TRACKING (an ACL), the store logs one warning and reads replays from the
+// server. Store.Close ends the tracking connection (a store that is
+// collected without Close ends it too). With broadcasting, every write of a
+// key under the prefix sends the store a message (Redis batches them per
+// event loop cycle); WithReplayCache(false) spares that where replays are
+// rare.
+//
+// The cache is on by default, and off with WithWait or WithWaitAOF (those
+// callers asked that each acquire wait for replicas) and on a go-redis
+// Cluster; WithReplayCache(false) turns it off. The store's index of
+// replayed keys holds at most 65,536 of them.
 //
 // # Listing
 //

@@ -1,6 +1,9 @@
 package redisstore
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // AcquireSource returns the source of acquire.lua, for tests that call it
 // with input the store would refuse.
@@ -9,6 +12,27 @@ func AcquireSource() string { return acquireScript.src }
 // ReplayCacheHits returns the number of acquires answered from rueidis's
 // client-side cache so far, in every store of the process.
 func ReplayCacheHits() int64 { return replayCacheHits.Load() }
+
+// CacheSize returns the entries and bytes of a go-redis store's replay
+// cache.
+func CacheSize(s *Store) (entries int, bytes int64) {
+	if tc, ok := s.cached.(*trackedCache); ok {
+		return tc.cacheBytes()
+	}
+	return 0, 0
+}
+
+// CacheState returns the generation of a go-redis store's replay cache
+// (incremented by every flush) and whether its tracking connection is
+// confirmed; tracked is false with rueidis (whose cache is rueidis's).
+func CacheState(s *Store) (gen uint64, ready, tracked bool) {
+	if tc, ok := s.cached.(*trackedCache); ok {
+		tc.mu.Lock()
+		defer tc.mu.Unlock()
+		return tc.gen, tc.healthy, true
+	}
+	return 0, true, false
+}
 
 // DecodeRecord decodes a record as the replay cache does.
 func DecodeRecord(v string) (state, fingerprint, result string, attempts int64, err error) {
@@ -43,4 +67,23 @@ func CheckServer(ctx context.Context, nodes []FakeNode, opts ...Option) error {
 		ns[i] = n
 	}
 	return checkServer(ctx, ns, &c)
+}
+
+// Queued returns the number of calls a go-redis store has queued.
+func Queued(s *Store) int {
+	b, ok := s.b.(*goRedis)
+	if !ok {
+		return 0
+	}
+	b.calls.mu.Lock()
+	defer b.calls.mu.Unlock()
+	return len(b.calls.queue)
+}
+
+// SetMaxQueueWait sets how long a queued go-redis call waits for a call in
+// flight, until the test ends.
+func SetMaxQueueWait(t interface{ Cleanup(func()) }, d time.Duration) {
+	old := maxQueueWait
+	maxQueueWait = d
+	t.Cleanup(func() { maxQueueWait = old })
 }

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -16,15 +17,18 @@ import (
 // goRedis is the backend for a go-redis *redis.Client. Its watches share
 // one subscriber connection (hub).
 type goRedis struct {
-	c   *redis.Client
-	hub *hub
+	c     *redis.Client
+	hub   *hub
+	calls *coalescer
 }
 
-func newGoRedis(c *redis.Client) *goRedis { return &goRedis{c: c, hub: &hub{open: openGoRedis(c)}} }
+func newGoRedis(c *redis.Client) *goRedis {
+	return &goRedis{c: c, hub: &hub{open: openGoRedis(c)}, calls: &coalescer{c: c, senders: coalesceSenders}}
+}
 
 func (b *goRedis) run(ctx context.Context, s *script, keys, args []string, w *waitConfig, fcall bool) (any, int64, error) {
 	if w == nil {
-		v, err := callGoRedis(ctx, b.c, s, keys, args, fcall)
+		v, err := b.calls.run(ctx, s, keys, args, fcall)
 		return v, 0, err
 	}
 	return runWait(ctx, b.c, s, keys, args, w, fcall)
@@ -222,4 +226,159 @@ func watchPubSub(ctx context.Context, ps *redis.PubSub) (<-chan struct{}, func()
 		<-done
 	}
 	return changed, stop, nil
+}
+
+// coalescer sends the script calls of a store on a go-redis *redis.Client
+// the way rueidis does, in pipelines, but only when callers are already
+// waiting: a call made while fewer than its senders are busy goes out at
+// once, alone, as a plain call (a lone caller waits for nothing); a call
+// made while every sender is busy is queued, and the first sender to
+// finish sends every queued call as one pipeline, then the calls queued
+// meanwhile, until none is left. A pipeline costs a write and a read on
+// each side instead of one per call: at 64 callers, go-redis spent most of
+// a lifecycle in those system calls.
+//
+// A queued call waits at most maxQueueWait: if no call in flight returned
+// by then, the queue is sent at once by one more sender.
+//
+// A queued call whose context ends returns the context's error; if it was
+// sent already, its outcome is unknown, as for any call whose reply did not
+// come back in time. A queued call whose context ended before its pipeline
+// was sent is not sent.
+type coalescer struct {
+	c       *redis.Client
+	senders int
+
+	mu     sync.Mutex
+	active int
+	queue  []*queuedCall
+}
+
+type queuedCall struct {
+	ctx        context.Context
+	s          *script
+	keys, args []string
+	fcall      bool
+	cmd        *redis.Cmd
+	reply      any
+	err        error
+	done       chan struct{}
+	taken      bool // in a batch being sent; guarded by the coalescer's mu
+}
+
+// coalesceSenders is the number of calls a store sends at once before it
+// queues the next ones.
+const coalesceSenders = 2
+
+// maxQueueWait bounds how long a queued call waits for a call in flight to
+// return: past it, the queue is sent at once by one more sender, so that a
+// slow network or server does not delay every queued call by a whole round
+// trip of the calls before it.
+var maxQueueWait = 250 * time.Microsecond // a variable for tests
+
+func (q *coalescer) run(ctx context.Context, s *script, keys, args []string, fcall bool) (any, error) {
+	q.mu.Lock()
+	if q.active < q.senders {
+		q.active++
+		q.mu.Unlock()
+		v, err := callGoRedis(ctx, q.c, s, keys, args, fcall)
+		q.drain()
+		return v, err
+	}
+	call := &queuedCall{ctx: ctx, s: s, keys: keys, args: args, fcall: fcall, done: make(chan struct{})}
+	q.queue = append(q.queue, call)
+	q.mu.Unlock()
+	t := time.NewTimer(maxQueueWait)
+	defer t.Stop()
+	for {
+		select {
+		case <-call.done:
+			return call.reply, call.err
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-t.C:
+			// The calls in flight are slow (a slow network, a busy
+			// server): do not wait for them; send the queue now, as one
+			// more sender.
+			q.mu.Lock()
+			if call.taken {
+				q.mu.Unlock()
+				continue
+			}
+			batch := q.take()
+			q.active++
+			q.mu.Unlock()
+			q.send(batch)
+			q.drain()
+		}
+	}
+}
+
+// take empties the queue and returns its calls; q.mu is held.
+func (q *coalescer) take() []*queuedCall {
+	batch := q.queue
+	q.queue = nil
+	for _, c := range batch {
+		c.taken = true
+	}
+	return batch
+}
+
+// drain sends the queued calls until none is left, then frees the
+// caller's sender slot.
+func (q *coalescer) drain() {
+	for {
+		q.mu.Lock()
+		batch := q.take()
+		if len(batch) == 0 {
+			q.active--
+			q.mu.Unlock()
+			return
+		}
+		q.mu.Unlock()
+		q.send(batch)
+	}
+}
+
+// send sends batch as one pipeline (and the calls that got NOSCRIPT as a
+// second one, with EVAL) and wakes each call.
+func (q *coalescer) send(batch []*queuedCall) {
+	ctx := context.Background() // the client's read and write timeouts apply
+	live := batch[:0:0]
+	for _, c := range batch {
+		if err := c.ctx.Err(); err != nil {
+			c.err = err
+			close(c.done)
+			continue
+		}
+		live = append(live, c)
+	}
+	for try := 0; try < 2 && len(live) > 0; try++ {
+		_, _ = q.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, c := range live {
+				a := anyArgs(c.args)
+				switch {
+				case c.fcall && c.s.ro:
+					c.cmd = p.FCallRo(ctx, c.s.fn, c.keys, a...)
+				case c.fcall:
+					c.cmd = p.FCall(ctx, c.s.fn, c.keys, a...)
+				case try == 0:
+					c.cmd = c.s.gr.EvalSha(ctx, p, c.keys, a...)
+				default:
+					c.cmd = c.s.gr.Eval(ctx, p, c.keys, a...)
+				}
+			}
+			return nil
+		})
+		again := live[:0:0]
+		for _, c := range live {
+			if try == 0 && !c.fcall && redis.HasErrorPrefix(c.cmd.Err(), "NOSCRIPT") {
+				again = append(again, c)
+				continue
+			}
+			c.reply, c.err = c.cmd.Result()
+			close(c.done)
+		}
+		live = again
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -30,6 +31,8 @@ type config struct {
 	functions    bool        // WithFunctions, in functions.go
 	effects      []effectDef // WithEffect, in effect.go
 	replayCache  *bool       // WithReplayCache, in replaycache.go; nil: the default
+	// WithReplayCacheBytes, in tracking.go
+	replayCacheBytes int64
 
 	allowEviction bool         // WithAllowEviction, in check.go
 	logger        *slog.Logger // WithLogger, in check.go
@@ -94,6 +97,9 @@ func (c *config) validate() error {
 	}
 	if len(c.prefix) > 64 {
 		return fmt.Errorf("%w: prefix is %d bytes, over the limit of 64", idem.ErrInvalid, len(c.prefix))
+	}
+	if c.replayCacheBytes < 0 {
+		return fmt.Errorf("%w: replay cache bound of %d bytes, want more than 0 (WithReplayCache(false) turns the cache off)", idem.ErrInvalid, c.replayCacheBytes)
 	}
 	if w := c.wait; w != nil {
 		if w.replicas < 0 || w.local < 0 || w.local > 1 {
@@ -187,14 +193,12 @@ func newStore(b backend, opts []Option) (*Store, error) {
 		return nil, err
 	}
 	s.effects = effects
-	if g, ok := b.(cachedGetter); ok {
-		on := c.wait == nil
-		if c.replayCache != nil {
-			on = *c.replayCache
-		}
-		if on {
-			s.cached, s.replays = g, newReplayIndex(replayIndexSize)
-		}
+	cacheOn := c.wait == nil
+	if c.replayCache != nil {
+		cacheOn = *c.replayCache
+	}
+	if g, ok := b.(cachedGetter); ok && cacheOn {
+		s.cached, s.replays = g, newReplayIndex(replayIndexSize)
 	}
 	// The options are valid: now the server.
 	ctx, cancel := context.WithTimeout(context.Background(), StartCheckTimeout)
@@ -205,6 +209,21 @@ func newStore(b backend, opts []Option) (*Store, error) {
 	}
 	if err := checkServer(ctx, nodes, &c); err != nil {
 		return nil, err
+	}
+	if gr, ok := b.(*goRedis); ok && cacheOn {
+		log := c.logger
+		if log == nil {
+			log = slog.Default()
+		}
+		size := c.replayCacheBytes
+		if size == 0 {
+			size = DefaultReplayCacheBytes
+		}
+		tc := startTracking(gr.c, s.prefix, size, log)
+		s.cached, s.replays = tc, newReplayIndex(replayIndexSize)
+		// A store dropped without Close ends its tracking connection
+		// when it is collected.
+		runtime.AddCleanup(s, func(tc *trackedCache) { go tc.close() }, tc)
 	}
 	return s, nil
 }
@@ -242,6 +261,17 @@ func NewRueidis(client rueidis.Client, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("%w: nil client", idem.ErrInvalid)
 	}
 	return newStore(newRueidis(client), opts)
+}
+
+// Close ends what the store runs in the background: the tracking
+// connection of its replay cache with go-redis (see the package
+// documentation, "Local replay cache"). It does not close the client. The
+// store must not be used after Close.
+func (s *Store) Close() error {
+	if tc, ok := s.cached.(*trackedCache); ok {
+		tc.close()
+	}
+	return nil
 }
 
 // Key returns the Redis key of the record for a store key (a digest).
@@ -471,6 +501,9 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 		// the reply to the DEL (Redis 7.0 sends a client's own after it):
 		// the next acquire here must not read the cache before it does.
 		s.replays.remove(s.Key(key))
+		if tc, ok := s.cached.(*trackedCache); ok {
+			tc.invalidate([]string{s.Key(key)})
+		}
 	}
 	if err := s.b.del(ctx, s.Key(key)); err != nil {
 		return fmt.Errorf("redisstore: delete: %w", err)

@@ -338,7 +338,7 @@ func commandCalls(t *testing.T, srv *redistest.Server) int {
 // TestServerRestart kills redis-server during a run: calls fail with a
 // clear, wrapped error and do not hang; after the restart the store works
 // again and the completed records survived (appendonly); no goroutine is
-// left behind once the clients are closed.
+// left behind once the stores and the clients are closed.
 func TestServerRestart(t *testing.T) {
 	srv := redistest.Start(t, "--appendonly", "yes", "--appendfsync", "always")
 	before := runtime.NumGoroutine()
@@ -351,6 +351,7 @@ func TestServerRestart(t *testing.T) {
 		}
 		defer ru.Close()
 		s1, _ := redisstore.New(gr)
+		defer s1.Close() // its replay cache's tracking connection
 		s2, _ := redisstore.NewRueidis(ru)
 		for _, s := range []*redisstore.Store{s1, s2} {
 			exec, _ := idem.New(s)

@@ -16,15 +16,16 @@ import (
 
 // The local replay cache (see the package documentation). The store keeps
 // an LRU index of the keys whose acquire returned a replay; only those are
-// read through rueidis's client-side cache (DoCache GET), so a new key never
-// costs the extra GET. A cached value that is not COMPLETED or FAILED (the
+// read through the cache (with rueidis its client-side cache, DoCache GET;
+// with go-redis the store's own, tracking.go), so a new key never costs the
+// extra GET. A cached value that is not COMPLETED or FAILED (the
 // record was deleted, or is IN_PROGRESS again) leaves the index, and the
 // acquire runs its script as without a cache.
 //
-// Decision: with go-redis the cache is off (its client has no tracking the
-// store can rely on yet), and with WithWait or WithWaitAOF it is off by
-// default too, since those callers asked that each acquire wait for
-// replicas.
+// Decision: with WithWait or WithWaitAOF the cache is off by default,
+// since those callers asked that each acquire wait for replicas; on a
+// go-redis Cluster it is off (each node would need a tracking connection of
+// its own).
 
 // replayCacheTTL bounds how long rueidis keeps a cached record, whatever
 // its retention.
@@ -42,9 +43,9 @@ const replayIndexSize = 1 << 16
 
 // WithReplayCache sets whether Acquire serves replays of COMPLETED and
 // FAILED records from the client library's server-assisted cache (see the
-// package documentation, "Local replay cache"). The default is on with a
-// rueidis client without WithWait/WithWaitAOF, and off otherwise; with
-// go-redis it cannot be turned on.
+// package documentation, "Local replay cache"). The default is on without
+// WithWait/WithWaitAOF, and off otherwise; on a go-redis *redis.ClusterClient
+// it cannot be turned on.
 func WithReplayCache(on bool) Option {
 	return func(c *config) { c.replayCache = &on }
 }

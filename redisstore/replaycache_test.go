@@ -1,6 +1,8 @@
 package redisstore_test
 
 import (
+	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -8,6 +10,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/redistest"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
 )
 
@@ -28,6 +31,34 @@ func cachedRueidisStore(t *testing.T, addr string, opts ...redisstore.Option) *r
 	return s
 }
 
+// cachedGoRedisStore returns a store on a go-redis client, whose replay
+// cache is on by default, once its tracking connection is confirmed.
+func cachedGoRedisStore(t *testing.T, addr string, opts ...redisstore.Option) *redisstore.Store {
+	t.Helper()
+	s, err := redisstore.New(goRedisClient(t, addr), opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// cachedStores are the stores whose replay cache the tests check.
+var cachedStores = []struct {
+	name string
+	new  func(t *testing.T, addr string, opts ...redisstore.Option) *redisstore.Store
+}{{"rueidis", cachedRueidisStore}, {"go-redis", cachedGoRedisStore}}
+
+// eachCachedStore runs f with a store of each client on a server of its
+// own.
+func eachCachedStore(t *testing.T, f func(t *testing.T, srv *redistest.Server, s *redisstore.Store, newStore func(opts ...redisstore.Option) *redisstore.Store)) {
+	for _, cs := range cachedStores {
+		t.Run(cs.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			f(t, srv, cs.new(t, srv.Addr()), func(opts ...redisstore.Option) *redisstore.Store { return cs.new(t, srv.Addr(), opts...) })
+		})
+	}
+}
+
 func acquireReq(fp string, retention time.Duration) idem.AcquireRequest {
 	return idem.AcquireRequest{Fingerprint: fp, Owner: "owner-" + fp, Lease: min(10*time.Second, retention), Retention: retention, MaxAttempts: 3}
 }
@@ -45,8 +76,9 @@ func completeAndCache(t *testing.T, s *redisstore.Store, key, fp string, retenti
 		t.Fatal(err)
 	}
 	before := redisstore.ReplayCacheHits()
+	deadline := time.Now().Add(5 * time.Second) // the tracking connection of go-redis may not be confirmed yet
 	for i := 0; redisstore.ReplayCacheHits() == before; i++ {
-		if i == 10 {
+		if i >= 10 && time.Now().After(deadline) {
 			t.Fatal("no acquire was answered from the local cache")
 		}
 		r, err := s.Acquire(ctx, key, acquireReq(fp, retention))
@@ -59,8 +91,10 @@ func completeAndCache(t *testing.T, s *redisstore.Store, key, fp string, retenti
 // TestReplayCacheDeleteInvalidates: a delete by another process (another
 // client) is seen by the cached store within 50 ms.
 func TestReplayCacheDeleteInvalidates(t *testing.T) {
-	srv := redistest.Start(t)
-	s := cachedRueidisStore(t, srv.Addr())
+	eachCachedStore(t, testDeleteInvalidates)
+}
+
+func testDeleteInvalidates(t *testing.T, srv *redistest.Server, s *redisstore.Store, _ func(...redisstore.Option) *redisstore.Store) {
 	other := goRedisClient(t, srv.Addr())
 	completeAndCache(t, s, "k1", "fp", time.Hour)
 	if err := other.Del(t.Context(), s.Key("k1")).Err(); err != nil {
@@ -81,7 +115,7 @@ func TestReplayCacheDeleteInvalidates(t *testing.T) {
 	}
 	// An overwrite by another process is seen too.
 	completeAndCache(t, s, "k2", "fp", time.Hour)
-	other2, err := redisstore.New(other)
+	other2, err := redisstore.New(other, redisstore.WithReplayCache(false))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,8 +144,10 @@ func TestReplayCacheDeleteInvalidates(t *testing.T) {
 // TestReplayCacheNeverOutlivesRetention: a cached replay is never served
 // after the record's retention ended.
 func TestReplayCacheNeverOutlivesRetention(t *testing.T) {
-	srv := redistest.Start(t)
-	s := cachedRueidisStore(t, srv.Addr())
+	eachCachedStore(t, testNeverOutlivesRetention)
+}
+
+func testNeverOutlivesRetention(t *testing.T, _ *redistest.Server, s *redisstore.Store, _ func(...redisstore.Option) *redisstore.Store) {
 	const retention = 400 * time.Millisecond
 	completeAndCache(t, s, "k", "fp", retention)
 	// The completion happened before this on the server's clock, so its
@@ -136,32 +172,75 @@ func TestReplayCacheNeverOutlivesRetention(t *testing.T) {
 // TestReplayCacheBrokenConnection: when the cache's connections break, no
 // cached replay is served for a record deleted meanwhile.
 func TestReplayCacheBrokenConnection(t *testing.T) {
-	srv := redistest.Start(t)
-	s := cachedRueidisStore(t, srv.Addr())
+	eachCachedStore(t, testBrokenConnection)
+}
+
+func testBrokenConnection(t *testing.T, srv *redistest.Server, s *redisstore.Store, _ func(...redisstore.Option) *redisstore.Store) {
 	other := goRedisClient(t, srv.Addr())
 	completeAndCache(t, s, "k", "fp", time.Hour)
+	gen, _, _ := redisstore.CacheState(s)
 	ctx := t.Context()
 	// Stop the server's invalidations: tracking stays off while the
 	// connections are down, then the key is deleted with no client
 	// tracking it.
-	if err := other.Do(ctx, "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes").Err(); err != nil {
+	// In one transaction, so that no tracking connection is back before
+	// the delete (go-redis's tracking connection is a pubsub one).
+	if _, err := other.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.Do(ctx, "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+		p.Do(ctx, "CLIENT", "KILL", "TYPE", "pubsub")
+		p.Del(ctx, s.Key("k"))
+		return nil
+	}); err != nil {
 		t.Fatal(err)
 	}
-	if err := other.Del(ctx, s.Key("k")).Err(); err != nil {
-		t.Fatal(err)
-	}
+	killed := time.Now()
 	// The client learns of the break as it learns of an invalidation, as
 	// soon as the server's message (here: the end of the stream) arrives:
 	// the same bound holds. Without the flush the entry would be served
 	// until its local time to live, a minute.
-	killed := time.Now()
-	for {
-		a, err := s.Acquire(ctx, "k", acquireReq("fp", time.Hour))
-		if err == nil && a.Outcome == idem.Acquired {
-			break
+	noStaleAfterBreak(t, s, gen, "k", killed)
+}
+
+// noStaleAfterBreak acquires key until the store's cache is back (its
+// generation moved past gen and its tracking connection is confirmed
+// again) and once more. The store learns of the break when the end of the
+// connection arrives, as it learns of an invalidation: until then (within
+// 50 ms of since) an acquire may replay the deleted record, as a read
+// before the delete would have; once it noticed, none may. With rueidis, whose cache state is not
+// visible, it acquires until the first acquire that is not a replay, within
+// 50 ms.
+func noStaleAfterBreak(t *testing.T, s *redisstore.Store, gen uint64, key string, since time.Time) {
+	t.Helper()
+	if _, _, tracked := redisstore.CacheState(s); !tracked {
+		for {
+			a, err := s.Acquire(t.Context(), key, acquireReq("fp", time.Hour))
+			if err == nil && a.Outcome == idem.Acquired {
+				return
+			}
+			if time.Since(since) > 50*time.Millisecond {
+				t.Fatalf("acquire %v after the break: got %v, %v, want Acquired", time.Since(since), a.Outcome, err)
+			}
 		}
-		if time.Since(killed) > 50*time.Millisecond {
-			t.Fatalf("acquire %v after the broken connection: got %v, %v, want Acquired", time.Since(killed), a.Outcome, err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for back := false; ; {
+		g, ready, _ := redisstore.CacheState(s)
+		noticed := g != gen
+		a, err := s.Acquire(t.Context(), key, acquireReq("fp", time.Hour))
+		if err == nil && a.Outcome == idem.Replay {
+			if noticed {
+				t.Fatalf("acquire %v after the break, which the store had noticed: a replay of the record deleted meanwhile", time.Since(since))
+			}
+			if time.Since(since) > 50*time.Millisecond {
+				t.Fatalf("still replayed %v after the break", time.Since(since))
+			}
+		}
+		if back {
+			return
+		}
+		back = noticed && ready
+		if time.Now().After(deadline) {
+			t.Fatal("the cache did not come back")
 		}
 	}
 }
@@ -169,8 +248,10 @@ func TestReplayCacheBrokenConnection(t *testing.T) {
 // TestReplayCacheChecks: the fingerprint and the scope are checked on a
 // cached replay as on the server.
 func TestReplayCacheChecks(t *testing.T) {
-	srv := redistest.Start(t)
-	s := cachedRueidisStore(t, srv.Addr())
+	eachCachedStore(t, testChecks)
+}
+
+func testChecks(t *testing.T, _ *redistest.Server, s *redisstore.Store, newStore func(...redisstore.Option) *redisstore.Store) {
 	ctx := t.Context()
 	completeAndCache(t, s, "scope-a.k", "fp", time.Hour)
 	a, err := s.Acquire(ctx, "scope-a.k", acquireReq("other", time.Hour))
@@ -189,7 +270,7 @@ func TestReplayCacheChecks(t *testing.T) {
 		t.Fatalf("in progress: got %v, %v, want InProgress", b.Outcome, err)
 	}
 	// Off by option: no acquire is served locally.
-	off := cachedRueidisStore(t, srv.Addr(), redisstore.WithReplayCache(false))
+	off := newStore(redisstore.WithReplayCache(false))
 	before := redisstore.ReplayCacheHits()
 	for range 3 {
 		if r, err := off.Acquire(ctx, "scope-a.k", acquireReq("fp", time.Hour)); err != nil || r.Outcome != idem.Replay {
@@ -219,5 +300,66 @@ func TestDecodeRecord(t *testing.T) {
 				t.Errorf("decoded a malformed record of %d bytes", len(bad))
 			}
 		}
+	}
+}
+
+// TestReplayCacheFlushAll: a FLUSHALL (as in a failover that lost the
+// records) empties the cache at once.
+func TestReplayCacheFlushAll(t *testing.T) {
+	eachCachedStore(t, func(t *testing.T, srv *redistest.Server, s *redisstore.Store, _ func(...redisstore.Option) *redisstore.Store) {
+		other := goRedisClient(t, srv.Addr())
+		completeAndCache(t, s, "k", "fp", time.Hour)
+		gen, _, _ := redisstore.CacheState(s)
+		if err := other.FlushAll(t.Context()).Err(); err != nil {
+			t.Fatal(err)
+		}
+		noStaleAfterBreak(t, s, gen, "k", time.Now())
+	})
+}
+
+// TestReplayCacheBytes: the go-redis cache keeps at most its bound in
+// bytes, dropping the least recently used records.
+func TestReplayCacheBytes(t *testing.T) {
+	srv := redistest.Start(t)
+	const bound = 2000
+	s := cachedGoRedisStore(t, srv.Addr(), redisstore.WithReplayCacheBytes(bound))
+	for i := range 20 {
+		completeAndCache(t, s, "k"+strconv.Itoa(i), "fp", time.Hour)
+		entries, bytes := redisstore.CacheSize(s)
+		if bytes > bound || entries == 0 {
+			t.Fatalf("after %d records: %d entries, %d bytes, want some, at most %d bytes", i+1, entries, bytes, bound)
+		}
+	}
+	if _, err := redisstore.New(goRedisClient(t, srv.Addr()), redisstore.WithReplayCacheBytes(0)); err == nil || !errors.Is(err, idem.ErrInvalid) {
+		t.Fatalf("a cache of 0 bytes: got %v, want ErrInvalid", err)
+	}
+}
+
+// TestReplayCacheClose: a go-redis store has one tracking connection,
+// which Close ends; the store then reads replays from the server.
+func TestReplayCacheClose(t *testing.T) {
+	srv := redistest.Start(t)
+	s := cachedGoRedisStore(t, srv.Addr())
+	completeAndCache(t, s, "k", "fp", time.Hour)
+	tracking := func() int {
+		list, err := srv.Command("CLIENT", "LIST")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Count(list, "name=idem-tracking ")
+	}
+	if n := tracking(); n != 1 {
+		t.Fatalf("%d tracking connections, want 1", n)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "no tracking connection after Close", func() bool { return tracking() == 0 })
+	before := redisstore.ReplayCacheHits()
+	if a, err := s.Acquire(t.Context(), "k", acquireReq("fp", time.Hour)); err != nil || a.Outcome != idem.Replay {
+		t.Fatalf("after Close: got %v, %v, want Replay", a.Outcome, err)
+	}
+	if redisstore.ReplayCacheHits() != before {
+		t.Fatal("a replay was served from the cache after Close")
 	}
 }

@@ -31,7 +31,7 @@ type rightCheck struct {
 func doctorRights(ctx context.Context, r *report, c redis.UniversalClient, prefix string) {
 	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
 	defer cancel()
-	st, err := redisstore.New(c, redisstore.WithPrefix(prefix), redisstore.WithAllowEviction(),
+	st, err := redisstore.New(c, redisstore.WithPrefix(prefix), redisstore.WithAllowEviction(), redisstore.WithReplayCache(false),
 		redisstore.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
 	if err != nil {
 		r.add(vFail, "rights", "not checked: %v", err)

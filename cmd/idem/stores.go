@@ -271,7 +271,10 @@ func (s *storeFlags) openRedis(ctx context.Context, c redis.UniversalClient, des
 		},
 		redisKey: st.Key,
 		redis:    c,
-		close:    c.Close,
+		close: func() error {
+			st.Close() // the replay cache's tracking connection
+			return c.Close()
+		},
 	}, nil
 }
 

@@ -1,0 +1,326 @@
+package redisstore
+
+import (
+	"container/list"
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The local replay cache of a go-redis store (see the package
+// documentation, "Local replay cache"). go-redis has no client-side cache,
+// so the store keeps its own: an LRU of records bounded in bytes, filled by
+// GET and PTTL on the user's client, and kept consistent by a tracking
+// connection of its own. That connection, in RESP2, turns on client
+// tracking in broadcasting mode for the store's prefix with itself as the
+// redirect target (CLIENT TRACKING ON REDIRECT <own id> BCAST PREFIX p)
+// and subscribes to __redis__:invalidate: the server then tells it of every
+// write or delete of a key under the prefix, by any client, in one message
+// per event loop cycle. Reads stay on the user's pooled connections.
+//
+// Safety rests on four rules:
+//   - nothing is served or stored while the tracking connection is not
+//     confirmed (the subscription's reply arrived after tracking was
+//     turned on on that connection), and everything is dropped when it
+//     breaks, when the server flushes its keys, or when a message cannot be
+//     read;
+//   - a read marks its key pending before it is sent, and an invalidation
+//     of the key or a flush while it is in flight cancels the insert, so an
+//     entry never predates an invalidation it has not seen;
+//   - an entry's local end is the time before the read was sent plus the
+//     key's PTTL, less replayExpiryMargin, and at most replayCacheTTL, so it
+//     ends before the record does;
+//   - a ping every trackPing must be answered within trackTimeout, or the
+//     connection counts as broken (a silent network failure would otherwise
+//     stop invalidations without a sign).
+
+// DefaultReplayCacheBytes bounds the memory of a go-redis store's replay
+// cache (WithReplayCacheBytes).
+const DefaultReplayCacheBytes = 32 << 20
+
+// WithReplayCacheBytes bounds the memory of the replay cache of a store on
+// go-redis: records (key, value and about 100 bytes of bookkeeping each) in
+// least recently used order up to n bytes. With rueidis the cache is
+// rueidis's own, bounded by ClientOption.CacheSizeEachConn, and this
+// option is ignored.
+func WithReplayCacheBytes(n int64) Option {
+	return func(c *config) {
+		c.replayCacheBytes = n
+		if n == 0 {
+			c.replayCacheBytes = -1 // 0 is the default's mark; validate refuses both
+		}
+	}
+}
+
+const (
+	trackPing    = time.Second
+	trackTimeout = 3 * time.Second
+	// entryOverhead is the bookkeeping counted per entry.
+	entryOverhead = 100
+)
+
+// errCacheDown: the tracking connection is not confirmed, the cache is not
+// used.
+var errCacheDown = errors.New("redisstore: replay cache: no tracking connection")
+
+// trackedCache is the cache of a go-redis store; it implements
+// cachedGetter.
+type trackedCache struct {
+	c   *redis.Client // the user's client
+	max int64
+
+	mu      sync.Mutex
+	healthy bool   // the tracking connection is confirmed
+	gen     uint64 // incremented by every flush
+	seq     uint64 // read tokens
+	size    int64
+	lru     list.List // of *cacheEntry, most recent first
+	entries map[string]*list.Element
+	pending map[string]uint64 // key → token of the read in flight
+
+	done      chan struct{} // closed by close
+	closeOnce sync.Once
+	stopped   chan struct{} // closed when track returned
+}
+
+type cacheEntry struct {
+	key, value string
+	end        time.Time
+}
+
+func (e *cacheEntry) bytes() int64 { return int64(len(e.key) + len(e.value) + entryOverhead) }
+
+// startTracking returns the cache of a go-redis store on c whose record
+// keys start with prefix, and starts its tracking connection, which ends
+// with close.
+func startTracking(c *redis.Client, prefix string, maxBytes int64, log *slog.Logger) *trackedCache {
+	tc := &trackedCache{c: c, max: maxBytes, entries: make(map[string]*list.Element), pending: make(map[string]uint64),
+		done: make(chan struct{}), stopped: make(chan struct{})}
+	go tc.track(prefix, log)
+	return tc
+}
+
+// close ends the tracking connection and waits for its goroutines.
+func (tc *trackedCache) close() {
+	tc.closeOnce.Do(func() { close(tc.done) })
+	<-tc.stopped
+}
+
+// track keeps a tracking connection open until close.
+func (tc *trackedCache) track(prefix string, log *slog.Logger) {
+	defer close(tc.stopped)
+	opt := *tc.c.Options()
+	userOnConnect := opt.OnConnect
+	opt.Protocol = 2
+	opt.PoolSize = 1
+	opt.MinIdleConns = 0
+	opt.MaxIdleConns = 0
+	opt.ClientName = "idem-tracking"
+	opt.OnConnect = func(ctx context.Context, cn *redis.Conn) error {
+		if userOnConnect != nil {
+			if err := userOnConnect(ctx, cn); err != nil {
+				return err
+			}
+		}
+		id, err := cn.ClientID(ctx).Result()
+		if err != nil {
+			return err
+		}
+		return cn.Do(ctx, "CLIENT", "TRACKING", "ON", "REDIRECT", id, "BCAST", "PREFIX", prefix).Err()
+	}
+	rc := redis.NewClient(&opt)
+	defer rc.Close()
+	pause := 10 * time.Millisecond
+	warned := false
+	for {
+		confirmed, err := tc.session(rc)
+		tc.flush()
+		select {
+		case <-tc.done:
+			return
+		default:
+		}
+		if confirmed {
+			pause = 10 * time.Millisecond
+		} else if !warned {
+			// Once: the cache stays off while this lasts (an ACL that
+			// refuses CLIENT TRACKING, a server that is down).
+			log.Warn("redisstore: replay cache: tracking connection failed; replays are read from the server until it works", "error", err)
+			warned = true
+		}
+		select {
+		case <-tc.done:
+			return
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, time.Second)
+	}
+}
+
+// session runs one tracking connection until it breaks, the server
+// flushes its keys or close; confirmed reports that its subscription was
+// confirmed.
+func (tc *trackedCache) session(rc *redis.Client) (confirmed bool, err error) {
+	ctx := context.Background()
+	ps := rc.Subscribe(ctx, "__redis__:invalidate")
+	defer ps.Close()
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		t := time.NewTicker(trackPing)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tc.done:
+				ps.Close() // ends the session: Receive returns ErrClosed
+				return
+			case <-t.C:
+				_ = ps.Ping(ctx) // the reply (or its absence) is seen below
+			}
+		}
+	}()
+	for {
+		msg, err := ps.ReceiveTimeout(ctx, trackTimeout)
+		if err != nil {
+			// A flush's invalidation (a nil list of keys) ends up here
+			// too: go-redis refuses the message.
+			return confirmed, err
+		}
+		switch m := msg.(type) {
+		case *redis.Subscription:
+			if m.Kind == "subscribe" && m.Channel == "__redis__:invalidate" {
+				tc.mu.Lock()
+				tc.healthy = true
+				tc.mu.Unlock()
+				confirmed = true
+			}
+		case *redis.Message:
+			if m.Payload != "" || len(m.PayloadSlice) == 0 {
+				// Not a list of keys: a flush (FLUSHALL, FLUSHDB) or
+				// a message this code does not know. End the session: the
+				// next one starts with an empty cache.
+				return confirmed, nil
+			}
+			tc.invalidate(m.PayloadSlice)
+		}
+	}
+}
+
+func (tc *trackedCache) invalidate(keys []string) {
+	tc.mu.Lock()
+	defer tc.mu.Unlock()
+	for _, k := range keys {
+		delete(tc.pending, k)
+		if e, ok := tc.entries[k]; ok {
+			tc.remove(e)
+		}
+	}
+}
+
+// flush drops every entry and cancels the reads in flight; the cache stays
+// off until the next session is confirmed.
+func (tc *trackedCache) flush() {
+	tc.mu.Lock()
+	defer tc.mu.Unlock()
+	tc.healthy = false
+	tc.gen++
+	tc.lru.Init()
+	clear(tc.entries)
+	clear(tc.pending)
+	tc.size = 0
+}
+
+func (tc *trackedCache) remove(e *list.Element) {
+	ent := tc.lru.Remove(e).(*cacheEntry)
+	delete(tc.entries, ent.key)
+	tc.size -= ent.bytes()
+}
+
+// cachedGet implements cachedGetter: the record from the cache, or read
+// from the server (and cached when nothing invalidated it meanwhile).
+func (tc *trackedCache) cachedGet(ctx context.Context, key string) (string, bool, error) {
+	tc.mu.Lock()
+	if !tc.healthy {
+		tc.mu.Unlock()
+		return "", false, errCacheDown
+	}
+	if e, ok := tc.entries[key]; ok {
+		ent := e.Value.(*cacheEntry)
+		if time.Now().Before(ent.end) {
+			tc.lru.MoveToFront(e)
+			tc.mu.Unlock()
+			replayCacheHits.Add(1)
+			return ent.value, true, nil
+		}
+		tc.remove(e)
+	}
+	tc.seq++
+	token, gen := tc.seq, tc.gen
+	tc.pending[key] = token
+	tc.mu.Unlock()
+
+	sent := time.Now()
+	var get *redis.StringCmd
+	var pttl *redis.DurationCmd
+	_, err := tc.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		get = p.Get(ctx, key)
+		pttl = p.PTTL(ctx, key)
+		return nil
+	})
+	v, gerr := get.Result()
+	left, terr := pttl.Result()
+
+	tc.mu.Lock()
+	defer tc.mu.Unlock()
+	mine := tc.pending[key] == token
+	if mine {
+		delete(tc.pending, key)
+	}
+	switch {
+	case errors.Is(gerr, redis.Nil):
+		return "", false, nil
+	case gerr != nil:
+		return "", false, gerr
+	case err != nil && !errors.Is(err, redis.Nil):
+		return "", false, err
+	case terr != nil:
+		return "", false, terr
+	}
+	// PTTL is -1 for a key without an expiry (records always have one)
+	// and -2 for a key deleted between the two commands.
+	if left < 0 && left != -1 {
+		return "", false, nil
+	}
+	life := replayCacheTTL
+	if left >= 0 {
+		life = min(left, replayCacheTTL)
+	}
+	// Only COMPLETED and FAILED records are kept (cachedReplay serves
+	// nothing else).
+	var rec packedRecord
+	terminal := rec.decode(v) == nil && (rec.state == "c" || rec.state == "f")
+	if terminal && mine && gen == tc.gen && tc.healthy && life > replayExpiryMargin {
+		ent := &cacheEntry{key: key, value: v, end: sent.Add(life - replayExpiryMargin)}
+		if ent.bytes() <= tc.max {
+			tc.entries[key] = tc.lru.PushFront(ent)
+			tc.size += ent.bytes()
+			for tc.size > tc.max {
+				tc.remove(tc.lru.Back())
+			}
+		}
+	}
+	return v, true, nil
+}
+
+// cacheBytes is the cache's memory by its own count (tests).
+func (tc *trackedCache) cacheBytes() (entries int, bytes int64) {
+	tc.mu.Lock()
+	defer tc.mu.Unlock()
+	return len(tc.entries), tc.size
+}
