@@ -57,7 +57,11 @@ var (
 	duration = flag.Duration("duration", 4*time.Second, "duration of each wrk run")
 	rounds   = flag.Int("runs", 3, "interleaved rounds; the table shows medians")
 	threads  = flag.Int("threads", 1, "wrk threads for the 64-connection runs")
-	only     = flag.String("only", "", "regexp: measure only the servers whose name matches (the bare handler and the plain proxy always run)")
+	// The plain reverse proxy runs as a process of its own, as the idem
+	// proxy does: this same program, started with -plain-proxy.
+	plainProxy = flag.String("plain-proxy", "", "serve only a plain reverse proxy to this upstream URL, on -listen (the benchmark starts itself so)")
+	listenAddr = flag.String("listen", "127.0.0.1:0", "address of -plain-proxy")
+	only       = flag.String("only", "", "regexp: measure only the servers whose name matches (the bare handler and the plain proxy always run)")
 )
 
 const body = `{"amount":4200,"currency":"eur","card":"tok_visa"}`
@@ -114,6 +118,10 @@ func cellName(kind string, conns int) string { return kind + strconv.Itoa(conns)
 func main() {
 	log.SetFlags(0)
 	flag.Parse()
+	if *plainProxy != "" {
+		servePlainProxy(*plainProxy, *listenAddr)
+		return
+	}
 	for _, bin := range []string{"wrk", "redis-server"} {
 		if _, err := exec.LookPath(bin); err != nil {
 			log.Fatalf("httpbench: %s not found on PATH (apt-get install -y wrk redis-server)", bin)
@@ -153,6 +161,7 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	defer grStore.Close()
 	ruStore, err := redisstore.NewRueidis(ru, redisstore.WithNotify(false), redisstore.WithPrefix("bench-ru:"))
 	if err != nil {
 		log.Fatal(err)
@@ -198,12 +207,10 @@ func main() {
 	}
 
 	upstream := serve(handler)
-	upURL, _ := url.Parse(upstream)
-	rp := &httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) { r.SetURL(upURL) }}
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.MaxIdleConns, tr.MaxIdleConnsPerHost = 1024, 1024
-	rp.Transport = tr
-	rp.ErrorLog = log.New(io.Discard, "", 0) // wrk closes its connections mid-request at the end of a run
+	self, err := os.Executable()
+	if err != nil {
+		log.Fatal(err)
+	}
 
 	const (
 		bare  = "bare handler"
@@ -233,7 +240,7 @@ func main() {
 	if want(fiber) {
 		servers = append(servers, server{fiber, spawn(fiberBin, "-redis", addr), bare})
 	}
-	servers = append(servers, server{plain, serve(rp), ""})
+	servers = append(servers, server{plain, spawn(self, "-plain-proxy", upstream), ""})
 	proxyArgs := []string{"proxy", "--upstream", upstream, "--log-level", "error"}
 	if want(pxRed) {
 		servers = append(servers, server{pxRed, spawn(idemBin, append(proxyArgs, "--redis", "redis://"+addr, "--redis-prefix", "bench-px:")...), plain})
@@ -462,4 +469,19 @@ func redisRTT(addr string) time.Duration {
 	}
 	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
 	return ds[len(ds)/2]
+}
+
+// servePlainProxy serves an httputil.ReverseProxy to upstream on listen,
+// its idle pool tuned as the idem proxy's is.
+func servePlainProxy(upstream, listen string) {
+	upURL, err := url.Parse(upstream)
+	if err != nil {
+		log.Fatal(err)
+	}
+	rp := &httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) { r.SetURL(upURL) }}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConns, tr.MaxIdleConnsPerHost = 1024, 1024
+	rp.Transport = tr
+	rp.ErrorLog = log.New(io.Discard, "", 0) // wrk closes its connections mid-request at the end of a run
+	log.Fatal(http.ListenAndServe(listen, rp))
 }
