@@ -16,7 +16,7 @@ import (
 // requests succeed and replay. Bad values are refused at start.
 func TestProxyWaitReplicas(t *testing.T) {
 	t.Parallel()
-	primary := redistest.Start(t)
+	primary := redistest.Start(t, "--repl-diskless-sync-delay", "0") // the replica syncs at once
 	up := newUpstream(t)
 	storeArgs := []string{"--redis", "redis://" + primary.Addr()}
 	p := startProxy(t, up.url(), storeArgs, "--wait-replicas", "1", "--wait-replicas-timeout", "100ms")
@@ -30,11 +30,17 @@ func TestProxyWaitReplicas(t *testing.T) {
 	host, port, _ := strings.Cut(primary.Addr(), ":")
 	replica := redistest.Start(t, "--replicaof", host, port)
 	deadline := time.Now().Add(30 * time.Second)
-	for !strings.Contains(replica.Do(t, "INFO", "replication"), "master_link_status:up") {
+	// The replica's link is up before the primary streams to it: after a
+	// diskless full sync the primary waits for the replica's first
+	// REPLCONF ACK (sent once a second) before it sends anything, the
+	// GETACK of a WAIT included. Until then the primary shows the replica
+	// with offset=0; a WAIT from a connection that never wrote would not
+	// see it (it waits for offset 0), so poll the offset itself.
+	for !replicaAcked(primary.Do(t, "INFO", "replication")) {
 		if time.Now().After(deadline) {
-			t.Fatal("the replica did not connect within 30s")
+			t.Fatal("the replica did not acknowledge the primary within 30s")
 		}
-		time.Sleep(20 * time.Millisecond) // poll the replica's link
+		time.Sleep(20 * time.Millisecond) // poll the primary's view of the replica
 	}
 	first := post(t, p.url("/payments"), "replicated", "x")
 	again := post(t, p.url("/payments"), "replicated", "x")
@@ -61,4 +67,20 @@ func TestProxyWaitReplicas(t *testing.T) {
 	if code, _, stderr := runIdem(t, args...); code != 2 || !strings.Contains(stderr, "needs a Redis store") {
 		t.Errorf("--wait-replicas with the embedded store: got exit %d, stderr %q, want 2", code, stderr)
 	}
+}
+
+// replicaAcked reports whether INFO replication of a primary shows a replica
+// that has acknowledged an offset (slave0:...,offset=N with N > 0).
+func replicaAcked(info string) bool {
+	for _, line := range strings.Split(info, "\n") {
+		if !strings.HasPrefix(line, "slave0:") {
+			continue
+		}
+		for _, field := range strings.Split(strings.TrimSpace(line), ",") {
+			if v, ok := strings.CutPrefix(field, "offset="); ok {
+				return v != "0"
+			}
+		}
+	}
+	return false
 }
