@@ -514,3 +514,50 @@ func TestProxyErrorBody(t *testing.T) {
 		}
 	}
 }
+
+// TestProxyResponseTrailers: an upstream's trailers, announced or not,
+// reach the client as trailers and never in the header, with the
+// response's own fields intact.
+func TestProxyResponseTrailers(t *testing.T) {
+	t.Parallel()
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Trailer", "X-Checksum")
+		w.Header().Set("Content-Type", "text/plain")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "body")
+		w.Header().Set("X-Checksum", "abc")
+		w.Header().Set(http.TrailerPrefix+"X-Late", "late")
+	}))
+	t.Cleanup(up.Close)
+	px := startProxy(t, up.URL, []string{"--data", t.TempDir()})
+	req, err := http.NewRequest(http.MethodPost, px.url("/orders"), strings.NewReader("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Idempotency-Key", "trailers")
+	res, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(res.Body)
+	res.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.StatusCode != 201 || string(body) != "body" || res.Header.Get("Content-Type") != "text/plain" {
+		t.Errorf("got %d %q, Content-Type %q, want 201 \"body\" text/plain", res.StatusCode, body, res.Header.Get("Content-Type"))
+	}
+	if v := res.Header.Get("X-Checksum"); v != "" {
+		t.Errorf("the trailer X-Checksum came in the header too: %q", v)
+	}
+	if v := res.Header.Get("X-Late"); v != "" {
+		t.Errorf("the unannounced trailer X-Late came in the header: %q", v)
+	}
+	if got := res.Trailer.Get("X-Checksum"); got != "abc" {
+		t.Errorf("trailer X-Checksum: got %q, want abc (trailers %v)", got, res.Trailer)
+	}
+	if got := res.Trailer.Get("X-Late"); got != "late" {
+		t.Errorf("trailer X-Late: got %q, want late (trailers %v)", got, res.Trailer)
+	}
+}

@@ -103,6 +103,36 @@ func exchangeFrom(ctx context.Context) *exchange {
 // whole response and the middleware stores it for the client's retry.
 type clientWriter struct {
 	http.ResponseWriter
+
+	// header is the field map, as the writer returned it before the final
+	// header was written; final is set when it is. trailers is set (by
+	// ModifyResponse) when the upstream's response announces trailers.
+	header   http.Header
+	final    bool
+	trailers bool
+}
+
+// Header returns the response's field map. After the final header,
+// ReverseProxy asks for the map again to copy the upstream's trailers into
+// it, also when there are none; the middleware's writer would then keep a
+// copy of the fields as they were, so that later changes go to the trailers
+// only. A response without announced trailers has nothing to copy (an
+// unannounced one comes as http.TrailerPrefix fields, which net/http
+// never sends in a header), so it gets the map it had, and no copy is
+// made.
+func (c *clientWriter) Header() http.Header {
+	if c.final && !c.trailers && c.header != nil {
+		return c.header
+	}
+	c.header = c.ResponseWriter.Header()
+	return c.header
+}
+
+func (c *clientWriter) WriteHeader(code int) {
+	if code >= 200 {
+		c.final = true
+	}
+	c.ResponseWriter.WriteHeader(code)
 }
 
 func (c *clientWriter) Write(p []byte) (int, error) {
@@ -240,6 +270,12 @@ func newGateway(target *url.URL, transport http.RoundTripper, mw *idemhttp.Middl
 				// through as it is).
 				g.tracing.prop.Inject(pr.Out.Context(), propagation.HeaderCarrier(pr.Out.Header))
 			}
+		},
+		ModifyResponse: func(res *http.Response) error {
+			if x := exchangeFrom(res.Request.Context()); x != nil {
+				x.w.trailers = len(res.Trailer) > 0
+			}
+			return nil
 		},
 		Transport:    transport,
 		BufferPool:   copyBuffers{},
