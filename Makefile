@@ -123,9 +123,10 @@ bench: check-redis
 
 ## bench-streams: the Redis Streams consumer at batch 100 with idempotency
 ## ("dedup"), without it ("plain") and with the least Redis work any
-## deduplication needs ("floor"), 5 runs each; prints medians and ratios.
+## deduplication needs ("floor"), 5 runs each; prints medians and ratios,
+## and the CPU time per message of redis-server and of the consumer.
 bench-streams: check-redis
-	$(GO) test -run '^$$' -bench 'Consumer/.*/batch=100' -benchtime 50000x -count 5 ./consumer/redisstream/ | $(GO) run ./internal/benchratio -metric msgs/s -base plain
+	$(GO) test -run '^$$' -bench 'Consumer/.*/batch=100' -benchtime 50000x -count 5 ./consumer/redisstream/ | $(GO) run ./internal/benchratio -metric msgs/s -base plain -also redis-µs/msg,go-µs/msg
 
 ## bench-functions: the Redis time per call of each transition in script
 ## mode and in Functions mode (WithFunctions), the two interleaved call by

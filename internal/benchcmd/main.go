@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/proccpu"
 	"github.com/idemgo/idem/memstore"
 	"github.com/idemgo/idem/redisstore"
 	"github.com/redis/go-redis/v9"
@@ -277,7 +278,7 @@ func (b *bench) measureStore(ctx context.Context, run int, name, kind string, c 
 		}
 	}
 	cpu := func() (t cpuTimes, err error) {
-		t.client = processCPU()
+		t.client = proccpu.Self()
 		if redisRow {
 			t.redis, err = b.admin.cpu(ctx)
 		}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/idemgo/idem/internal/redisinfo"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -85,24 +86,7 @@ func (a admin) cpu(ctx context.Context) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	fields := map[string]float64{}
-	for line := range strings.Lines(info) {
-		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if !ok {
-			continue
-		}
-		if n, err := strconv.ParseFloat(v, 64); err == nil {
-			fields[k] = n
-		}
-	}
-	if u, ok := fields["used_cpu_user_main_thread"]; ok {
-		return u + fields["used_cpu_sys_main_thread"], nil
-	}
-	u, ok := fields["used_cpu_user"]
-	if !ok {
-		return 0, fmt.Errorf("no used_cpu_user in INFO cpu")
-	}
-	return u + fields["used_cpu_sys"], nil
+	return redisinfo.CPU(info)
 }
 
 // version returns the server's redis_version.

@@ -4,10 +4,11 @@
 // where the baseline is the benchmark of the same name whose mode is
 // -base: BenchmarkConsumer/dedup/batch=100 is compared with
 // BenchmarkConsumer/plain/batch=100 for -base plain. It exits with status 1
-// if the input reports a failure or no benchmark with the metric. Used by
-// make bench-streams:
+// if the input reports a failure or no benchmark with the metric. -also
+// names more metrics whose medians are printed beside, without a ratio.
+// Used by make bench-streams:
 //
-//	go test -run '^$' -bench Consumer -count 5 ./consumer/redisstream/ | go run ./internal/benchratio -metric msgs/s -base plain
+//	go test -run '^$' -bench Consumer -count 5 ./consumer/redisstream/ | go run ./internal/benchratio -metric msgs/s -base plain -also redis-µs/msg,go-µs/msg
 package main
 
 import (
@@ -23,9 +24,19 @@ import (
 func main() {
 	metric := flag.String("metric", "msgs/s", "the metric to compare, as go test prints its unit")
 	base := flag.String("base", "plain", "the mode (a path element of the benchmark name) to compare with")
+	also := flag.String("also", "", "more metrics, comma-separated, whose medians are printed beside")
 	flag.Parse()
+	var extra []string
+	if *also != "" {
+		extra = strings.Split(*also, ",")
+	}
 
 	values := map[string][]float64{}
+	// extraValues[metric][benchmark] holds the -also metrics.
+	extraValues := map[string]map[string][]float64{}
+	for _, m := range extra {
+		extraValues[m] = map[string][]float64{}
+	}
 	var order []string
 	failed := false
 	sc := bufio.NewScanner(os.Stdin)
@@ -40,6 +51,11 @@ func main() {
 			continue
 		}
 		for i := 3; i < len(f); i++ {
+			if ev, ok := extraValues[f[i]]; ok {
+				if v, err := strconv.ParseFloat(f[i-1], 64); err == nil {
+					ev[f[0]] = append(ev[f[0]], v)
+				}
+			}
 			if f[i] != *metric {
 				continue
 			}
@@ -67,7 +83,11 @@ func main() {
 		os.Exit(1)
 	}
 	medians := map[string]float64{}
-	fmt.Printf("\nmedian %s over the runs, and ratio to %q:\n", *metric, *base)
+	fmt.Printf("\nmedian %s over the runs, and ratio to %q", *metric, *base)
+	if len(extra) > 0 {
+		fmt.Printf("; medians of %s", strings.Join(extra, ", "))
+	}
+	fmt.Println(":")
 	for _, name := range order {
 		medians[name] = median(values[name])
 	}
@@ -81,7 +101,13 @@ func main() {
 		if medians[name] < 100 {
 			decimals = 2
 		}
-		fmt.Printf("%-52s %12.*f  %s  (%d runs)\n", name, decimals, medians[name], ratio, len(values[name]))
+		more := ""
+		for _, m := range extra {
+			if v := extraValues[m][name]; len(v) > 0 {
+				more += fmt.Sprintf("  %s %.2f", m, median(v))
+			}
+		}
+		fmt.Printf("%-52s %12.*f  %7s  (%d runs)%s\n", name, decimals, medians[name], ratio, len(values[name]), more)
 	}
 }
 

@@ -17,10 +17,19 @@
 // once per round; the rounds are interleaved (round 1 of every server, then
 // round 2, ...) so that a change in the machine's load hits every server
 // alike. It prints the medians (requests/s, p50, p99, the p50 added over
-// the bare handler or the plain proxy), then the ratios the performance
-// targets name, per round and their median.
+// the bare handler or the plain proxy); then, for the 64-connection cells,
+// the CPU time per request of wrk, the server, this process (the proxies'
+// upstream) and redis-server, read from /proc, which shows where a
+// request's time goes when the machine's cores are the limit; then the
+// ratios the performance targets name, per round and their median.
 //
 //	go run ./internal/httpbench            # or: make bench-http
+//
+// -only and -cells narrow a run, and -cpuprofile profiles this process, with
+// each in-process server's requests labelled, for example:
+//
+//	go run ./internal/httpbench -only 'go-redis\)$' -cells new64 -cpuprofile cpu.out
+//	go tool pprof -tagfocus 'server=.*go-redis' -top cpu.out
 //
 // It needs wrk (apt-get install wrk) and redis-server on PATH, and runs from
 // the repository's root (it builds cmd/idem and the Fiber peer).
@@ -41,6 +50,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
+	"runtime/pprof"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -48,6 +60,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemhttp"
+	"github.com/idemgo/idem/internal/proccpu"
 	"github.com/idemgo/idem/redisstore"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
@@ -61,6 +74,8 @@ var (
 	// proxy does: this same program, started with -plain-proxy.
 	plainProxy = flag.String("plain-proxy", "", "serve only a plain reverse proxy to this upstream URL, on -listen (the benchmark starts itself so)")
 	listenAddr = flag.String("listen", "127.0.0.1:0", "address of -plain-proxy")
+	cpuProfile = flag.String("cpuprofile", "", "write a CPU profile of this process (the in-process servers, labelled server=NAME, and the proxies' upstream) to this file")
+	cellsFlag  = flag.String("cells", "", "regexp: measure only the cells whose name matches (new1, new64, replay1, replay64)")
 	only       = flag.String("only", "", "regexp: measure only the servers whose name matches (the bare handler and the plain proxy always run)")
 )
 
@@ -100,18 +115,33 @@ end
 type result struct {
 	rps      float64
 	p50, p99 time.Duration
+	// requests is the number wrk completed; cpu the CPU seconds each
+	// process used during the run.
+	requests float64
+	cpu      cpuUse
 }
+
+// cpuUse is the CPU seconds used during one wrk run by wrk, by the server
+// under test, by this benchmark's own process (the upstream of the
+// proxies; for the in-process servers it is the server itself) and by
+// redis-server.
+type cpuUse struct{ wrk, server, bench, redis float64 }
+
+func (a cpuUse) total() float64 { return a.wrk + a.server + a.bench + a.redis }
 
 // A server is one row group of the table. base names the server whose p50
 // the added latency is measured against.
 type server struct {
 	name, url, base string
+	pid             int // the server's process; 0: this process
 }
 
-var cells = []struct {
+type cell struct {
 	kind  string
 	conns int
-}{{"new", 1}, {"new", 64}, {"replay", 1}, {"replay", 64}}
+}
+
+var cells = []cell{{"new", 1}, {"new", 64}, {"replay", 1}, {"replay", 64}}
 
 func cellName(kind string, conns int) string { return kind + strconv.Itoa(conns) }
 
@@ -131,6 +161,10 @@ func main() {
 	if *only != "" {
 		sel = regexp.MustCompile(*only)
 	}
+	if *cellsFlag != "" {
+		re := regexp.MustCompile(*cellsFlag)
+		cells = slices.DeleteFunc(cells, func(c cell) bool { return !re.MatchString(cellName(c.kind, c.conns)) })
+	}
 	dir, err := os.MkdirTemp("", "httpbench")
 	if err != nil {
 		log.Fatal(err)
@@ -146,7 +180,7 @@ func main() {
 	build("cmd/idem", idemBin)
 	build("internal/httpbench/fiberpeer", fiberBin)
 
-	addr, stop := startRedis(dir)
+	addr, redisPID, stop := startRedis(dir)
 	defer stop()
 	rtt := redisRTT(addr)
 
@@ -173,6 +207,28 @@ func main() {
 			c()
 		}
 	}()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			log.Fatal(err)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	// labelled runs h with the profile label server=name, so that
+	// go tool pprof -tagfocus server=NAME shows one server's samples (the
+	// store clients' own goroutines are not labelled).
+	labelled := func(name string, h http.Handler) http.Handler {
+		if *cpuProfile == "" {
+			return h
+		}
+		labels := pprof.Labels("server", name)
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			pprof.Do(r.Context(), labels, func(ctx context.Context) { h.ServeHTTP(w, r.WithContext(ctx)) })
+		})
+	}
 	serve := func(h http.Handler) string {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -183,7 +239,7 @@ func main() {
 		closers = append(closers, func() { srv.Shutdown(context.Background()) })
 		return "http://" + ln.Addr().String()
 	}
-	spawn := func(bin string, args ...string) string {
+	spawn := func(bin string, args ...string) (string, int) {
 		port := freePort()
 		cmd := exec.Command(bin, append(args, "--listen", "127.0.0.1:"+port)...)
 		cmd.Stderr = os.Stderr
@@ -192,7 +248,7 @@ func main() {
 		}
 		closers = append(closers, func() { cmd.Process.Kill(); cmd.Wait() })
 		waitTCP("127.0.0.1:" + port)
-		return "http://127.0.0.1:" + port
+		return "http://127.0.0.1:" + port, cmd.Process.Pid
 	}
 	idemMW := func(s idem.Store, opts ...idemhttp.Option) http.Handler {
 		exec, err := idem.New(s)
@@ -227,26 +283,30 @@ func main() {
 		pxEmb = "idem proxy, embedded"
 	)
 	want := func(name string) bool { return sel == nil || sel.MatchString(name) }
-	servers := []server{{bare, serve(handler), ""}}
+	servers := []server{{bare, serve(labelled(bare, handler)), "", 0}}
 	if want(ruRow) {
-		servers = append(servers, server{ruRow, serve(idemMW(ruStore)), bare})
+		servers = append(servers, server{ruRow, serve(labelled(ruRow, idemMW(ruStore))), bare, 0})
 	}
 	if want(grRow) {
-		servers = append(servers, server{grRow, serve(idemMW(grStore)), bare})
+		servers = append(servers, server{grRow, serve(labelled(grRow, idemMW(grStore))), bare, 0})
 	}
 	if want(grAll) {
-		servers = append(servers, server{grAll, serve(idemMW(grStore, idemhttp.WithStreamAll(true))), bare})
+		servers = append(servers, server{grAll, serve(labelled(grAll, idemMW(grStore, idemhttp.WithStreamAll(true)))), bare, 0})
+	}
+	spawned := func(name, base, bin string, args ...string) server {
+		url, pid := spawn(bin, args...)
+		return server{name, url, base, pid}
 	}
 	if want(fiber) {
-		servers = append(servers, server{fiber, spawn(fiberBin, "-redis", addr), bare})
+		servers = append(servers, spawned(fiber, bare, fiberBin, "-redis", addr))
 	}
-	servers = append(servers, server{plain, spawn(self, "-plain-proxy", upstream), ""})
+	servers = append(servers, spawned(plain, "", self, "-plain-proxy", upstream))
 	proxyArgs := []string{"proxy", "--upstream", upstream, "--log-level", "error"}
 	if want(pxRed) {
-		servers = append(servers, server{pxRed, spawn(idemBin, append(proxyArgs, "--redis", "redis://"+addr, "--redis-prefix", "bench-px:")...), plain})
+		servers = append(servers, spawned(pxRed, plain, idemBin, append(proxyArgs, "--redis", "redis://"+addr, "--redis-prefix", "bench-px:")...))
 	}
 	if want(pxEmb) {
-		servers = append(servers, server{pxEmb, spawn(idemBin, append(proxyArgs, "--data", filepath.Join(dir, "data"))...), plain})
+		servers = append(servers, spawned(pxEmb, plain, idemBin, append(proxyArgs, "--data", filepath.Join(dir, "data"))...))
 	}
 
 	total := time.Duration(len(servers)*len(cells)**rounds) * *duration
@@ -267,7 +327,13 @@ func main() {
 				if c.conns > 1 {
 					t = *threads
 				}
+				before := readCPU(s.pid, redisPID)
 				r := runWrk(s.url, script, c.conns, t, fmt.Sprintf("%d-%d-%d", time.Now().UnixNano(), c.conns, round))
+				used := readCPU(s.pid, redisPID).minus(before)
+				r.cpu.server, r.cpu.bench, r.cpu.redis = used.server, used.bench, used.redis
+				if s.pid == 0 { // the server runs in this process
+					r.cpu.server, r.cpu.bench = used.bench, 0
+				}
 				all[s.name][cellName(c.kind, c.conns)] = append(all[s.name][cellName(c.kind, c.conns)], r)
 			}
 		}
@@ -282,6 +348,41 @@ func main() {
 				added = (r.p50 - median(all[s.base][cellName(c.kind, c.conns)]).p50).Round(time.Microsecond).String()
 			}
 			fmt.Printf("%-30s %-7s %5d %10.0f %10v %10v %12s\n", s.name, c.kind, c.conns, r.rps, r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond), added)
+		}
+	}
+
+	// Where each request's CPU time goes, at 64 connections, where the two
+	// cores are busy: with every process CPU-bound, cores / total is the
+	// most requests per second the machine can serve in that setup.
+	fmt.Printf("\nCPU µs per request at 64 connections (medians): wrk, the server, this process (the proxies' upstream), redis-server\n")
+	fmt.Printf("%-30s %-7s %7s %7s %9s %7s %7s %12s\n", "server", "keys", "wrk", "server", "upstream", "redis", "total", "cores/total")
+	for _, s := range servers {
+		for _, c := range cells {
+			if c.conns == 1 {
+				continue
+			}
+			rs := all[s.name][cellName(c.kind, c.conns)]
+			per := func(f func(cpuUse) float64) float64 {
+				v := make([]float64, 0, len(rs))
+				for _, r := range rs {
+					if r.requests > 0 {
+						v = append(v, f(r.cpu)/r.requests*1e6)
+					}
+				}
+				if len(v) == 0 {
+					return 0
+				}
+				sort.Float64s(v)
+				return v[len(v)/2]
+			}
+			total := per(cpuUse.total)
+			bound := 0.0
+			if total > 0 {
+				bound = float64(runtime.NumCPU()) * 1e6 / total
+			}
+			fmt.Printf("%-30s %-7s %7.1f %7.1f %9.1f %7.1f %7.1f %12.0f\n", s.name, c.kind,
+				per(func(u cpuUse) float64 { return u.wrk }), per(func(u cpuUse) float64 { return u.server }),
+				per(func(u cpuUse) float64 { return u.bench }), per(func(u cpuUse) float64 { return u.redis }), total, bound)
 		}
 	}
 
@@ -392,13 +493,15 @@ func median(rs []result) result {
 }
 
 var (
-	rpsRe = regexp.MustCompile(`Requests/sec:\s+([0-9.]+)`)
-	pRe   = regexp.MustCompile(`(?m)^\s+(50|99)%\s+([0-9.]+)(us|ms|s)`)
+	rpsRe      = regexp.MustCompile(`Requests/sec:\s+([0-9.]+)`)
+	requestsRe = regexp.MustCompile(`([0-9]+) requests in`)
+	pRe        = regexp.MustCompile(`(?m)^\s+(50|99)%\s+([0-9.]+)(us|ms|s)`)
 )
 
 func runWrk(url, script string, conns, threads int, prefix string) result {
-	out, err := exec.Command("wrk", "-t", strconv.Itoa(threads), "-c", strconv.Itoa(conns),
-		"-d", duration.String(), "--latency", "-s", script, url, "--", prefix).CombinedOutput()
+	cmd := exec.Command("wrk", "-t", strconv.Itoa(threads), "-c", strconv.Itoa(conns),
+		"-d", duration.String(), "--latency", "-s", script, url, "--", prefix)
+	out, err := cmd.CombinedOutput()
 	if err != nil {
 		log.Fatalf("wrk: %v\n%s", err, out)
 	}
@@ -409,6 +512,10 @@ func runWrk(url, script string, conns, threads int, prefix string) result {
 	if m := rpsRe.FindSubmatch(out); m != nil {
 		r.rps, _ = strconv.ParseFloat(string(m[1]), 64)
 	}
+	if m := requestsRe.FindSubmatch(out); m != nil {
+		r.requests, _ = strconv.ParseFloat(string(m[1]), 64)
+	}
+	r.cpu.wrk = (cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()).Seconds()
 	for _, m := range pRe.FindAllSubmatch(out, -1) {
 		v, _ := strconv.ParseFloat(string(m[2]), 64)
 		unit := map[string]time.Duration{"us": time.Microsecond, "ms": time.Millisecond, "s": time.Second}[string(m[3])]
@@ -422,7 +529,7 @@ func runWrk(url, script string, conns, threads int, prefix string) result {
 	return r
 }
 
-func startRedis(dir string) (string, func()) {
+func startRedis(dir string) (string, int, func()) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		log.Fatal(err)
@@ -452,7 +559,24 @@ func startRedis(dir string) (string, func()) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	return addr, func() { cmd.Process.Kill(); cmd.Wait() }
+	return addr, cmd.Process.Pid, func() { cmd.Process.Kill(); cmd.Wait() }
+}
+
+// readCPU reads the CPU seconds used so far by the server's process (pid;
+// 0: this process, then server is left 0 and bench has it), by this
+// process and by redis-server.
+func readCPU(pid, redisPID int) cpuUse {
+	var u cpuUse
+	_, u.bench, _ = proccpu.Read(os.Getpid())
+	_, u.redis, _ = proccpu.Read(redisPID)
+	if pid != 0 {
+		_, u.server, _ = proccpu.Read(pid)
+	}
+	return u
+}
+
+func (a cpuUse) minus(b cpuUse) cpuUse {
+	return cpuUse{a.wrk - b.wrk, a.server - b.server, a.bench - b.bench, a.redis - b.redis}
 }
 
 // redisRTT returns the median PING round trip on one connection.

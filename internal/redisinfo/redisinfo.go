@@ -1,12 +1,35 @@
 // Package redisinfo reads the replies of INFO and CLUSTER INFO and the
 // server version they report, for redisstore's start check and idem
-// doctor.
+// doctor, and the server's CPU time, for the benchmarks.
 package redisinfo
 
 import (
+	"errors"
 	"strconv"
 	"strings"
 )
+
+// CPU returns the CPU time, user and system, in seconds, of the server's
+// main thread, the one that runs commands and scripts, from an INFO cpu
+// reply (the whole process's where the server does not report its main
+// thread, before Redis 7).
+func CPU(info string) (float64, error) {
+	f := Parse(info)
+	num := func(k string) (float64, bool) {
+		n, err := strconv.ParseFloat(f[k], 64)
+		return n, err == nil
+	}
+	if u, ok := num("used_cpu_user_main_thread"); ok {
+		s, _ := num("used_cpu_sys_main_thread")
+		return u + s, nil
+	}
+	u, ok := num("used_cpu_user")
+	if !ok {
+		return 0, errors.New("no used_cpu_user in INFO cpu")
+	}
+	s, _ := num("used_cpu_sys")
+	return u + s, nil
+}
 
 // Parse returns the fields of an INFO or CLUSTER INFO reply ("key:value"
 // lines; section headers and blank lines are skipped).

@@ -63,3 +63,20 @@ func TestServer(t *testing.T) {
 		t.Errorf("maxmemory_policy: got %q, want noeviction", got)
 	}
 }
+
+func TestCPU(t *testing.T) {
+	for _, tc := range []struct {
+		info string
+		want float64
+		ok   bool
+	}{
+		{"# CPU\r\nused_cpu_sys:1.5\r\nused_cpu_user:2.5\r\nused_cpu_sys_main_thread:0.25\r\nused_cpu_user_main_thread:1.00\r\n", 1.25, true},
+		{"# CPU\r\nused_cpu_sys:1.5\r\nused_cpu_user:2.5\r\n", 4, true},
+		{"# Server\r\nredis_version:7.0.15\r\n", 0, false},
+	} {
+		got, err := CPU(tc.info)
+		if (err == nil) != tc.ok || got != tc.want {
+			t.Errorf("CPU(%q) = %v, %v; want %v, ok %v", tc.info, got, err, tc.want, tc.ok)
+		}
+	}
+}

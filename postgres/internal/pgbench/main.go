@@ -37,6 +37,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/proccpu"
 	"github.com/idemgo/idem/memstore"
 	"github.com/idemgo/idem/postgres/pggate"
 	"github.com/idemgo/idem/postgres/pgstore"
@@ -397,7 +398,7 @@ func readCPU(redisPID int) cpuTimes {
 		if err != nil {
 			continue
 		}
-		comm, secs, ok := procCPU(pid)
+		comm, secs, ok := proccpu.Read(pid)
 		switch {
 		case !ok:
 		case pid == redisPID:
@@ -410,31 +411,3 @@ func readCPU(redisPID int) cpuTimes {
 	}
 	return t
 }
-
-// procCPU returns the command name and the user + system CPU seconds of a
-// process, from /proc/PID/stat.
-func procCPU(pid int) (comm string, secs float64, ok bool) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return "", 0, false
-	}
-	s := string(b)
-	open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
-	if open < 0 || end < open {
-		return "", 0, false
-	}
-	f := strings.Fields(s[end+1:]) // f[0] is field 3 (state); utime and stime are fields 14 and 15
-	if len(f) < 13 {
-		return "", 0, false
-	}
-	utime, err1 := strconv.ParseFloat(f[11], 64)
-	stime, err2 := strconv.ParseFloat(f[12], 64)
-	if err1 != nil || err2 != nil {
-		return "", 0, false
-	}
-	return s[open+1 : end], (utime + stime) / clockTicks, true
-}
-
-// clockTicks is USER_HZ, the unit of /proc's CPU times: 100 on every Linux
-// architecture Go supports.
-const clockTicks = 100
