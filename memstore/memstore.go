@@ -104,7 +104,10 @@ func (s *Store) put(key string, cur *statemachine.Record, next statemachine.Reco
 		return
 	}
 	s.sweep(now)
-	s.records[key] = &next
+	// A copy declared here: taking next's address would move the parameter
+	// to the heap on every call, the in-place updates too.
+	rec := next
+	s.records[key] = &rec
 }
 
 // sweep drops some expired records; it runs every 256 writes and looks at

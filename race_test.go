@@ -1,0 +1,5 @@
+//go:build race
+
+package idem_test
+
+const raceEnabled = true
