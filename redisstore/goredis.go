@@ -259,7 +259,6 @@ type queuedCall struct {
 	s          *script
 	keys, args []string
 	fcall      bool
-	cmd        *redis.Cmd
 	reply      any
 	err        error
 	done       chan struct{}
@@ -340,8 +339,8 @@ func (q *coalescer) drain() {
 	}
 }
 
-// send sends batch as one pipeline (and the calls that got NOSCRIPT as a
-// second one, with EVAL) and wakes each call.
+// send sends batch as one pipeline (pipelineScripts) and wakes each call.
+// A store's calls are all in Functions mode or none.
 func (q *coalescer) send(batch []*queuedCall) {
 	ctx := context.Background() // the client's read and write timeouts apply
 	live := batch[:0:0]
@@ -353,32 +352,14 @@ func (q *coalescer) send(batch []*queuedCall) {
 		}
 		live = append(live, c)
 	}
-	for try := 0; try < 2 && len(live) > 0; try++ {
-		_, _ = q.c.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for _, c := range live {
-				a := anyArgs(c.args)
-				switch {
-				case c.fcall && c.s.ro:
-					c.cmd = p.FCallRo(ctx, c.s.fn, c.keys, a...)
-				case c.fcall:
-					c.cmd = p.FCall(ctx, c.s.fn, c.keys, a...)
-				case try == 0:
-					c.cmd = c.s.gr.EvalSha(ctx, p, c.keys, a...)
-				default:
-					c.cmd = c.s.gr.Eval(ctx, p, c.keys, a...)
-				}
-			}
-			return nil
-		})
-		again := live[:0:0]
-		for _, c := range live {
-			if try == 0 && !c.fcall && redis.HasErrorPrefix(c.cmd.Err(), "NOSCRIPT") {
-				again = append(again, c)
-				continue
-			}
-			c.reply, c.err = c.cmd.Result()
-			close(c.done)
-		}
-		live = again
+	if len(live) == 0 {
+		return
+	}
+	cmds := pipelineScripts(ctx, q.c, len(live), func(i int) (*script, []string, []string) {
+		return live[i].s, live[i].keys, live[i].args
+	}, live[0].fcall)
+	for i, c := range live {
+		c.reply, c.err = cmds[i].Result()
+		close(c.done)
 	}
 }

@@ -49,34 +49,9 @@ func (b *goRedisCluster) runMulti(ctx context.Context, s *script, calls []evalCa
 // in a second pipeline, for those that got NOSCRIPT; or FCALL for every
 // call in Functions mode.
 func pipelineGoRedis(ctx context.Context, c redis.UniversalClient, s *script, calls []evalCall, fcall bool) ([]any, []error) {
-	cmds := make([]*redis.Cmd, len(calls))
-	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, cl := range calls {
-			switch {
-			case fcall && s.ro:
-				cmds[i] = p.FCallRo(ctx, s.fn, cl.keys, anyArgs(cl.args)...)
-			case fcall:
-				cmds[i] = p.FCall(ctx, s.fn, cl.keys, anyArgs(cl.args)...)
-			default:
-				cmds[i] = s.gr.EvalSha(ctx, p, cl.keys, anyArgs(cl.args)...)
-			}
-		}
-		return nil
-	})
-	var again []int
-	for i, cmd := range cmds {
-		if !fcall && redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-			again = append(again, i)
-		}
-	}
-	if len(again) > 0 {
-		_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for _, i := range again {
-				cmds[i] = s.gr.Eval(ctx, p, calls[i].keys, anyArgs(calls[i].args)...)
-			}
-			return nil
-		})
-	}
+	cmds := pipelineScripts(ctx, c, len(calls), func(i int) (*script, []string, []string) {
+		return s, calls[i].keys, calls[i].args
+	}, fcall)
 	replies := make([]any, len(calls))
 	errs := make([]error, len(calls))
 	for i, cmd := range cmds {
@@ -339,4 +314,43 @@ func (s *Store) checkStreamArgs(stream, group, id string) error {
 		return fmt.Errorf("%w: empty stream, group or entry ID", idem.ErrInvalid)
 	}
 	return nil
+}
+
+// pipelineScripts sends n script calls in one pipeline, call(i) giving the
+// script, keys and arguments of the i-th: EVALSHA, then EVAL, in a second
+// pipeline, for those that got NOSCRIPT; or FCALL (FCALL_RO for a
+// read-only script) in Functions mode. It returns each call's command,
+// whose Result is the reply as go-redis gives it.
+func pipelineScripts(ctx context.Context, c redis.UniversalClient, n int, call func(i int) (s *script, keys, args []string), fcall bool) []*redis.Cmd {
+	cmds := make([]*redis.Cmd, n)
+	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i := range n {
+			s, keys, args := call(i)
+			switch {
+			case fcall && s.ro:
+				cmds[i] = p.FCallRo(ctx, s.fn, keys, anyArgs(args)...)
+			case fcall:
+				cmds[i] = p.FCall(ctx, s.fn, keys, anyArgs(args)...)
+			default:
+				cmds[i] = s.gr.EvalSha(ctx, p, keys, anyArgs(args)...)
+			}
+		}
+		return nil
+	})
+	var again []int
+	for i, cmd := range cmds {
+		if !fcall && redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+			again = append(again, i)
+		}
+	}
+	if len(again) > 0 {
+		_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, i := range again {
+				s, keys, args := call(i)
+				cmds[i] = s.gr.Eval(ctx, p, keys, anyArgs(args)...)
+			}
+			return nil
+		})
+	}
+	return cmds
 }
