@@ -193,13 +193,6 @@ func newStore(b backend, opts []Option) (*Store, error) {
 		return nil, err
 	}
 	s.effects = effects
-	cacheOn := c.wait == nil
-	if c.replayCache != nil {
-		cacheOn = *c.replayCache
-	}
-	if g, ok := b.(cachedGetter); ok && cacheOn {
-		s.cached, s.replays = g, newReplayIndex(replayIndexSize)
-	}
 	// The options are valid: now the server.
 	ctx, cancel := context.WithTimeout(context.Background(), StartCheckTimeout)
 	defer cancel()
@@ -210,7 +203,11 @@ func newStore(b backend, opts []Option) (*Store, error) {
 	if err := checkServer(ctx, nodes, &c); err != nil {
 		return nil, err
 	}
-	if gr, ok := b.(*goRedis); ok && cacheOn {
+	cacheOn := c.wait == nil
+	if c.replayCache != nil {
+		cacheOn = *c.replayCache
+	}
+	if rb, ok := b.(replayCacheBackend); ok && cacheOn {
 		log := c.logger
 		if log == nil {
 			log = slog.Default()
@@ -219,11 +216,10 @@ func newStore(b backend, opts []Option) (*Store, error) {
 		if size == 0 {
 			size = DefaultReplayCacheBytes
 		}
-		tc := startTracking(gr.c, s.prefix, size, log)
-		s.cached, s.replays = tc, newReplayIndex(replayIndexSize)
-		// A store dropped without Close ends its tracking connection
-		// when it is collected.
-		runtime.AddCleanup(s, func(tc *trackedCache) { go tc.close() }, tc)
+		s.cached, s.replays = rb.replayCache(s.prefix, size, log), newReplayIndex(replayIndexSize)
+		// A store dropped without Close ends what its cache runs (the
+		// go-redis tracking connection) when it is collected.
+		runtime.AddCleanup(s, func(g cachedGetter) { go g.close() }, s.cached)
 	}
 	return s, nil
 }
@@ -268,8 +264,8 @@ func NewRueidis(client rueidis.Client, opts ...Option) (*Store, error) {
 // documentation, "Local replay cache"). It does not close the client. The
 // store must not be used after Close.
 func (s *Store) Close() error {
-	if tc, ok := s.cached.(*trackedCache); ok {
-		tc.close()
+	if s.cached != nil {
+		s.cached.close()
 	}
 	return nil
 }
@@ -501,9 +497,7 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 		// the reply to the DEL (Redis 7.0 sends a client's own after it):
 		// the next acquire here must not read the cache before it does.
 		s.replays.remove(s.Key(key))
-		if tc, ok := s.cached.(*trackedCache); ok {
-			tc.invalidate([]string{s.Key(key)})
-		}
+		s.cached.forget(s.Key(key))
 	}
 	if err := s.b.del(ctx, s.Key(key)); err != nil {
 		return fmt.Errorf("redisstore: delete: %w", err)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"log/slog"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -50,11 +51,36 @@ func WithReplayCache(on bool) Option {
 	return func(c *config) { c.replayCache = &on }
 }
 
-// cachedGetter is a backend that reads a key through a client-side cache
-// that the server keeps consistent (client tracking).
+// cachedGetter reads a key through a client-side cache that the server
+// keeps consistent (client tracking).
 type cachedGetter interface {
 	cachedGet(ctx context.Context, key string) (value string, found bool, err error)
+	// forget drops key's entry at once, before the server's invalidation
+	// arrives (the store deleted the record).
+	forget(key string)
+	// close ends what the cache runs in the background.
+	close()
 }
+
+// replayCacheBackend is a backend that can serve replays from a local
+// cache: rueidis's client-side cache, or the store's own on a go-redis
+// *redis.Client (tracking.go). prefix is the store's key prefix; maxBytes
+// and log are the go-redis cache's bound and logger.
+type replayCacheBackend interface {
+	replayCache(prefix string, maxBytes int64, log *slog.Logger) cachedGetter
+}
+
+// replayCache implements replayCacheBackend: rueidis keeps the cache.
+func (b *rueidisBackend) replayCache(string, int64, *slog.Logger) cachedGetter { return b }
+
+// forget does nothing: rueidis drops the entry when the server's
+// invalidation arrives; until then the store's replay index, which no
+// longer holds the key, keeps the cache from being read for it.
+func (b *rueidisBackend) forget(string) {}
+
+// close does nothing: the cache is the client's, which the store does not
+// own.
+func (b *rueidisBackend) close() {}
 
 func (b *rueidisBackend) cachedGet(ctx context.Context, key string) (string, bool, error) {
 	r := b.c.DoCache(ctx, b.c.B().Get().Key(key).Cache(), replayCacheTTL)

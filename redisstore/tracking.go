@@ -104,6 +104,15 @@ func startTracking(c *redis.Client, prefix string, maxBytes int64, log *slog.Log
 	return tc
 }
 
+// replayCache implements replayCacheBackend: the store's own cache, with
+// its tracking connection.
+func (b *goRedis) replayCache(prefix string, maxBytes int64, log *slog.Logger) cachedGetter {
+	return startTracking(b.c, prefix, maxBytes, log)
+}
+
+// forget implements cachedGetter.
+func (tc *trackedCache) forget(key string) { tc.invalidate([]string{key}) }
+
 // close ends the tracking connection and waits for its goroutines.
 func (tc *trackedCache) close() {
 	tc.closeOnce.Do(func() { close(tc.done) })
@@ -261,7 +270,7 @@ func (tc *trackedCache) cachedGet(ctx context.Context, key string) (string, bool
 		tc.remove(e)
 	}
 	tc.seq++
-	token, gen := tc.seq, tc.gen
+	token := tc.seq
 	tc.pending[key] = token
 	tc.mu.Unlock()
 
@@ -278,6 +287,9 @@ func (tc *trackedCache) cachedGet(ctx context.Context, key string) (string, bool
 
 	tc.mu.Lock()
 	defer tc.mu.Unlock()
+	// mine: neither an invalidation of the key nor a flush came while the
+	// read was in flight (a flush clears every pending read, and only a
+	// flush makes the cache unhealthy).
 	mine := tc.pending[key] == token
 	if mine {
 		delete(tc.pending, key)
@@ -305,7 +317,7 @@ func (tc *trackedCache) cachedGet(ctx context.Context, key string) (string, bool
 	// nothing else).
 	var rec packedRecord
 	terminal := rec.decode(v) == nil && (rec.state == "c" || rec.state == "f")
-	if terminal && mine && gen == tc.gen && tc.healthy && life > replayExpiryMargin {
+	if terminal && mine && life > replayExpiryMargin {
 		ent := &cacheEntry{key: key, value: v, end: sent.Add(life - replayExpiryMargin)}
 		if ent.bytes() <= tc.max {
 			tc.entries[key] = tc.lru.PushFront(ent)
