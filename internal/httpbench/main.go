@@ -369,11 +369,7 @@ func main() {
 						v = append(v, f(r.cpu)/r.requests*1e6)
 					}
 				}
-				if len(v) == 0 {
-					return 0
-				}
-				sort.Float64s(v)
-				return v[len(v)/2]
+				return middle(v)
 			}
 			total := per(cpuUse.total)
 			bound := 0.0
@@ -425,8 +421,7 @@ func main() {
 			vs = append(vs, v)
 			per = append(per, strconv.FormatFloat(v, 'f', 2, 64))
 		}
-		sort.Float64s(vs)
-		m := vs[len(vs)/2]
+		m := middle(vs)
 		goal, met := fmt.Sprintf(">= %.1f", tg.min), m >= tg.min
 		if tg.latencyUS {
 			goal, met = fmt.Sprintf("<= %.0f", tg.min), m <= tg.min
@@ -482,14 +477,23 @@ func median(rs []result) result {
 		for i, r := range rs {
 			v[i] = f(r)
 		}
-		sort.Float64s(v)
-		return v[len(v)/2]
+		return middle(v)
 	}
 	return result{
 		rps: pick(func(r result) float64 { return r.rps }),
 		p50: time.Duration(pick(func(r result) float64 { return float64(r.p50) })),
 		p99: time.Duration(pick(func(r result) float64 { return float64(r.p99) })),
 	}
+}
+
+// middle returns the median of v (the upper one of an even count; 0 for
+// none), sorting v.
+func middle(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	sort.Float64s(v)
+	return v[len(v)/2]
 }
 
 var (
