@@ -75,20 +75,40 @@ func acquireKey(ctx context.Context, s *redisstore.Store, i int) (idem.Acquisiti
 	return s.Acquire(ctx, "k"+strconv.Itoa(i), idem.AcquireRequest{Fingerprint: "fp", Owner: "o" + strconv.Itoa(i), Lease: time.Minute, Retention: time.Hour})
 }
 
+// acquireEach acquires the keys from to to-1, each on a goroutine of wg,
+// and sends to errs what did not acquire.
+func acquireEach(ctx context.Context, s *redisstore.Store, wg *sync.WaitGroup, errs chan<- error, from, to int) {
+	for i := from; i < to; i++ {
+		wg.Go(func() {
+			if a, err := acquireKey(ctx, s, i); err != nil || a.Outcome != idem.Acquired {
+				errs <- errors.Join(err, errors.New("acquire "+strconv.Itoa(i)+": "+a.Outcome.String()))
+			}
+		})
+	}
+}
+
+// gatedStore returns a go-redis store, without a replay cache, on a new
+// server, its client's commands passing through g.
+func gatedStore(t *testing.T) (s *redisstore.Store, c *redis.Client, g *gate) {
+	t.Helper()
+	srv := redistest.Start(t)
+	c = goRedisClient(t, srv.Addr())
+	g = newGate()
+	c.AddHook(g)
+	s, err := redisstore.New(c, redisstore.WithReplayCache(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, c, g
+}
+
 // TestCoalescedCalls: with go-redis, calls made while the store's senders
 // are busy go out together in one pipeline, after the scripts were flushed
 // from the server too (NOSCRIPT, then EVAL); a lone caller's calls go out
 // alone; a queued call whose context ended is not sent.
 func TestCoalescedCalls(t *testing.T) {
 	redisstore.SetMaxQueueWait(t, time.Hour) // queued calls wait for the held ones
-	srv := redistest.Start(t)
-	c := goRedisClient(t, srv.Addr())
-	g := newGate()
-	c.AddHook(g)
-	s, err := redisstore.New(c, redisstore.WithReplayCache(false))
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, c, g := gatedStore(t)
 	ctx := t.Context()
 	if err := c.ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
@@ -109,13 +129,7 @@ func TestCoalescedCalls(t *testing.T) {
 	cancelled, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { _, err := acquireKey(cancelled, s, 99); done <- err }()
-	for i := 2; i < 22; i++ {
-		wg.Go(func() {
-			if a, err := acquireKey(ctx, s, i); err != nil || a.Outcome != idem.Acquired {
-				errs <- errors.Join(err, errors.New("acquire "+strconv.Itoa(i)+": "+a.Outcome.String()))
-			}
-		})
-	}
+	acquireEach(ctx, s, &wg, errs, 2, 22)
 	waitFor(t, "21 calls queued", func() bool { return redisstore.Queued(s) == 21 })
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
@@ -159,14 +173,7 @@ func TestCoalescedCalls(t *testing.T) {
 // maxQueueWait instead of a whole round trip of the slow ones later.
 func TestQueuedCallsDoNotWaitForSlowOnes(t *testing.T) {
 	redisstore.SetMaxQueueWait(t, time.Millisecond)
-	srv := redistest.Start(t)
-	c := goRedisClient(t, srv.Addr())
-	g := newGate()
-	c.AddHook(g)
-	s, err := redisstore.New(c, redisstore.WithReplayCache(false))
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, _, g := gatedStore(t)
 	ctx := t.Context()
 	var held sync.WaitGroup
 	for i := range 2 {
@@ -176,13 +183,7 @@ func TestQueuedCallsDoNotWaitForSlowOnes(t *testing.T) {
 	defer func() { close(g.hold); held.Wait() }()
 	var wg sync.WaitGroup
 	errs := make(chan error, 20)
-	for i := 2; i < 22; i++ {
-		wg.Go(func() {
-			if a, err := acquireKey(ctx, s, i); err != nil || a.Outcome != idem.Acquired {
-				errs <- errors.Join(err, errors.New("acquire "+strconv.Itoa(i)+": "+a.Outcome.String()))
-			}
-		})
-	}
+	acquireEach(ctx, s, &wg, errs, 2, 22)
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
 	select {

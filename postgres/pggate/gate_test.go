@@ -54,6 +54,12 @@ type env struct {
 func newEnv(t *testing.T, opts ...pggate.Option) *env {
 	t.Helper()
 	pool, url := pgtest.Pool(t)
+	return newEnvOn(t, pool, url, opts...)
+}
+
+// newEnvOn is newEnv on pool, a pool of the fresh schema at url.
+func newEnvOn(t *testing.T, pool *pgxpool.Pool, url string, opts ...pggate.Option) *env {
+	t.Helper()
 	c := &clock{now: time.Now()}
 	ms, err := memstore.New(memstore.WithClock(c.Now))
 	if err != nil {
@@ -652,7 +658,8 @@ func TestQueryExecModes(t *testing.T) {
 	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe,
 		pgx.QueryExecModeDescribeExec, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
 		t.Run(mode.String(), func(t *testing.T) {
-			cfg, err := pgxpool.ParseConfig(pgtest.Schema(t))
+			url := pgtest.Schema(t)
+			cfg, err := pgxpool.ParseConfig(url)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -661,21 +668,9 @@ func TestQueryExecModes(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer pool.Close()
-			ms, _ := memstore.New()
-			e, _ := idem.New(ms)
-			g, err := pggate.New(e, pool, pggate.WithRelayInterval(0))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer g.Close()
-			if err := g.Migrate(t.Context()); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := pool.Exec(t.Context(), `CREATE TABLE effects (key text NOT NULL, fence bigint NOT NULL)`); err != nil {
-				t.Fatal(err)
-			}
-			v := &env{pool: pool}
+			t.Cleanup(pool.Close)
+			v := newEnvOn(t, pool, url)
+			g, ms := v.gate, v.store
 			key := idem.Key{Scope: "t", ID: "k"}
 			for i, want := range []string{"first", "first"} {
 				res, err := g.Do(t.Context(), key, "fp", effect("k", []string{"first", "second"}[i]))
