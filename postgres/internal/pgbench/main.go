@@ -127,15 +127,25 @@ func run(duration time.Duration, runs int, only string) error {
 			return res.Replayed, err
 		}
 	}
+	// gateOn returns a gate on an Executor on st, the caller closes it; err
+	// is the error of st's constructor, so that gateOn(memstore.New()) reads.
+	gateOn := func(st idem.Store, err error) (*pggate.Gate[pgx.Tx], *idem.Executor, error) {
+		if err != nil {
+			return nil, nil, err
+		}
+		e, err := idem.New(st)
+		if err != nil {
+			return nil, nil, err
+		}
+		g, err := pggate.New(e, pool)
+		return g, e, err
+	}
 	rs, err := redisstore.New(rdb)
 	if err != nil {
 		return err
 	}
-	he, err := idem.New(rs)
-	if err != nil {
-		return err
-	}
-	hg, err := pggate.New(he, pool)
+	defer rs.Close()
+	hg, he, err := gateOn(rs, nil)
 	if err != nil {
 		return err
 	}
@@ -148,28 +158,12 @@ func run(duration time.Duration, runs int, only string) error {
 		return err
 	}
 	defer rc.Close()
-	rrs, err := redisstore.NewRueidis(rc)
-	if err != nil {
-		return err
-	}
-	re, err := idem.New(rrs)
-	if err != nil {
-		return err
-	}
-	rg, err := pggate.New(re, pool)
+	rg, _, err := gateOn(redisstore.NewRueidis(rc))
 	if err != nil {
 		return err
 	}
 	defer rg.Close()
-	ms, err := memstore.New()
-	if err != nil {
-		return err
-	}
-	me, err := idem.New(ms)
-	if err != nil {
-		return err
-	}
-	mg, err := pggate.New(me, pool)
+	mg, _, err := gateOn(memstore.New())
 	if err != nil {
 		return err
 	}
@@ -188,11 +182,7 @@ func run(duration time.Duration, runs int, only string) error {
 		if err := ps.Migrate(ctx); err != nil {
 			return nil, nil, err
 		}
-		pe, err := idem.New(ps)
-		if err != nil {
-			return nil, nil, err
-		}
-		g, err := pggate.New(pe, pool)
+		g, _, err := gateOn(ps, nil)
 		if err != nil {
 			return nil, nil, err
 		}
