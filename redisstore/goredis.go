@@ -239,7 +239,10 @@ func watchPubSub(ctx context.Context, ps *redis.PubSub) (<-chan struct{}, func()
 // a lifecycle in those system calls.
 //
 // A queued call waits at most maxQueueWait: if no call in flight returned
-// by then, the queue is sent at once by one more sender.
+// by then, the queue is sent at once by one more sender. One timer per
+// queue, armed when the queue's first call comes and stopped when a sender
+// takes the queue, bounds that wait for all of its calls: a timer per call
+// cost the client as much CPU as a system call per call.
 //
 // A queued call whose context ends returns the context's error; if it was
 // sent already, its outcome is unknown, as for any call whose reply did not
@@ -249,9 +252,11 @@ type coalescer struct {
 	c       *redis.Client
 	senders int
 
-	mu     sync.Mutex
-	active int
-	queue  []*queuedCall
+	mu       sync.Mutex
+	active   int
+	queue    []*queuedCall
+	queuedAt time.Time   // when the queue's first call came
+	late     *time.Timer // sendLate, maxQueueWait after queuedAt
 }
 
 type queuedCall struct {
@@ -262,7 +267,6 @@ type queuedCall struct {
 	reply      any
 	err        error
 	done       chan struct{}
-	taken      bool // in a batch being sent; guarded by the coalescer's mu
 }
 
 // coalesceSenders is the number of calls a store sends at once before it
@@ -285,41 +289,60 @@ func (q *coalescer) run(ctx context.Context, s *script, keys, args []string, fca
 		return v, err
 	}
 	call := &queuedCall{ctx: ctx, s: s, keys: keys, args: args, fcall: fcall, done: make(chan struct{})}
+	if len(q.queue) == 0 {
+		q.queuedAt = time.Now()
+		q.armLate(maxQueueWait)
+	}
 	q.queue = append(q.queue, call)
 	q.mu.Unlock()
-	t := time.NewTimer(maxQueueWait)
-	defer t.Stop()
-	for {
-		select {
-		case <-call.done:
-			return call.reply, call.err
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-t.C:
-			// The calls in flight are slow (a slow network, a busy
-			// server): do not wait for them; send the queue now, as one
-			// more sender.
-			q.mu.Lock()
-			if call.taken {
-				q.mu.Unlock()
-				continue
-			}
-			batch := q.take()
-			q.active++
-			q.mu.Unlock()
-			q.send(batch)
-			q.drain()
-		}
+	select {
+	case <-call.done:
+		return call.reply, call.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
 	}
+}
+
+// armLate starts the queue's timer, to run sendLate after d; q.mu is held.
+func (q *coalescer) armLate(d time.Duration) {
+	if q.late == nil {
+		q.late = time.AfterFunc(d, q.sendLate)
+		return
+	}
+	q.late.Reset(d)
+}
+
+// sendLate runs when the queue's timer fires: if the queue's first call
+// has waited maxQueueWait, the calls in flight are slow (a slow network, a
+// busy server); the queue is sent now, as one more sender, instead of
+// after them. A timer that fires for a queue taken meanwhile finds the
+// queue empty, or younger than maxQueueWait and is armed again for it.
+func (q *coalescer) sendLate() {
+	q.mu.Lock()
+	if len(q.queue) == 0 {
+		q.mu.Unlock()
+		return
+	}
+	if wait := maxQueueWait - time.Since(q.queuedAt); wait > 0 {
+		q.armLate(wait)
+		q.mu.Unlock()
+		return
+	}
+	batch := q.take()
+	q.active++
+	q.mu.Unlock()
+	q.send(batch)
+	q.drain()
 }
 
 // take empties the queue and returns its calls; q.mu is held.
 func (q *coalescer) take() []*queuedCall {
 	batch := q.queue
-	q.queue = nil
-	for _, c := range batch {
-		c.taken = true
+	if len(batch) == 0 {
+		return nil
 	}
+	q.queue = nil
+	q.late.Stop()
 	return batch
 }
 

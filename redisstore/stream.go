@@ -339,7 +339,8 @@ func pipelineScripts(ctx context.Context, c redis.UniversalClient, n int, call f
 	})
 	var again []int
 	for i, cmd := range cmds {
-		if !fcall && redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+		// HasErrorPrefix allocates (errors.As): ask it only on an error.
+		if err := cmd.Err(); err != nil && !fcall && redis.HasErrorPrefix(err, "NOSCRIPT") {
 			again = append(again, i)
 		}
 	}
