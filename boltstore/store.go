@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/statemachine"
+	"github.com/idemgo/idem/internal/watchset"
 	bolt "go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
 )
@@ -85,8 +86,7 @@ type Store struct {
 	closeOnce  sync.Once
 	closeErr   error
 
-	wmu      sync.Mutex
-	watchers map[string]*watch
+	watchers watchset.Set
 }
 
 var (
@@ -149,7 +149,6 @@ func Open(path string, opts ...Option) (*Store, error) {
 		writerDone:    make(chan struct{}),
 		stopSweep:     make(chan struct{}),
 		sweepDone:     make(chan struct{}),
-		watchers:      make(map[string]*watch),
 	}
 	if err := db.Update(s.init); err != nil {
 		db.Close()
@@ -235,12 +234,7 @@ func (s *Store) Close() error {
 		s.mu.Unlock()
 		<-s.writerDone
 		s.closeErr = s.db.Close()
-		s.wmu.Lock()
-		for k, w := range s.watchers {
-			close(w.ch)
-			delete(s.watchers, k)
-		}
-		s.wmu.Unlock()
+		s.watchers.Close()
 	})
 	return s.closeErr
 }

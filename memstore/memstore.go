@@ -8,6 +8,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/statemachine"
+	"github.com/idemgo/idem/internal/watchset"
 )
 
 // Option configures a Store.
@@ -32,7 +33,7 @@ type Store struct {
 	records   map[string]*statemachine.Record
 	lastFence int64
 	writes    int
-	watchers  map[string]*watch
+	watchers  watchset.Set
 }
 
 var (
@@ -44,7 +45,7 @@ var (
 
 // New returns an empty Store.
 func New(opts ...Option) (*Store, error) {
-	s := &Store{now: time.Now, watchers: make(map[string]*watch)}
+	s := &Store{now: time.Now}
 	for _, o := range opts {
 		o(s)
 	}
@@ -267,47 +268,16 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 }
 
 // notify wakes the watchers of key. It is called with s.mu held.
-func (s *Store) notify(key string) {
-	if len(s.watchers) == 0 {
-		return
-	}
-	if w, ok := s.watchers[key]; ok {
-		close(w.ch)
-		delete(s.watchers, key)
-	}
-}
+func (s *Store) notify(key string) { s.watchers.Wake(key) }
 
-// watch is the channel the watchers of one key share, and how many they are.
-type watch struct {
-	ch chan struct{}
-	n  int
-}
-
-// Watch implements idem.Watcher.
+// Watch implements idem.Watcher. It registers the watch with s.mu held, so
+// that a change committed after Watch returned wakes it.
 func (s *Store) Watch(ctx context.Context, key string) (<-chan struct{}, func(), error) {
 	if err := idem.ValidateStoreKey(key); err != nil {
 		return nil, nil, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	w, ok := s.watchers[key]
-	if !ok {
-		w = &watch{ch: make(chan struct{})}
-		s.watchers[key] = w
-	}
-	w.n++
-	var once sync.Once
-	stop := func() {
-		once.Do(func() {
-			s.mu.Lock()
-			defer s.mu.Unlock()
-			// The key's watch may have been notified and replaced since.
-			if cur, ok := s.watchers[key]; ok && cur == w {
-				if w.n--; w.n == 0 {
-					delete(s.watchers, key)
-				}
-			}
-		})
-	}
-	return w.ch, stop, nil
+	ch, stop := s.watchers.Add(key)
+	return ch, stop, nil
 }

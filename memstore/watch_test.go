@@ -15,11 +15,11 @@ func TestWatchStopForgetsTheKey(t *testing.T) {
 	ch2, stop2, _ := s.Watch(ctx, "k")
 	stop1()
 	stop1() // idempotent
-	if n := len(s.watchers); n != 1 {
+	if n := s.watchers.Len(); n != 1 {
 		t.Fatalf("watchers after one of two stops: got %d, want 1", n)
 	}
 	stop2()
-	if n := len(s.watchers); n != 0 {
+	if n := s.watchers.Len(); n != 0 {
 		t.Fatalf("watchers after every stop: got %d, want 0", n)
 	}
 	// A notification still reaches a live watcher.

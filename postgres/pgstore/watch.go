@@ -3,9 +3,9 @@ package pgstore
 import (
 	"context"
 	"fmt"
-	"sync"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/watchset"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -16,15 +16,10 @@ type listener struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 
-	mu      sync.Mutex
-	broken  bool
-	watches map[string]*watch
-}
-
-// watch is the channel the watchers of one key share, and how many they are.
-type watch struct {
-	ch chan struct{}
-	n  int
+	// watches are the store's watches; closed when the connection
+	// breaks (every watch is woken, and a later one on this listener is
+	// woken at once).
+	watches watchset.Set
 }
 
 // Watch implements idem.Watcher with LISTEN/NOTIFY. The first Watch takes a
@@ -44,7 +39,8 @@ func (s *Store) Watch(ctx context.Context, key string) (<-chan struct{}, func(),
 	if err != nil {
 		return nil, nil, fmt.Errorf("pgstore: watch: %w", err)
 	}
-	return l.add(key)
+	ch, stop := l.watches.Add(key)
+	return ch, stop, nil
 }
 
 // listen returns the store's listener, starting one if there is none.
@@ -69,17 +65,13 @@ func (s *Store) listen(ctx context.Context) (*listener, error) {
 		return nil, err
 	}
 	lctx, cancel := context.WithCancel(context.Background())
-	l := &listener{conn: conn, cancel: cancel, done: make(chan struct{}), watches: make(map[string]*watch)}
+	l := &listener{conn: conn, cancel: cancel, done: make(chan struct{})}
 	go l.run(lctx)
 	s.listener = l
 	return l, nil
 }
 
-func (l *listener) isBroken() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.broken
-}
+func (l *listener) isBroken() bool { return l.watches.Closed() }
 
 // run wakes the watches of each notified key until the connection breaks
 // or the listener is closed; then it wakes every watch.
@@ -89,52 +81,11 @@ func (l *listener) run(ctx context.Context) {
 	for {
 		n, err := l.conn.WaitForNotification(ctx)
 		if err != nil {
-			l.mu.Lock()
-			l.broken = true
-			for k, w := range l.watches {
-				close(w.ch)
-				delete(l.watches, k)
-			}
-			l.mu.Unlock()
+			l.watches.Close()
 			return
 		}
-		l.mu.Lock()
-		if w, ok := l.watches[n.Payload]; ok {
-			close(w.ch)
-			delete(l.watches, n.Payload)
-		}
-		l.mu.Unlock()
+		l.watches.Wake(n.Payload)
 	}
-}
-
-// add registers a watch of key.
-func (l *listener) add(key string) (<-chan struct{}, func(), error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.broken {
-		ch := make(chan struct{})
-		close(ch)
-		return ch, func() {}, nil
-	}
-	w, ok := l.watches[key]
-	if !ok {
-		w = &watch{ch: make(chan struct{})}
-		l.watches[key] = w
-	}
-	w.n++
-	var once sync.Once
-	stop := func() {
-		once.Do(func() {
-			l.mu.Lock()
-			defer l.mu.Unlock()
-			if cur, ok := l.watches[key]; ok && cur == w {
-				if w.n--; w.n == 0 {
-					delete(l.watches, key)
-				}
-			}
-		})
-	}
-	return w.ch, stop, nil
 }
 
 // close stops the listener and closes its connection.
