@@ -59,8 +59,9 @@ func (e *Executor) Await(ctx context.Context, key Key) error {
 		if w == nil {
 			left = min(left, 50*time.Millisecond)
 		} else {
-			// A notification can be lost (a reconnect, a Delete that
-			// publishes nothing): look again at least every second.
+			// A notification can be lost (a reconnect, a PUBLISH after
+			// a DEL that failed on its own): look again at least every
+			// second.
 			left = min(left, time.Second)
 		}
 		t := time.NewTimer(left)

@@ -46,7 +46,28 @@ func callGoRedis(ctx context.Context, c redis.UniversalClient, s *script, keys, 
 	return s.gr.Run(ctx, c, keys, anyArgs(args)...).Result()
 }
 
-func (b *goRedis) del(ctx context.Context, key string) error { return b.c.Del(ctx, key).Err() }
+func (b *goRedis) del(ctx context.Context, key, pub, channel string) error {
+	return delGoRedis(ctx, b.c, key, pub, channel)
+}
+
+// delGoRedis sends DEL key, and pub on channel unless pub is "", in one
+// pipeline.
+func delGoRedis(ctx context.Context, c redis.UniversalClient, key, pub, channel string) error {
+	if pub == "" {
+		return c.Del(ctx, key).Err()
+	}
+	var del *redis.IntCmd
+	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		del = p.Del(ctx, key)
+		if pub == "SPUBLISH" {
+			p.SPublish(ctx, channel, "d")
+		} else {
+			p.Publish(ctx, channel, "d")
+		}
+		return nil
+	})
+	return del.Err()
+}
 
 func (b *goRedis) publishCommand() string { return "PUBLISH" }
 
@@ -93,7 +114,9 @@ func (b *goRedisCluster) runOnce(ctx context.Context, s *script, keys, args []st
 	return runWait(ctx, node, s, keys, args, w, fcall)
 }
 
-func (b *goRedisCluster) del(ctx context.Context, key string) error { return b.c.Del(ctx, key).Err() }
+func (b *goRedisCluster) del(ctx context.Context, key, pub, channel string) error {
+	return delGoRedis(ctx, b.c, key, pub, channel)
+}
 
 func (b *goRedisCluster) publishCommand() string { return "SPUBLISH" }
 

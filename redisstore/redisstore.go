@@ -134,7 +134,11 @@ type backend interface {
 	// libraries returns the names of idem's Functions libraries loaded on
 	// each primary.
 	libraries(ctx context.Context) ([]string, error)
-	del(ctx context.Context, key string) error
+	// del deletes key; if pub is not "", it then sends pub (PUBLISH or
+	// SPUBLISH) on channel, in the same round trip, to wake the key's
+	// waiters. Only the DEL's error is returned: a lost notification
+	// leaves the waiters to their lease timers, as before.
+	del(ctx context.Context, key, pub, channel string) error
 	// scan calls fn with the name of every hash whose name matches the
 	// SCAN pattern match, on every node that holds keys, until fn returns
 	// false.
@@ -486,8 +490,10 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 	return parseGet(reply)
 }
 
-// Delete implements idem.Store. It publishes no notification: waiters fall
-// back to the lease's end.
+// Delete implements idem.Store. With notifications on, it wakes the key's
+// waiters (PUBLISH or SPUBLISH after the DEL, in the same round trip), so
+// that they look at the key again at once, not at their next periodic look
+// (Executor.Await looks at least every second).
 func (s *Store) Delete(ctx context.Context, key string) error {
 	if err := idem.ValidateStoreKey(key); err != nil {
 		return err
@@ -499,7 +505,7 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 		s.replays.remove(s.Key(key))
 		s.cached.forget(s.Key(key))
 	}
-	if err := s.b.del(ctx, s.Key(key)); err != nil {
+	if err := s.b.del(ctx, s.Key(key), s.pub, s.channel(key)); err != nil {
 		return fmt.Errorf("redisstore: delete: %w", err)
 	}
 	return nil

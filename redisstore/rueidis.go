@@ -79,8 +79,15 @@ func fcallCmd(c interface{ B() rueidis.Builder }, s *script, keys, args []string
 	return c.B().Fcall().Function(s.fn).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
 }
 
-func (b *rueidisBackend) del(ctx context.Context, key string) error {
-	return b.c.Do(ctx, b.c.B().Del().Key(key).Build()).Error()
+func (b *rueidisBackend) del(ctx context.Context, key, pub, channel string) error {
+	del := b.c.B().Del().Key(key).Build()
+	switch pub {
+	case "":
+		return b.c.Do(ctx, del).Error()
+	case "SPUBLISH":
+		return b.c.DoMulti(ctx, del, b.c.B().Spublish().Channel(channel).Message("d").Build())[0].Error()
+	}
+	return b.c.DoMulti(ctx, del, b.c.B().Publish().Channel(channel).Message("d").Build())[0].Error()
 }
 
 func (b *rueidisBackend) nodes(context.Context) ([]node, error) {
