@@ -81,13 +81,16 @@ func fcallCmd(c interface{ B() rueidis.Builder }, s *script, keys, args []string
 
 func (b *rueidisBackend) del(ctx context.Context, key, pub, channel string) error {
 	del := b.c.B().Del().Key(key).Build()
+	var publish rueidis.Completed
 	switch pub {
 	case "":
 		return b.c.Do(ctx, del).Error()
 	case "SPUBLISH":
-		return b.c.DoMulti(ctx, del, b.c.B().Spublish().Channel(channel).Message("d").Build())[0].Error()
+		publish = b.c.B().Spublish().Channel(channel).Message("d").Build()
+	default:
+		publish = b.c.B().Publish().Channel(channel).Message("d").Build()
 	}
-	return b.c.DoMulti(ctx, del, b.c.B().Publish().Channel(channel).Message("d").Build())[0].Error()
+	return b.c.DoMulti(ctx, del, publish)[0].Error()
 }
 
 func (b *rueidisBackend) nodes(context.Context) ([]node, error) {
