@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -34,7 +35,23 @@ func TestStartAfterLease(t *testing.T) {
 	keys := chaostest.Size(20, 200)
 	srv := redistest.Start(t)
 	px := chaostest.StartNetProxy(t, srv.Addr())
-	slow := chaostest.GoRedisStore(t, redis.NewClient(&redis.Options{Addr: px.Addr(), ReadTimeout: 10 * time.Second, PoolSize: 2 * keys}))
+	// The slow client counts its dials: a connection dialed during a run
+	// has its handshake's reply delayed too, so the calls it carries reach
+	// Redis only after the lease, and the scenario is not the one tested.
+	var dials atomic.Int64
+	slowClient := redis.NewClient(&redis.Options{
+		Addr: px.Addr(), ReadTimeout: 10 * time.Second, PoolSize: 2 * keys,
+		// Pipelines on the same pool as single calls (go-redis has a
+		// separate pipeline pool by default), so that the warm-up below
+		// opens every connection a call may use.
+		PipelinePoolSize: -1,
+		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			dials.Add(1)
+			var d net.Dialer
+			return d.DialContext(ctx, network, addr)
+		},
+	})
+	slow := chaostest.GoRedisStore(t, slowClient)
 	direct := goRedisStore(t, srv.Addr())
 	a, err := idem.New(slow, idem.WithLease(lease))
 	if err != nil {
@@ -49,16 +66,30 @@ func TestStartAfterLease(t *testing.T) {
 	if _, err := a.Do(t.Context(), idem.Key{ID: "warm-up"}, "", func(context.Context) ([]byte, error) { return nil, nil }); err != nil {
 		t.Fatal(err)
 	}
-	px.AddToxic(t, "latency", "downstream", map[string]any{"latency": delay.Milliseconds()})
-	// Open the slow store's connections, their handshakes done, so that
-	// every acquire reaches Redis at once: only its reply is late.
+	// Open every connection of the slow client's pool, handshakes done,
+	// before the delay, so that every acquire reaches Redis at once: only
+	// its reply is late. Each connection is held by a BLPOP that times out
+	// (a PING returns too soon to make the pool open more than a few). The
+	// store sends a call alone or in a pipeline, one connection each, and
+	// under CPU load it splits the same calls into more pipelines: without
+	// this, a run that needed one connection more than the pool had dialed
+	// it, and the calls on it reached Redis after the lease.
 	{
 		var wg sync.WaitGroup
 		for i := range 2 * keys {
-			wg.Go(func() { _, _ = slow.Get(t.Context(), idem.Key{ID: "warm-" + strconv.Itoa(i)}.Digest()) })
+			wg.Go(func() {
+				err := slowClient.BLPop(t.Context(), 100*time.Millisecond, "warm-"+strconv.Itoa(i)).Err()
+				if err != nil && !errors.Is(err, redis.Nil) {
+					t.Error(err)
+				}
+			})
 		}
 		wg.Wait()
 	}
+	if n := slowClient.PoolStats().IdleConns; n < uint32(2*keys) {
+		t.Fatalf("the slow client has %d idle connections, want %d", n, 2*keys)
+	}
+	px.AddToxic(t, "latency", "downstream", map[string]any{"latency": delay.Milliseconds()})
 
 	for _, control := range []bool{false, true} {
 		name := "protected"
@@ -75,6 +106,7 @@ func TestStartAfterLease(t *testing.T) {
 			mu.Unlock()
 			c.Executed.Add(1)
 		}
+		dials0 := dials.Load()
 		var wg sync.WaitGroup
 		for i := range keys {
 			key := idem.Key{Scope: name, ID: fmt.Sprintf("late-%d", i)}
@@ -142,6 +174,9 @@ func TestStartAfterLease(t *testing.T) {
 			})
 		}
 		wg.Wait()
+		if n := dials.Load() - dials0; n > 0 {
+			t.Errorf("%s: the slow client dialed %d connections during the run: calls on them reached Redis late", name, n)
+		}
 		var dups int64
 		for _, n := range runs {
 			dups += int64(max(n-1, 0))
