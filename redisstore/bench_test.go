@@ -424,3 +424,151 @@ func runLanes(b *testing.B, srv *redistest.Server, lanes []benchLane) {
 		}
 	}
 }
+
+// BenchmarkScriptParts measures what each step of the transitions costs
+// Redis inside a script, to say what a script call's Redis time is made of
+// (consumer/redisstream/README.md and the README's "Where a request's time
+// goes"): each sub-benchmark runs one step
+// b.N times in loops of scriptPartsLoop iterations, one EVAL per loop, and
+// reports the Redis time per step (redis-µs/op, from INFO commandstats),
+// less the cost of the empty loop. The record is a real one (acquire.lua's
+// format); the "new-key" steps write keys that do not exist yet, and their
+// figure leaves out building the key's name (the step "key"). The step
+// "call" is the cost of calling a script at all: EVALSHA of "return 1"
+// with one key and six arguments, as acquire.lua has. The "plain" steps are
+// the floor's writes, as commands. Run:
+//
+//	go test -run '^$' -bench ScriptParts -benchtime 200000x -count 3 ./redisstore
+func BenchmarkScriptParts(b *testing.B) {
+	srv := redistest.Start(b)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	b.Cleanup(func() { rdb.Close() })
+	ctx := context.Background()
+	// ARGV[1] key prefix, ARGV[2] first index, ARGV[3] iterations, ARGV[4]
+	// the key of a stored record, ARGV[5] a key that does not exist.
+	const prelude = `
+local fp, owner = 'f0e1d2c3b4a5968778695a4b3c2d1e0f', 'owner-0123456789abcdef'
+local rec = cmsgpack.pack(1, 'p', fp, owner, 1764000000000000, 1764000010000000, 1, 1764000000000000, '')
+local first, n = tonumber(ARGV[2]), tonumber(ARGV[3])
+for i = first, first + n - 1 do
+`
+	parts := []struct{ name, body string }{
+		{"loop", `local x = i`},
+		{"key", `local x = ARGV[1] .. i`},
+		{"TIME", `local t = redis.call('TIME') local now = tonumber(t[1]) * 1000000 + tonumber(t[2])`},
+		{"pack", `local x = cmsgpack.pack(1, 'p', fp, owner, i, i, 1, i, '')`},
+		{"unpack", `local ver, s, f, o, fe, l, a, c, r = cmsgpack.unpack(rec)`},
+		{"GET-absent", `local x = redis.call('GET', ARGV[5])`},
+		{"GET-record", `local x = redis.call('GET', ARGV[4])`},
+		{"SET-PX-new-key", `redis.call('SET', ARGV[1] .. i, rec, 'PX', 600000)`},
+		{"SET-NX-GET-PX-new-key", `redis.call('SET', ARGV[1] .. i, rec, 'NX', 'GET', 'PX', 600000)`},
+		{"SET-PX-existing", `redis.call('SET', ARGV[4], rec, 'PX', 600000)`},
+		{"SET-PX-existing-1-byte", `redis.call('SET', ARGV[4], 'c', 'PX', 600000)`},
+		{"SET-NX-PX-new-key-1-byte", `redis.call('SET', ARGV[1] .. i, 'p', 'NX', 'PX', 600000)`},
+		{"PUBLISH-unheard", `redis.call('PUBLISH', ARGV[5], 'c')`},
+	}
+	perOp := func(b *testing.B, body string) float64 {
+		b.Helper()
+		src := prelude + body + "\nend\nreturn 1"
+		if err := rdb.FlushAll(ctx).Err(); err != nil {
+			b.Fatal(err)
+		}
+		if err := rdb.Eval(ctx, "redis.call('SET', ARGV[1], cmsgpack.pack(1, 'c', 'fp', '', 1, 0, 1, 0, 'result')) return 1", nil, "{parts}rec").Err(); err != nil {
+			b.Fatal(err)
+		}
+		resetStats(b, srv)
+		for lo := 0; lo < b.N; lo += scriptPartsLoop {
+			n := min(scriptPartsLoop, b.N-lo)
+			if err := rdb.Eval(ctx, src, nil, "{parts}k:", lo, n, "{parts}rec", "{parts}absent").Err(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		calls := float64((b.N + scriptPartsLoop - 1) / scriptPartsLoop)
+		return usecPerCall(b, srv, "eval") * calls / float64(b.N)
+	}
+	var loop, key float64
+	for _, p := range parts {
+		b.Run(p.name, func(b *testing.B) {
+			v := perOp(b, p.body)
+			switch {
+			case p.name == "loop":
+				loop = v
+				b.ReportMetric(v, "redis-µs/op")
+				return
+			case p.name == "key":
+				key = v - loop
+			case strings.Contains(p.name, "new-key"):
+				v -= key
+			}
+			b.ReportMetric(v-loop, "redis-µs/op")
+		})
+	}
+	// The floor's two writes for comparison (internal/httpbench/floor.go,
+	// consumer/redisstream's floor mode): plain commands, 100 per
+	// pipeline, no script: SET … NX PX of a new key, then SET … PX of the
+	// same key.
+	for _, plain := range []struct {
+		name, value string
+		args        redis.SetArgs
+	}{
+		{"plain-SET-NX-PX-new-key", "p", redis.SetArgs{Mode: "NX", TTL: 10 * time.Minute}},
+		{"plain-SET-PX-existing", "c", redis.SetArgs{TTL: 10 * time.Minute}},
+	} {
+		b.Run(plain.name, func(b *testing.B) {
+			if err := rdb.FlushAll(ctx).Err(); err != nil {
+				b.Fatal(err)
+			}
+			for lo := 0; lo < b.N; lo += 100 {
+				_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+					for i := lo; i < min(lo+100, b.N); i++ {
+						key := "{parts}k:" + strconv.Itoa(i)
+						if plain.args.Mode == "" {
+							p.Set(ctx, key, "p", 10*time.Minute) // the key exists when the timed write comes
+						}
+					}
+					return nil
+				})
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+			resetStats(b, srv)
+			for lo := 0; lo < b.N; lo += 100 {
+				_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+					for i := lo; i < min(lo+100, b.N); i++ {
+						p.SetArgs(ctx, "{parts}k:"+strconv.Itoa(i), plain.value, plain.args)
+					}
+					return nil
+				})
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(usecPerCall(b, srv, "set"), "redis-µs/op")
+		})
+	}
+	// The script call itself: EVALSHA of "return 1", 100 per pipeline.
+	b.Run("call", func(b *testing.B) {
+		sha, err := rdb.ScriptLoad(ctx, "return 1").Result()
+		if err != nil {
+			b.Fatal(err)
+		}
+		resetStats(b, srv)
+		for lo := 0; lo < b.N; lo += 100 {
+			_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+				for range min(100, b.N-lo) {
+					p.EvalSha(ctx, sha, []string{"{parts}k"}, "a", "b", "c", "d", "e", "f")
+				}
+				return nil
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(evalshaUsecPerCall(b, srv), "redis-µs/op")
+	})
+}
+
+// scriptPartsLoop is the number of steps each EVAL of BenchmarkScriptParts
+// runs.
+const scriptPartsLoop = 1000
