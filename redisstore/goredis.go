@@ -267,6 +267,12 @@ func watchPubSub(ctx context.Context, ps *redis.PubSub) (<-chan struct{}, func()
 // takes the queue, bounds that wait for all of its calls: a timer per call
 // cost the client as much CPU as a system call per call.
 //
+// go-redis v9.23's own AutoPipeline (experimental) does the same with one
+// batch in flight; in place of the coalescer it measured slower, in
+// BenchmarkLifecycle/go-redis (3 interleaved rounds, 100,000 lifecycles
+// each): 47–53 µs/op at 64 callers against 56–66 (half duplex) and 53–60
+// (full duplex), and 334–380 µs/op at 1 caller against 460–489.
+//
 // A queued call whose context ends returns the context's error; if it was
 // sent already, its outcome is unknown, as for any call whose reply did not
 // come back in time. A queued call whose context ended before its pipeline
