@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/statemachine"
 )
 
 var _ idem.BatchStore = (*Store)(nil)
@@ -39,7 +40,7 @@ func (s *Store) CompleteBatch(ctx context.Context, keys []string, leases []idem.
 			errs[i] = errBatchWait
 			continue
 		}
-		if err := checkOwner(key, leases[i]); err != nil {
+		if err := statemachine.CheckLease(key, leases[i]); err != nil {
 			errs[i] = err
 			continue
 		}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/statemachine"
 )
 
 //go:embed lua/complete_effect.lua
@@ -169,7 +170,7 @@ func (s *Store) CheckEffect(key string, e idem.Effect) error {
 // again. With WithWait or WithWaitAOF it waits as Complete does. result
 // must not be modified during the call. It is safe for concurrent use.
 func (s *Store) CompleteEffect(ctx context.Context, key string, lease idem.Lease, result []byte, retention time.Duration, e idem.Effect) error {
-	if err := checkOwner(key, lease); err != nil {
+	if err := statemachine.CheckLease(key, lease); err != nil {
 		return err
 	}
 	if err := idem.ValidateDuration("retention", retention); err != nil {
@@ -262,7 +263,7 @@ func (s *Store) CompleteEffectBatch(ctx context.Context, keys []string, leases [
 		case retentionErr != nil:
 			errs[i] = retentionErr
 		default:
-			if errs[i] = checkOwner(keys[i], leases[i]); errs[i] == nil {
+			if errs[i] = statemachine.CheckLease(keys[i], leases[i]); errs[i] == nil {
 				acks[i] = StreamAck{Key: keys[i], Lease: leases[i], Result: results[i], Effect: effects[i]}
 				idx = append(idx, i)
 			}

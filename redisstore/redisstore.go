@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/statemachine"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
 )
@@ -374,18 +375,11 @@ func (s *Store) Acquire(ctx context.Context, key string, req idem.AcquireRequest
 	return a, err // err is nil or ErrNotDurable
 }
 
-func checkOwner(key string, lease idem.Lease) error {
-	if err := idem.ValidateStoreKey(key); err != nil {
-		return err
-	}
-	return idem.ValidateLease(lease)
-}
-
 // Complete implements idem.Store. Repeating a Complete that succeeded (same
 // lease and result), for example after its reply was lost, succeeds again.
 // result must not be modified during the call.
 func (s *Store) Complete(ctx context.Context, key string, lease idem.Lease, result []byte, retention time.Duration) error {
-	if err := checkOwner(key, lease); err != nil {
+	if err := statemachine.CheckLease(key, lease); err != nil {
 		return err
 	}
 	if err := idem.ValidateDuration("retention", retention); err != nil {
@@ -426,7 +420,7 @@ func (s *Store) RelayCompletion(ctx context.Context, key string, c idem.Completi
 
 // Fail implements idem.Store.
 func (s *Store) Fail(ctx context.Context, key string, lease idem.Lease, f idem.Failure) (idem.State, error) {
-	if err := checkOwner(key, lease); err != nil {
+	if err := statemachine.CheckLease(key, lease); err != nil {
 		return 0, err
 	}
 	if err := f.Validate(); err != nil {
@@ -448,7 +442,7 @@ func (s *Store) Fail(ctx context.Context, key string, lease idem.Lease, f idem.F
 
 // Extend implements idem.Store.
 func (s *Store) Extend(ctx context.Context, key string, lease idem.Lease, d time.Duration) error {
-	if err := checkOwner(key, lease); err != nil {
+	if err := statemachine.CheckLease(key, lease); err != nil {
 		return err
 	}
 	if err := idem.ValidateDuration("lease", d); err != nil {
@@ -463,7 +457,7 @@ func (s *Store) Extend(ctx context.Context, key string, lease idem.Lease, d time
 
 // Release implements idem.Store.
 func (s *Store) Release(ctx context.Context, key string, lease idem.Lease, retention time.Duration) error {
-	if err := checkOwner(key, lease); err != nil {
+	if err := statemachine.CheckLease(key, lease); err != nil {
 		return err
 	}
 	if err := idem.ValidateDuration("retention", retention); err != nil {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/statemachine"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
 )
@@ -122,20 +123,6 @@ func asString(v any) (string, bool) {
 	return s, ok
 }
 
-func parseState(s string) (idem.State, bool) {
-	switch s {
-	case "p":
-		return idem.StateInProgress, true
-	case "c":
-		return idem.StateCompleted, true
-	case "r":
-		return idem.StateReleased, true
-	case "f":
-		return idem.StateFailed, true
-	}
-	return 0, false
-}
-
 // parseAcquire parses the reply of acquire.lua, or an element of
 // acquire_many.lua's.
 func parseAcquire(v any) (idem.Acquisition, error) {
@@ -180,7 +167,7 @@ func parseAcquire(v any) (idem.Acquisition, error) {
 		st, ok1 := asString(arr[1])
 		attempts, ok2 := asInt(arr[2])
 		result, ok3 := asString(arr[3])
-		state, ok4 := parseState(st)
+		state, ok4 := statemachine.ParseState(st)
 		if !ok1 || !ok2 || !ok3 || !ok4 {
 			break
 		}
@@ -208,7 +195,7 @@ func parseOK(name string, v any) error {
 // parseFail parses the reply of fail.lua.
 func parseFail(v any) (idem.State, error) {
 	if s, ok := v.(string); ok {
-		if st, ok := parseState(s); ok && (st == idem.StateReleased || st == idem.StateFailed) {
+		if st, ok := statemachine.ParseState(s); ok && (st == idem.StateReleased || st == idem.StateFailed) {
 			return st, nil
 		}
 	}
@@ -233,7 +220,7 @@ func parseGet(v any) (idem.Record, error) {
 	if st == "" {
 		return idem.Record{}, idem.ErrNotFound
 	}
-	state, ok := parseState(st)
+	state, ok := statemachine.ParseState(st)
 	if !ok {
 		return idem.Record{}, replyError("get", v)
 	}

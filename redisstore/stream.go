@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/statemachine"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
 )
@@ -257,7 +258,7 @@ func (s *Store) CompleteAndAckBatch(ctx context.Context, stream, group string, r
 			errs[i] = err
 			continue
 		}
-		if err := checkOwner(a.Key, a.Lease); err != nil {
+		if err := statemachine.CheckLease(a.Key, a.Lease); err != nil {
 			errs[i] = err
 			continue
 		}

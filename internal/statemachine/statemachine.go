@@ -227,14 +227,19 @@ func Release(cur *Record, lease idem.Lease, retention time.Duration, now int64) 
 	return next, true, nil
 }
 
+// CheckLease validates the key and the lease of a call made under a lease.
+func CheckLease(key string, lease idem.Lease) error {
+	if err := idem.ValidateStoreKey(key); err != nil {
+		return err
+	}
+	return idem.ValidateLease(lease)
+}
+
 // CheckOwned validates the arguments of a call made under a lease
 // (Complete, Fail, Extend, Release): the key, the lease, then ctx, then the
 // duration d named what, unless what is empty.
 func CheckOwned(ctx context.Context, key string, lease idem.Lease, what string, d time.Duration) error {
-	if err := idem.ValidateStoreKey(key); err != nil {
-		return err
-	}
-	if err := idem.ValidateLease(lease); err != nil {
+	if err := CheckLease(key, lease); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
@@ -268,4 +273,21 @@ func CheckRelay(ctx context.Context, key string, c idem.Completion) error {
 		return err
 	}
 	return ctx.Err()
+}
+
+// ParseState returns the state that code stands for in the records the
+// Redis and PostgreSQL stores keep (DESIGN.md §2): p IN_PROGRESS, c
+// COMPLETED, r RELEASED, f FAILED.
+func ParseState(code string) (idem.State, bool) {
+	switch code {
+	case "p":
+		return idem.StateInProgress, true
+	case "c":
+		return idem.StateCompleted, true
+	case "r":
+		return idem.StateReleased, true
+	case "f":
+		return idem.StateFailed, true
+	}
+	return 0, false
 }

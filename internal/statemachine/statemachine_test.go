@@ -407,3 +407,16 @@ func TestCheckAcquireAndRelay(t *testing.T) {
 		t.Errorf("context ended: got %v, want context.Canceled", err)
 	}
 }
+
+func TestParseState(t *testing.T) {
+	for code, want := range map[string]idem.State{"p": idem.StateInProgress, "c": idem.StateCompleted, "r": idem.StateReleased, "f": idem.StateFailed} {
+		if got, ok := ParseState(code); !ok || got != want {
+			t.Errorf("ParseState(%q) = %v, %v; want %v, true", code, got, ok, want)
+		}
+	}
+	for _, code := range []string{"", "P", "x", "pc"} {
+		if got, ok := ParseState(code); ok {
+			t.Errorf("ParseState(%q) = %v, true; want false", code, got)
+		}
+	}
+}

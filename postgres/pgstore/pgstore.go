@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/statemachine"
 	"github.com/idemgo/idem/postgres/internal/pgq"
 	"github.com/idemgo/idem/postgres/pggate"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -174,7 +175,7 @@ func (s *Store) Acquire(ctx context.Context, key string, req idem.AcquireRequest
 	case 3:
 		a.Outcome, a.RetryAfter = idem.InProgress, time.Duration(deref(left))*time.Microsecond
 	case 4:
-		st, ok := parseState(deref(state))
+		st, ok := statemachine.ParseState(deref(state))
 		if !ok || (st != idem.StateCompleted && st != idem.StateFailed) {
 			return idem.Acquisition{}, fmt.Errorf("pgstore: acquire: unexpected state %q", deref(state))
 		}
@@ -196,27 +197,6 @@ func deref[T any](p *T) T {
 		return zero
 	}
 	return *p
-}
-
-func parseState(s string) (idem.State, bool) {
-	switch s {
-	case "p":
-		return idem.StateInProgress, true
-	case "c":
-		return idem.StateCompleted, true
-	case "r":
-		return idem.StateReleased, true
-	case "f":
-		return idem.StateFailed, true
-	}
-	return 0, false
-}
-
-func checkOwner(key string, lease idem.Lease) error {
-	if err := idem.ValidateStoreKey(key); err != nil {
-		return err
-	}
-	return idem.ValidateLease(lease)
 }
 
 var errLost = fmt.Errorf("%w: the record is no longer held by this owner and fence", idem.ErrLeaseLost)
@@ -249,7 +229,7 @@ func (s *Store) CompleteTx(ctx context.Context, tx pgq.Querier, key string, leas
 }
 
 func (s *Store) complete(ctx context.Context, q pgq.Querier, key string, lease idem.Lease, result []byte, retention time.Duration) error {
-	if err := checkOwner(key, lease); err != nil {
+	if err := statemachine.CheckLease(key, lease); err != nil {
 		return err
 	}
 	if err := idem.ValidateDuration("retention", retention); err != nil {
@@ -272,7 +252,7 @@ func nonNil(b []byte) []byte {
 
 // Fail implements idem.Store.
 func (s *Store) Fail(ctx context.Context, key string, lease idem.Lease, f idem.Failure) (idem.State, error) {
-	if err := checkOwner(key, lease); err != nil {
+	if err := statemachine.CheckLease(key, lease); err != nil {
 		return 0, err
 	}
 	if err := f.Validate(); err != nil {
@@ -287,7 +267,7 @@ func (s *Store) Fail(ctx context.Context, key string, lease idem.Lease, f idem.F
 	if st == "" {
 		return 0, errLost
 	}
-	state, ok := parseState(st)
+	state, ok := statemachine.ParseState(st)
 	if !ok || (state != idem.StateReleased && state != idem.StateFailed) {
 		return 0, fmt.Errorf("pgstore: fail: unexpected state %q", st)
 	}
@@ -296,7 +276,7 @@ func (s *Store) Fail(ctx context.Context, key string, lease idem.Lease, f idem.F
 
 // Extend implements idem.Store.
 func (s *Store) Extend(ctx context.Context, key string, lease idem.Lease, d time.Duration) error {
-	if err := checkOwner(key, lease); err != nil {
+	if err := statemachine.CheckLease(key, lease); err != nil {
 		return err
 	}
 	if err := idem.ValidateDuration("lease", d); err != nil {
@@ -309,7 +289,7 @@ func (s *Store) Extend(ctx context.Context, key string, lease idem.Lease, d time
 
 // Release implements idem.Store.
 func (s *Store) Release(ctx context.Context, key string, lease idem.Lease, retention time.Duration) error {
-	if err := checkOwner(key, lease); err != nil {
+	if err := statemachine.CheckLease(key, lease); err != nil {
 		return err
 	}
 	if err := idem.ValidateDuration("retention", retention); err != nil {
@@ -362,7 +342,7 @@ FROM (SELECT idem_now() AS now) n LEFT JOIN idem_records r ON r.key = $1 AND r.e
 	if st == nil {
 		return idem.Record{}, idem.ErrNotFound
 	}
-	state, ok := parseState(*st)
+	state, ok := statemachine.ParseState(*st)
 	if !ok {
 		return idem.Record{}, fmt.Errorf("pgstore: get: unexpected state %q", *st)
 	}
@@ -474,7 +454,7 @@ FROM idem_records WHERE expires_at > idem_now()`
 		if err := r.Scan(&e.Key, &st, &fp, &owner, &fence, &lease, &attempts, &created, &expires, &result, &now); err != nil {
 			return err
 		}
-		state, ok := parseState(st)
+		state, ok := statemachine.ParseState(st)
 		if !ok {
 			return fmt.Errorf("pgstore: list: unexpected state %q", st)
 		}
