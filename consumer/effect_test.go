@@ -8,7 +8,6 @@ import (
 	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/internal/redistest"
 	"github.com/idemgo/idem/redisstore"
-	"github.com/redis/go-redis/v9"
 )
 
 // TestRefusedEffectOnLastTryFailsTheKey: a handler whose effect the store
@@ -19,8 +18,7 @@ import (
 // dead-lettered without running the handler again, not run as new.
 func TestRefusedEffectOnLastTryFailsTheKey(t *testing.T) {
 	srv := redistest.Start(t)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	t.Cleanup(func() { rdb.Close() })
+	rdb := srv.GoRedis(t)
 	store, err := redisstore.New(rdb, redisstore.WithEffect("refuse", `return redis.error_reply('refused')`))
 	if err != nil {
 		t.Fatal(err)

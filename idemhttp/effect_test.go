@@ -10,7 +10,6 @@ import (
 	"github.com/idemgo/idem/idemhttp"
 	"github.com/idemgo/idem/internal/redistest"
 	"github.com/idemgo/idem/redisstore"
-	"github.com/redis/go-redis/v9"
 )
 
 // TestHandlerEffect: a handler attaches a Redis-side effect with
@@ -18,8 +17,7 @@ import (
 // completion, and retries get the stored response.
 func TestHandlerEffect(t *testing.T) {
 	srv := redistest.Start(t)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	t.Cleanup(func() { rdb.Close() })
+	rdb := srv.GoRedis(t)
 	store, err := redisstore.New(rdb, redisstore.WithEffect("count", `redis.call('INCR', KEYS[1])`))
 	if err != nil {
 		t.Fatal(err)

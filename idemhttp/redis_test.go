@@ -16,8 +16,7 @@ func TestRedis(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	runSuite(t, func(t *testing.T) idem.Store {
-		c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-		t.Cleanup(func() { c.Close() })
+		c := srv.GoRedis(t)
 		s, err := redisstore.New(c, redisstore.WithPrefix("t"+t.Name()+":"))
 		if err != nil {
 			t.Fatal(err)

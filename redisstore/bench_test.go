@@ -15,7 +15,6 @@ import (
 	"github.com/idemgo/idem/internal/redistest"
 	"github.com/idemgo/idem/redisstore"
 	"github.com/redis/go-redis/v9"
-	"github.com/redis/rueidis"
 )
 
 // benchResult is the operation's result in the benchmarks: 50 bytes, as in
@@ -40,11 +39,7 @@ func benchExecutors(b *testing.B) (*redistest.Server, []benchExecutor) {
 	srv := redistest.Start(b)
 	gr := redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: benchConcurrency})
 	b.Cleanup(func() { gr.Close() })
-	ru, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(ru.Close)
+	ru := srv.Rueidis(b)
 	grs, err := redisstore.New(gr)
 	if err != nil {
 		b.Fatal(err)
@@ -441,8 +436,7 @@ func runLanes(b *testing.B, srv *redistest.Server, lanes []benchLane) {
 //	go test -run '^$' -bench ScriptParts -benchtime 200000x -count 3 ./redisstore
 func BenchmarkScriptParts(b *testing.B) {
 	srv := redistest.Start(b)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	b.Cleanup(func() { rdb.Close() })
+	rdb := srv.GoRedis(b)
 	ctx := context.Background()
 	// ARGV[1] key prefix, ARGV[2] first index, ARGV[3] iterations, ARGV[4]
 	// the key of a stored record, ARGV[5] a key that does not exist.

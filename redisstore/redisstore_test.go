@@ -251,11 +251,7 @@ func TestWaitAOFUnsupported(t *testing.T) {
 		}
 		return
 	}
-	ru, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(ru.Close)
+	ru := srv.Rueidis(t)
 	for name, newStore := range map[string]func() (*redisstore.Store, error){
 		"go-redis": func() (*redisstore.Store, error) {
 			return redisstore.New(goRedisClient(t, srv.Addr()), redisstore.WithWaitAOF(1, 0, time.Second))

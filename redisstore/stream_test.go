@@ -26,18 +26,13 @@ func streamTargets(t *testing.T) []streamTarget {
 	var out []streamTarget
 	tag := redisstore.WithHashTag("t")
 
-	raw := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	t.Cleanup(func() { raw.Close() })
+	raw := srv.GoRedis(t)
 	s, err := redisstore.New(raw, tag)
 	if err != nil {
 		t.Fatal(err)
 	}
 	out = append(out, streamTarget{"standalone/go-redis", s, raw})
-	rc, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(rc.Close)
+	rc := srv.Rueidis(t)
 	if s, err = redisstore.NewRueidis(rc, tag); err != nil {
 		t.Fatal(err)
 	}

@@ -228,8 +228,7 @@ func tally(t *testing.T, rdb redis.UniversalClient, ids []string, c *chaostest.C
 // startRedis starts a redis-server for a scenario, with the stock set.
 func startRedis(t *testing.T) *redis.Client {
 	srv := redistest.Start(t)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	t.Cleanup(func() { rdb.Close() })
+	rdb := srv.GoRedis(t)
 	if err := rdb.Set(t.Context(), stockKey, stock0, 0).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -396,8 +395,7 @@ func TestEffectOwnerPause(t *testing.T) {
 func TestEffectLostReply(t *testing.T) {
 	k := chaostest.Size(5, 50)
 	srv := redistest.Start(t)
-	direct := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	t.Cleanup(func() { direct.Close() })
+	direct := srv.GoRedis(t)
 	ctx := t.Context()
 	if err := direct.Set(ctx, stockKey, stock0, 0).Err(); err != nil {
 		t.Fatal(err)

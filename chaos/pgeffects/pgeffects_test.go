@@ -59,8 +59,7 @@ type rig struct {
 func newRig(t *testing.T, opts ...pggate.Option) *rig {
 	t.Helper()
 	srv := redistest.Start(t)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	t.Cleanup(func() { rdb.Close() })
+	rdb := srv.GoRedis(t)
 	pool, url := pgtest.Pool(t)
 	r := &rig{srv: srv, rdb: rdb, pool: pool, url: url}
 	var err error

@@ -524,13 +524,8 @@ func supportsWaitAOF(version string) bool {
 // of pretending the write was durable.
 func checkWaitAOFRefused(t *testing.T, srv *redistest.Server) {
 	t.Helper()
-	gr := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	t.Cleanup(func() { gr.Close() })
-	ru, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(ru.Close)
+	gr := srv.GoRedis(t)
+	ru := srv.Rueidis(t)
 	aof := redisstore.WithWaitAOF(1, 0, time.Second)
 	_, grErr := redisstore.New(gr, aof)
 	_, ruErr := redisstore.NewRueidis(ru, aof)

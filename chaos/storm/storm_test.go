@@ -466,8 +466,7 @@ func countExecutions(t *testing.T, keys int, executions func(k int) int64, short
 func storeClient(t *testing.T) (*redistest.Server, *redis.Client) {
 	t.Helper()
 	srv := redistest.Start(t)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	t.Cleanup(func() { rdb.Close() })
+	rdb := srv.GoRedis(t)
 	return srv, rdb
 }
 

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemgo/idem"
@@ -84,8 +83,7 @@ func TestProof(t *testing.T) {
 	var victimCalls, cancelledInVictim, inProgress atomic.Int32
 	const crashAt = 150
 	newConsumer := func(i int) *kafka.Consumer {
-		rc := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-		t.Cleanup(func() { rc.Close() })
+		rc := srv.GoRedis(t)
 		st, err := redisstore.New(rc)
 		if err != nil {
 			t.Fatal(err)

@@ -13,7 +13,6 @@ import (
 	"github.com/idemgo/idem/internal/redistest"
 	"github.com/idemgo/idem/redisstore"
 	amqp "github.com/rabbitmq/amqp091-go"
-	"github.com/redis/go-redis/v9"
 )
 
 // BenchmarkConsume measures messages/s through one Consumer from a queue
@@ -26,8 +25,7 @@ import (
 //	go test -run '^$' -bench Consume -benchtime 20000x
 func BenchmarkConsume(b *testing.B) {
 	srv := redistest.Start(b, "--save", "", "--appendonly", "no")
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	b.Cleanup(func() { rdb.Close() })
+	rdb := srv.GoRedis(b)
 	store, err := redisstore.New(rdb)
 	if err != nil {
 		b.Fatal(err)

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
@@ -44,8 +43,7 @@ func TestProof(t *testing.T) {
 	pub2 := newPublisher(t, q)
 	srv := redistest.Start(t)
 	newExec := func() *idem.Executor {
-		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-		t.Cleanup(func() { rdb.Close() })
+		rdb := srv.GoRedis(t)
 		store, err := redisstore.New(rdb)
 		if err != nil {
 			t.Fatal(err)

@@ -14,7 +14,6 @@ import (
 	"github.com/idemgo/idem/internal/redistest"
 	"github.com/idemgo/idem/redisstore"
 	"github.com/redis/go-redis/v9"
-	"github.com/redis/rueidis"
 )
 
 // BenchmarkConsumer measures messages per second through one consumer, end
@@ -35,11 +34,7 @@ func BenchmarkConsumer(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	rc, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(rc.Close)
+	rc := srv.Rueidis(b)
 	rstore, err := redisstore.NewRueidis(rc, redisstore.WithHashTag("bench"), redisstore.WithNotify(false))
 	if err != nil {
 		b.Fatal(err)

@@ -44,8 +44,7 @@ func TestProof(t *testing.T) {
 	const noKey = 10
 	const flakyEvery = 97 // every 97th key fails on its first execution
 
-	pub := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	t.Cleanup(func() { pub.Close() })
+	pub := srv.GoRedis(t)
 	ctx := t.Context()
 
 	snk := prooftest.NewSink()

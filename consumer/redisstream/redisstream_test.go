@@ -17,7 +17,6 @@ import (
 	"github.com/idemgo/idem/internal/redistest"
 	"github.com/idemgo/idem/redisstore"
 	"github.com/redis/go-redis/v9"
-	"github.com/redis/rueidis"
 )
 
 // env is one consumer on a real Redis, with a client for the test's own
@@ -54,8 +53,7 @@ func newEnv(t *testing.T, rdb redis.UniversalClient, tag string, lease time.Dura
 func standalone(t *testing.T) redis.UniversalClient {
 	t.Helper()
 	srv := redistest.Start(t)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	t.Cleanup(func() { rdb.Close() })
+	rdb := srv.GoRedis(t)
 	return rdb
 }
 
@@ -468,13 +466,8 @@ func TestKeyHash(t *testing.T) {
 // (the stream is still read with go-redis).
 func TestRueidisStore(t *testing.T) {
 	srv := redistest.Start(t)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	t.Cleanup(func() { rdb.Close() })
-	rc, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(rc.Close)
+	rdb := srv.GoRedis(t)
+	rc := srv.Rueidis(t)
 	store, err := redisstore.NewRueidis(rc, redisstore.WithHashTag("r"))
 	if err != nil {
 		t.Fatal(err)

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
@@ -29,8 +28,7 @@ import (
 //	go test -run '^$' -bench Consume -benchtime 3000x
 func BenchmarkConsume(b *testing.B) {
 	srv := redistest.Start(b)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	b.Cleanup(func() { rdb.Close() })
+	rdb := srv.GoRedis(b)
 	for _, batch := range []int{1, 100} {
 		for _, mode := range []string{"plain", "idem-mem", "idem-redis"} {
 			b.Run(fmt.Sprintf("batch=%d/%s", batch, mode), func(b *testing.B) {

@@ -20,8 +20,7 @@ import (
 // was dead-lettered.
 func TestOrders(t *testing.T) {
 	srv := redistest.Start(t)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	t.Cleanup(func() { rdb.Close() })
+	rdb := srv.GoRedis(t)
 	ctx := t.Context()
 	if err := rdb.HSet(ctx, "{shop}:stock", "apple", 1000, "pear", 5).Err(); err != nil {
 		t.Fatal(err)

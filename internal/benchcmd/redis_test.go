@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/idemgo/idem/internal/redistest"
-	"github.com/redis/go-redis/v9"
 )
 
 // TestFlushFreesMemoryAtOnce checks that flush has freed the keys' memory
@@ -15,8 +14,7 @@ import (
 // memory-per-record figure reads used_memory right after it.
 func TestFlushFreesMemoryAtOnce(t *testing.T) {
 	srv := redistest.Start(t, "--lazyfree-lazy-user-flush", "yes", "--enable-debug-command", "yes")
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	t.Cleanup(func() { c.Close() })
+	c := srv.GoRedis(t)
 	a := admin{c: c}
 	ctx := t.Context()
 	base, err := a.usedMemory(ctx)

@@ -9,8 +9,6 @@ import (
 	"testing"
 
 	"github.com/idemgo/idem/internal/redistest"
-	"github.com/redis/go-redis/v9"
-	"github.com/redis/rueidis"
 )
 
 // TestFloor: with each client, the floor runs the handler once per key,
@@ -19,13 +17,8 @@ import (
 // claim to, not a shortcut.
 func TestFloor(t *testing.T) {
 	srv := redistest.Start(t)
-	gr := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	t.Cleanup(func() { gr.Close() })
-	ru, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(ru.Close)
+	gr := srv.GoRedis(t)
+	ru := srv.Rueidis(t)
 	for _, c := range []struct {
 		name  string
 		store floorStore

@@ -35,8 +35,7 @@ type redisEnv struct {
 func newRedisEnv(t *testing.T, lease time.Duration) *redisEnv {
 	t.Helper()
 	srv := redistest.Start(t)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	t.Cleanup(func() { rdb.Close() })
+	rdb := srv.GoRedis(t)
 	rs, err := redisstore.New(rdb)
 	if err != nil {
 		t.Fatal(err)
