@@ -36,7 +36,10 @@ const slowRSSLimit = 150 << 20
 // latency (p50, p99, max), how many uploads were held to the end of the
 // window, refused with 503 or ended with 408. Negative control: the same
 // uploads against a proxy whose bounds are lifted (--max-body-memory 16GiB,
-// --max-concurrent 0, --body-timeout 0) must go over 150 MB.
+// --max-concurrent 0, --body-timeout 0) must go over 150 MB. The bounded
+// proxy must accept every upload's connection; the unbounded one may fall
+// behind and leave some unaccepted within the dial timeout, which is
+// reported (control_unconnected), not failed.
 func TestSlowUploads(t *testing.T) {
 	conns := 1_000
 	window := time.Duration(chaostest.Size(5, 20)) * time.Second
@@ -67,6 +70,9 @@ func TestSlowUploads(t *testing.T) {
 	if run.other > 0 {
 		t.Errorf("%d slow uploads got another answer than 503 or 408", run.other)
 	}
+	if run.unconnected > 0 {
+		t.Errorf("%d slow uploads could not connect to the proxy", run.unconnected)
+	}
 	if run.peakRSS >= slowRSSLimit>>10 {
 		t.Errorf("proxy RSS peaked at %s under %d slow uploads, want below %s", mib(run.peakRSS), conns, mib(slowRSSLimit>>10))
 	}
@@ -94,6 +100,10 @@ func TestSlowUploads(t *testing.T) {
 			t.Fatalf("without bounds the proxy's RSS peaked at %s, want over %s: the check cannot see the fault", mib(run.peakRSS), mib(slowRSSLimit>>10))
 		}
 		figures["control_peak_rss"] = mib(run.peakRSS)
+		// An unbounded proxy busy with the uploads it took may not accept
+		// the others in time: that is the fault too, not a failure of the
+		// control, which needs only its memory over the limit.
+		figures["control_unconnected"] = strconv.FormatInt(run.unconnected, 10)
 	})
 	chaostest.Report(t, "abuse: slow uploads", command("TestSlowUploads"), &c, figures)
 }
@@ -104,6 +114,9 @@ type slowRun struct {
 	fast, fastOK                       int64
 	p50, p99, max                      time.Duration
 	held, busy, timedOut, reset, other int64
+	// unconnected counts the uploads whose connection the proxy did not
+	// accept within the dial timeout.
+	unconnected int64
 }
 
 // slowUploads opens conns slow uploads to px, half bulk and half trickle
@@ -114,7 +127,7 @@ func slowUploads(t *testing.T, px *proxy, conns int, window time.Duration, fast 
 	t.Helper()
 	const size = maxBody - 1
 	var run slowRun
-	var held, busy, timedOut, reset, other atomic.Int64
+	var held, busy, timedOut, reset, other, unconnected atomic.Int64
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	opened := make(chan struct{}, conns)
@@ -125,9 +138,12 @@ func slowUploads(t *testing.T, px *proxy, conns int, window time.Duration, fast 
 			bulk := i%2 == 0
 			conn, err := net.DialTimeout("tcp", px.addr, 10*time.Second)
 			if err != nil {
-				other.Add(1)
+				// The caller decides: a bounded proxy must accept every
+				// connection, an unbounded one may fall behind.
+				if unconnected.Add(1) <= 3 {
+					t.Logf("slow upload %d: %v", i, err)
+				}
 				opened <- struct{}{}
-				t.Errorf("slow upload %d: %v", i, err)
 				return
 			}
 			defer conn.Close()
@@ -222,6 +238,7 @@ sampling:
 		run.max = chaostest.Percentile(lat, 100)
 	}
 	run.held, run.busy, run.timedOut, run.reset, run.other = held.Load(), busy.Load(), timedOut.Load(), reset.Load(), other.Load()
+	run.unconnected = unconnected.Load()
 	return run
 }
 
