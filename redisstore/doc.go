@@ -63,7 +63,11 @@
 // so that a slow network does not delay it by a whole round trip. At 64
 // concurrent callers that halved the time of a lifecycle (BenchmarkLifecycle:
 // 55 µs to 28 µs, as rueidis's 26 µs), most of which was the system calls
-// of one write and one read per call on each side. Scripts
+// of one write and one read per call on each side. go-redis (v9.23 and
+// later) sends pipelines on a pool of their own, Options.PipelinePoolSize
+// connections (10 by default, with 128 KiB buffers each), beside the
+// PoolSize connections of lone calls: size both for your load, or set
+// PipelinePoolSize to -1 to send pipelines on the main pool. Scripts
 // read the server's clock with TIME. Every input is validated in Go before a
 // script runs, and every script does all its checks before its only write,
 // so a script error never leaves a half-written record.
