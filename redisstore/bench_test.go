@@ -501,43 +501,39 @@ for i = first, first + n - 1 do
 	// consumer/redisstream's floor mode): plain commands, 100 per
 	// pipeline, no script: SET … NX PX of a new key, then SET … PX of the
 	// same key.
+	// inPipelines sends cmd(p, i) for i in [0, n), 100 per pipeline.
+	inPipelines := func(b *testing.B, n int, cmd func(p redis.Pipeliner, i int)) {
+		b.Helper()
+		for lo := 0; lo < n; lo += 100 {
+			_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+				for i := lo; i < min(lo+100, n); i++ {
+					cmd(p, i)
+				}
+				return nil
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	partKey := func(i int) string { return "{parts}k:" + strconv.Itoa(i) }
 	for _, plain := range []struct {
 		name, value string
 		args        redis.SetArgs
+		existing    bool // the keys are written before the timed writes
 	}{
-		{"plain-SET-NX-PX-new-key", "p", redis.SetArgs{Mode: "NX", TTL: 10 * time.Minute}},
-		{"plain-SET-PX-existing", "c", redis.SetArgs{TTL: 10 * time.Minute}},
+		{"plain-SET-NX-PX-new-key", "p", redis.SetArgs{Mode: "NX", TTL: 10 * time.Minute}, false},
+		{"plain-SET-PX-existing", "c", redis.SetArgs{TTL: 10 * time.Minute}, true},
 	} {
 		b.Run(plain.name, func(b *testing.B) {
 			if err := rdb.FlushAll(ctx).Err(); err != nil {
 				b.Fatal(err)
 			}
-			for lo := 0; lo < b.N; lo += 100 {
-				_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-					for i := lo; i < min(lo+100, b.N); i++ {
-						key := "{parts}k:" + strconv.Itoa(i)
-						if plain.args.Mode == "" {
-							p.Set(ctx, key, "p", 10*time.Minute) // the key exists when the timed write comes
-						}
-					}
-					return nil
-				})
-				if err != nil {
-					b.Fatal(err)
-				}
+			if plain.existing {
+				inPipelines(b, b.N, func(p redis.Pipeliner, i int) { p.Set(ctx, partKey(i), "p", 10*time.Minute) })
 			}
 			resetStats(b, srv)
-			for lo := 0; lo < b.N; lo += 100 {
-				_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-					for i := lo; i < min(lo+100, b.N); i++ {
-						p.SetArgs(ctx, "{parts}k:"+strconv.Itoa(i), plain.value, plain.args)
-					}
-					return nil
-				})
-				if err != nil {
-					b.Fatal(err)
-				}
-			}
+			inPipelines(b, b.N, func(p redis.Pipeliner, i int) { p.SetArgs(ctx, partKey(i), plain.value, plain.args) })
 			b.ReportMetric(usecPerCall(b, srv, "set"), "redis-µs/op")
 		})
 	}
@@ -548,17 +544,9 @@ for i = first, first + n - 1 do
 			b.Fatal(err)
 		}
 		resetStats(b, srv)
-		for lo := 0; lo < b.N; lo += 100 {
-			_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-				for range min(100, b.N-lo) {
-					p.EvalSha(ctx, sha, []string{"{parts}k"}, "a", "b", "c", "d", "e", "f")
-				}
-				return nil
-			})
-			if err != nil {
-				b.Fatal(err)
-			}
-		}
+		inPipelines(b, b.N, func(p redis.Pipeliner, _ int) {
+			p.EvalSha(ctx, sha, []string{"{parts}k"}, "a", "b", "c", "d", "e", "f")
+		})
 		b.ReportMetric(evalshaUsecPerCall(b, srv), "redis-µs/op")
 	})
 }
