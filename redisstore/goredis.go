@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -37,13 +38,84 @@ func (b *goRedis) run(ctx context.Context, s *script, keys, args []string, w *wa
 // callGoRedis runs s once: FCALL (FCALL_RO) in Functions mode, otherwise
 // EVALSHA falling back to EVAL.
 func callGoRedis(ctx context.Context, c redis.UniversalClient, s *script, keys, args []string, fcall bool) (any, error) {
-	switch {
-	case fcall && s.ro:
-		return c.FCallRo(ctx, s.fn, keys, anyArgs(args)...).Result()
-	case fcall:
-		return c.FCall(ctx, s.fn, keys, anyArgs(args)...).Result()
+	how := bySHA
+	if fcall {
+		how = byFunction
 	}
-	return s.gr.Run(ctx, c, keys, anyArgs(args)...).Result()
+	cmd := scriptCmd(ctx, s, keys, args, how)
+	_ = c.Process(ctx, cmd)
+	if how == bySHA && noScript(cmd.Err()) {
+		cmd = scriptCmd(ctx, s, keys, args, bySource)
+		_ = c.Process(ctx, cmd)
+	}
+	return cmd.Result()
+}
+
+// scriptCall is how a script is named in its call.
+type scriptCall int
+
+const (
+	bySHA      scriptCall = iota // EVALSHA
+	bySource                     // EVAL, after NOSCRIPT
+	byFunction                   // FCALL, or FCALL_RO for a script that writes nothing
+)
+
+// scriptCmd returns the go-redis command that calls s with keys and args,
+// unsent. go-redis's own script calls take ...any: each string was boxed
+// (an allocation each), then copied into the command's arguments with the
+// keys boxed again, 22 allocations per lifecycle. scriptCmd allocates the
+// arguments' slice and the command; each argument is a string that refers
+// to the caller's (stringRef), so the caller must not change keys or args
+// until the command has been sent.
+func scriptCmd(ctx context.Context, s *script, keys, args []string, how scriptCall) *redis.Cmd {
+	a := make([]any, 3+len(keys)+len(args))
+	switch {
+	case how == byFunction && s.ro:
+		a[0], a[1] = "fcall_ro", stringRef(&s.fn)
+	case how == byFunction:
+		a[0], a[1] = "fcall", stringRef(&s.fn)
+	case how == bySource:
+		a[0], a[1] = "eval", stringRef(&s.src)
+	default:
+		a[0], a[1] = "evalsha", stringRef(&s.sha)
+	}
+	a[2] = len(keys)
+	for i := range keys {
+		a[3+i] = stringRef(&keys[i])
+	}
+	for i := range args {
+		a[3+len(keys)+i] = stringRef(&args[i])
+	}
+	cmd := redis.NewCmd(ctx, a...)
+	if len(keys) > 0 {
+		cmd.SetFirstKeyPos(3)
+	}
+	return cmd
+}
+
+// stringRef returns the string *p as an interface value that points at *p
+// itself. Converting a string to an interface allocates a copy of its
+// header for the value to point at; this is the same value without the
+// copy. Hooks, tracing and go-redis see a string: a *string would be
+// written to Redis the same, but printed as an address by cmd.String()
+// and by tracing, and refused by hooks that expect strings.
+func stringRef(p *string) any {
+	v := any("") // the type word of a string; a constant does not allocate
+	(*eface)(unsafe.Pointer(&v)).data = unsafe.Pointer(p)
+	return v
+}
+
+// eface is the layout of an interface value with no methods: its dynamic
+// type, and a pointer to its value (the runtime's eface, which reflect
+// relies on too). TestScriptCmd checks that what stringRef returns is the
+// string.
+type eface struct{ typ, data unsafe.Pointer }
+
+// noScript reports whether err is Redis's NOSCRIPT: the script is not in
+// the server's cache (a restart, SCRIPT FLUSH, a new node).
+func noScript(err error) bool {
+	// HasErrorPrefix allocates (errors.As): ask it only on an error.
+	return err != nil && redis.HasErrorPrefix(err, "NOSCRIPT")
 }
 
 func (b *goRedis) del(ctx context.Context, key, pub, channel string) error {
@@ -137,31 +209,23 @@ func (b *goRedisCluster) nodes(ctx context.Context) ([]node, error) {
 	return out, err
 }
 
-func anyArgs(args []string) []any {
-	out := make([]any, len(args))
-	for i, a := range args {
-		out[i] = a
-	}
-	return out
-}
-
 // runWait sends EVALSHA (EVAL after NOSCRIPT), or FCALL in Functions mode,
 // and WAIT or WAITAOF in one pipeline, which go-redis sends on one
 // connection.
 func runWait(ctx context.Context, c *redis.Client, s *script, keys, args []string, w *waitConfig, fcall bool) (any, int64, error) {
-	a := anyArgs(args)
 	for try := 0; ; try++ {
 		var eval *redis.Cmd
 		var wait redis.Cmder
 		_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
 			switch {
 			case fcall:
-				eval = p.FCall(ctx, s.fn, keys, a...)
+				eval = scriptCmd(ctx, s, keys, args, byFunction)
 			case try == 0:
-				eval = s.gr.EvalSha(ctx, p, keys, a...)
+				eval = scriptCmd(ctx, s, keys, args, bySHA)
 			default:
-				eval = s.gr.Eval(ctx, p, keys, a...)
+				eval = scriptCmd(ctx, s, keys, args, bySource)
 			}
+			_ = p.Process(ctx, eval)
 			if w.aof {
 				wait = p.Do(ctx, "WAITAOF", w.local, w.replicas, w.timeoutArg)
 			} else {
@@ -169,7 +233,7 @@ func runWait(ctx context.Context, c *redis.Client, s *script, keys, args []strin
 			}
 			return nil
 		})
-		if !fcall && try == 0 && redis.HasErrorPrefix(eval.Err(), "NOSCRIPT") {
+		if !fcall && try == 0 && noScript(eval.Err()) {
 			continue
 		}
 		if err := eval.Err(); err != nil {

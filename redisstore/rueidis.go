@@ -49,7 +49,7 @@ func (b *rueidisBackend) run(ctx context.Context, s *script, keys, args []string
 		if fcall {
 			resps = dc.DoMulti(ctx, fcallCmd(dc, s, keys, args), waitCmd())
 		} else {
-			evalsha := dc.B().Evalsha().Sha1(s.gr.Hash()).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
+			evalsha := dc.B().Evalsha().Sha1(s.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
 			resps = dc.DoMulti(ctx, evalsha, waitCmd())
 			if rerr, ok := rueidis.IsRedisErr(resps[0].Error()); ok && rerr.IsNoScript() {
 				eval := dc.B().Eval().Script(s.src).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()

@@ -1,26 +1,28 @@
 package redisstore
 
 import (
+	"crypto/sha1"
 	_ "embed"
+	"encoding/hex"
 	"fmt"
 	"strconv"
 	"time"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/statemachine"
-	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
 )
 
-// script is one Lua script, ready for both client libraries. Each library's
-// EVALSHA-with-EVAL-fallback helper computes the SHA from the source. In
+// script is one Lua script, ready for both client libraries: go-redis
+// calls go through scriptCmd (EVALSHA with sha, EVAL after NOSCRIPT), and
+// rueidis's Lua helper does the same for its own calls. In
 // Functions mode the same source is the body of the function fn of the
 // library lib (see functions.go).
 type script struct {
 	name string
 	src  string
-	ro   bool // reads only: a no-writes function, called with FCALL_RO
-	gr   *redis.Script
+	sha  string // SHA1 of src, for EVALSHA
+	ro   bool   // reads only: a no-writes function, called with FCALL_RO
 	ru   *rueidis.Lua
 
 	fn  string   // Functions mode: the function's name, set by buildLibrary
@@ -52,7 +54,8 @@ func newReadOnlyScript(name, src string) *script {
 // makeScript makes a script that is not part of the package's library (a
 // registered effect's).
 func makeScript(name, src string) *script {
-	return &script{name: name, src: src, gr: redis.NewScript(src), ru: rueidis.NewLuaScript(src)}
+	sum := sha1.Sum([]byte(src))
+	return &script{name: name, src: src, sha: hex.EncodeToString(sum[:]), ru: rueidis.NewLuaScript(src)}
 }
 
 var (

@@ -75,7 +75,7 @@ func (b *rueidisBackend) runMulti(ctx context.Context, s *script, calls []evalCa
 		if fcall {
 			cmds[i] = fcallCmd(b.c, s, cl.keys, cl.args)
 		} else {
-			cmds[i] = b.c.B().Evalsha().Sha1(s.gr.Hash()).Numkeys(int64(len(cl.keys))).Key(cl.keys...).Arg(cl.args...).Build()
+			cmds[i] = b.c.B().Evalsha().Sha1(s.sha).Numkeys(int64(len(cl.keys))).Key(cl.keys...).Arg(cl.args...).Build()
 		}
 	}
 	results := b.c.DoMulti(ctx, cmds...)
@@ -327,21 +327,18 @@ func pipelineScripts(ctx context.Context, c redis.UniversalClient, n int, call f
 	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i := range n {
 			s, keys, args := call(i)
-			switch {
-			case fcall && s.ro:
-				cmds[i] = p.FCallRo(ctx, s.fn, keys, anyArgs(args)...)
-			case fcall:
-				cmds[i] = p.FCall(ctx, s.fn, keys, anyArgs(args)...)
-			default:
-				cmds[i] = s.gr.EvalSha(ctx, p, keys, anyArgs(args)...)
+			how := bySHA
+			if fcall {
+				how = byFunction
 			}
+			cmds[i] = scriptCmd(ctx, s, keys, args, how)
+			_ = p.Process(ctx, cmds[i])
 		}
 		return nil
 	})
 	var again []int
 	for i, cmd := range cmds {
-		// HasErrorPrefix allocates (errors.As): ask it only on an error.
-		if err := cmd.Err(); err != nil && !fcall && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		if !fcall && noScript(cmd.Err()) {
 			again = append(again, i)
 		}
 	}
@@ -349,7 +346,8 @@ func pipelineScripts(ctx context.Context, c redis.UniversalClient, n int, call f
 		_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for _, i := range again {
 				s, keys, args := call(i)
-				cmds[i] = s.gr.Eval(ctx, p, keys, anyArgs(args)...)
+				cmds[i] = scriptCmd(ctx, s, keys, args, bySource)
+				_ = p.Process(ctx, cmds[i])
 			}
 			return nil
 		})
