@@ -196,3 +196,63 @@ func TestQueuedCallsDoNotWaitForSlowOnes(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestQueuedCallsGetTheirOwnReplies: under many concurrent callers, some
+// of whose contexts end while their calls are queued or in flight, every
+// call that returns a record returns its own key's: a queued call is its
+// caller's alone until its sender has set the reply (a call handed to a
+// new caller once its first one left, as a pool of calls might, panics
+// here or returns another key's record).
+func TestQueuedCallsGetTheirOwnReplies(t *testing.T) {
+	srv := redistest.Start(t)
+	s, err := redisstore.New(goRedisClient(t, srv.Addr()), redisstore.WithReplayCache(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	const keys = 200
+	for i := range keys {
+		a, err := acquireKey(ctx, s, i)
+		if err != nil || a.Outcome != idem.Acquired {
+			t.Fatalf("acquire %d: %v, %v", i, a.Outcome, err)
+		}
+		if err := s.Complete(ctx, "k"+strconv.Itoa(i), a.Lease, []byte("result "+strconv.Itoa(i)), time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var got, ended int
+	for g := range 64 {
+		wg.Go(func() {
+			for n := range 200 {
+				i := (g*200 + n*7) % keys
+				cctx, cancel := context.WithTimeout(ctx, time.Duration(n%5)*100*time.Microsecond)
+				if n%5 == 4 {
+					cancel()
+					cctx, cancel = context.WithCancel(ctx)
+				}
+				rec, err := s.Get(cctx, "k"+strconv.Itoa(i))
+				cancel()
+				mu.Lock()
+				switch {
+				case err == nil:
+					got++
+					if want := "result " + strconv.Itoa(i); string(rec.Result) != want {
+						t.Errorf("Get k%d returned %q, want %q", i, rec.Result, want)
+					}
+				case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
+					ended++
+				default:
+					t.Errorf("Get k%d: %v", i, err)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("%d replies, %d calls whose context ended", got, ended)
+	if got == 0 || ended == 0 {
+		t.Fatalf("%d replies and %d ended calls: the test needs both", got, ended)
+	}
+}
