@@ -227,10 +227,11 @@ func TestQueuedCallsGetTheirOwnReplies(t *testing.T) {
 		wg.Go(func() {
 			for n := range 200 {
 				i := (g*200 + n*7) % keys
-				cctx, cancel := context.WithTimeout(ctx, time.Duration(n%5)*100*time.Microsecond)
-				if n%5 == 4 {
-					cancel()
-					cctx, cancel = context.WithCancel(ctx)
+				// One in five contexts has ended before its call, three end
+				// after 100, 200 or 300 µs, one does not end.
+				cctx, cancel := context.WithCancel(ctx)
+				if d := n % 5; d < 4 {
+					cctx, cancel = context.WithTimeout(ctx, time.Duration(d)*100*time.Microsecond)
 				}
 				rec, err := s.Get(cctx, "k"+strconv.Itoa(i))
 				cancel()

@@ -38,10 +38,7 @@ func (b *goRedis) run(ctx context.Context, s *script, keys, args []string, w *wa
 // callGoRedis runs s once: FCALL (FCALL_RO) in Functions mode, otherwise
 // EVALSHA falling back to EVAL.
 func callGoRedis(ctx context.Context, c redis.UniversalClient, s *script, keys, args []string, fcall bool) (any, error) {
-	how := bySHA
-	if fcall {
-		how = byFunction
-	}
+	how := firstCall(fcall)
 	cmd := scriptCmd(ctx, s, keys, args, how)
 	_ = c.Process(ctx, cmd)
 	if how == bySHA && noScript(cmd.Err()) {
@@ -59,6 +56,15 @@ const (
 	bySource                     // EVAL, after NOSCRIPT
 	byFunction                   // FCALL, or FCALL_RO for a script that writes nothing
 )
+
+// firstCall is how a store calls a script first: by its function in
+// Functions mode, otherwise by its SHA (bySource follows a NOSCRIPT).
+func firstCall(fcall bool) scriptCall {
+	if fcall {
+		return byFunction
+	}
+	return bySHA
+}
 
 // scriptCmd returns the go-redis command that calls s with keys and args,
 // unsent. go-redis's own script calls take ...any: each string was boxed
@@ -213,18 +219,10 @@ func (b *goRedisCluster) nodes(ctx context.Context) ([]node, error) {
 // and WAIT or WAITAOF in one pipeline, which go-redis sends on one
 // connection.
 func runWait(ctx context.Context, c *redis.Client, s *script, keys, args []string, w *waitConfig, fcall bool) (any, int64, error) {
-	for try := 0; ; try++ {
-		var eval *redis.Cmd
+	for how := firstCall(fcall); ; how = bySource {
+		eval := scriptCmd(ctx, s, keys, args, how)
 		var wait redis.Cmder
 		_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
-			switch {
-			case fcall:
-				eval = scriptCmd(ctx, s, keys, args, byFunction)
-			case try == 0:
-				eval = scriptCmd(ctx, s, keys, args, bySHA)
-			default:
-				eval = scriptCmd(ctx, s, keys, args, bySource)
-			}
 			_ = p.Process(ctx, eval)
 			if w.aof {
 				wait = p.Do(ctx, "WAITAOF", w.local, w.replicas, w.timeoutArg)
@@ -233,7 +231,7 @@ func runWait(ctx context.Context, c *redis.Client, s *script, keys, args []strin
 			}
 			return nil
 		})
-		if !fcall && try == 0 && noScript(eval.Err()) {
+		if how == bySHA && noScript(eval.Err()) {
 			continue
 		}
 		if err := eval.Err(); err != nil {

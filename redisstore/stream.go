@@ -324,13 +324,10 @@ func (s *Store) checkStreamArgs(stream, group, id string) error {
 // whose Result is the reply as go-redis gives it.
 func pipelineScripts(ctx context.Context, c redis.UniversalClient, n int, call func(i int) (s *script, keys, args []string), fcall bool) []*redis.Cmd {
 	cmds := make([]*redis.Cmd, n)
+	how := firstCall(fcall)
 	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i := range n {
 			s, keys, args := call(i)
-			how := bySHA
-			if fcall {
-				how = byFunction
-			}
 			cmds[i] = scriptCmd(ctx, s, keys, args, how)
 			_ = p.Process(ctx, cmds[i])
 		}
@@ -338,7 +335,7 @@ func pipelineScripts(ctx context.Context, c redis.UniversalClient, n int, call f
 	})
 	var again []int
 	for i, cmd := range cmds {
-		if !fcall && noScript(cmd.Err()) {
+		if how == bySHA && noScript(cmd.Err()) {
 			again = append(again, i)
 		}
 	}
