@@ -577,13 +577,13 @@ const exitList = "{fx}exit"
 // paused worker is taken over within the run.
 const workerLease = 300 * time.Millisecond
 
+// controlRuns bounds the runs of TestEffectManyProcesses' control.
+const controlRuns = 3
+
 // manyProcesses runs keys keys × 20 duplicates from 4 worker processes
 // (5 rounds each), pausing worker 0 for 10 leases, once every worker
 // started and again 1–1.5s after each resume while they run, and returns
 // the counters and the number of pauses.
-// controlRuns bounds the runs of TestEffectManyProcesses' control.
-const controlRuns = 3
-
 func manyProcesses(t *testing.T, keys int, plain bool) (*chaostest.Counters, int) {
 	rdb := startRedis(t)
 	flag := "FX_PLAIN=0"

@@ -52,9 +52,7 @@ func newEnv(t *testing.T, rdb redis.UniversalClient, tag string, lease time.Dura
 
 func standalone(t *testing.T) redis.UniversalClient {
 	t.Helper()
-	srv := redistest.Start(t)
-	rdb := srv.GoRedis(t)
-	return rdb
+	return redistest.Start(t).GoRedis(t)
 }
 
 func (e *env) consumer(name string, opts ...Option) *Consumer {
