@@ -1,10 +1,18 @@
 package main
 
 import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -53,5 +61,94 @@ func TestFloor(t *testing.T) {
 				t.Fatalf("stored %q, want the body", got)
 			}
 		})
+	}
+}
+
+// TestFloorFile: the file floor answers as the Redis floors do, and a
+// write has reached the log file when it returns, also when many callers
+// write at once and their writes are synced in groups.
+func TestFloorFile(t *testing.T) {
+	dir := t.TempDir()
+	s, err := openFloorFile(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.f.Close()
+	logged := func(key, val string) bool {
+		f, err := os.Open(filepath.Join(dir, "floor.log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		b := make([]byte, 1<<20) // the log's beginning: the test writes less
+		if _, err := io.ReadFull(f, b); err != nil {
+			t.Fatal(err)
+		}
+		rec := binary.AppendUvarint(nil, uint64(len(key)))
+		rec = append(rec, key...)
+		rec = binary.AppendUvarint(rec, uint64(len(val)))
+		return bytes.Contains(b, append(rec, val...))
+	}
+	ctx := t.Context()
+	var wg sync.WaitGroup
+	for i := range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			key := fmt.Sprint("k", i)
+			if _, found, err := s.claim(ctx, key); err != nil || found {
+				t.Errorf("first claim of %s: found %v, %v", key, found, err)
+				return
+			}
+			if !logged(key, floorClaim) {
+				t.Errorf("the claim of %s is not in the log when claim returns", key)
+			}
+			if old, found, err := s.claim(ctx, key); err != nil || !found || old != floorClaim {
+				t.Errorf("second claim of %s: %q %v %v, want the claim", key, old, found, err)
+			}
+			body := fmt.Sprint(`{"n":`, i, `}`)
+			if err := s.store(ctx, key, []byte(body)); err != nil {
+				t.Error(err)
+				return
+			}
+			if !logged(key, body) {
+				t.Errorf("the body of %s is not in the log when store returns", key)
+			}
+			if old, found, err := s.claim(ctx, key); err != nil || !found || old != body {
+				t.Errorf("claim of %s after store: %q %v %v, want the body", key, old, found, err)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// TestProxyFloor: the plain proxy behind a floor forwards a key's first
+// request once and answers its next ones with the stored body.
+func TestProxyFloor(t *testing.T) {
+	var runs atomic.Int32
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `{"n":1}`)
+	}))
+	defer up.Close()
+	upURL, _ := url.Parse(up.URL)
+	rp := &httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) { r.SetURL(upURL) }}
+	srv := redistest.Start(t)
+	for _, spec := range []string{"rueidis=" + srv.Addr(), "file=" + t.TempDir()} {
+		runs.Store(0)
+		h := floorMiddleware(openFloor(spec), "pxfloor:", rp)
+		for i := range 3 {
+			rec := httptest.NewRecorder()
+			req := httptest.NewRequest("POST", "/", strings.NewReader("{}"))
+			req.Header.Set("Idempotency-Key", "k")
+			h.ServeHTTP(rec, req)
+			if rec.Body.String() != `{"n":1}` || (i == 0 && rec.Code != http.StatusCreated) {
+				t.Fatalf("%s, request %d: %d %q", spec, i, rec.Code, rec.Body.String())
+			}
+		}
+		if n := runs.Load(); n != 1 {
+			t.Fatalf("%s: the upstream ran %d times for one key, want 1", spec, n)
+		}
 	}
 }

@@ -15,7 +15,9 @@
 //   - the floor with each client (floor.go): the bare handler behind only
 //     the two plain Redis round trips and the held response that record
 //     before success needs, which bounds what any such middleware can reach
-//     here.
+//     here; and the plain proxy behind the floor, on Redis (rueidis) and on
+//     a log file synced twice per request, which bound the idem proxy on
+//     each of its stores.
 //
 // Every cell (new keys and replays, at 1 and 64 connections) is measured
 // once per round; the rounds are interleaved (round 1 of every server, then
@@ -78,6 +80,7 @@ var (
 	// proxy does: this same program, started with -plain-proxy.
 	plainProxy = flag.String("plain-proxy", "", "serve only a plain reverse proxy to this upstream URL, on -listen (the benchmark starts itself so)")
 	listenAddr = flag.String("listen", "127.0.0.1:0", "address of -plain-proxy")
+	proxyFloor = flag.String("proxy-floor", "", "with -plain-proxy: put the floor in front of it, on Redis (rueidis=ADDR) or on a synced log (file=DIR)")
 	cpuProfile = flag.String("cpuprofile", "", "write a CPU profile of this process (the in-process servers, labelled server=NAME, and the proxies' upstream) to this file")
 	cellsFlag  = flag.String("cells", "", "regexp: measure only the cells whose name matches (new1, new64, replay1, replay64)")
 	only       = flag.String("only", "", "regexp: measure only the servers whose name matches (the bare handler and the plain proxy always run)")
@@ -156,7 +159,7 @@ func main() {
 	log.SetFlags(0)
 	flag.Parse()
 	if *plainProxy != "" {
-		servePlainProxy(*plainProxy, *listenAddr)
+		servePlainProxy(*plainProxy, *listenAddr, *proxyFloor)
 		return
 	}
 	for _, bin := range []string{"wrk", "redis-server"} {
@@ -290,6 +293,12 @@ func main() {
 		plain = "plain reverse proxy"
 		pxRed = "idem proxy, redis"
 		pxEmb = "idem proxy, embedded"
+		// The plain proxy behind the floor, which bounds the idem proxy
+		// as the floor rows bound idemhttp: on Redis with the client that
+		// pipelines best, and on a log file synced as the embedded store
+		// syncs its transitions.
+		flPxRu = "proxy floor: 2 round trips (rueidis)"
+		flPxFi = "proxy floor: 2 synced writes (file)"
 	)
 	want := func(name string) bool { return sel == nil || sel.MatchString(name) }
 	servers := []server{{bare, serve(labelled(bare, handler)), "", 0}}
@@ -316,6 +325,16 @@ func main() {
 		servers = append(servers, spawned(fiber, bare, fiberBin, "-redis", addr))
 	}
 	servers = append(servers, spawned(plain, "", self, "-plain-proxy", upstream))
+	if want(flPxRu) {
+		servers = append(servers, spawned(flPxRu, plain, self, "-plain-proxy", upstream, "-proxy-floor", "rueidis="+addr))
+	}
+	if want(flPxFi) {
+		floorDir := filepath.Join(dir, "floor")
+		if err := os.Mkdir(floorDir, 0o700); err != nil {
+			log.Fatal(err)
+		}
+		servers = append(servers, spawned(flPxFi, plain, self, "-plain-proxy", upstream, "-proxy-floor", "file="+floorDir))
+	}
 	proxyArgs := []string{"proxy", "--upstream", upstream, "--log-level", "error"}
 	if want(pxRed) {
 		servers = append(servers, spawned(pxRed, plain, idemBin, append(proxyArgs, "--redis", "redis://"+addr, "--redis-prefix", "bench-px:")...))
@@ -427,8 +446,12 @@ func main() {
 		{"replay added p50, 1 conn, go-redis (µs)", grRow, bare, "replay1", 20, true, false},
 		{"replay added p50, 1 conn, Fiber (µs)", fiber, bare, "replay1", 0, true, false},
 		{"proxy new keys: idem (redis) / plain", pxRed, plain, "new64", 0.8, false, false},
+		{"  bound: proxy floor (rueidis) / plain", flPxRu, plain, "new64", 0, false, true},
+		{"  idem proxy (redis) / its floor", pxRed, flPxRu, "new64", 0, false, true},
 		{"proxy replays: idem (redis) / plain", pxRed, plain, "replay64", 2, false, false},
 		{"proxy new keys: idem (embedded) / plain", pxEmb, plain, "new64", 0.8, false, false},
+		{"  bound: proxy floor (file) / plain", flPxFi, plain, "new64", 0, false, true},
+		{"  idem proxy (embedded) / its floor", pxEmb, flPxFi, "new64", 0, false, true},
 		{"proxy replays: idem (embedded) / plain", pxEmb, plain, "replay64", 2, false, false},
 	}
 	fmt.Printf("\n%-42s %8s %-26s %8s  %s\n", "target (64 connections unless said)", "median", "rounds", "goal", "met")
@@ -648,8 +671,9 @@ func redisRTT(addr string) time.Duration {
 }
 
 // servePlainProxy serves an httputil.ReverseProxy to upstream on listen,
-// its idle pool tuned as the idem proxy's is.
-func servePlainProxy(upstream, listen string) {
+// its idle pool tuned as the idem proxy's is; behind the floor if floor
+// names one (rueidis=ADDR or file=DIR).
+func servePlainProxy(upstream, listen, floor string) {
 	upURL, err := url.Parse(upstream)
 	if err != nil {
 		log.Fatal(err)
@@ -659,5 +683,31 @@ func servePlainProxy(upstream, listen string) {
 	tr.MaxIdleConns, tr.MaxIdleConnsPerHost = 1024, 1024
 	rp.Transport = tr
 	rp.ErrorLog = log.New(io.Discard, "", 0) // wrk closes its connections mid-request at the end of a run
-	log.Fatal(http.ListenAndServe(listen, rp))
+	var h http.Handler = rp
+	if floor != "" {
+		h = floorMiddleware(openFloor(floor), "bench-pxfloor:", rp)
+	}
+	log.Fatal(http.ListenAndServe(listen, h))
+}
+
+// openFloor opens the floor store that spec names: rueidis=ADDR (a Redis
+// server) or file=DIR (a log in DIR).
+func openFloor(spec string) floorStore {
+	kind, arg, _ := strings.Cut(spec, "=")
+	switch kind {
+	case "rueidis":
+		c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{arg}})
+		if err != nil {
+			log.Fatal(err)
+		}
+		return floorRueidis{c}
+	case "file":
+		f, err := openFloorFile(arg)
+		if err != nil {
+			log.Fatal(err)
+		}
+		return f
+	}
+	log.Fatalf("httpbench: -proxy-floor %q: want rueidis=ADDR or file=DIR", spec)
+	return nil
 }
