@@ -148,8 +148,9 @@ bench-functions: check-redis
 
 ## bench-http: idemhttp (both Redis clients), Fiber's idempotency middleware,
 ## a plain reverse proxy and the idem proxy against the bare handler under
-## wrk, interleaved rounds, with the ratios of the performance targets
-## (needs wrk; about 6 minutes; ARGS=-only=regexp narrows it).
+## wrk, beside the floors that bound them, interleaved rounds, with the
+## ratios of the performance targets (needs wrk; about 10 minutes;
+## ARGS=-only=regexp narrows it).
 bench-http: check-redis
 	@command -v wrk >/dev/null 2>&1 || { echo "wrk is needed: sudo apt-get install -y wrk"; exit 1; }
 	$(GO) run ./internal/httpbench $(ARGS)
