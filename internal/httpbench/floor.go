@@ -218,6 +218,14 @@ func (s *floorFile) appendLocked(key, val string) error {
 			}
 		}
 	}
+	// After an error, nothing more is written: the writes queued behind
+	// the failed group get the error too.
+	for _, w := range s.waiters {
+		if w != done {
+			close(w)
+		}
+	}
+	s.waiters, s.pending = nil, s.pending[:0]
 	s.syncing = false
 	err := s.err
 	s.mu.Unlock()

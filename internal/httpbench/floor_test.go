@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -149,6 +151,42 @@ func TestProxyFloor(t *testing.T) {
 		}
 		if n := runs.Load(); n != 1 {
 			t.Fatalf("%s: the upstream ran %d times for one key, want 1", spec, n)
+		}
+	}
+}
+
+// TestFloorFileError: once a write of the log failed, every write returns
+// the error, the ones that queued behind the failed group too.
+func TestFloorFileError(t *testing.T) {
+	s, err := openFloorFile(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.f.Close()
+	// A group is being written, and 8 writes queue behind it.
+	s.mu.Lock()
+	s.syncing = true
+	s.mu.Unlock()
+	errs := make(chan error, 8)
+	for i := range 8 {
+		go func() { errs <- s.store(t.Context(), fmt.Sprint("k", i), []byte("v")) }()
+	}
+	for queued := 0; queued < 8; runtime.Gosched() {
+		s.mu.Lock()
+		queued = len(s.waiters)
+		s.mu.Unlock()
+	}
+	// The group fails and its writer leaves; the next write finds the
+	// error and must release the queued ones.
+	failed := errors.New("the disk failed")
+	s.mu.Lock()
+	s.err, s.syncing = failed, false
+	if err := s.appendLocked("k", "v"); err != failed {
+		t.Fatalf("a write after the failure returned %v", err)
+	}
+	for range 8 {
+		if err := <-errs; err != failed {
+			t.Fatalf("a queued write returned %v, want the failure", err)
 		}
 	}
 }
