@@ -129,7 +129,7 @@ type floorFile struct {
 	mu      sync.Mutex
 	vals    map[string]string
 	pending []byte          // appended since the last group was taken
-	waiters []chan struct{} // the writers of pending
+	waiters []chan struct{} // the writers of pending but the one syncing
 	syncing bool            // a caller writes and syncs a group
 	at      int64           // where the next group is written
 	err     error           // the first write or sync error; final
@@ -177,15 +177,13 @@ func (s *floorFile) store(_ context.Context, key string, body []byte) error {
 // appendLocked appends one record (key, value) to the log, with s.mu held,
 // which it releases; it returns once the record is synced. The first
 // caller to find no group syncing writes and syncs the pending records,
-// then the ones that queued meanwhile, until none is left.
+// then the ones that queued meanwhile, until none is left; after an error
+// nothing more is written, and every queued write gets the error.
 func (s *floorFile) appendLocked(key, val string) error {
-	s.pending = binary.AppendUvarint(s.pending, uint64(len(key)))
-	s.pending = append(s.pending, key...)
-	s.pending = binary.AppendUvarint(s.pending, uint64(len(val)))
-	s.pending = append(s.pending, val...)
-	done := make(chan struct{})
-	s.waiters = append(s.waiters, done)
+	s.pending = appendFloorRecord(s.pending, key, val)
 	if s.syncing {
+		done := make(chan struct{})
+		s.waiters = append(s.waiters, done)
 		s.mu.Unlock()
 		<-done
 		s.mu.Lock()
@@ -194,40 +192,40 @@ func (s *floorFile) appendLocked(key, val string) error {
 	}
 	s.syncing = true
 	var buf []byte
-	for len(s.pending) > 0 && s.err == nil {
+	for len(s.pending) > 0 {
 		buf, s.pending = s.pending, buf[:0]
 		waiters := s.waiters
 		s.waiters = nil
-		at := s.at
-		if at+int64(len(buf)) > floorLogSize {
-			at = 0
-		}
-		s.at = at + int64(len(buf))
-		s.mu.Unlock()
-		_, err := s.f.WriteAt(buf, at)
-		if err == nil {
-			err = fdatasync(s.f)
-		}
-		s.mu.Lock()
-		if err != nil && s.err == nil {
-			s.err = err
-		}
-		for _, w := range waiters {
-			if w != done {
-				close(w)
+		if s.err == nil {
+			at := s.at
+			if at+int64(len(buf)) > floorLogSize {
+				at = 0
+			}
+			s.at = at + int64(len(buf))
+			s.mu.Unlock()
+			_, err := s.f.WriteAt(buf, at)
+			if err == nil {
+				err = fdatasync(s.f)
+			}
+			s.mu.Lock()
+			if err != nil && s.err == nil {
+				s.err = err
 			}
 		}
-	}
-	// After an error, nothing more is written: the writes queued behind
-	// the failed group get the error too.
-	for _, w := range s.waiters {
-		if w != done {
+		for _, w := range waiters {
 			close(w)
 		}
 	}
-	s.waiters, s.pending = nil, s.pending[:0]
 	s.syncing = false
 	err := s.err
 	s.mu.Unlock()
 	return err
+}
+
+// appendFloorRecord appends the log record of (key, value) to b.
+func appendFloorRecord(b []byte, key, val string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(key)))
+	b = append(b, key...)
+	b = binary.AppendUvarint(b, uint64(len(val)))
+	return append(b, val...)
 }

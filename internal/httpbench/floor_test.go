@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -86,10 +85,7 @@ func TestFloorFile(t *testing.T) {
 		if _, err := io.ReadFull(f, b); err != nil {
 			t.Fatal(err)
 		}
-		rec := binary.AppendUvarint(nil, uint64(len(key)))
-		rec = append(rec, key...)
-		rec = binary.AppendUvarint(rec, uint64(len(val)))
-		return bytes.Contains(b, append(rec, val...))
+		return bytes.Contains(b, appendFloorRecord(nil, key, val))
 	}
 	ctx := t.Context()
 	var wg sync.WaitGroup
