@@ -646,6 +646,25 @@ func manyProcesses(t *testing.T, keys int, plain bool) (*chaostest.Counters, int
 	return c, pauses
 }
 
+// manyProcessesUntil runs manyProcesses up to maxRuns times, until a run
+// has what the test waits for (a takeover, a duplicate: want), which done
+// tells from the run's counters (it sees every run's), and returns the
+// last run's counters and the pauses of all runs.
+func manyProcessesUntil(t *testing.T, keys int, plain bool, want string, done func(run int, c *chaostest.Counters) bool) (*chaostest.Counters, int) {
+	var c *chaostest.Counters
+	pauses := 0
+	for run := 1; run <= maxRuns; run++ {
+		var p int
+		c, p = manyProcesses(t, keys, plain)
+		pauses += p
+		if done(run, c) {
+			break
+		}
+		t.Logf("run %d (plain %v): no %s in %d pauses", run, plain, want, p)
+	}
+	return c, pauses
+}
+
 // TestEffectManyProcesses: 4 processes each run every one of 1,000 keys
 // (long: 10,000) 5 times, 20 runs per key, with the effect, while worker 0
 // is paused past its lease now and then: the units taken from the stock,
@@ -658,44 +677,28 @@ func manyProcesses(t *testing.T, keys int, plain bool) (*chaostest.Counters, int
 // must hold the guarantee) or a duplicate (the control).
 func TestEffectManyProcesses(t *testing.T) {
 	keys := chaostest.Size(1000, 10000)
-	var c *chaostest.Counters
-	var takeovers int64
-	pauses := 0
-	for run := 1; run <= maxRuns; run++ {
-		var p int
-		c, p = manyProcesses(t, keys, false)
-		pauses += p
+	// Executions beyond one per key are takeovers of the paused worker's
+	// keys: the case the effect must survive.
+	takeovers := func(c *chaostest.Counters) int64 { return c.Executed.Load() - int64(keys) }
+	c, pauses := manyProcessesUntil(t, keys, false, "takeover", func(run int, c *chaostest.Counters) bool {
 		if c.Duplicated.Load() != 0 || c.Lost.Load() != 0 || c.Effects.Load() != int64(keys) {
 			t.Errorf("with the effect, run %d: %d effects, %d duplicated, %d lost; want %d, 0, 0", run, c.Effects.Load(), c.Duplicated.Load(), c.Lost.Load(), keys)
 		}
-		// Executions beyond one per key are takeovers of the paused
-		// worker's keys: the case the effect must survive.
-		if takeovers = c.Executed.Load() - int64(keys); takeovers > 0 {
-			break
-		}
-		t.Logf("run %d: no takeover in %d pauses", run, p)
-	}
-	if takeovers == 0 {
+		return takeovers(c) > 0
+	})
+	if takeovers(c) == 0 {
 		t.Errorf("no key of the paused worker was taken over in %d runs, %d pauses: the test did not try a stale owner", maxRuns, pauses)
 	}
-	var control *chaostest.Counters
-	cpauses := 0
-	for run := 1; run <= maxRuns; run++ {
-		var p int
-		control, p = manyProcesses(t, 1000, true)
-		cpauses += p
-		if control.Duplicated.Load() > 0 {
-			break
-		}
-		t.Logf("control run %d: no duplicate in %d pauses", run, p)
-	}
+	control, cpauses := manyProcessesUntil(t, 1000, true, "duplicate", func(_ int, c *chaostest.Counters) bool {
+		return c.Duplicated.Load() > 0
+	})
 	if control.Duplicated.Load() == 0 {
 		t.Errorf("control: no duplicate in %d runs, %d pauses: the test cannot see one", maxRuns, cpauses)
 	}
 	chaostest.Report(t, "effect: 20 duplicates per key from 4 processes, one paused", command("TestEffectManyProcesses"), c, map[string]string{
 		"keys":               fmt.Sprint(keys),
 		"pauses":             fmt.Sprint(pauses),
-		"takeovers":          fmt.Sprint(takeovers),
+		"takeovers":          fmt.Sprint(takeovers(c)),
 		"control_duplicated": fmt.Sprint(control.Duplicated.Load()),
 		"control_pauses":     fmt.Sprint(cpauses),
 	})
