@@ -217,7 +217,11 @@
 // its own connections), an LRU bounded in bytes per connection
 // (ClientOption.CacheSizeEachConn); a client built with DisableCache reads
 // the key from the server each time, which is correct and a little cheaper
-// than the script.
+// than the script. On a Cluster client without a cache rueidis's DoCache
+// panics in its own goroutine when the server answers ASK, and rueidis does
+// not say whether a client has a cache; so on a Cluster the store learns it
+// from the first replays' replies, read until then through
+// rueidis.MGetCache.
 //
 // With a go-redis *redis.Client (standalone or Sentinel) the store keeps
 // the cache itself: an LRU bounded in bytes (WithReplayCacheBytes, 32 MiB by

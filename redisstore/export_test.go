@@ -87,3 +87,13 @@ func SetMaxQueueWait(t interface{ Cleanup(func()) }, d time.Duration) {
 	maxQueueWait = d
 	t.Cleanup(func() { maxQueueWait = old })
 }
+
+// RueidisRead returns how a rueidis store reads replays: "probe",
+// "DoCache" or "Do".
+func RueidisRead(s *Store) string {
+	b, ok := s.cached.(*rueidisBackend)
+	if !ok {
+		return ""
+	}
+	return [...]string{readProbe: "probe", readDoCache: "DoCache", readDo: "Do"}[b.read.Load()]
+}

@@ -82,10 +82,57 @@ func (b *rueidisBackend) forget(string) {}
 // own.
 func (b *rueidisBackend) close() {}
 
+// How a rueidis store reads replays (rueidisBackend.read). DoCache is
+// unsafe on a Cluster client built with DisableCache: when the server
+// answers ASK (the key's slot is being migrated), rueidis v1.0.79 resends
+// the command behind the cache's opt-in prefix, and its read loop then
+// stores the reply in the cache the client does not have, a nil-pointer
+// panic in its own goroutine. rueidis does not say whether a client has a
+// cache, so a store on a Cluster client reads replays with
+// rueidis.MGetCache, which checks the client's options itself, until a
+// reply shows the cache (a hit, or a local time to live), and from then on
+// with DoCache; after cacheProbes replies without it, with Do. A reply
+// from the cache lacks the time to live only when it came after an ASK, so
+// a client with a cache is not taken for one without. On a standalone or
+// Sentinel client DoCache is safe: without a cache it is Do.
+const (
+	readProbe int32 = iota
+	readDoCache
+	readDo
+)
+
+// cacheProbes is the number of replay reads with no sign of a client-side
+// cache after which a store on a Cluster client reads replays with Do.
+const cacheProbes = 8
+
 func (b *rueidisBackend) cachedGet(ctx context.Context, key string) (string, bool, error) {
-	r := b.c.DoCache(ctx, b.c.B().Get().Key(key).Cache(), replayCacheTTL)
-	if r.IsCacheHit() {
-		if r.CachePTTL() < replayExpiryMargin.Milliseconds() {
+	var m rueidis.RedisMessage
+	var err error
+	switch b.read.Load() {
+	case readDoCache:
+		m, err = b.c.DoCache(ctx, b.c.B().Get().Key(key).Cache(), replayCacheTTL).ToMessage()
+	case readDo:
+		m, err = b.c.Do(ctx, b.c.B().Get().Key(key).Build()).ToMessage()
+	default:
+		var ms map[string]rueidis.RedisMessage
+		if ms, err = rueidis.MGetCache(b.c, ctx, replayCacheTTL, []string{key}); err != nil {
+			return "", false, err
+		}
+		m = ms[key]
+		if m.IsCacheHit() || m.CachePTTL() >= 0 {
+			b.read.Store(readDoCache)
+		} else if b.noCache.Add(1) >= cacheProbes {
+			b.read.Store(readDo)
+		}
+	}
+	if rueidis.IsRedisNil(err) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, err
+	}
+	if m.IsCacheHit() {
+		if m.CachePTTL() < replayExpiryMargin.Milliseconds() {
 			// rueidis dates the entry's end from the PTTL's arrival, a
 			// little after the server read it: near its end, ask the
 			// server.
@@ -93,7 +140,7 @@ func (b *rueidisBackend) cachedGet(ctx context.Context, key string) (string, boo
 		}
 		replayCacheHits.Add(1)
 	}
-	v, err := r.ToString()
+	v, err := m.ToString()
 	if rueidis.IsRedisNil(err) {
 		return "", false, nil
 	}

@@ -363,3 +363,86 @@ func TestReplayCacheClose(t *testing.T) {
 		t.Fatal("a replay was served from the cache after Close")
 	}
 }
+
+// TestReplayCacheClusterAsk: on a rueidis Cluster client, with and without
+// its client-side cache (DisableCache), replays of a key whose slot is
+// being migrated, so that its old node answers ASK, are served from the
+// new node. rueidis resends an asked DoCache behind its cache's opt-in
+// command even when the client has no cache, and its read loop then stores
+// the reply in the cache it does not have: a nil-pointer panic in a
+// goroutine of rueidis, which ends the process. So the store must not call
+// DoCache on a client without a cache.
+func TestReplayCacheClusterAsk(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	for _, disable := range []bool{true, false} {
+		t.Run("DisableCache="+strconv.FormatBool(disable), func(t *testing.T) {
+			c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: cluster.Addrs(), DisableCache: disable})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(c.Close)
+			s, err := redisstore.NewRueidis(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			key := "ask-" + strconv.FormatBool(disable)
+			replay := func(what string) {
+				t.Helper()
+				a, err := s.Acquire(t.Context(), key, acquireReq("fp", time.Hour))
+				if err != nil || a.Outcome != idem.Replay || string(a.Result) != "result-"+key {
+					t.Fatalf("%s: got %v %q, %v, want the replay", what, a.Outcome, a.Result, err)
+				}
+			}
+			if disable {
+				a, err := s.Acquire(t.Context(), key, acquireReq("fp", time.Hour))
+				if err != nil || a.Outcome != idem.Acquired {
+					t.Fatalf("acquire: got %v, %v", a.Outcome, err)
+				}
+				if err := s.Complete(t.Context(), key, a.Lease, []byte("result-"+key), time.Hour); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				completeAndCache(t, s, key, "fp", time.Hour)
+			}
+			// Past the reads that learn whether the client has a cache.
+			for i := range 10 {
+				replay("replay " + strconv.Itoa(i))
+			}
+			want := map[bool]string{true: "Do", false: "DoCache"}[disable]
+			if got := redisstore.RueidisRead(s); got != want {
+				t.Fatalf("the store reads replays with %s, want %s", got, want)
+			}
+			migrateKey(t, cluster, s.Key(key))
+			for i := range 3 {
+				replay("replay " + strconv.Itoa(i) + " during the migration")
+			}
+		})
+	}
+}
+
+// migrateKey starts moving rkey's slot from its node to another master
+// (CLUSTER SETSLOT IMPORTING and MIGRATING) and moves rkey, so that its
+// old node answers ASK for it until the migration ends, which it does not.
+func migrateKey(t *testing.T, cluster *redistest.Cluster, rkey string) {
+	t.Helper()
+	masters := cluster.Masters()
+	var src, dst *redistest.Server
+	for _, m := range masters {
+		if _, err := m.Command("EXISTS", rkey); err == nil {
+			src = m
+		} else if dst == nil {
+			dst = m
+		}
+	}
+	if src == nil || dst == nil {
+		t.Fatalf("no owner of %s, or no other master", rkey)
+	}
+	slot := src.Do(t, "CLUSTER", "KEYSLOT", rkey)
+	dst.Do(t, "CLUSTER", "SETSLOT", slot, "IMPORTING", src.Do(t, "CLUSTER", "MYID"))
+	src.Do(t, "CLUSTER", "SETSLOT", slot, "MIGRATING", dst.Do(t, "CLUSTER", "MYID"))
+	host, port, _ := strings.Cut(dst.Addr(), ":")
+	src.Do(t, "MIGRATE", host, port, "", "0", "5000", "KEYS", rkey)
+	if _, err := src.Command("GET", rkey); err == nil || !strings.HasPrefix(err.Error(), "ASK") {
+		t.Fatalf("GET %s on its old node: got %v, want ASK", rkey, err)
+	}
+}

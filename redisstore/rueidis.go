@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/redis/rueidis"
 )
@@ -17,12 +18,18 @@ import (
 type rueidisBackend struct {
 	c   rueidis.Client
 	hub *hub // nil on a Cluster
+	// read is how replays are read (readProbe, readDoCache or readDo, see
+	// replaycache.go); noCache counts the probes that showed no client-side
+	// cache.
+	read    atomic.Int32
+	noCache atomic.Int32
 }
 
 func newRueidis(c rueidis.Client) *rueidisBackend {
 	b := &rueidisBackend{c: c}
 	if c.Mode() != rueidis.ClientModeCluster {
 		b.hub = &hub{open: openRueidis(c)}
+		b.read.Store(readDoCache)
 	}
 	return b
 }
