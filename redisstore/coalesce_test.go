@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -12,11 +13,13 @@ import (
 	"github.com/idemgo/idem/internal/redistest"
 	"github.com/idemgo/idem/redisstore"
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
 )
 
-// gate holds the go-redis commands that are not in a pipeline until
-// opened, and records what the client sends: single commands and
-// pipelines, with the keys of their EVALSHA and EVAL calls.
+// gate holds the script calls that are not in a pipeline until opened,
+// and records what the client sends: single calls and pipelines, with the
+// keys of their EVALSHA and EVAL calls. Its go-redis hooks and its rueidis
+// client (gatedRueidis) report to it.
 type gate struct {
 	roundTrips
 	hold   chan struct{} // closed: commands go through
@@ -29,27 +32,49 @@ type gate struct {
 
 func newGate() *gate { return &gate{hold: make(chan struct{}), held: make(chan struct{}, 100)} }
 
-func scriptKey(cmd redis.Cmder) (string, bool) {
-	switch cmd.Name() {
+// scriptArgs returns the key of a script call's arguments (EVALSHA sha
+// numkeys key …), and whether they are a script call's.
+func scriptArgs(name string, args func(int) string) (string, bool) {
+	switch strings.ToLower(name) {
 	case "evalsha", "eval", "fcall", "fcall_ro":
-		return cmd.Args()[3].(string), true
+		return args(3), true
 	}
 	return "", false
+}
+
+func scriptKey(cmd redis.Cmder) (string, bool) {
+	return scriptArgs(cmd.Name(), func(i int) string { return cmd.Args()[i].(string) })
+}
+
+// sent records a script call sent alone, and holds it until the gate
+// opens.
+func (g *gate) sent(key string) {
+	g.mu.Lock()
+	g.keys = append(g.keys, key)
+	g.single++
+	g.mu.Unlock()
+	select {
+	case <-g.hold:
+	default:
+		g.held <- struct{}{}
+		<-g.hold
+	}
+}
+
+// sentPipeline records the script calls of a pipeline of n commands.
+func (g *gate) sentPipeline(keys []string, n int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.keys = append(g.keys, keys...)
+	if n > 1 {
+		g.piped += len(keys)
+	}
 }
 
 func (g *gate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		if k, ok := scriptKey(cmd); ok {
-			g.mu.Lock()
-			g.keys = append(g.keys, k)
-			g.single++
-			g.mu.Unlock()
-			select {
-			case <-g.hold:
-			default:
-				g.held <- struct{}{}
-				<-g.hold
-			}
+			g.sent(k)
 		}
 		return next(ctx, cmd)
 	}
@@ -57,18 +82,44 @@ func (g *gate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 
 func (g *gate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		g.mu.Lock()
+		var keys []string
 		for _, c := range cmds {
 			if k, ok := scriptKey(c); ok {
-				g.keys = append(g.keys, k)
-				if len(cmds) > 1 {
-					g.piped++
-				}
+				keys = append(keys, k)
 			}
 		}
-		g.mu.Unlock()
+		g.sentPipeline(keys, len(cmds))
 		return next(ctx, cmds)
 	}
+}
+
+// gatedRueidis is a rueidis client whose Do and DoMulti report to g.
+type gatedRueidis struct {
+	rueidis.Client
+	g *gate
+}
+
+func rueidisScriptKey(cmd rueidis.Completed) (string, bool) {
+	args := cmd.Commands()
+	return scriptArgs(args[0], func(i int) string { return args[i] })
+}
+
+func (c gatedRueidis) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+	if k, ok := rueidisScriptKey(cmd); ok {
+		c.g.sent(k)
+	}
+	return c.Client.Do(ctx, cmd)
+}
+
+func (c gatedRueidis) DoMulti(ctx context.Context, cmds ...rueidis.Completed) []rueidis.RedisResult {
+	var keys []string
+	for _, cmd := range cmds {
+		if k, ok := rueidisScriptKey(cmd); ok {
+			keys = append(keys, k)
+		}
+	}
+	c.g.sentPipeline(keys, len(cmds))
+	return c.Client.DoMulti(ctx, cmds...)
 }
 
 func acquireKey(ctx context.Context, s *redisstore.Store, i int) (idem.Acquisition, error) {
@@ -87,32 +138,47 @@ func acquireEach(ctx context.Context, s *redisstore.Store, wg *sync.WaitGroup, e
 	}
 }
 
-// gatedStore returns a go-redis store, without a replay cache, on a new
-// server, its client's commands passing through g.
-func gatedStore(t *testing.T) (s *redisstore.Store, c *redis.Client, g *gate) {
+// gatedStore returns a store of the named client ("go-redis" or
+// "rueidis"), without a replay cache, on a new server, its client's
+// commands passing through g; flush flushes the server's scripts.
+func gatedStore(t *testing.T, client string) (s *redisstore.Store, flush func(), g *gate) {
 	t.Helper()
 	srv := redistest.Start(t)
-	c = goRedisClient(t, srv.Addr())
 	g = newGate()
-	c.AddHook(g)
-	s, err := redisstore.New(c, redisstore.WithReplayCache(false))
+	var err error
+	if client == "rueidis" {
+		s, err = redisstore.NewRueidis(gatedRueidis{srv.Rueidis(t), g}, redisstore.WithReplayCache(false))
+	} else {
+		c := goRedisClient(t, srv.Addr())
+		c.AddHook(g)
+		s, err = redisstore.New(c, redisstore.WithReplayCache(false))
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	return s, c, g
+	return s, func() { srv.Do(t, "SCRIPT", "FLUSH") }, g
 }
 
-// TestCoalescedCalls: with go-redis, calls made while the store's senders
-// are busy go out together in one pipeline, after the scripts were flushed
+// eachGatedClient runs f as a subtest per client.
+func eachGatedClient(t *testing.T, f func(t *testing.T, client string)) {
+	for _, client := range []string{"go-redis", "rueidis"} {
+		t.Run(client, func(t *testing.T) { f(t, client) })
+	}
+}
+
+// TestCoalescedCalls: with either client, calls made while the store's
+// senders are busy go out together in one pipeline, after the scripts were flushed
 // from the server too (NOSCRIPT, then EVAL); a lone caller's calls go out
 // alone; a queued call whose context ended is not sent.
 func TestCoalescedCalls(t *testing.T) {
 	redisstore.SetMaxQueueWait(t, time.Hour) // queued calls wait for the held ones
-	s, c, g := gatedStore(t)
+	eachGatedClient(t, testCoalescedCalls)
+}
+
+func testCoalescedCalls(t *testing.T, client string) {
+	s, flush, g := gatedStore(t, client)
 	ctx := t.Context()
-	if err := c.ScriptFlush(ctx).Err(); err != nil {
-		t.Fatal(err)
-	}
+	flush()
 	// Two reads (another script than the acquires below, which their EVAL
 	// after NOSCRIPT does not load) take the two senders and are held;
 	// 20 acquires queue.
@@ -173,7 +239,11 @@ func TestCoalescedCalls(t *testing.T) {
 // maxQueueWait instead of a whole round trip of the slow ones later.
 func TestQueuedCallsDoNotWaitForSlowOnes(t *testing.T) {
 	redisstore.SetMaxQueueWait(t, time.Millisecond)
-	s, _, g := gatedStore(t)
+	eachGatedClient(t, testQueuedCallsDoNotWaitForSlowOnes)
+}
+
+func testQueuedCallsDoNotWaitForSlowOnes(t *testing.T, client string) {
+	s, _, g := gatedStore(t, client)
 	ctx := t.Context()
 	var held sync.WaitGroup
 	for i := range 2 {
@@ -204,11 +274,12 @@ func TestQueuedCallsDoNotWaitForSlowOnes(t *testing.T) {
 // new caller once its first one left, as a pool of calls might, panics
 // here or returns another key's record).
 func TestQueuedCallsGetTheirOwnReplies(t *testing.T) {
-	srv := redistest.Start(t)
-	s, err := redisstore.New(goRedisClient(t, srv.Addr()), redisstore.WithReplayCache(false))
-	if err != nil {
-		t.Fatal(err)
-	}
+	eachGatedClient(t, testQueuedCallsGetTheirOwnReplies)
+}
+
+func testQueuedCallsGetTheirOwnReplies(t *testing.T, client string) {
+	s, _, g := gatedStore(t, client)
+	close(g.hold)
 	ctx := t.Context()
 	const keys = 200
 	for i := range keys {

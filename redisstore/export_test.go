@@ -69,18 +69,24 @@ func CheckServer(ctx context.Context, nodes []FakeNode, opts ...Option) error {
 	return checkServer(ctx, ns, &c)
 }
 
-// Queued returns the number of calls a go-redis store has queued.
+// Queued returns the number of calls a store has queued.
 func Queued(s *Store) int {
-	b, ok := s.b.(*goRedis)
-	if !ok {
+	var q *coalescer
+	switch b := s.b.(type) {
+	case *goRedis:
+		q = b.calls
+	case *rueidisBackend:
+		q = b.calls
+	}
+	if q == nil {
 		return 0
 	}
-	b.calls.mu.Lock()
-	defer b.calls.mu.Unlock()
-	return len(b.calls.queue)
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.queue)
 }
 
-// SetMaxQueueWait sets how long a queued go-redis call waits for a call in
+// SetMaxQueueWait sets how long a queued call waits for a call in
 // flight, until the test ends.
 func SetMaxQueueWait(t interface{ Cleanup(func()) }, d time.Duration) {
 	old := maxQueueWait

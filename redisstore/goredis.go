@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"time"
 	"unsafe"
 
 	"github.com/redis/go-redis/v9"
@@ -24,7 +23,24 @@ type goRedis struct {
 }
 
 func newGoRedis(c *redis.Client) *goRedis {
-	return &goRedis{c: c, hub: &hub{open: openGoRedis(c)}, calls: &coalescer{c: c, senders: coalesceSenders}}
+	b := &goRedis{c: c, hub: &hub{open: openGoRedis(c)}}
+	b.calls = &coalescer{senders: coalesceSenders, one: b.callOne, many: b.callMany}
+	return b
+}
+
+func (b *goRedis) callOne(ctx context.Context, s *script, keys, args []string, fcall bool) (any, error) {
+	return callGoRedis(ctx, b.c, s, keys, args, fcall)
+}
+
+// callMany sends calls as one pipeline (pipelineScripts). A store's calls
+// are all in Functions mode or none.
+func (b *goRedis) callMany(ctx context.Context, calls []*queuedCall) {
+	cmds := pipelineScripts(ctx, b.c, len(calls), func(i int) (*script, []string, []string) {
+		return calls[i].s, calls[i].keys, calls[i].args
+	}, calls[0].fcall)
+	for i, c := range calls {
+		c.reply, c.err = cmds[i].Result()
+	}
 }
 
 func (b *goRedis) run(ctx context.Context, s *script, keys, args []string, w *waitConfig, fcall bool) (any, int64, error) {
@@ -311,169 +327,4 @@ func watchPubSub(ctx context.Context, ps *redis.PubSub) (<-chan struct{}, func()
 		<-done
 	}
 	return changed, stop, nil
-}
-
-// coalescer sends the script calls of a store on a go-redis *redis.Client
-// the way rueidis does, in pipelines, but only when callers are already
-// waiting: a call made while fewer than its senders are busy goes out at
-// once, alone, as a plain call (a lone caller waits for nothing); a call
-// made while every sender is busy is queued, and the first sender to
-// finish sends every queued call as one pipeline, then the calls queued
-// meanwhile, until none is left. A pipeline costs a write and a read on
-// each side instead of one per call: at 64 callers, go-redis spent most of
-// a lifecycle in those system calls.
-//
-// A queued call waits at most maxQueueWait: if no call in flight returned
-// by then, the queue is sent at once by one more sender. One timer per
-// queue, armed when the queue's first call comes and stopped when a sender
-// takes the queue, bounds that wait for all of its calls: a timer per call
-// cost the client as much CPU as a system call per call.
-//
-// go-redis v9.23's own AutoPipeline (experimental) does the same with one
-// batch in flight; in place of the coalescer it measured slower, in
-// BenchmarkLifecycle/go-redis (3 interleaved rounds, 100,000 lifecycles
-// each): 47–53 µs/op at 64 callers against 56–66 (half duplex) and 53–60
-// (full duplex), and 334–380 µs/op at 1 caller against 460–489.
-//
-// A queued call whose context ends returns the context's error; if it was
-// sent already, its outcome is unknown, as for any call whose reply did not
-// come back in time. A queued call whose context ended before its pipeline
-// was sent is not sent.
-type coalescer struct {
-	c       *redis.Client
-	senders int
-
-	mu       sync.Mutex
-	active   int
-	queue    []*queuedCall
-	queuedAt time.Time   // when the queue's first call came
-	late     *time.Timer // sendLate, maxQueueWait after queuedAt
-}
-
-type queuedCall struct {
-	ctx        context.Context
-	s          *script
-	keys, args []string
-	fcall      bool
-	reply      any
-	err        error
-	done       chan struct{}
-}
-
-// coalesceSenders is the number of calls a store sends at once before it
-// queues the next ones.
-const coalesceSenders = 2
-
-// maxQueueWait bounds how long a queued call waits for a call in flight to
-// return: past it, the queue is sent at once by one more sender, so that a
-// slow network or server does not delay every queued call by a whole round
-// trip of the calls before it.
-var maxQueueWait = 250 * time.Microsecond // a variable for tests
-
-func (q *coalescer) run(ctx context.Context, s *script, keys, args []string, fcall bool) (any, error) {
-	q.mu.Lock()
-	if q.active < q.senders {
-		q.active++
-		q.mu.Unlock()
-		v, err := callGoRedis(ctx, q.c, s, keys, args, fcall)
-		q.drain()
-		return v, err
-	}
-	call := &queuedCall{ctx: ctx, s: s, keys: keys, args: args, fcall: fcall, done: make(chan struct{})}
-	if len(q.queue) == 0 {
-		q.queuedAt = time.Now()
-		q.armLate(maxQueueWait)
-	}
-	q.queue = append(q.queue, call)
-	q.mu.Unlock()
-	select {
-	case <-call.done:
-		return call.reply, call.err
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-}
-
-// armLate starts the queue's timer, to run sendLate after d; q.mu is held.
-func (q *coalescer) armLate(d time.Duration) {
-	if q.late == nil {
-		q.late = time.AfterFunc(d, q.sendLate)
-		return
-	}
-	q.late.Reset(d)
-}
-
-// sendLate runs when the queue's timer fires: if the queue's first call
-// has waited maxQueueWait, the calls in flight are slow (a slow network, a
-// busy server); the queue is sent now, as one more sender, instead of
-// after them. A timer that fires for a queue taken meanwhile finds the
-// queue empty, or younger than maxQueueWait and is armed again for it.
-func (q *coalescer) sendLate() {
-	q.mu.Lock()
-	if len(q.queue) == 0 {
-		q.mu.Unlock()
-		return
-	}
-	if wait := maxQueueWait - time.Since(q.queuedAt); wait > 0 {
-		q.armLate(wait)
-		q.mu.Unlock()
-		return
-	}
-	batch := q.take()
-	q.active++
-	q.mu.Unlock()
-	q.send(batch)
-	q.drain()
-}
-
-// take empties the queue and returns its calls; q.mu is held.
-func (q *coalescer) take() []*queuedCall {
-	batch := q.queue
-	if len(batch) == 0 {
-		return nil
-	}
-	q.queue = nil
-	q.late.Stop()
-	return batch
-}
-
-// drain sends the queued calls until none is left, then frees the
-// caller's sender slot.
-func (q *coalescer) drain() {
-	for {
-		q.mu.Lock()
-		batch := q.take()
-		if len(batch) == 0 {
-			q.active--
-			q.mu.Unlock()
-			return
-		}
-		q.mu.Unlock()
-		q.send(batch)
-	}
-}
-
-// send sends batch as one pipeline (pipelineScripts) and wakes each call.
-// A store's calls are all in Functions mode or none.
-func (q *coalescer) send(batch []*queuedCall) {
-	ctx := context.Background() // the client's read and write timeouts apply
-	live := batch[:0:0]
-	for _, c := range batch {
-		if err := c.ctx.Err(); err != nil {
-			c.err = err
-			close(c.done)
-			continue
-		}
-		live = append(live, c)
-	}
-	if len(live) == 0 {
-		return
-	}
-	cmds := pipelineScripts(ctx, q.c, len(live), func(i int) (*script, []string, []string) {
-		return live[i].s, live[i].keys, live[i].args
-	}, live[0].fcall)
-	for i, c := range live {
-		c.reply, c.err = cmds[i].Result()
-		close(c.done)
-	}
 }

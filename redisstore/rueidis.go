@@ -18,6 +18,9 @@ import (
 type rueidisBackend struct {
 	c   rueidis.Client
 	hub *hub // nil on a Cluster
+	// calls coalesces the script calls made without WAIT (coalesce.go);
+	// nil on a Cluster.
+	calls *coalescer
 	// read is how replays are read (readProbe, readDoCache or readDo, see
 	// replaycache.go); noCache counts the probes that showed no client-side
 	// cache.
@@ -30,16 +33,19 @@ func newRueidis(c rueidis.Client) *rueidisBackend {
 	if c.Mode() != rueidis.ClientModeCluster {
 		b.hub = &hub{open: openRueidis(c)}
 		b.read.Store(readDoCache)
+		b.calls = &coalescer{senders: coalesceSenders, one: b.callOne, many: b.callMany}
 	}
 	return b
 }
 
 func (b *rueidisBackend) run(ctx context.Context, s *script, keys, args []string, w *waitConfig, fcall bool) (any, int64, error) {
 	if w == nil {
-		if fcall {
-			return normalize(b.c.Do(ctx, fcallCmd(b.c, s, keys, args)))
+		if b.calls != nil {
+			v, err := b.calls.run(ctx, s, keys, args, fcall)
+			return v, 0, err
 		}
-		return normalize(s.ru.Exec(ctx, b.c, keys, args))
+		v, err := b.callOne(ctx, s, keys, args, fcall)
+		return v, 0, err
 	}
 	// WAIT must follow the script on the same connection: a dedicated
 	// connection to the key's node (the first command has the key).
@@ -76,6 +82,51 @@ func (b *rueidisBackend) run(ctx context.Context, s *script, keys, args []string
 		return err
 	})
 	return reply, acks, err
+}
+
+// callOne runs s once: FCALL (FCALL_RO) in Functions mode, otherwise
+// EVALSHA falling back to EVAL.
+func (b *rueidisBackend) callOne(ctx context.Context, s *script, keys, args []string, fcall bool) (any, error) {
+	if fcall {
+		v, _, err := normalize(b.c.Do(ctx, fcallCmd(b.c, s, keys, args)))
+		return v, err
+	}
+	v, _, err := normalize(s.ru.Exec(ctx, b.c, keys, args))
+	return v, err
+}
+
+// callMany sends calls with one DoMulti, which rueidis writes to one
+// connection at once; the calls answered NOSCRIPT go again as EVAL, in one
+// more DoMulti.
+func (b *rueidisBackend) callMany(ctx context.Context, calls []*queuedCall) {
+	cmds := make(rueidis.Commands, len(calls))
+	for i, c := range calls {
+		if c.fcall {
+			cmds[i] = fcallCmd(b.c, c.s, c.keys, c.args)
+		} else {
+			cmds[i] = b.c.B().Evalsha().Sha1(c.s.sha).Numkeys(int64(len(c.keys))).Key(c.keys...).Arg(c.args...).Build()
+		}
+	}
+	var again []*queuedCall
+	for i, r := range b.c.DoMulti(ctx, cmds...) {
+		c := calls[i]
+		if rerr, ok := rueidis.IsRedisErr(r.Error()); ok && rerr.IsNoScript() && !c.fcall {
+			again = append(again, c)
+			continue
+		}
+		c.reply, _, c.err = normalize(r)
+	}
+	if len(again) == 0 {
+		return
+	}
+	// A new slice: after an error rueidis's writer may still read the old.
+	cmds = make(rueidis.Commands, 0, len(again))
+	for _, c := range again {
+		cmds = append(cmds, b.c.B().Eval().Script(c.s.src).Numkeys(int64(len(c.keys))).Key(c.keys...).Arg(c.args...).Build())
+	}
+	for i, r := range b.c.DoMulti(ctx, cmds...) {
+		again[i].reply, _, again[i].err = normalize(r)
+	}
 }
 
 // fcallCmd builds the FCALL (FCALL_RO for a read) of s.
