@@ -58,16 +58,10 @@ func (b *rueidisBackend) run(ctx context.Context, s *script, keys, args []string
 			}
 			return dc.B().Wait().Numreplicas(int64(w.replicas)).Timeout(w.timeout.Milliseconds()).Build()
 		}
-		var resps []rueidis.RedisResult
-		if fcall {
-			resps = dc.DoMulti(ctx, fcallCmd(dc, s, keys, args), waitCmd())
-		} else {
-			evalsha := dc.B().Evalsha().Sha1(s.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
-			resps = dc.DoMulti(ctx, evalsha, waitCmd())
-			if rerr, ok := rueidis.IsRedisErr(resps[0].Error()); ok && rerr.IsNoScript() {
-				eval := dc.B().Eval().Script(s.src).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
-				resps = dc.DoMulti(ctx, eval, waitCmd())
-			}
+		how := firstCall(fcall)
+		resps := dc.DoMulti(ctx, scriptCmdRueidis(dc, s, keys, args, how), waitCmd())
+		if how == bySHA && noScriptRueidis(resps[0].Error()) {
+			resps = dc.DoMulti(ctx, scriptCmdRueidis(dc, s, keys, args, bySource), waitCmd())
 		}
 		var err error
 		reply, _, err = normalize(resps[0])
@@ -95,38 +89,34 @@ func (b *rueidisBackend) callOne(ctx context.Context, s *script, keys, args []st
 	return v, err
 }
 
-// callMany sends calls with one DoMulti, which rueidis writes to one
-// connection at once; the calls answered NOSCRIPT go again as EVAL, in one
-// more DoMulti.
+// callMany sends calls with one DoMulti (pipelineRueidis), which rueidis
+// writes to one connection at once. A store's calls are all in Functions
+// mode or none.
 func (b *rueidisBackend) callMany(ctx context.Context, calls []*queuedCall) {
-	cmds := make(rueidis.Commands, len(calls))
+	results := pipelineRueidis(ctx, b.c, len(calls), func(i int) (*script, []string, []string) {
+		return calls[i].s, calls[i].keys, calls[i].args
+	}, calls[0].fcall)
 	for i, c := range calls {
-		if c.fcall {
-			cmds[i] = fcallCmd(b.c, c.s, c.keys, c.args)
-		} else {
-			cmds[i] = b.c.B().Evalsha().Sha1(c.s.sha).Numkeys(int64(len(c.keys))).Key(c.keys...).Arg(c.args...).Build()
-		}
+		c.reply, _, c.err = normalize(results[i])
 	}
-	var again []*queuedCall
-	for i, r := range b.c.DoMulti(ctx, cmds...) {
-		c := calls[i]
-		if rerr, ok := rueidis.IsRedisErr(r.Error()); ok && rerr.IsNoScript() && !c.fcall {
-			again = append(again, c)
-			continue
-		}
-		c.reply, _, c.err = normalize(r)
+}
+
+// scriptCmdRueidis returns the rueidis command that calls s with keys and
+// args, as scriptCmd does for go-redis.
+func scriptCmdRueidis(c interface{ B() rueidis.Builder }, s *script, keys, args []string, how scriptCall) rueidis.Completed {
+	switch how {
+	case byFunction:
+		return fcallCmd(c, s, keys, args)
+	case bySource:
+		return c.B().Eval().Script(s.src).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
 	}
-	if len(again) == 0 {
-		return
-	}
-	// A new slice: after an error rueidis's writer may still read the old.
-	cmds = make(rueidis.Commands, 0, len(again))
-	for _, c := range again {
-		cmds = append(cmds, b.c.B().Eval().Script(c.s.src).Numkeys(int64(len(c.keys))).Key(c.keys...).Arg(c.args...).Build())
-	}
-	for i, r := range b.c.DoMulti(ctx, cmds...) {
-		again[i].reply, _, again[i].err = normalize(r)
-	}
+	return c.B().Evalsha().Sha1(s.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
+}
+
+// noScriptRueidis reports whether err is the server's NOSCRIPT.
+func noScriptRueidis(err error) bool {
+	rerr, ok := rueidis.IsRedisErr(err)
+	return ok && rerr.IsNoScript()
 }
 
 // fcallCmd builds the FCALL (FCALL_RO for a read) of s.

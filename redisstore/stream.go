@@ -65,42 +65,52 @@ func pipelineGoRedis(ctx context.Context, c redis.UniversalClient, s *script, ca
 	return replies, errs
 }
 
-// runMulti sends EVALSHA for every call in one pipeline, then EVAL, in a
-// second pipeline, for those that got NOSCRIPT, as pipelineGoRedis does; or
-// FCALL for every call in Functions mode. (rueidis's Lua.ExecMulti would
-// send SCRIPT LOAD to every node first, a round trip more for each batch.)
+// runMulti sends the calls in one pipeline (pipelineRueidis). (rueidis's
+// Lua.ExecMulti would send SCRIPT LOAD to every node first, a round trip
+// more for each batch.)
 func (b *rueidisBackend) runMulti(ctx context.Context, s *script, calls []evalCall, fcall bool) ([]any, []error) {
-	cmds := make(rueidis.Commands, len(calls))
-	for i, cl := range calls {
-		if fcall {
-			cmds[i] = fcallCmd(b.c, s, cl.keys, cl.args)
-		} else {
-			cmds[i] = b.c.B().Evalsha().Sha1(s.sha).Numkeys(int64(len(cl.keys))).Key(cl.keys...).Arg(cl.args...).Build()
-		}
-	}
-	results := b.c.DoMulti(ctx, cmds...)
-	var again []int
-	for i, r := range results {
-		if rerr, ok := rueidis.IsRedisErr(r.Error()); ok && rerr.IsNoScript() && !fcall {
-			again = append(again, i)
-		}
-	}
-	if len(again) > 0 {
-		cmds = cmds[:0]
-		for _, i := range again {
-			cl := calls[i]
-			cmds = append(cmds, b.c.B().Eval().Script(s.src).Numkeys(int64(len(cl.keys))).Key(cl.keys...).Arg(cl.args...).Build())
-		}
-		for k, r := range b.c.DoMulti(ctx, cmds...) {
-			results[again[k]] = r
-		}
-	}
+	results := pipelineRueidis(ctx, b.c, len(calls), func(i int) (*script, []string, []string) {
+		return s, calls[i].keys, calls[i].args
+	}, fcall)
 	replies := make([]any, len(calls))
 	errs := make([]error, len(calls))
 	for i, r := range results {
 		replies[i], _, errs[i] = normalize(r)
 	}
 	return replies, errs
+}
+
+// pipelineRueidis sends n script calls (call(i) gives each) with one
+// DoMulti, as pipelineScripts does with go-redis: EVALSHA, then EVAL, in
+// one more DoMulti, for those answered NOSCRIPT; or FCALL in Functions
+// mode.
+func pipelineRueidis(ctx context.Context, c rueidis.Client, n int, call func(i int) (s *script, keys, args []string), fcall bool) []rueidis.RedisResult {
+	how := firstCall(fcall)
+	cmds := make(rueidis.Commands, n)
+	for i := range n {
+		s, keys, args := call(i)
+		cmds[i] = scriptCmdRueidis(c, s, keys, args, how)
+	}
+	results := c.DoMulti(ctx, cmds...)
+	var again []int
+	for i, r := range results {
+		if how == bySHA && noScriptRueidis(r.Error()) {
+			again = append(again, i)
+		}
+	}
+	if len(again) == 0 {
+		return results
+	}
+	// A new slice: after an error rueidis's writer may still read the old.
+	cmds = make(rueidis.Commands, len(again))
+	for k, i := range again {
+		s, keys, args := call(i)
+		cmds[k] = scriptCmdRueidis(c, s, keys, args, bySource)
+	}
+	for k, r := range c.DoMulti(ctx, cmds...) {
+		results[again[k]] = r
+	}
+	return results
 }
 
 // runMulti runs calls of sc in one pipeline. In Functions mode, the calls
