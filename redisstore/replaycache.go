@@ -125,10 +125,7 @@ func (b *rueidisBackend) cachedGet(ctx context.Context, key string) (string, boo
 			b.read.Store(readDo)
 		}
 	}
-	if rueidis.IsRedisNil(err) {
-		return "", false, nil
-	}
-	if err != nil {
+	if err != nil && !rueidis.IsRedisNil(err) {
 		return "", false, err
 	}
 	if m.IsCacheHit() {
