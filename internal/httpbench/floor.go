@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemgo/idem/internal/fsync"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
 )
@@ -205,7 +206,7 @@ func (s *floorFile) appendLocked(key, val string) error {
 			s.mu.Unlock()
 			_, err := s.f.WriteAt(buf, at)
 			if err == nil {
-				err = fdatasync(s.f)
+				err = fsync.Data(s.f)
 			}
 			s.mu.Lock()
 			if err != nil && s.err == nil {

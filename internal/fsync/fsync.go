@@ -1,0 +1,2 @@
+// Package fsync flushes files to disk.
+package fsync

@@ -1,8 +1,0 @@
-//go:build !linux
-
-package main
-
-import "os"
-
-// fdatasync is fsync where there is no fdatasync.
-func fdatasync(f *os.File) error { return f.Sync() }
