@@ -37,7 +37,11 @@ func TestMain(m *testing.M) {
 // returned, until it is killed.
 func crashHelper(path string) {
 	round := os.Getenv(crashEnv + "_ROUND")
-	s, err := Open(path)
+	var opts []Option
+	if n, err := strconv.ParseInt(os.Getenv(crashEnv+"_LOGLIMIT"), 10, 64); err == nil {
+		opts = append(opts, withLogLimit(n))
+	}
+	s, err := Open(path, opts...)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "open:", err)
 		os.Exit(2)
@@ -81,7 +85,9 @@ func crashHelper(path string) {
 // TestCrash kills a process that writes to the store (SIGKILL, at a random
 // point of its group commits) and checks that every key it reported as
 // completed is COMPLETED after reopening, and that fences keep growing.
-// It does so a few times on the same file.
+// It does so a few times on the same file; in every other round the log is
+// small, so that the writer makes checkpoints all the time and the kill
+// may land in one.
 func TestCrash(t *testing.T) {
 	if testing.Short() {
 		// Only for -short runs; make test and CI run it.
@@ -90,9 +96,12 @@ func TestCrash(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "idem.db")
 	acked := map[string]int64{}
 	var maxFence int64
-	for round := range 3 {
+	for round := range 4 {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		cmd.Env = append(os.Environ(), crashEnv+"="+path, crashEnv+"_ROUND="+strconv.Itoa(round))
+		if round%2 == 1 {
+			cmd.Env = append(cmd.Env, crashEnv+"_LOGLIMIT=65536")
+		}
 		cmd.Stderr = os.Stderr
 		stdout, err := cmd.StdoutPipe()
 		if err != nil {

@@ -59,3 +59,11 @@ func onDisk(t testing.TB, s *Store) (records, index int) {
 	}
 	return records, index
 }
+
+// inOverlay counts the records (and deletions) the log holds and the file
+// does not yet.
+func inOverlay(s *Store) int {
+	s.ovMu.RLock()
+	defer s.ovMu.RUnlock()
+	return len(s.overlay)
+}

@@ -5,8 +5,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -33,6 +35,7 @@ type config struct {
 	now           func() time.Time
 	lockTimeout   time.Duration
 	sweepInterval time.Duration
+	logLimit      int64
 }
 
 // WithClock sets the store's clock, which plays the part of the Redis
@@ -45,10 +48,14 @@ func WithClock(now func() time.Time) Option { return func(c *config) { c.now = n
 // The default is DefaultLockTimeout (1s); it must be positive.
 func WithLockTimeout(d time.Duration) Option { return func(c *config) { c.lockTimeout = d } }
 
+// withLogLimit sets the size of the log beyond which the writer makes a
+// checkpoint (defaultLogLimit); tests make it small.
+func withLogLimit(n int64) Option { return func(c *config) { c.logLimit = n } }
+
 // WithSweepInterval sets how often a background goroutine deletes expired
-// records while the store is idle (every write also deletes a few). Zero
-// disables the goroutine. The default is DefaultSweepInterval (1m); it must
-// not be negative.
+// records and applies the log to the file while the store is idle (every
+// checkpoint also deletes some). Zero disables the goroutine. The default
+// is DefaultSweepInterval (1m); it must not be negative.
 func WithSweepInterval(d time.Duration) Option { return func(c *config) { c.sweepInterval = d } }
 
 // Bucket and key names in the bolt file.
@@ -78,7 +85,20 @@ type Store struct {
 	closed bool
 	queue  chan *op // to the writer goroutine
 
-	lastFence int64 // the last fence issued; owned by the writer goroutine
+	lastFence  int64  // the last fence issued; owned by the writer goroutine
+	log        *wal   // owned by the writer goroutine
+	logGen     uint64 // the log's generation when the file was opened
+	logCreated bool   // Open created the log
+
+	// overlay holds the encoded records (deleted for a deletion) that the
+	// log holds and the file does not yet: reads look here first, then in
+	// frozen, the overlay that a checkpoint is committing to the file. Only
+	// the writer goroutine changes them, with ovMu held; it reads them
+	// without.
+	ovMu    sync.RWMutex
+	overlay map[string][]byte
+	frozen  map[string][]byte
+	ckpt    checkpointer // owned by the writer goroutine
 
 	writerDone chan struct{}
 	stopSweep  chan struct{}
@@ -107,7 +127,7 @@ var (
 // one. Invalid options yield an error wrapping
 // idem.ErrInvalid. Call Close when done.
 func Open(path string, opts ...Option) (*Store, error) {
-	c := config{now: time.Now, lockTimeout: DefaultLockTimeout, sweepInterval: DefaultSweepInterval}
+	c := config{now: time.Now, lockTimeout: DefaultLockTimeout, sweepInterval: DefaultSweepInterval, logLimit: defaultLogLimit}
 	for _, o := range opts {
 		o(&c)
 	}
@@ -146,6 +166,7 @@ func Open(path string, opts ...Option) (*Store, error) {
 		now:           c.now,
 		sweepInterval: c.sweepInterval,
 		queue:         make(chan *op, 4*maxBatch),
+		ckpt:          checkpointer{done: make(chan checkpointResult, 1)},
 		writerDone:    make(chan struct{}),
 		stopSweep:     make(chan struct{}),
 		sweepDone:     make(chan struct{}),
@@ -154,10 +175,15 @@ func Open(path string, opts ...Option) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("boltstore: %s: %w", path, err)
 	}
-	if created {
-		// Make the new file's directory entry durable too, so that a crash
-		// right after the first commits cannot lose the whole file.
+	if err := s.openLog(path, c.logLimit); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("boltstore: log of %s: %w", path, err)
+	}
+	if created || s.logCreated {
+		// Make the new files' directory entries durable too, so that a
+		// crash right after the first commits cannot lose a whole file.
 		if err := syncDir(filepath.Dir(path)); err != nil {
+			s.log.close()
 			db.Close()
 			return nil, fmt.Errorf("boltstore: %w", err)
 		}
@@ -218,6 +244,40 @@ func (s *Store) init(tx *bolt.Tx) error {
 		}
 		s.lastFence = int64(binary.BigEndian.Uint64(v))
 	}
+	if v := meta.Get(metaLog); v != nil {
+		if len(v) != 8 {
+			return fmt.Errorf("%w: log generation of %d bytes", ErrCorrupt, len(v))
+		}
+		s.logGen = binary.BigEndian.Uint64(v)
+	}
+	return nil
+}
+
+// openLog opens the log and applies the records it holds to the file with
+// a checkpoint: what a crash left only in the log.
+func (s *Store) openLog(path string, limit int64) error {
+	w, entries, lastFence, created, err := openLog(path, s.logGen, limit)
+	if err != nil {
+		return err
+	}
+	s.log, s.logCreated = w, created
+	s.overlay = map[string][]byte{}
+	s.lastFence = max(s.lastFence, lastFence)
+	if len(entries) == 0 {
+		return nil
+	}
+	recovered := make(map[string][]byte, len(entries))
+	for _, e := range entries {
+		if e.val == nil {
+			e.val = deleted
+		}
+		recovered[e.key] = e.val
+	}
+	w.next()
+	if _, err := s.checkpoint(recovered, s.lastFence, w.gen); err != nil {
+		w.close()
+		return err
+	}
 	return nil
 }
 
@@ -233,7 +293,7 @@ func (s *Store) Close() error {
 		close(s.queue)
 		s.mu.Unlock()
 		<-s.writerDone
-		s.closeErr = s.db.Close()
+		s.closeErr = errors.Join(s.log.close(), s.db.Close())
 		s.watchers.Close()
 	})
 	return s.closeErr
@@ -244,7 +304,8 @@ func (s *Store) Path() string { return s.db.Path() }
 
 func (s *Store) micros() int64 { return s.now().UnixMicro() }
 
-// view runs fn in a read-only transaction.
+// view runs fn in a read-only transaction on the file (without the
+// overlay).
 func (s *Store) view(fn func(tx *bolt.Tx) error) error {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
@@ -254,12 +315,42 @@ func (s *Store) view(fn func(tx *bolt.Tx) error) error {
 	return s.db.View(fn)
 }
 
-// readRecord returns the record of key in a read transaction, expired or
-// not, or nil. Its result aliases the file: copy it before the transaction
-// ends.
-func readRecord(tx *bolt.Tx, key string) (*record, error) {
-	v := tx.Bucket(bucketRecords).Get([]byte(key))
-	if v == nil {
+// lookup calls fn with key's record, expired or not, or nil: the overlay's
+// if it has one, else the file's. The record aliases the store: copy what
+// outlives fn.
+func (s *Store) lookup(key string, fn func(r *record) error) error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed {
+		return ErrClosed
+	}
+	// Held while the file is read, so that a checkpoint cannot empty the
+	// overlay in between.
+	s.ovMu.RLock()
+	defer s.ovMu.RUnlock()
+	v, ok := s.overlay[key]
+	if !ok {
+		v, ok = s.frozen[key]
+	}
+	if ok {
+		r, err := decodeStored(key, v)
+		if err != nil {
+			return err
+		}
+		return fn(r)
+	}
+	return s.db.View(func(tx *bolt.Tx) error {
+		r, err := decodeStored(key, tx.Bucket(bucketRecords).Get([]byte(key)))
+		if err != nil {
+			return err
+		}
+		return fn(r)
+	})
+}
+
+// decodeStored decodes key's stored record v (nil or deleted: none).
+func decodeStored(key string, v []byte) (*record, error) {
+	if len(v) == 0 {
 		return nil, nil
 	}
 	r, err := decode(v, false)
@@ -279,10 +370,9 @@ func (s *Store) Acquire(ctx context.Context, key string, req idem.AcquireRequest
 	}
 	var out idem.Acquisition
 	answered := false
-	err := s.view(func(tx *bolt.Tx) error {
-		r, err := readRecord(tx, key)
-		if err != nil || r == nil {
-			return err
+	err := s.lookup(key, func(r *record) error {
+		if r == nil {
+			return nil
 		}
 		now := s.micros()
 		if r.ExpiresAt <= now {
@@ -421,10 +511,9 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 	}
 	var rec idem.Record
 	found := false
-	err := s.view(func(tx *bolt.Tx) error {
-		r, err := readRecord(tx, key)
-		if err != nil || r == nil {
-			return err
+	err := s.lookup(key, func(r *record) error {
+		if r == nil {
+			return nil
 		}
 		now := s.micros()
 		if r.ExpiresAt <= now {
@@ -464,14 +553,14 @@ type Entry struct {
 	Record idem.Record
 }
 
-// Stats implements idem.StatsStore: it counts every live record in one
-// read transaction (it decodes each; about a microsecond per record).
-// MemoryUsed is the size of the file; there is no limit.
+// Stats implements idem.StatsStore: it counts every live record of one
+// snapshot (it decodes each; about a microsecond per record). MemoryUsed is
+// the size of the file and the log; there is no limit.
 func (s *Store) Stats(ctx context.Context) (idem.Stats, error) {
 	var st idem.Stats
-	err := s.view(func(tx *bolt.Tx) error {
-		st.MemoryUsed = tx.Size()
-		return s.live(ctx, tx, func(_ []byte, r *record, now int64) bool {
+	err := s.snapshot(func(tx *bolt.Tx, logSize int64, ov map[string][]byte) error {
+		st.MemoryUsed = tx.Size() + logSize
+		return s.live(ctx, tx, ov, func(_ []byte, r *record, now int64) bool {
 			st.Count(r.State, time.UnixMicro(r.Created), time.UnixMicro(now))
 			return true
 		})
@@ -479,23 +568,60 @@ func (s *Store) Stats(ctx context.Context) (idem.Stats, error) {
 	return st, err
 }
 
-// live calls fn with every live (unexpired) record of tx, in the order of
-// their keys, until fn returns false. The key and record alias the file.
-func (s *Store) live(ctx context.Context, tx *bolt.Tx, fn func(k []byte, r *record, now int64) bool) error {
+// snapshot calls fn with a read transaction on the file and a copy of the
+// overlay taken at the same moment, and the size of the log file.
+func (s *Store) snapshot(fn func(tx *bolt.Tx, logSize int64, ov map[string][]byte) error) error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed {
+		return ErrClosed
+	}
+	s.ovMu.RLock()
+	ov := maps.Clone(s.frozen)
+	if ov == nil {
+		ov = map[string][]byte{}
+	}
+	maps.Copy(ov, s.overlay)
+	tx, err := s.db.Begin(false)
+	s.ovMu.RUnlock()
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	return fn(tx, s.log.size(), ov)
+}
+
+// live calls fn with every live (unexpired) record of the snapshot (tx and
+// the overlay ov over it), in the order of their keys, until fn returns
+// false. The key and record alias the store.
+func (s *Store) live(ctx context.Context, tx *bolt.Tx, ov map[string][]byte, fn func(k []byte, r *record, now int64) bool) error {
 	now := s.micros()
+	keys := slices.Sorted(maps.Keys(ov))
 	c := tx.Bucket(bucketRecords).Cursor()
 	n := 0
-	for k, v := c.First(); k != nil; k, v = c.Next() {
+	k, v := c.First()
+	for k != nil || len(keys) > 0 {
 		if n++; n%1024 == 0 {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
 		}
-		r, err := decode(v, false)
-		if err != nil {
-			return fmt.Errorf("boltstore: key %s: %w", k, err)
+		var key, val []byte
+		if len(keys) > 0 && (k == nil || keys[0] <= string(k)) {
+			if k != nil && keys[0] == string(k) {
+				k, v = c.Next() // the overlay's record replaces the file's
+			}
+			key, val = []byte(keys[0]), ov[keys[0]]
+			keys = keys[1:]
+		} else {
+			key, val = k, v
+			k, v = c.Next()
 		}
-		if r.ExpiresAt > now && !fn(k, r, now) {
+		r, err := decodeStored(string(key), val)
+		if err != nil {
+			return err
+		}
+		if r != nil && r.ExpiresAt > now && !fn(key, r, now) {
 			return nil
 		}
 	}
@@ -513,8 +639,8 @@ func (s *Store) List(ctx context.Context, limit int) ([]Entry, error) {
 		return nil, err
 	}
 	var out []Entry
-	err := s.view(func(tx *bolt.Tx) error {
-		return s.live(ctx, tx, func(k []byte, r *record, now int64) bool {
+	err := s.snapshot(func(tx *bolt.Tx, _ int64, ov map[string][]byte) error {
+		return s.live(ctx, tx, ov, func(k []byte, r *record, now int64) bool {
 			out = append(out, Entry{Key: string(k), Record: r.Public(now)})
 			return len(out) < limit
 		})

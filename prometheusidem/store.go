@@ -56,7 +56,7 @@ func NewStoreCollector(store idem.Store, opts ...StoreOption) (*StoreCollector, 
 		records: prometheus.NewDesc("idem_store_records", "Records the store holds, by state; of a sample when idem_store_records_sampled is 1.", []string{"state"}, nil),
 		sampled: prometheus.NewDesc("idem_store_records_sampled", "1 when idem_store_records counts a sample of the records (redisstore stops at 1000), 0 when it counts them all.", nil, nil),
 		oldest:  prometheus.NewDesc("idem_store_oldest_in_progress_seconds", "Age of the oldest IN_PROGRESS record counted, since it was first acquired (0: none).", nil, nil),
-		used:    prometheus.NewDesc("idem_store_memory_used_bytes", "Memory the store uses (Redis used_memory of the node closest to its limit; boltstore the file size; 0 unknown).", nil, nil),
+		used:    prometheus.NewDesc("idem_store_memory_used_bytes", "Memory the store uses (Redis used_memory of the node closest to its limit; boltstore the size of its file and log; 0 unknown).", nil, nil),
 		limit:   prometheus.NewDesc("idem_store_memory_max_bytes", "The store's memory limit (Redis maxmemory; 0 none or unknown).", nil, nil),
 		up:      prometheus.NewDesc("idem_store_stats_up", "1 if the store answered the last reading of these gauges, 0 if not.", nil, nil),
 	}

@@ -40,7 +40,7 @@ func TestStoreCollector(t *testing.T) {
 # HELP idem_store_memory_max_bytes The store's memory limit (Redis maxmemory; 0 none or unknown).
 # TYPE idem_store_memory_max_bytes gauge
 idem_store_memory_max_bytes 100
-# HELP idem_store_memory_used_bytes Memory the store uses (Redis used_memory of the node closest to its limit; boltstore the file size; 0 unknown).
+# HELP idem_store_memory_used_bytes Memory the store uses (Redis used_memory of the node closest to its limit; boltstore the size of its file and log; 0 unknown).
 # TYPE idem_store_memory_used_bytes gauge
 idem_store_memory_used_bytes 90
 # HELP idem_store_oldest_in_progress_seconds Age of the oldest IN_PROGRESS record counted, since it was first acquired (0: none).

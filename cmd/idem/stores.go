@@ -63,7 +63,7 @@ func (s *storeFlags) register(fs *flagSet) {
 	fs.String(&s.password, "redis-password", "PASSWORD", "", "password for --redis-sentinel and --redis-cluster (with --redis, put it in the URL); prefer the environment variable")
 	fs.String(&s.sentinelPW, "redis-sentinel-password", "PASSWORD", "", "password of the Sentinels themselves (requirepass of redis-server --sentinel)")
 	fs.String(&s.prefix, "redis-prefix", "PREFIX", redisstore.DefaultPrefix, "prefix of the record keys in Redis")
-	fs.String(&s.data, "data", "DIR", defaultDataDir, "directory of the embedded store (file DIR/"+dataFile+"), used when no Redis is given")
+	fs.String(&s.data, "data", "DIR", defaultDataDir, "directory of the embedded store (files DIR/"+dataFile+" and DIR/"+dataFile+".log), used when no Redis is given")
 	fs.String(&s.postgres, "postgres", "URL", "", "PostgreSQL for the records (pgstore), e.g. postgres://user:password@host:5432/db; its tables go in the first schema of the search_path")
 }
 

@@ -1,0 +1,295 @@
+package boltstore
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemgo/idem"
+)
+
+// keysOf lists the keys of entries, with "-" before a deletion's.
+func keysOf(es []logEntry) []string {
+	var out []string
+	for _, e := range es {
+		if e.val == nil {
+			out = append(out, "-"+e.key)
+		} else {
+			out = append(out, e.key+"="+string(e.val))
+		}
+	}
+	return out
+}
+
+func mustAppend(t *testing.T, w *wal, fence int64, es ...logEntry) {
+	t.Helper()
+	if err := w.appendFrame(es, fence); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestLogReadsTwoGenerations: recovery reads the frames of the file's
+// generation and of the next one, in that order, and stops in each log file
+// at the first frame of another generation, even one whole and at a frame
+// boundary, which would bring back a record as it was before a checkpoint.
+func TestLogReadsTwoGenerations(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "idem.db")
+	w, es, _, created, err := openLog(path, 5, 1<<20)
+	if err != nil || len(es) != 0 || !created || w.gen != 6 {
+		t.Fatalf("new log: %v entries, created %v, generation %d, %v", es, created, w.gen, err)
+	}
+	mustAppend(t, w, 10, logEntry{key: "a", val: []byte("1")})
+	mustAppend(t, w, 11, logEntry{key: "b", val: []byte("1")})
+	w.next() // a checkpoint of generation 6 starts: file 1
+	mustAppend(t, w, 12, logEntry{key: "a", val: []byte("2")}, logEntry{key: "b"})
+	w.next() // it committed generation 7, and the next one starts: file 0
+	mustAppend(t, w, 13, logEntry{key: "c", val: []byte("1")})
+	at := w.at
+	w.close()
+
+	w, es, fence, created, err := openLog(path, 7, 1<<20)
+	if err != nil || created {
+		t.Fatalf("reopen: created %v, %v", created, err)
+	}
+	defer w.close()
+	if got, want := keysOf(es), []string{"a=2", "-b", "c=1"}; !slices.Equal(got, want) || fence != 13 {
+		t.Fatalf("generations 7 and 8: got %v, last fence %d; want %v, 13", got, fence, want)
+	}
+	if w.gen != 8 || w.at != at {
+		t.Fatalf("the log goes on with generation %d at %d, want 8 at %d", w.gen, w.at, at)
+	}
+	// What stopped it: b's frame of generation 6, whole, right after c's.
+	var head [frameHeader]byte
+	if _, err := w.files[0].f.ReadAt(head[:], at); err != nil || binary.BigEndian.Uint64(head[:]) != 6 {
+		t.Fatalf("after c's frame: got generation %d, %v; want b's frame of generation 6", binary.BigEndian.Uint64(head[:]), err)
+	}
+}
+
+// TestLogTornFrame: a frame torn by a crash (a byte of it not written) ends
+// the log; the frames before it are read.
+func TestLogTornFrame(t *testing.T) {
+	w, _, _, _, err := openLog(filepath.Join(t.TempDir(), "idem.db"), 1, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.close()
+	mustAppend(t, w, 1, logEntry{key: "a", val: []byte("1")}, logEntry{key: "b"})
+	mustAppend(t, w, 2, logEntry{key: "c", val: []byte("2")})
+	at := w.at
+	mustAppend(t, w, 3, logEntry{key: "d", val: []byte("3")})
+	l := w.files[w.gen%2]
+	// The last frame's last byte never reached the disk.
+	if _, err := l.f.WriteAt([]byte{0}, w.at-1); err != nil {
+		t.Fatal(err)
+	}
+	if es, fence, end, err := l.read(w.gen); err != nil || !slices.Equal(keysOf(es), []string{"a=1", "-b", "c=2"}) || fence != 2 || end != at {
+		t.Fatalf("torn last frame: got %v, fence %d, end %d, %v", keysOf(es), fence, end, err)
+	}
+	// Its header (the length) is torn instead.
+	if _, err := l.f.WriteAt([]byte{0xff}, at+9); err != nil {
+		t.Fatal(err)
+	}
+	if es, _, _, err := l.read(w.gen); err != nil || len(es) != 3 {
+		t.Fatalf("torn header: got %v, %v", keysOf(es), err)
+	}
+}
+
+// TestLogCorruptFrame: a frame whose checksum holds but whose payload
+// cannot be read was not torn by a crash: Open reports ErrCorrupt rather
+// than drop what follows.
+func TestLogCorruptFrame(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "idem.db")
+	s, err := Open(path, WithSweepInterval(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustAcquire(t, s, "k", newReq("o", time.Minute), idem.Acquired)
+	// A frame of the current generation, with a bad entry kind, written as
+	// the writer would after the store's frames.
+	bad := &wal{files: s.log.files, gen: s.log.gen, at: s.log.at}
+	if err := bad.appendFrame([]logEntry{{key: "x", val: []byte("v")}}, 1); err != nil {
+		t.Fatal(err)
+	}
+	f := s.log.files[s.log.gen%2].f
+	b := make([]byte, bad.at-s.log.at)
+	if _, err := f.ReadAt(b, s.log.at); err != nil {
+		t.Fatal(err)
+	}
+	b[frameHeader+8+2] = 7 // the entry kind, after the fence and "x"
+	fixCRC(b)
+	if _, err := f.WriteAt(b, s.log.at); err != nil {
+		t.Fatal(err)
+	}
+	crashCopy(t, s, filepath.Join(t.TempDir(), "copy.db"), func(copy string) {
+		if _, err := Open(copy); !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("Open with a corrupt frame: got %v, want ErrCorrupt", err)
+		}
+	})
+	s.Close()
+}
+
+// crashCopy copies the store's file and log, as a crash would leave them
+// (the store must be idle), to path and calls fn with it.
+func crashCopy(t *testing.T, s *Store, path string, fn func(path string)) {
+	t.Helper()
+	for _, suffix := range []string{"", ".log.0", ".log.1"} {
+		src, err := os.Open(s.Path() + suffix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dst, err := os.Create(path + suffix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.Copy(dst, src); err != nil {
+			t.Fatal(err)
+		}
+		src.Close()
+		if err := dst.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fn(path)
+}
+
+// TestRecoverFromLog: what a crash left only in the log (acknowledged
+// writes since the last checkpoint) is in the store after Open, with the
+// last fence; a write after the crash continues both.
+func TestRecoverFromLog(t *testing.T) {
+	clock := newFakeClock()
+	s := openTest(t, filepath.Join(t.TempDir(), "idem.db"), WithClock(clock.Now), WithSweepInterval(0))
+	ctx := t.Context()
+	a := mustAcquire(t, s, "in-file", newReq("o", time.Minute), idem.Acquired)
+	if err := s.Complete(ctx, "in-file", a.Lease, []byte("r1"), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	mustAcquire(t, s, "deleted", newReq("o", time.Minute), idem.Acquired)
+	if _, err := s.requestCheckpoint(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b := mustAcquire(t, s, "in-log", newReq("o", time.Minute), idem.Acquired)
+	if err := s.Complete(ctx, "in-log", b.Lease, []byte("r2"), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete(ctx, "deleted"); err != nil {
+		t.Fatal(err)
+	}
+	if recs, _ := onDisk(t, s); recs != 2 || inOverlay(s) != 2 {
+		t.Fatalf("before the crash: %d records in the file, %d in the log; want 2 and 2", recs, inOverlay(s))
+	}
+	crashCopy(t, s, filepath.Join(t.TempDir(), "copy.db"), func(copy string) {
+		c := openTest(t, copy, WithClock(clock.Now), WithSweepInterval(0))
+		for key, want := range map[string]string{"in-file": "r1", "in-log": "r2"} {
+			if rec, err := c.Get(ctx, key); err != nil || string(rec.Result) != want {
+				t.Fatalf("%s after the crash: got %+v, %v; want result %q", key, rec, err, want)
+			}
+		}
+		if _, err := c.Get(ctx, "deleted"); !errors.Is(err, idem.ErrNotFound) {
+			t.Fatalf("deleted key after the crash: got %v, want ErrNotFound", err)
+		}
+		if recs, _ := onDisk(t, c); recs != 2 || inOverlay(c) != 0 {
+			t.Fatalf("after recovery: %d records in the file, %d in the log; want 2 and 0", recs, inOverlay(c))
+		}
+		// The fence of the record only the log held is the last issued.
+		clock.Add(-time.Hour)
+		n := mustAcquire(t, c, "new", newReq("o", time.Minute), idem.Acquired)
+		if n.Lease.Fence <= b.Lease.Fence {
+			t.Fatalf("fence after recovery: got %d, want > %d", n.Lease.Fence, b.Lease.Fence)
+		}
+	})
+}
+
+// TestBrokenLog: once a frame could not be written or synced, no write is
+// acknowledged (what the disk holds is unknown) and reads go on.
+func TestBrokenLog(t *testing.T) {
+	s := openTest(t, filepath.Join(t.TempDir(), "idem.db"), WithSweepInterval(0))
+	ctx := t.Context()
+	mustAcquire(t, s, "k", newReq("o", time.Minute), idem.Acquired)
+	l := &s.log.files[s.log.gen%2]
+	bad, err := os.Open(l.f.Name()) // read-only: writes fail
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bad.Close()
+	var f *os.File
+	swap := func(*txn) error { f, l.f = l.f, f; return nil } // on the writer
+	f = bad
+	if err := s.write(ctx, swap); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Acquire(ctx, "k2", newReq("o", time.Minute)); err == nil {
+		t.Fatal("Acquire with a log that cannot be written: no error")
+	}
+	if err := s.write(ctx, swap); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Acquire(ctx, "k3", newReq("o", time.Minute)); err == nil || !errors.Is(err, s.log.broken) {
+		t.Fatalf("Acquire after a failed log write: got %v, want the first error", err)
+	}
+	mustAcquire(t, s, "k", newReq("o2", time.Minute), idem.InProgress)
+	if _, err := s.Get(ctx, "k2"); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("Get of the write that failed: got %v, want ErrNotFound", err)
+	}
+}
+
+// fixCRC sets the checksum of frame b.
+func fixCRC(b []byte) {
+	binary.BigEndian.PutUint32(b[12:], crc32.Update(crc32.Checksum(b[:12], crcTable), crcTable, b[frameHeader:]))
+}
+
+// TestCheckpointUnderLoad: with a log small enough for a checkpoint every
+// few groups, every acknowledged record reads back, from the overlay or the
+// file, while checkpoints move records from one to the other.
+func TestCheckpointUnderLoad(t *testing.T) {
+	s := openTest(t, filepath.Join(t.TempDir(), "idem.db"), withLogLimit(8<<10), WithSweepInterval(0))
+	ctx := t.Context()
+	frames := s.log.frames.Load()
+	var wg sync.WaitGroup
+	done := make(chan string, 64)
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 300 {
+				key := fmt.Sprint(g, "-", i)
+				a, err := s.Acquire(ctx, key, newReq("o", time.Minute))
+				if err == nil {
+					err = s.Complete(ctx, key, a.Lease, []byte(key), time.Hour)
+				}
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				done <- key
+			}
+		}()
+	}
+	go func() { wg.Wait(); close(done) }()
+	var keys []string
+	for key := range done {
+		keys = append(keys, key)
+		// The key just completed and one completed earlier, at random.
+		for _, k := range []string{key, keys[rand.IntN(len(keys))]} {
+			if rec, err := s.Get(ctx, k); err != nil || rec.State != idem.StateCompleted || string(rec.Result) != k {
+				t.Fatalf("%s, acknowledged: got %v %q, %v", k, rec.State, rec.Result, err)
+			}
+		}
+	}
+	recs, _ := onDisk(t, s)
+	t.Logf("%d frames; %d records in the file, %d in the log", s.log.frames.Load()-frames, recs, inOverlay(s))
+	if recs == 0 || recs+inOverlay(s) < len(keys) {
+		t.Fatalf("%d records in the file and %d in the log for %d keys: the checkpoints did not run", recs, inOverlay(s), len(keys))
+	}
+	if entries, err := s.List(ctx, 10000); err != nil || len(entries) != len(keys) {
+		t.Fatalf("List: got %d entries, %v; want %d", len(entries), err, len(keys))
+	}
+}
