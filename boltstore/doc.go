@@ -55,9 +55,10 @@
 // at 64 callers). Open applies what a crash left in the log before it
 // returns. A frame that a crash tore (never acknowledged) ends the log;
 // a frame whose checksum holds but that cannot be read is reported as
-// ErrCorrupt. After a write or sync of the log fails, every later write
-// fails with that error (what the disk holds is unknown) until the store
-// is opened again; reads go on. The store is the three files: path,
+// ErrCorrupt. A write of the log that fails (a full disk) fails the
+// writes of its group, and the next group tries again. After a sync of the
+// log fails, every later write fails with that error (what the disk holds
+// is unknown) until the store is opened again; reads go on. The store is the three files: path,
 // path.log.0 and path.log.1; copy them together, with the store closed
 // (Close leaves the bbolt file complete on its own).
 //

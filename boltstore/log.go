@@ -40,7 +40,8 @@ import (
 //
 //	uint64  generation
 //	uint32  length of the payload
-//	uint32  CRC-32C of the generation, the length and the payload
+//	uint32  CRC-32C of the log's secret, the generation, the length and
+//	        the payload
 //	payload:
 //	  uint64   the last fence issued once the group is applied
 //	  entries, each:
@@ -60,9 +61,10 @@ const (
 )
 
 var (
-	metaLog    = []byte("log") // 8 bytes big-endian: the log's generation
-	crcTable   = crc32.MakeTable(crc32.Castagnoli)
-	errLogFull = errors.New("boltstore: log frame too large")
+	metaLog       = []byte("log")       // 8 bytes big-endian: the log's generation
+	metaLogSecret = []byte("logsecret") // 8 random bytes: the checksums' start
+	crcTable      = crc32.MakeTable(crc32.Castagnoli)
+	errLogFull    = errors.New("boltstore: log frame too large")
 )
 
 // logFile is one of the two log files.
@@ -79,8 +81,10 @@ type wal struct {
 	limit  int64  // checkpoint once at reaches it
 	buf    []byte // the frame being built
 	zeros  []byte
-	broken error        // a frame write or sync failed: nothing more is written
-	frames atomic.Int64 // frames written, for tests
+	secret []byte
+	sync   func(*os.File) error // fsync.Data; tests replace it
+	broken error                // a sync failed: nothing more is written
+	frames atomic.Int64         // frames written, for tests
 }
 
 // logEntry is one record of a frame: val is an encoded record, or nil for
@@ -97,8 +101,8 @@ func logPaths(path string) [2]string { return [2]string{path + ".log.0", path + 
 // path, whose file says generation gen, and reads the frames of
 // generations gen and gen+1. The log goes on with generation gen+1, after
 // its frames. created reports whether a file was created.
-func openLog(path string, gen uint64, limit int64) (w *wal, entries []logEntry, lastFence int64, created bool, err error) {
-	w = &wal{gen: gen + 1, limit: limit}
+func openLog(path string, gen uint64, secret []byte, limit int64) (w *wal, entries []logEntry, lastFence int64, created bool, err error) {
+	w = &wal{gen: gen + 1, limit: limit, secret: secret, sync: fsync.Data}
 	for i, name := range logPaths(path) {
 		f, err := os.OpenFile(name, os.O_RDWR, 0)
 		if errors.Is(err, os.ErrNotExist) {
@@ -119,7 +123,7 @@ func openLog(path string, gen uint64, limit int64) (w *wal, entries []logEntry, 
 		}
 	}
 	for _, g := range []uint64{gen, gen + 1} {
-		es, fence, end, err := w.files[g%2].read(g)
+		es, fence, end, err := w.read(g)
 		if err != nil {
 			w.close()
 			return nil, nil, 0, false, err
@@ -133,10 +137,18 @@ func openLog(path string, gen uint64, limit int64) (w *wal, entries []logEntry, 
 	return w, entries, lastFence, created, nil
 }
 
+// checksum is the checksum of a frame's header (its first 12 bytes) and
+// payload.
+func (w *wal) checksum(head, payload []byte) uint32 {
+	c := crc32.Update(crc32.Checksum(w.secret, crcTable), crcTable, head[:12])
+	return crc32.Update(c, crcTable, payload)
+}
+
 // read returns the entries of the frames of generation gen from the start
-// of the file, in the order they were written, the last fence the last of
+// of its file, in the order they were written, the last fence the last of
 // them carries, and where they end.
-func (l logFile) read(gen uint64) (entries []logEntry, lastFence, at int64, err error) {
+func (w *wal) read(gen uint64) (entries []logEntry, lastFence, at int64, err error) {
+	l := w.files[gen%2]
 	var head [frameHeader]byte
 	for {
 		if _, err := l.f.ReadAt(head[:], at); err != nil {
@@ -154,8 +166,7 @@ func (l logFile) read(gen uint64) (entries []logEntry, lastFence, at int64, err 
 		if _, err := l.f.ReadAt(payload, at+frameHeader); err != nil {
 			return nil, 0, 0, fmt.Errorf("read log: %w", err)
 		}
-		crc := crc32.Update(crc32.Checksum(head[:12], crcTable), crcTable, payload)
-		if crc != binary.BigEndian.Uint32(head[12:]) {
+		if w.checksum(head[:], payload) != binary.BigEndian.Uint32(head[12:]) {
 			return entries, lastFence, at, nil // torn by a crash: never acknowledged
 		}
 		fence, es, err := decodeFrame(payload)
@@ -207,10 +218,11 @@ func cutBytes(p []byte) (b, rest []byte, ok bool) {
 }
 
 // appendFrame writes one frame holding entries and lastFence at the end of
-// the log and fdatasyncs it. An error before the frame was written (growing
-// the file) leaves the log as it was; an error writing or syncing the frame
-// breaks the log for good (what a failed sync left on disk is unknown), and
-// every later call returns it.
+// the log and fdatasyncs it. An error growing the file or writing the frame
+// (a full disk, a file size limit) leaves the log as it was, and the next
+// call tries again; an error syncing it breaks the log for good (what a
+// failed sync left on disk is unknown: the kernel may have dropped the
+// pages and a second sync would succeed), and every later call returns it.
 func (w *wal) appendFrame(entries []logEntry, lastFence int64) error {
 	if w.broken != nil {
 		return w.broken
@@ -234,7 +246,7 @@ func (w *wal) appendFrame(entries []logEntry, lastFence int64) error {
 	}
 	binary.BigEndian.PutUint64(b[0:], w.gen)
 	binary.BigEndian.PutUint32(b[8:], uint32(n))
-	binary.BigEndian.PutUint32(b[12:], crc32.Update(crc32.Checksum(b[:12], crcTable), crcTable, b[frameHeader:]))
+	binary.BigEndian.PutUint32(b[12:], w.checksum(b, b[frameHeader:]))
 	w.buf = b
 	l := &w.files[w.gen%2]
 	end := w.at + int64(len(b))
@@ -253,10 +265,13 @@ func (w *wal) appendFrame(entries []logEntry, lastFence int64) error {
 		l.size += grow
 	}
 	if _, err := l.f.WriteAt(b, w.at); err != nil {
-		w.broken = fmt.Errorf("boltstore: write log: %w", err)
-		return w.broken
+		// Nothing is acknowledged and the next frame goes to the same
+		// place: what this one left there is not read (a frame that
+		// follows starts inside it, where no frame of its generation
+		// holds a checksum).
+		return fmt.Errorf("boltstore: write log: %w", err)
 	}
-	if err := fsync.Data(l.f); err != nil {
+	if err := w.sync(l.f); err != nil {
 		w.broken = fmt.Errorf("boltstore: sync log: %w", err)
 		return w.broken
 	}

@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"math/rand/v2"
 	"os"
@@ -15,7 +14,10 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/fsync"
 )
+
+var testSecret = []byte("01234567")
 
 // keysOf lists the keys of entries, with "-" before a deletion's.
 func keysOf(es []logEntry) []string {
@@ -43,7 +45,7 @@ func mustAppend(t *testing.T, w *wal, fence int64, es ...logEntry) {
 // boundary, which would bring back a record as it was before a checkpoint.
 func TestLogReadsTwoGenerations(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "idem.db")
-	w, es, _, created, err := openLog(path, 5, 1<<20)
+	w, es, _, created, err := openLog(path, 5, testSecret, 1<<20)
 	if err != nil || len(es) != 0 || !created || w.gen != 6 {
 		t.Fatalf("new log: %v entries, created %v, generation %d, %v", es, created, w.gen, err)
 	}
@@ -56,7 +58,7 @@ func TestLogReadsTwoGenerations(t *testing.T) {
 	at := w.at
 	w.close()
 
-	w, es, fence, created, err := openLog(path, 7, 1<<20)
+	w, es, fence, created, err := openLog(path, 7, testSecret, 1<<20)
 	if err != nil || created {
 		t.Fatalf("reopen: created %v, %v", created, err)
 	}
@@ -77,7 +79,7 @@ func TestLogReadsTwoGenerations(t *testing.T) {
 // TestLogTornFrame: a frame torn by a crash (a byte of it not written) ends
 // the log; the frames before it are read.
 func TestLogTornFrame(t *testing.T) {
-	w, _, _, _, err := openLog(filepath.Join(t.TempDir(), "idem.db"), 1, 1<<20)
+	w, _, _, _, err := openLog(filepath.Join(t.TempDir(), "idem.db"), 1, testSecret, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,15 +93,34 @@ func TestLogTornFrame(t *testing.T) {
 	if _, err := l.f.WriteAt([]byte{0}, w.at-1); err != nil {
 		t.Fatal(err)
 	}
-	if es, fence, end, err := l.read(w.gen); err != nil || !slices.Equal(keysOf(es), []string{"a=1", "-b", "c=2"}) || fence != 2 || end != at {
+	if es, fence, end, err := w.read(w.gen); err != nil || !slices.Equal(keysOf(es), []string{"a=1", "-b", "c=2"}) || fence != 2 || end != at {
 		t.Fatalf("torn last frame: got %v, fence %d, end %d, %v", keysOf(es), fence, end, err)
 	}
 	// Its header (the length) is torn instead.
 	if _, err := l.f.WriteAt([]byte{0xff}, at+9); err != nil {
 		t.Fatal(err)
 	}
-	if es, _, _, err := l.read(w.gen); err != nil || len(es) != 3 {
+	if es, _, _, err := w.read(w.gen); err != nil || len(es) != 3 {
 		t.Fatalf("torn header: got %v, %v", keysOf(es), err)
+	}
+}
+
+// TestLogForgedFrame: a frame whose checksum holds for anyone who does not
+// know the store's secret (bytes a client chose, left in the file by an
+// older frame's result, where a newer generation's frames end) is not read.
+func TestLogForgedFrame(t *testing.T) {
+	w, _, _, _, err := openLog(filepath.Join(t.TempDir(), "idem.db"), 1, testSecret, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.close()
+	mustAppend(t, w, 1, logEntry{key: "a", val: []byte("1")})
+	forger := &wal{files: w.files, gen: w.gen, at: w.at, sync: func(*os.File) error { return nil }}
+	if err := forger.appendFrame([]logEntry{{key: "b", val: []byte("forged")}}, 2); err != nil {
+		t.Fatal(err)
+	}
+	if es, _, _, err := w.read(w.gen); err != nil || !slices.Equal(keysOf(es), []string{"a=1"}) {
+		t.Fatalf("got %v, %v; want only a", keysOf(es), err)
 	}
 }
 
@@ -115,7 +136,7 @@ func TestLogCorruptFrame(t *testing.T) {
 	mustAcquire(t, s, "k", newReq("o", time.Minute), idem.Acquired)
 	// A frame of the current generation, with a bad entry kind, written as
 	// the writer would after the store's frames.
-	bad := &wal{files: s.log.files, gen: s.log.gen, at: s.log.at}
+	bad := &wal{files: s.log.files, gen: s.log.gen, at: s.log.at, secret: s.log.secret, sync: s.log.sync}
 	if err := bad.appendFrame([]logEntry{{key: "x", val: []byte("v")}}, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +146,7 @@ func TestLogCorruptFrame(t *testing.T) {
 		t.Fatal(err)
 	}
 	b[frameHeader+8+2] = 7 // the entry kind, after the fence and "x"
-	fixCRC(b)
+	binary.BigEndian.PutUint32(b[12:], s.log.checksum(b, b[frameHeader:]))
 	if _, err := f.WriteAt(b, s.log.at); err != nil {
 		t.Fatal(err)
 	}
@@ -208,9 +229,11 @@ func TestRecoverFromLog(t *testing.T) {
 	})
 }
 
-// TestBrokenLog: once a frame could not be written or synced, no write is
-// acknowledged (what the disk holds is unknown) and reads go on.
-func TestBrokenLog(t *testing.T) {
+// TestLogWriteFails: a group whose frame cannot be written (a full disk,
+// a file size limit) is not acknowledged, and once the log can be written
+// again, writes go on; a crash after that loses nothing acknowledged and
+// brings back nothing that was not.
+func TestLogWriteFails(t *testing.T) {
 	s := openTest(t, filepath.Join(t.TempDir(), "idem.db"), WithSweepInterval(0))
 	ctx := t.Context()
 	mustAcquire(t, s, "k", newReq("o", time.Minute), idem.Acquired)
@@ -226,24 +249,49 @@ func TestBrokenLog(t *testing.T) {
 	if err := s.write(ctx, swap); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Acquire(ctx, "k2", newReq("o", time.Minute)); err == nil {
+	if _, err := s.Acquire(ctx, "a-longer-key-that-fails", newReq("o", time.Minute)); err == nil {
 		t.Fatal("Acquire with a log that cannot be written: no error")
 	}
 	if err := s.write(ctx, swap); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Acquire(ctx, "k3", newReq("o", time.Minute)); err == nil || !errors.Is(err, s.log.broken) {
-		t.Fatalf("Acquire after a failed log write: got %v, want the first error", err)
+	mustAcquire(t, s, "k2", newReq("o", time.Minute), idem.Acquired)
+	mustAcquire(t, s, "k", newReq("o2", time.Minute), idem.InProgress)
+	crashCopy(t, s, filepath.Join(t.TempDir(), "copy.db"), func(copy string) {
+		c := openTest(t, copy, WithSweepInterval(0))
+		for key, want := range map[string]error{"k": nil, "k2": nil, "a-longer-key-that-fails": idem.ErrNotFound} {
+			if _, err := c.Get(ctx, key); !errors.Is(err, want) {
+				t.Fatalf("%s after the crash: got %v, want %v", key, err, want)
+			}
+		}
+	})
+}
+
+// TestLogSyncFails: once a sync of the log failed, no write is
+// acknowledged (what the disk holds is unknown), even when syncs work
+// again, and reads go on.
+func TestLogSyncFails(t *testing.T) {
+	s := openTest(t, filepath.Join(t.TempDir(), "idem.db"), WithSweepInterval(0))
+	ctx := t.Context()
+	mustAcquire(t, s, "k", newReq("o", time.Minute), idem.Acquired)
+	failing := errors.New("EIO")
+	set := func(sync func(*os.File) error) {
+		if err := s.write(ctx, func(t *txn) error { t.s.log.sync = sync; return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set(func(*os.File) error { return failing })
+	if _, err := s.Acquire(ctx, "k2", newReq("o", time.Minute)); !errors.Is(err, failing) {
+		t.Fatalf("Acquire with a sync that fails: got %v, want %v", err, failing)
+	}
+	set(fsync.Data)
+	if _, err := s.Acquire(ctx, "k3", newReq("o", time.Minute)); !errors.Is(err, failing) {
+		t.Fatalf("Acquire after a failed sync: got %v, want the failed sync's error", err)
 	}
 	mustAcquire(t, s, "k", newReq("o2", time.Minute), idem.InProgress)
 	if _, err := s.Get(ctx, "k2"); !errors.Is(err, idem.ErrNotFound) {
-		t.Fatalf("Get of the write that failed: got %v, want ErrNotFound", err)
+		t.Fatalf("Get of the write whose sync failed: got %v, want ErrNotFound", err)
 	}
-}
-
-// fixCRC sets the checksum of frame b.
-func fixCRC(b []byte) {
-	binary.BigEndian.PutUint32(b[12:], crc32.Update(crc32.Checksum(b[:12], crcTable), crcTable, b[frameHeader:]))
 }
 
 // TestCheckpointUnderLoad: with a log small enough for a checkpoint every

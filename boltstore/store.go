@@ -1,7 +1,9 @@
 package boltstore
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -88,6 +90,7 @@ type Store struct {
 	lastFence  int64  // the last fence issued; owned by the writer goroutine
 	log        *wal   // owned by the writer goroutine
 	logGen     uint64 // the log's generation when the file was opened
+	logSecret  []byte // the start of the log's checksums
 	logCreated bool   // Open created the log
 
 	// overlay holds the encoded records (deleted for a deletion) that the
@@ -250,13 +253,26 @@ func (s *Store) init(tx *bolt.Tx) error {
 		}
 		s.logGen = binary.BigEndian.Uint64(v)
 	}
+	s.logSecret = bytes.Clone(meta.Get(metaLogSecret))
+	switch {
+	case s.logSecret == nil && meta.Get(metaLog) == nil:
+		// A new file, or one written before the log: no frame was
+		// written with another secret.
+		s.logSecret = make([]byte, 8)
+		if _, err := rand.Read(s.logSecret); err != nil {
+			return err
+		}
+		return meta.Put(metaLogSecret, s.logSecret)
+	case len(s.logSecret) != 8:
+		return fmt.Errorf("%w: log secret of %d bytes", ErrCorrupt, len(s.logSecret))
+	}
 	return nil
 }
 
 // openLog opens the log and applies the records it holds to the file with
 // a checkpoint: what a crash left only in the log.
 func (s *Store) openLog(path string, limit int64) error {
-	w, entries, lastFence, created, err := openLog(path, s.logGen, limit)
+	w, entries, lastFence, created, err := openLog(path, s.logGen, s.logSecret, limit)
 	if err != nil {
 		return err
 	}
