@@ -7,11 +7,11 @@
 //     noeviction whose maxmemory drops below its memory in use for windows
 //     longer than the lease (every write is refused: OOM), and the embedded
 //     store whose process's file size limit (RLIMIT_FSIZE, set with
-//     prlimit on the running proxy) drops to the file's two meta pages for
-//     the same windows (every write of a data page fails with EFBIG, as on
-//     a full disk; reads go on). A request
-//     whose acquire went through before a window and whose completion falls
-//     in it cannot be recorded. Asserted: no client is told a success that
+//     prlimit on the running proxy) drops to 8 KiB, the bbolt file's two
+//     meta pages, for the same windows (every write past it, of a log
+//     frame or a page, fails with EFBIG, as on a full disk; reads go on).
+//     A request whose acquire went through before a window and whose
+//     completion falls in it cannot be recorded. Asserted: no client is told a success that
 //     was not recorded (every key a client got a 2xx for replays that very
 //     response at the end), and every second execution of a key follows a
 //     503 TypeOutcomeUnknown given to that key's client. The negative

@@ -65,8 +65,9 @@ var stores = []store{
 		return addr, func(full bool) {
 			limit := "unlimited"
 			if full {
-				// Past its two meta pages, no write to the file goes
-				// through (EFBIG), as on a full disk; reads do.
+				// Past the bbolt file's two meta pages, no write to
+				// it or to its log goes through (EFBIG), as on a full
+				// disk; reads do.
 				limit = "8192"
 			}
 			if out, err := exec.Command("prlimit", "--pid", strconv.Itoa(p.Pid()), "--fsize="+limit+":").CombinedOutput(); err != nil {
