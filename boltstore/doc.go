@@ -58,9 +58,13 @@
 // ErrCorrupt. A write of the log that fails (a full disk) fails the
 // writes of its group, and the next group tries again. After a sync of the
 // log fails, every later write fails with that error (what the disk holds
-// is unknown) until the store is opened again; reads go on. The store is the three files: path,
-// path.log.0 and path.log.1; copy them together, with the store closed
-// (Close leaves the bbolt file complete on its own).
+// is unknown) until the store is opened again; reads go on.
+//
+// The store is the three files: path, path.log.0 and path.log.1; copy them
+// together, with the store closed (Close leaves the bbolt file complete on
+// its own). Open turns a file from before the log (format 1) into format 2,
+// which versions from before the log refuse rather than miss what a crash
+// left in the log.
 //
 // Records are encoded in a small versioned binary format (about 40 bytes
 // plus fingerprint, owner and result); a record or file that cannot be

@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/fsync"
+	bolt "go.etcd.io/bbolt"
 )
 
 var testSecret = []byte("01234567")
@@ -339,5 +340,66 @@ func TestCheckpointUnderLoad(t *testing.T) {
 	}
 	if entries, err := s.List(ctx, 10000); err != nil || len(entries) != len(keys) {
 		t.Fatalf("List: got %d entries, %v; want %d", len(entries), err, len(keys))
+	}
+}
+
+// TestOpenFormat1: a file from before the log (format 1: no generation, no
+// secret) opens with its records, and becomes format 2, which versions from
+// before the log refuse; a format this version does not know is refused.
+func TestOpenFormat1(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "idem.db")
+	s, err := Open(path, WithSweepInterval(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustAcquire(t, s, "k", newReq("o", time.Minute), idem.Acquired)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	setMeta := func(format byte) {
+		t.Helper()
+		db, err := bolt.Open(path, 0o600, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		err = db.Update(func(tx *bolt.Tx) error {
+			meta := tx.Bucket(bucketMeta)
+			for _, k := range [][]byte{metaLog, metaLogSecret} {
+				if err := meta.Delete(k); err != nil {
+					return err
+				}
+			}
+			return meta.Put(metaFormat, []byte{format})
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	setMeta(1)
+	for _, suffix := range []string{".log.0", ".log.1"} {
+		if err := os.Remove(path + suffix); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s = openTest(t, path, WithSweepInterval(0))
+	mustAcquire(t, s, "k", newReq("o2", time.Minute), idem.InProgress)
+	mustAcquire(t, s, "k2", newReq("o", time.Minute), idem.Acquired)
+	if len(s.logSecret) != 8 {
+		t.Fatalf("log secret of %d bytes", len(s.logSecret))
+	}
+	err = s.db.View(func(tx *bolt.Tx) error {
+		if v := tx.Bucket(bucketMeta).Get(metaFormat); !slices.Equal(v, []byte{2}) {
+			t.Errorf("format after Open: got %v, want [2]", v)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	setMeta(3)
+	if _, err := Open(path); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("Open of format 3: got %v, want ErrCorrupt", err)
 	}
 }

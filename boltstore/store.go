@@ -70,8 +70,12 @@ var (
 )
 
 // formatVersion is the layout of the file (buckets and meta keys). Records
-// carry their own version byte.
-const formatVersion = 1
+// carry their own version byte. Version 2 has the log (meta log and
+// logsecret, and the log files beside the file): Open turns a file of
+// version 1 into one of version 2, so that a version of this package from
+// before the log, which would not read what a crash left there, refuses
+// the file instead.
+const formatVersion = 2
 
 // Store is a durable idem.Store and idem.Watcher in one bbolt file. It is
 // safe for concurrent use by multiple goroutines of one process; the file is
@@ -233,8 +237,13 @@ func (s *Store) init(tx *bolt.Tx) error {
 			return err
 		}
 	}
-	if v := meta.Get(metaFormat); len(v) != 1 || v[0] != formatVersion {
-		return fmt.Errorf("%w: file format %v, this version of boltstore reads format [%d]", ErrCorrupt, v, formatVersion)
+	switch v := meta.Get(metaFormat); {
+	case len(v) == 1 && v[0] == 1:
+		if err := meta.Put(metaFormat, []byte{formatVersion}); err != nil {
+			return err
+		}
+	case len(v) != 1 || v[0] != formatVersion:
+		return fmt.Errorf("%w: file format %v, this version of boltstore reads formats [1] and [%d]", ErrCorrupt, v, formatVersion)
 	}
 	for _, name := range [][]byte{bucketRecords, bucketExpiry} {
 		if _, err := tx.CreateBucketIfNotExists(name); err != nil {
