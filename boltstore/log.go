@@ -104,23 +104,12 @@ func logPaths(path string) [2]string { return [2]string{path + ".log.0", path + 
 func openLog(path string, gen uint64, secret []byte, limit int64) (w *wal, entries []logEntry, lastFence int64, created bool, err error) {
 	w = &wal{gen: gen + 1, limit: limit, secret: secret, sync: fsync.Data}
 	for i, name := range logPaths(path) {
-		f, err := os.OpenFile(name, os.O_RDWR, 0)
-		if errors.Is(err, os.ErrNotExist) {
-			created = true
-			f, err = os.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o600)
-		}
-		if err == nil {
-			var st os.FileInfo
-			if st, err = f.Stat(); err != nil {
-				f.Close()
-			} else {
-				w.files[i] = logFile{f: f, size: st.Size()}
-			}
-		}
+		l, made, err := openLogFile(name)
 		if err != nil {
 			w.close()
 			return nil, nil, 0, false, err
 		}
+		w.files[i], created = l, created || made
 	}
 	for _, g := range []uint64{gen, gen + 1} {
 		es, fence, end, err := w.read(g)
@@ -135,6 +124,23 @@ func openLog(path string, gen uint64, secret []byte, limit int64) (w *wal, entri
 		w.at = end
 	}
 	return w, entries, lastFence, created, nil
+}
+
+// openLogFile opens the log file name, creating it if needed (created).
+func openLogFile(name string) (l logFile, created bool, err error) {
+	f, err := os.OpenFile(name, os.O_RDWR, 0)
+	if created = errors.Is(err, os.ErrNotExist); created {
+		f, err = os.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o600)
+	}
+	if err != nil {
+		return logFile{}, false, err
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return logFile{}, false, err
+	}
+	return logFile{f: f, size: st.Size()}, created, nil
 }
 
 // checksum is the checksum of a frame's header (its first 12 bytes) and

@@ -91,11 +91,10 @@ type Store struct {
 	closed bool
 	queue  chan *op // to the writer goroutine
 
-	lastFence  int64  // the last fence issued; owned by the writer goroutine
-	log        *wal   // owned by the writer goroutine
-	logGen     uint64 // the log's generation when the file was opened
-	logSecret  []byte // the start of the log's checksums
-	logCreated bool   // Open created the log
+	lastFence int64  // the last fence issued; owned by the writer goroutine
+	log       *wal   // owned by the writer goroutine
+	logGen    uint64 // the log's generation when the file was opened
+	logSecret []byte // the start of the log's checksums
 
 	// overlay holds the encoded records (deleted for a deletion) that the
 	// log holds and the file does not yet: reads look here first, then in
@@ -182,11 +181,12 @@ func Open(path string, opts ...Option) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("boltstore: %s: %w", path, err)
 	}
-	if err := s.openLog(path, c.logLimit); err != nil {
+	logCreated, err := s.openLog(path, c.logLimit)
+	if err != nil {
 		db.Close()
 		return nil, fmt.Errorf("boltstore: log of %s: %w", path, err)
 	}
-	if created || s.logCreated {
+	if created || logCreated {
 		// Make the new files' directory entries durable too, so that a
 		// crash right after the first commits cannot lose a whole file.
 		if err := syncDir(filepath.Dir(path)); err != nil {
@@ -279,17 +279,18 @@ func (s *Store) init(tx *bolt.Tx) error {
 }
 
 // openLog opens the log and applies the records it holds to the file with
-// a checkpoint: what a crash left only in the log.
-func (s *Store) openLog(path string, limit int64) error {
+// a checkpoint: what a crash left only in the log. created reports whether
+// a log file was created.
+func (s *Store) openLog(path string, limit int64) (created bool, err error) {
 	w, entries, lastFence, created, err := openLog(path, s.logGen, s.logSecret, limit)
 	if err != nil {
-		return err
+		return false, err
 	}
-	s.log, s.logCreated = w, created
+	s.log = w
 	s.overlay = map[string][]byte{}
 	s.lastFence = max(s.lastFence, lastFence)
 	if len(entries) == 0 {
-		return nil
+		return created, nil
 	}
 	recovered := make(map[string][]byte, len(entries))
 	for _, e := range entries {
@@ -301,9 +302,9 @@ func (s *Store) openLog(path string, limit int64) error {
 	w.next()
 	if _, err := s.checkpoint(recovered, s.lastFence, w.gen); err != nil {
 		w.close()
-		return err
+		return false, err
 	}
-	return nil
+	return created, nil
 }
 
 // Close stops the store's goroutines, waits for pending writes to be
@@ -583,8 +584,8 @@ type Entry struct {
 // the size of the file and the log; there is no limit.
 func (s *Store) Stats(ctx context.Context) (idem.Stats, error) {
 	var st idem.Stats
-	err := s.snapshot(func(tx *bolt.Tx, logSize int64, ov map[string][]byte) error {
-		st.MemoryUsed = tx.Size() + logSize
+	err := s.snapshot(func(tx *bolt.Tx, ov map[string][]byte) error {
+		st.MemoryUsed = tx.Size() + s.log.size()
 		return s.live(ctx, tx, ov, func(_ []byte, r *record, now int64) bool {
 			st.Count(r.State, time.UnixMicro(r.Created), time.UnixMicro(now))
 			return true
@@ -594,8 +595,8 @@ func (s *Store) Stats(ctx context.Context) (idem.Stats, error) {
 }
 
 // snapshot calls fn with a read transaction on the file and a copy of the
-// overlay taken at the same moment, and the size of the log file.
-func (s *Store) snapshot(fn func(tx *bolt.Tx, logSize int64, ov map[string][]byte) error) error {
+// overlays taken at the same moment.
+func (s *Store) snapshot(fn func(tx *bolt.Tx, ov map[string][]byte) error) error {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if s.closed {
@@ -613,7 +614,7 @@ func (s *Store) snapshot(fn func(tx *bolt.Tx, logSize int64, ov map[string][]byt
 		return err
 	}
 	defer tx.Rollback()
-	return fn(tx, s.log.size(), ov)
+	return fn(tx, ov)
 }
 
 // live calls fn with every live (unexpired) record of the snapshot (tx and
@@ -664,7 +665,7 @@ func (s *Store) List(ctx context.Context, limit int) ([]Entry, error) {
 		return nil, err
 	}
 	var out []Entry
-	err := s.snapshot(func(tx *bolt.Tx, _ int64, ov map[string][]byte) error {
+	err := s.snapshot(func(tx *bolt.Tx, ov map[string][]byte) error {
 		return s.live(ctx, tx, ov, func(k []byte, r *record, now int64) bool {
 			out = append(out, Entry{Key: string(k), Record: r.Public(now)})
 			return len(out) < limit

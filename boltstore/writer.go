@@ -184,13 +184,10 @@ func (s *Store) commit(ops []*op) {
 			}
 		}
 		for _, o := range ops {
-			switch {
-			case !o.checkpoint:
-				o.done <- err
-			case err != nil:
-				o.done <- err
-			default:
+			if o.checkpoint && err == nil {
 				s.ckpt.asked = append(s.ckpt.asked, o)
+			} else {
+				o.done <- err
 			}
 		}
 		return
@@ -200,8 +197,7 @@ func (s *Store) commit(ops []*op) {
 // checkpointer is the writer's state of checkpoints.
 type checkpointer struct {
 	running bool
-	failed  bool   // the last one failed: the next waits for a write or an op
-	gen     uint64 // the generation the running checkpoint commits
+	failed  bool // the last one failed: the next waits for a write or an op
 	done    chan checkpointResult
 	asked   []*op // checkpoint ops for the next checkpoint
 	waiting []*op // checkpoint ops for the running one
@@ -215,18 +211,19 @@ type checkpointResult struct {
 // startCheckpoint starts a checkpoint in the background. The overlay is
 // frozen and a new one takes the writes, which go to the log's next
 // generation, unless a checkpoint failed: then its frozen overlay (and
-// generation) is committed again first.
+// generation) is committed again first. Either way the checkpoint commits
+// the log's current generation: the log moves on only with a new frozen
+// overlay.
 func (s *Store) startCheckpoint() {
 	if s.frozen == nil {
 		s.ovMu.Lock()
 		s.frozen, s.overlay = s.overlay, make(map[string][]byte, len(s.overlay))
 		s.ovMu.Unlock()
 		s.log.next()
-		s.ckpt.gen = s.log.gen
 	}
 	s.ckpt.running = true
 	s.ckpt.waiting, s.ckpt.asked = append(s.ckpt.waiting, s.ckpt.asked...), nil
-	frozen, fence, gen := s.frozen, s.lastFence, s.ckpt.gen
+	frozen, fence, gen := s.frozen, s.lastFence, s.log.gen
 	go func() {
 		n, err := s.checkpoint(frozen, fence, gen)
 		s.ckpt.done <- checkpointResult{n, err}
@@ -356,9 +353,9 @@ func (t *txn) load(key string) (*slot, error) {
 	if err != nil || len(v) == 0 {
 		return sl, err
 	}
-	r, err := decode(v, false)
+	r, err := decodeStored(key, v)
 	if err != nil {
-		return nil, fmt.Errorf("boltstore: key %s: %w", key, err)
+		return nil, err
 	}
 	if r.ExpiresAt > t.now {
 		sl.live = r
@@ -455,9 +452,9 @@ func (c checkpointTx) apply(ov map[string][]byte) error {
 			}
 			continue
 		}
-		r, err := decode(v, false)
+		r, err := decodeStored(key, v)
 		if err != nil {
-			return fmt.Errorf("boltstore: key %s: %w", key, err)
+			return err
 		}
 		if err := c.records.Put(k, v); err != nil {
 			return err
