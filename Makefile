@@ -57,6 +57,8 @@ vet:
 	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	@$(MODPROXY) check -version $(MODVERSION) -repo $(CURDIR)
 	@for m in $(MODULES); do (cd $$m && $(GO) vet ./...) || exit 1; done
+	@# The library also builds where int has 32 bits.
+	GOARCH=386 $(GO) build ./...
 
 race:
 	@for m in $(filter-out ./chaos ./internal/modproxy,$(MODULES)); do (cd $$m && $(GO) test -race -count=1 -timeout 15m ./...) || exit 1; done

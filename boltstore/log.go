@@ -247,7 +247,7 @@ func (w *wal) appendFrame(entries []logEntry, lastFence int64) error {
 		b = append(b, e.val...)
 	}
 	n := len(b) - frameHeader
-	if n > 1<<31 {
+	if int64(n) > 1<<31 {
 		return errLogFull
 	}
 	binary.BigEndian.PutUint64(b[0:], w.gen)
