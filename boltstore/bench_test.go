@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"path/filepath"
 	"runtime"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,13 +20,18 @@ import (
 // pages/op is the number of 4 KiB B+tree pages the checkpoints wrote per
 // request (bbolt copies every page it changes); a run of fewer than about
 // 30,000 requests at 64 callers fills no log and makes no checkpoint.
+// p99-µs and max-µs are the latencies of the requests, so the checkpoints'
+// effect on the tail shows.
 func BenchmarkLifecycle(b *testing.B) {
 	for _, conc := range []int{1, 64} {
 		b.Run(fmt.Sprint("conc=", conc), func(b *testing.B) {
 			s := openTest(b, filepath.Join(b.TempDir(), "idem.db"))
 			result := make([]byte, 200)
 			var seq atomic.Int64
+			var mu sync.Mutex
+			var lat []time.Duration
 			request := func() {
+				t0 := time.Now()
 				key := idem.Key{ID: fmt.Sprint(seq.Add(1))}.Digest()
 				a, err := s.Acquire(b.Context(), key, idem.AcquireRequest{Fingerprint: "fingerprint", Owner: "owner", Lease: 30 * time.Second, Retention: 24 * time.Hour})
 				if err != nil || a.Outcome != idem.Acquired {
@@ -33,6 +40,10 @@ func BenchmarkLifecycle(b *testing.B) {
 				if err := s.Complete(b.Context(), key, a.Lease, result, 24*time.Hour); err != nil {
 					b.Fatalf("Complete: %v", err)
 				}
+				d := time.Since(t0)
+				mu.Lock()
+				lat = append(lat, d)
+				mu.Unlock()
 			}
 			pagesWritten := func() int64 { st := s.db.Stats(); return st.TxStats.GetPageCount() }
 			pages := pagesWritten()
@@ -52,6 +63,9 @@ func BenchmarkLifecycle(b *testing.B) {
 			}
 			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "req/s")
 			b.ReportMetric(float64(pagesWritten()-pages)/float64(b.N), "pages/op")
+			slices.Sort(lat)
+			b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+			b.ReportMetric(float64(lat[len(lat)-1].Microseconds()), "max-µs")
 		})
 	}
 }

@@ -20,7 +20,7 @@ func TestOpenDamagedFile(t *testing.T) {
 	const pageSize = 4096
 	for _, tc := range []struct {
 		name   string
-		damage func(t *testing.T, f *os.File, size int64)
+		damage func(t *testing.T, f *os.File, size int64) // size: of the data
 	}{
 		{"truncated", func(t *testing.T, f *os.File, size int64) {
 			if err := f.Truncate(size / 2); err != nil {
@@ -70,15 +70,12 @@ func TestOpenDamagedFile(t *testing.T) {
 			if err := s.Close(); err != nil {
 				t.Fatal(err)
 			}
-			fi, err := os.Stat(path)
-			if err != nil {
-				t.Fatal(err)
-			}
+			size := dataSizeClosed(t, path)
 			f, err := os.OpenFile(path, os.O_RDWR, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
-			tc.damage(t, f, fi.Size())
+			tc.damage(t, f, size)
 			if err := f.Close(); err != nil {
 				t.Fatal(err)
 			}

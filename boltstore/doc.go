@@ -60,6 +60,17 @@
 // log fails, every later write fails with that error (what the disk holds
 // is unknown) until the store is opened again; reads go on.
 //
+// Reads never hold up checkpoints or writes, and checkpoints never hold up
+// reads. bbolt maps the file into memory; a file that outgrows its map is
+// mapped again, which waits for every read transaction to end, while every
+// read transaction begun meanwhile, the writer's among them, waits for it:
+// a long List or Stats would stop every write until it ended. So the store
+// maps 10 GiB of address space when it opens the file, as etcd does (on
+// 64-bit platforms other than Windows; where a limit of the address space
+// refuses that, what the file needs), and the file is mapped again only
+// once it passes 10 GiB, then once per 1 GiB it grows. The map reserves
+// addresses, not memory. The file grows 16 MiB ahead of its pages.
+//
 // The store is the three files: path, path.log.0 and path.log.1; copy them
 // together, with the store closed (Close leaves the bbolt file complete on
 // its own). Open turns a file from before the log (format 1) into format 2,

@@ -67,3 +67,24 @@ func inOverlay(s *Store) int {
 	defer s.ovMu.RUnlock()
 	return len(s.overlay)
 }
+
+// dataSize is the size of the data in a store's file: where its pages end
+// (the file grows ahead of them).
+func dataSize(t *testing.T, db *bolt.DB) (n int64) {
+	t.Helper()
+	if err := db.View(func(tx *bolt.Tx) error { n = tx.Size(); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// dataSizeClosed is dataSize of the closed store at path.
+func dataSizeClosed(t *testing.T, path string) int64 {
+	t.Helper()
+	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	return dataSize(t, db)
+}

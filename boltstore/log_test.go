@@ -403,3 +403,53 @@ func TestOpenFormat1(t *testing.T) {
 		t.Fatalf("Open of format 3: got %v, want ErrCorrupt", err)
 	}
 }
+
+// TestCheckpointBesideLongRead: a long read (List or Stats of a large
+// store, which hold one read transaction) holds up neither the checkpoints
+// nor the writes, while checkpoints grow the file many times over. bbolt
+// waits for every read transaction to end before it maps a grown file
+// again, and every read transaction begun meanwhile, the writer's among
+// them, waits for that.
+func TestCheckpointBesideLongRead(t *testing.T) {
+	s := openTest(t, filepath.Join(t.TempDir(), "idem.db"), withLogLimit(64<<10), WithSweepInterval(0))
+	ctx := t.Context()
+	reading, release := make(chan struct{}), make(chan struct{})
+	go s.snapshot(func(*bolt.Tx, map[string][]byte) error {
+		close(reading)
+		<-release
+		return nil
+	})
+	<-reading
+	t.Cleanup(func() { close(release) }) // before the store closes
+	before := dataSize(t, s.db)
+	const n = 1000
+	wrote := make(chan error, 1)
+	go func() {
+		result := make([]byte, 1<<10)
+		for i := range n {
+			key := fmt.Sprint(i)
+			a, err := s.Acquire(ctx, key, newReq("o", time.Minute))
+			if err == nil {
+				err = s.Complete(ctx, key, a.Lease, result, time.Hour)
+			}
+			if err != nil {
+				wrote <- err
+				return
+			}
+		}
+		_, err := s.requestCheckpoint(ctx)
+		wrote <- err
+	}()
+	select {
+	case err := <-wrote:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("writes or checkpoints stalled while a read transaction was open")
+	}
+	after := dataSize(t, s.db)
+	if recs, _ := onDisk(t, s); recs != n || after < 16*before {
+		t.Fatalf("%d records in the file, whose data grew from %d to %d bytes; want %d records and data grown 16 times", recs, before, after, n)
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/idemgo/idem"
@@ -154,13 +155,26 @@ func Open(path string, opts ...Option) (*Store, error) {
 			return nil, err
 		}
 	}
-	db, err := openRecovering(path, &bolt.Options{
+	bo := &bolt.Options{
 		Timeout: c.lockTimeout,
 		// As in etcd: the free list is rebuilt by a scan on open instead of
 		// being written by every commit, which makes commits cheaper.
 		NoFreelistSync: true,
 		FreelistType:   bolt.FreelistMapType,
-	})
+		// Also as in etcd: map more of the address space than the file
+		// needs, so that a checkpoint that grows the file does not map it
+		// again. That waits for every read transaction, and every read
+		// transaction begun in the meantime (the writer's among them) waits
+		// for it.
+		InitialMmapSize: initialMmapSize,
+	}
+	db, err := openRecovering(path, bo)
+	if errors.Is(err, syscall.ENOMEM) && bo.InitialMmapSize > 0 {
+		// A limit of the address space (ulimit -v) refuses the large
+		// map: map what the file needs, as bbolt does by default.
+		bo.InitialMmapSize = 0
+		db, err = openRecovering(path, bo)
+	}
 	if errors.Is(err, bolterrors.ErrTimeout) {
 		return nil, fmt.Errorf("%w: %s is open in another process or Store (waited %v for its lock)", ErrLocked, path, c.lockTimeout)
 	}
