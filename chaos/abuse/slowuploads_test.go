@@ -36,7 +36,8 @@ const slowRSSLimit = 150 << 20
 // latency (p50, p99, max), how many uploads were held to the end of the
 // window, refused with 503 or ended with 408. Negative control: the same
 // uploads against a proxy whose bounds are lifted (--max-body-memory 16GiB,
-// --max-concurrent 0, --body-timeout 0) must go over 150 MB. Uploads
+// --max-concurrent 0, --body-timeout 0) must go over 150 MB (its memory
+// is sampled past the window, up to 30 s more, until it does). Uploads
 // whose dial times out are reported (unconnected, control_unconnected),
 // not failed: the kernel completes every connection's handshake whether
 // or not the proxy accepts it (the listen backlog, somaxconn, is larger
@@ -56,8 +57,8 @@ func TestSlowUploads(t *testing.T) {
 	up := newUpstream(t)
 	args, _ := stores[1].start(t, bin)
 	px := startProxy(t, bin, up.srv.URL, args)
-	base := slowUploads(t, px, 0, 2*time.Second, true)
-	run := slowUploads(t, px, conns, window, true)
+	base := slowUploads(t, px, 0, 2*time.Second, true, 0)
+	run := slowUploads(t, px, conns, window, true, 0)
 	run.fast += base.fast
 	run.fastOK += base.fastOK
 	c.Attempted.Add(int64(conns) + run.fast)
@@ -104,7 +105,7 @@ func TestSlowUploads(t *testing.T) {
 		up := newUpstream(t)
 		args, _ := stores[1].start(t, bin)
 		px := startProxy(t, bin, up.srv.URL, args, "--max-body-memory", "16GiB", "--max-concurrent", "0", "--body-timeout", "0")
-		run := slowUploads(t, px, conns, window, false)
+		run := slowUploads(t, px, conns, window, false, slowRSSLimit>>10)
 		if run.peakRSS < slowRSSLimit>>10 {
 			t.Fatalf("without bounds the proxy's RSS peaked at %s, want over %s: the check cannot see the fault", mib(run.peakRSS), mib(slowRSSLimit>>10))
 		}
@@ -127,8 +128,10 @@ type slowRun struct {
 // slowUploads opens conns slow uploads to px, half bulk and half trickle
 // (see TestSlowUploads), keeps them for window while sending a small
 // request every 100 ms and sampling the proxy's memory, then closes them.
-// With fast false it sends no small requests.
-func slowUploads(t *testing.T, px *proxy, conns int, window time.Duration, fast bool) slowRun {
+// With fast false it sends no small requests. With enough (KiB) above 0,
+// the memory is sampled past the window until it peaks at enough, for up
+// to 30 s: a loaded machine delivers the uploads' bytes to the proxy late.
+func slowUploads(t *testing.T, px *proxy, conns int, window time.Duration, fast bool, enough int64) slowRun {
 	t.Helper()
 	const size = maxBody - 1
 	var run slowRun
@@ -221,15 +224,23 @@ func slowUploads(t *testing.T, px *proxy, conns int, window time.Duration, fast 
 			}
 		}()
 	}
-	end := time.After(window)
+	end, over := time.After(window), false
 	sample := time.NewTicker(100 * time.Millisecond)
 	defer sample.Stop()
 sampling:
 	for {
 		run.peakRSS = max(run.peakRSS, px.memory(t).rss)
+		if over && run.peakRSS >= enough {
+			break
+		}
 		select {
 		case <-end:
-			break sampling
+			if over {
+				break sampling
+			}
+			// Past the window, a control waits up to 30 s more for the
+			// proxy to take in what the uploads sent it.
+			over, end = true, time.After(30*time.Second)
 		case <-sample.C:
 		}
 	}
