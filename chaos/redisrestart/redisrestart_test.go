@@ -32,6 +32,23 @@ const (
 	waitLimit = 60 * time.Second
 	// workers is the number of goroutines per client library.
 	workers = 3
+	// waitAOFWorkers replaces workers in the WAITAOF variant. With
+	// appendfsync everysec, WAITAOF holds each acquire and complete until
+	// the server's next fsync of its AOF, which comes once a second: a Do
+	// takes about a second (Redis 7.2.6), and 3 goroutines per client
+	// would need minutes for the long variant's 1,000 acknowledgements
+	// per round, far beyond waitLimit. A store that waits for fsyncs gets
+	// its throughput from concurrent callers, and so does this variant.
+	waitAOFWorkers = 100
+	// waitAOFTimeout is the variant's WAITAOF timeout: an fsync comes a
+	// second after the one before, and takes its own time. Two waits fit
+	// in doTimeout.
+	waitAOFTimeout = 2 * time.Second
+	// waitAOFLease is the variant's lease: an acquire that waits for an
+	// fsync returns up to a second later, and with the 1 s lease of the
+	// other variants the Executor found the lease over before the
+	// operation could start (Redis 7.2.6).
+	waitAOFLease = 5 * time.Second
 	// retryPause is the back-off before a caller retries a key whose Do
 	// failed: the retry policy of a well-behaved client.
 	retryPause = 20 * time.Millisecond
@@ -50,6 +67,22 @@ type variant struct {
 	// mustLose marks the negative control: without persistence every
 	// record is lost, and the checks must see it.
 	mustLose bool
+}
+
+// lease returns the Executor's lease.
+func (v variant) lease() time.Duration {
+	if v.waitAOF {
+		return waitAOFLease
+	}
+	return lease
+}
+
+// workers returns the number of goroutines per client library.
+func (v variant) workers() int {
+	if v.waitAOF {
+		return waitAOFWorkers
+	}
+	return workers
 }
 
 // TestRedisRestart is scenario 4: redis-server runs with AOF persistence
@@ -107,18 +140,18 @@ func runVariant(t *testing.T, v variant) {
 			})
 			return
 		}
-		opts = append(opts, redisstore.WithWaitAOF(1, 0, time.Second))
+		opts = append(opts, redisstore.WithWaitAOF(1, 0, waitAOFTimeout))
 	}
 
 	var c chaostest.Counters
 	loads := []*load{
-		newLoad(t, "go-redis", goRedisStore(t, srv.Addr(), opts), &c),
-		newLoad(t, "rueidis", rueidisStore(t, srv.Addr(), opts), &c),
+		newLoad(t, "go-redis", goRedisStore(t, srv.Addr(), opts), v.lease(), &c),
+		newLoad(t, "rueidis", rueidisStore(t, srv.Addr(), opts), v.lease(), &c),
 	}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for _, l := range loads {
-		for range workers {
+		for range v.workers() {
 			wg.Go(func() { l.run(stop) })
 		}
 	}
@@ -168,11 +201,11 @@ func runVariant(t *testing.T, v variant) {
 		"outage":                 fmt.Sprintf("p50 %v", chaostest.Percentile(outages, 50).Round(time.Millisecond)),
 		"redis":                  serverVersion(t, srv),
 		"persistence":            strings.Join(v.args, " "),
-		"lease":                  lease.String(),
+		"lease":                  v.lease().String(),
 		"acked_before_last_kill": strconv.FormatInt(ackedBeforeLastKill, 10),
 	}
 	if v.waitAOF {
-		figures["waitaof"] = "WAITAOF 1 0 1000 after acquire and complete"
+		figures["waitaof"] = fmt.Sprintf("WAITAOF 1 0 %d after acquire and complete", waitAOFTimeout.Milliseconds())
 	}
 	var dupAfterAck, reexec, lost int64
 	for _, l := range loads {
@@ -224,6 +257,7 @@ type load struct {
 	name  string
 	exec  *idem.Executor
 	store *redisstore.Store
+	lease time.Duration
 	c     *chaostest.Counters
 	seq   atomic.Int64
 
@@ -242,17 +276,20 @@ type load struct {
 	reconnects       []time.Duration
 }
 
-func newLoad(t *testing.T, name string, store *redisstore.Store, c *chaostest.Counters) *load {
+func newLoad(t *testing.T, name string, store *redisstore.Store, lease time.Duration, c *chaostest.Counters) *load {
 	exec, err := idem.New(store, idem.WithLease(lease))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &load{t: t, name: name, exec: exec, store: store, c: c, keys: make(map[string]*keyState)}
+	return &load{t: t, name: name, exec: exec, store: store, lease: lease, c: c, keys: make(map[string]*keyState)}
 }
 
 func goRedisStore(t *testing.T, addr string, opts []redisstore.Option) *redisstore.Store {
 	// The library's default retries are kept: that is how users run it.
-	return chaostest.GoRedisStore(t, redis.NewClient(&redis.Options{Addr: addr, DialTimeout: 500 * time.Millisecond}), opts...)
+	// A call that waits for WAITAOF holds its connection meanwhile: the
+	// default pool (10 per CPU) would let 20 of the WAITAOF variant's
+	// goroutines wait at a time.
+	return chaostest.GoRedisStore(t, redis.NewClient(&redis.Options{Addr: addr, DialTimeout: 500 * time.Millisecond, PoolSize: waitAOFWorkers}), opts...)
 }
 
 func rueidisStore(t *testing.T, addr string, opts []redisstore.Option) *redisstore.Store {
@@ -297,7 +334,7 @@ func (l *load) resolve(id string) {
 		if errors.As(err, &ip) {
 			// Held by an earlier attempt whose complete was lost: wait for
 			// its lease, as the error says.
-			time.Sleep(min(max(ip.RetryAfter, time.Millisecond), lease))
+			time.Sleep(min(max(ip.RetryAfter, time.Millisecond), l.lease))
 		} else {
 			l.failed(id, err)
 			time.Sleep(retryPause)
