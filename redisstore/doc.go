@@ -190,7 +190,9 @@
 // on the same connection as the script; too few acknowledgements yield an
 // error wrapping idem.ErrNotDurable. With appendfsync everysec, WAITAOF
 // returns at the next fsync: up to a second per acquire and complete
-// (appendfsync always pays the fsync in the write instead). Without them, a
+// (appendfsync always pays the fsync in the write instead), on a server
+// whose WAITAOF waits for the fsync, which Redis 7.4.1 and Valkey 8.0.1 do
+// not (WithWaitAOF; idem doctor --wait-aof checks it). Without them, a
 // failover that loses the last writes can let a key run twice. Run Redis
 // with noeviction and persistence (appendonly yes) for idempotency records.
 //

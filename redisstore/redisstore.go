@@ -83,7 +83,15 @@ func WithWait(numReplicas int, timeout time.Duration) Option {
 // Redis 7.2 and later: New refuses an older server), on the same connection
 // as the script. Errors as for WithWait. With appendfsync everysec the
 // server fsyncs once a second, so each acquire and complete may wait up to
-// a second. The default is not to wait.
+// a second, holding its connection meanwhile (a go-redis client's PoolSize
+// bounds the calls that wait at once). The default is not to wait.
+//
+// The guarantee is the server's: under appendfsync everysec, Redis 7.4.1
+// and Valkey 8.0.1 count a write as fsynced one event loop tick after it,
+// fsynced or not (fixed upstream by redis/redis#13793), and a write their
+// WAITAOF acknowledged can be lost with the machine. `idem doctor
+// --wait-aof` tells whether a server's WAITAOF waits for the fsync. With
+// appendfsync always, every write is fsynced before its reply.
 func WithWaitAOF(numLocal, numReplicas int, timeout time.Duration) Option {
 	return func(c *config) {
 		c.wait = &waitConfig{aof: true, local: numLocal, replicas: numReplicas, timeout: timeout}

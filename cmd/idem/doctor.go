@@ -69,9 +69,15 @@ For Redis (on a Cluster, on every primary):
   maxmemory         WARN when 0 (no limit): the kernel kills Redis instead
   persistence       OK with appendonly yes; WARN with RDB snapshots only (the
                     writes since the last snapshot are lost on a crash); FAIL
-                    when both are off (a restart loses every record). With
-                    --wait-aof, WARN on appendfsync everysec: WAITAOF then
-                    waits up to a second per acquire and complete
+                    when both are off (a restart loses every record)
+  waitaof           with --wait-aof and appendfsync everysec, WAITAOF must
+                    wait for the fsync: FAIL on Redis 7.4.0 and 7.4.1 and
+                    Valkey 8.0.0 and 8.0.1, which count a write as fsynced
+                    before it is; on later releases a scratch key is
+                    written twice, and FAIL if WAITAOF counts the second
+                    write as fsynced before the next fsync could start;
+                    WARN otherwise, as each acquire and complete waits up
+                    to a second
   replicas          with --wait-replicas N, FAIL when fewer than N replicas
                     are connected (every WAIT would fall short)
   lua               EVAL must run (the store's transitions are Lua scripts)
@@ -95,7 +101,7 @@ For the embedded store: the file opens (or is in use by a running proxy).`,
 			d.store.hybrid = true
 			d.store.register(fs)
 			fs.Int(&d.waitReplicas, "wait-replicas", "N", 0, "the replicas the application waits for (redisstore.WithWait): FAIL when fewer are connected")
-			fs.Bool(&d.waitAOF, "wait-aof", false, "the application waits for the AOF fsync (redisstore.WithWaitAOF): FAIL below Redis 7.2, WARN with appendfsync everysec")
+			fs.Bool(&d.waitAOF, "wait-aof", false, "the application waits for the AOF fsync (redisstore.WithWaitAOF): FAIL below Redis 7.2, and when WAITAOF does not wait for the fsync; WARN with appendfsync everysec")
 			return func(ctx context.Context, e *env, args []string) error {
 				if len(args) > 0 {
 					return usagef("doctor: unexpected argument %q", args[0])
@@ -263,8 +269,8 @@ func doctorNode(ctx context.Context, r *report, d *doctorFlags, n *redis.Client,
 			fsync = cfg["appendfsync"]
 		}
 		r.add(vOK, prefix+"persistence", "appendonly yes (appendfsync %s)", fsync)
-		if d.waitAOF && fsync == "everysec" {
-			r.add(vWarn, prefix+"waitaof", "appendfsync everysec: WAITAOF waits for the next fsync, up to a second per acquire and complete; appendfsync always makes it return at once")
+		if d.waitAOF && fsync == "everysec" && ok && compat.AtLeast(7, 2) {
+			doctorWaitAOF(ctx, r, n, name, v, d.store.prefix, prefix)
 		}
 	case !saveKnown:
 		r.add(vWarn, prefix+"persistence", "appendonly is off and the RDB save rules cannot be read (CONFIG GET refused); turn appendonly on")
@@ -308,6 +314,45 @@ func doctorNode(ctx context.Context, r *report, d *doctorFlags, n *redis.Client,
 		r.add(vWarn, prefix+"round trip", "median PING %s over 10; each request makes 2-3 round trips to the store", med.Round(time.Microsecond))
 	} else {
 		r.add(vOK, prefix+"round trip", "median PING %s over 10", med.Round(time.Microsecond))
+	}
+}
+
+// doctorWaitAOF checks, under appendfsync everysec, that WAITAOF waits for
+// the fsync of a write: the releases known to acknowledge early fail; on
+// other servers that may (Redis 7.4 and later, Valkey 8 and later),
+// probeWaitAOF looks, twice before a FAIL. Redis 7.2 waits.
+func doctorWaitAOF(ctx context.Context, r *report, n *redis.Client, name, version, keyPrefix, prefix string) {
+	const waits = "appendfsync everysec: WAITAOF waits for the next fsync%s, up to a second per acquire and complete; appendfsync always makes it return at once"
+	const early = "appendfsync everysec: %s %s acknowledges writes as fsynced before their fsync (WAITAOF %s); fixed upstream by redis/redis#13793: WithWaitAOF would acknowledge records that a crash of the machine can lose; set appendfsync always, or upgrade the server"
+	if earlyWAITAOF(name, version) {
+		r.add(vFail, prefix+"waitaof", early, name, version, "counts a write as fsynced one event loop tick after it, when nothing is left to write")
+		return
+	}
+	if v, ok := redisinfo.ParseVersion(version); !ok || !fsyncOncePerSecond(name, v) {
+		r.add(vWarn, prefix+"waitaof", waits, "")
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 8*probeFirstWait)
+	defer cancel()
+	var p waitAOFProbe
+	for range 2 {
+		var err error
+		if p, err = probeWaitAOF(ctx, n, keyPrefix); err != nil {
+			r.add(vWarn, prefix+"waitaof", "appendfsync everysec: cannot tell whether WAITAOF waits for the fsync (%v)", err)
+			return
+		}
+		if p.waits || p.unknown != "" {
+			break
+		}
+	}
+	switch {
+	case p.unknown != "":
+		r.add(vWarn, prefix+"waitaof", "appendfsync everysec: cannot tell whether WAITAOF waits for the fsync: %s", p.unknown)
+	case !p.waits:
+		r.add(vFail, prefix+"waitaof", early, name, version,
+			fmt.Sprintf("acknowledged a write as fsynced after %v, twice, before the next fsync could start: one starts at most once a second", p.early.Round(time.Millisecond)))
+	default:
+		r.add(vWarn, prefix+"waitaof", waits, fmt.Sprintf(" (a write was not acknowledged within %v, before the next fsync could start)", p.window.Round(time.Millisecond)))
 	}
 }
 
