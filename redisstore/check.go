@@ -38,14 +38,15 @@ type node interface {
 // checkServer is the start check of New and NewRueidis: on every node the
 // client knows (a Cluster's primaries and replicas), the version must be
 // 7.0 or later (7.2 with WithWaitAOF) and maxmemory-policy noeviction
-// (unless WithAllowEviction). Both are read from INFO; where INFO is
+// (unless WithAllowEviction); with WithWaitAOF, a release whose WAITAOF
+// acknowledges early must not run appendfsync everysec (CONFIG GET). Both are read from INFO; where INFO is
 // refused, the policy from CONFIG GET; what cannot be read is logged once,
 // as a warning, and not held against the server. A server that cannot be
 // reached is an error.
 func checkServer(ctx context.Context, nodes []node, c *config) error {
 	var unchecked []string
 	for _, n := range nodes {
-		version, policy, err := inspect(ctx, n)
+		version, server, policy, err := inspect(ctx, n)
 		if err != nil {
 			return fmt.Errorf("redisstore: cannot check %s at start: %w", n.addr(), err)
 		}
@@ -53,6 +54,17 @@ func checkServer(ctx context.Context, nodes []node, c *config) error {
 			unchecked = append(unchecked, n.addr()+" version")
 		} else if err := checkVersion(n.addr(), version, c); err != nil {
 			return err
+		}
+		if c.wait != nil && c.wait.aof && redisinfo.EarlyWAITAOF(server[0], server[1]) {
+			fsync, err := n.configGet(ctx, "appendfsync")
+			switch {
+			case err != nil && !isReplyError(err):
+				return fmt.Errorf("redisstore: cannot check %s at start: %w", n.addr(), err)
+			case err != nil || fsync == "":
+				unchecked = append(unchecked, n.addr()+" appendfsync ("+server[0]+" "+server[1]+" must not run everysec with WithWaitAOF)")
+			case fsync == "everysec":
+				return &WaitAOFError{Addr: n.addr(), Server: server[0] + " " + server[1]}
+			}
 		}
 		switch policy {
 		case "noeviction":
@@ -88,22 +100,24 @@ func checkVersion(addr, version string, c *config) error {
 	return nil
 }
 
-// inspect returns a node's redis_version and maxmemory-policy, "" for what
-// the server refuses to tell. Only a failure to talk to it is an error.
-func inspect(ctx context.Context, n node) (version, policy string, err error) {
+// inspect returns a node's redis_version, its own name and version
+// (redisinfo.Server) and its maxmemory-policy, "" for what the server
+// refuses to tell. Only a failure to talk to it is an error.
+func inspect(ctx context.Context, n node) (version string, server [2]string, policy string, err error) {
 	info, err := n.info(ctx)
 	if err == nil {
 		f := redisinfo.Parse(info)
-		return f["redis_version"], f["maxmemory_policy"], nil
+		server[0], server[1] = redisinfo.Server(f)
+		return f["redis_version"], server, f["maxmemory_policy"], nil
 	}
 	if !isReplyError(err) {
-		return "", "", err
+		return "", server, "", err
 	}
 	policy, err = n.configGet(ctx, "maxmemory-policy")
 	if err != nil && !isReplyError(err) {
-		return "", "", err
+		return "", server, "", err
 	}
-	return "", policy, nil
+	return "", server, policy, nil
 }
 
 // isReplyError reports whether err is an error reply of the server (such as

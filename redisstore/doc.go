@@ -17,7 +17,10 @@
 // node the client knows; within StartCheckTimeout): a server older than
 // Redis 7.0 (7.2 with WithWaitAOF) is refused with a *VersionError, and one
 // whose maxmemory-policy is not noeviction with an *EvictionError, unless
-// WithAllowEviction. Every other policy can evict idem's records (they all
+// WithAllowEviction. With WithWaitAOF, a release whose WAITAOF counts
+// writes as fsynced before they are (Redis 7.4.0 and 7.4.1, Valkey 8.0.0
+// and 8.0.1) is refused with a *WaitAOFError while it runs appendfsync
+// everysec. Every other policy can evict idem's records (they all
 // carry a time to live, so the volatile-* policies too), and a retried
 // request whose record was evicted runs again: on a 4 MB allkeys-lru server
 // the reliability suite saw 20,000 of 20,000 keys run twice. Where INFO is
@@ -192,7 +195,8 @@
 // returns at the next fsync: up to a second per acquire and complete
 // (appendfsync always pays the fsync in the write instead), on a server
 // whose WAITAOF waits for the fsync, which Redis 7.4.1 and Valkey 8.0.1 do
-// not (WithWaitAOF; idem doctor --wait-aof checks it). Without them, a
+// not (refused at start; idem doctor --wait-aof probes other releases).
+// Without them, a
 // failover that loses the last writes can let a key run twice. Run Redis
 // with noeviction and persistence (appendonly yes) for idempotency records.
 //

@@ -47,11 +47,14 @@ type FakeNode struct {
 	Addr    string
 	Info    string
 	InfoErr error
+	Config  map[string]string // CONFIG GET's answers
 }
 
-func (n FakeNode) addr() string                                      { return n.Addr }
-func (n FakeNode) info(context.Context) (string, error)              { return n.Info, n.InfoErr }
-func (n FakeNode) configGet(context.Context, string) (string, error) { return "", n.InfoErr }
+func (n FakeNode) addr() string                         { return n.Addr }
+func (n FakeNode) info(context.Context) (string, error) { return n.Info, n.InfoErr }
+func (n FakeNode) configGet(_ context.Context, name string) (string, error) {
+	return n.Config[name], n.InfoErr
+}
 
 // CheckServer runs the start check of New on nodes with opts.
 func CheckServer(ctx context.Context, nodes []FakeNode, opts ...Option) error {

@@ -86,11 +86,12 @@ func WithWait(numReplicas int, timeout time.Duration) Option {
 // a second, holding its connection meanwhile (a go-redis client's PoolSize
 // bounds the calls that wait at once). The default is not to wait.
 //
-// The guarantee is the server's: under appendfsync everysec, Redis 7.4.1
-// and Valkey 8.0.1 count a write as fsynced one event loop tick after it,
-// fsynced or not (fixed upstream by redis/redis#13793), and a write their
-// WAITAOF acknowledged can be lost with the machine. `idem doctor
-// --wait-aof` tells whether a server's WAITAOF waits for the fsync. With
+// The guarantee is the server's: under appendfsync everysec, Redis 7.4.0
+// and 7.4.1 and Valkey 8.0.0 and 8.0.1 count a write as fsynced one event
+// loop tick after it, fsynced or not (fixed upstream by
+// redis/redis#13793), and a write their WAITAOF acknowledged can be lost
+// with the machine. New refuses those releases under appendfsync everysec
+// (*WaitAOFError); `idem doctor --wait-aof` probes the others. With
 // appendfsync always, every write is fsynced before its reply.
 func WithWaitAOF(numLocal, numReplicas int, timeout time.Duration) Option {
 	return func(c *config) {

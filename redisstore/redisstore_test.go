@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/redisinfo"
 	"github.com/idemgo/idem/internal/redistest"
 	"github.com/idemgo/idem/redisstore"
 	"github.com/idemgo/idem/storetest"
@@ -241,6 +242,20 @@ func TestWaitAOFUnsupported(t *testing.T) {
 	srv := redistest.Start(t, "--appendonly", "yes")
 	version, _ := srv.Command("INFO", "server")
 	if !strings.Contains(version, "redis_version:7.0") && !strings.Contains(version, "redis_version:7.1") {
+		// A release whose WAITAOF acknowledges early is refused under
+		// appendfsync everysec, and accepted under always.
+		if name, v := redisinfo.Server(redisinfo.Parse(version)); redisinfo.EarlyWAITAOF(name, v) {
+			ru := srv.Rueidis(t)
+			_, grErr := redisstore.New(goRedisClient(t, srv.Addr()), redisstore.WithWaitAOF(1, 0, time.Second))
+			_, ruErr := redisstore.NewRueidis(ru, redisstore.WithWaitAOF(1, 0, time.Second))
+			for _, err := range []error{grErr, ruErr} {
+				var we *redisstore.WaitAOFError
+				if !errors.As(err, &we) || we.Server != name+" "+v {
+					t.Errorf("WithWaitAOF on %s %s with appendfsync everysec: got %v, want a *WaitAOFError", name, v, err)
+				}
+			}
+			srv.Do(t, "CONFIG", "SET", "appendfsync", "always")
+		}
 		// On 7.2 and later WAITAOF works: check it acknowledges.
 		for _, c := range clients(t, srv, nil) {
 			s := c.newStore(t, redisstore.WithWaitAOF(1, 0, time.Second))

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/chaos/chaostest"
+	"github.com/idemgo/idem/internal/redisinfo"
 	"github.com/idemgo/idem/internal/redistest"
 	"github.com/idemgo/idem/redisstore"
 	"github.com/redis/go-redis/v9"
@@ -137,6 +138,14 @@ func runVariant(t *testing.T, v variant) {
 			var c chaostest.Counters
 			chaostest.Report(t, v.scenario, command, &c, map[string]string{
 				"waitaof": fmt.Sprintf("not supported by this server (%s); WAITAOF needs Redis 7.2", version),
+			})
+			return
+		}
+		if name, own := redisinfo.Server(redisinfo.Parse(srv.Do(t, "INFO", "server"))); redisinfo.EarlyWAITAOF(name, own) {
+			checkEarlyWaitAOFRefused(t, srv)
+			var c chaostest.Counters
+			chaostest.Report(t, v.scenario, command, &c, map[string]string{
+				"waitaof": fmt.Sprintf("refused: %s %s counts writes as fsynced before they are under appendfsync everysec", name, own),
 			})
 			return
 		}
@@ -561,17 +570,36 @@ func supportsWaitAOF(version string) bool {
 // of pretending the write was durable.
 func checkWaitAOFRefused(t *testing.T, srv *redistest.Server) {
 	t.Helper()
-	gr := srv.GoRedis(t)
-	ru := srv.Rueidis(t)
-	aof := redisstore.WithWaitAOF(1, 0, time.Second)
-	_, grErr := redisstore.New(gr, aof)
-	_, ruErr := redisstore.NewRueidis(ru, aof)
-	for _, err := range []error{grErr, ruErr} {
+	for _, err := range newWaitAOFStores(t, srv) {
 		var ve *redisstore.VersionError
 		if !errors.As(err, &ve) {
 			t.Fatalf("a store with WithWaitAOF on a server without WAITAOF: got %v, want a *VersionError", err)
 		}
 	}
+}
+
+// checkEarlyWaitAOFRefused checks that on a release whose WAITAOF counts
+// writes as fsynced before they are (redisinfo.EarlyWAITAOF), run with
+// appendfsync everysec, a store configured with WithWaitAOF is refused (a
+// *WaitAOFError).
+func checkEarlyWaitAOFRefused(t *testing.T, srv *redistest.Server) {
+	t.Helper()
+	for _, err := range newWaitAOFStores(t, srv) {
+		var we *redisstore.WaitAOFError
+		if !errors.As(err, &we) {
+			t.Fatalf("a store with WithWaitAOF on a server whose WAITAOF acknowledges early: got %v, want a *WaitAOFError", err)
+		}
+	}
+}
+
+// newWaitAOFStores builds a store with WithWaitAOF on each client library
+// and returns their errors.
+func newWaitAOFStores(t *testing.T, srv *redistest.Server) []error {
+	t.Helper()
+	aof := redisstore.WithWaitAOF(1, 0, time.Second)
+	_, grErr := redisstore.New(srv.GoRedis(t), aof)
+	_, ruErr := redisstore.NewRueidis(srv.Rueidis(t), aof)
+	return []error{grErr, ruErr}
 }
 
 // quietLogger drops go-redis's log lines.

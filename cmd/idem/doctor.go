@@ -324,7 +324,7 @@ func doctorNode(ctx context.Context, r *report, d *doctorFlags, n *redis.Client,
 func doctorWaitAOF(ctx context.Context, r *report, n *redis.Client, name, version, keyPrefix, prefix string) {
 	const waits = "appendfsync everysec: WAITAOF waits for the next fsync%s, up to a second per acquire and complete; appendfsync always makes it return at once"
 	const early = "appendfsync everysec: %s %s acknowledges writes as fsynced before their fsync (WAITAOF %s); fixed upstream by redis/redis#13793: WithWaitAOF would acknowledge records that a crash of the machine can lose; set appendfsync always, or upgrade the server"
-	if earlyWAITAOF(name, version) {
+	if redisinfo.EarlyWAITAOF(name, version) {
 		r.add(vFail, prefix+"waitaof", early, name, version, "counts a write as fsynced one event loop tick after it, when nothing is left to write")
 		return
 	}

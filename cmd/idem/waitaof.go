@@ -37,19 +37,6 @@ const (
 	probeFirstWait = 3 * time.Second
 )
 
-// earlyWAITAOF reports whether a server of this name and version is known
-// to acknowledge writes before their fsync: the releases whose source has
-// the code (Redis 7.4.0 and 7.4.1, Valkey 8.0.0 and 8.0.1). Under a steady
-// stream of writes their WAITAOF does wait, as the event loop rarely finds
-// nothing left to write, so the probe cannot be relied on to see it.
-func earlyWAITAOF(name, version string) bool {
-	switch name + " " + version {
-	case "redis 7.4.0", "redis 7.4.1", "valkey 8.0.0", "valkey 8.0.1":
-		return true
-	}
-	return false
-}
-
 // fsyncOncePerSecond reports whether a server of this name and version
 // starts its everysec fsyncs at least everysecGap apart (and may have the
 // early WAITAOF): Redis 7.4 and later, Valkey 8 and later.

@@ -11,7 +11,7 @@ import (
 // TestProbeWaitAOF runs the probe against the redis-server on PATH, with
 // appendfsync everysec: before Redis 7.2 it returns the server's error
 // (there is no WAITAOF); on the releases whose WAITAOF acknowledges writes
-// before their fsync (earlyWAITAOF), on an idle server, it sees it. On a
+// before their fsync (redisinfo.EarlyWAITAOF), on an idle server, it sees it. On a
 // server whose WAITAOF waits for the fsync (Redis 7.4.1 built with the
 // upstream fix, redis/redis#13793), this test fails: the probe then says
 // it waits, as it must.
@@ -29,7 +29,7 @@ func TestProbeWaitAOF(t *testing.T) {
 		}
 	case err != nil:
 		t.Fatalf("%s %s: %v", name, version, err)
-	case earlyWAITAOF(name, version):
+	case redisinfo.EarlyWAITAOF(name, version):
 		if p.waits || p.unknown != "" {
 			t.Fatalf("%s %s: got %+v, want an early acknowledgement", name, version, p)
 		}

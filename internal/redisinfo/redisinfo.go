@@ -95,3 +95,20 @@ func Server(fields map[string]string) (name, version string) {
 func Compatible(fields map[string]string) (Version, bool) {
 	return ParseVersion(fields["redis_version"])
 }
+
+// EarlyWAITAOF reports whether a server of this name and version (as
+// Server returns them) is a release whose WAITAOF counts writes as fsynced
+// before they are, under appendfsync everysec: an event loop iteration
+// with nothing left to write marks everything written as fsynced
+// (flushAppendOnlyFile). The code came with Redis 7.4.0 and Valkey 8.0.0,
+// no 7.2 release has it, and redis/redis#13793 fixed it upstream; these
+// are the releases whose source was read and whose WAITAOF was traced
+// (Redis 7.4.1, Valkey 8.0.1: replies of 1 local fsync between two
+// fdatasync calls a second apart).
+func EarlyWAITAOF(name, version string) bool {
+	switch name + " " + version {
+	case "redis 7.4.0", "redis 7.4.1", "valkey 8.0.0", "valkey 8.0.1":
+		return true
+	}
+	return false
+}
