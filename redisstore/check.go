@@ -38,32 +38,34 @@ type node interface {
 // checkServer is the start check of New and NewRueidis: on every node the
 // client knows (a Cluster's primaries and replicas), the version must be
 // 7.0 or later (7.2 with WithWaitAOF) and maxmemory-policy noeviction
-// (unless WithAllowEviction); with WithWaitAOF, a release whose WAITAOF
-// acknowledges early must not run appendfsync everysec (CONFIG GET). Both are read from INFO; where INFO is
-// refused, the policy from CONFIG GET; what cannot be read is logged once,
-// as a warning, and not held against the server. A server that cannot be
-// reached is an error.
+// (unless WithAllowEviction). Both are read from INFO; where INFO is
+// refused, the policy from CONFIG GET. With WithWaitAOF, a release whose
+// WAITAOF acknowledges early must not run appendfsync everysec (CONFIG
+// GET). What cannot be read is logged once, as a warning, and not held
+// against the server. A server that cannot be reached is an error.
 func checkServer(ctx context.Context, nodes []node, c *config) error {
 	var unchecked []string
 	for _, n := range nodes {
-		version, server, policy, err := inspect(ctx, n)
+		f, err := inspect(ctx, n)
 		if err != nil {
 			return fmt.Errorf("redisstore: cannot check %s at start: %w", n.addr(), err)
 		}
+		version, policy := f["redis_version"], f["maxmemory_policy"]
 		if version == "" {
 			unchecked = append(unchecked, n.addr()+" version")
 		} else if err := checkVersion(n.addr(), version, c); err != nil {
 			return err
 		}
-		if c.wait != nil && c.wait.aof && redisinfo.EarlyWAITAOF(server[0], server[1]) {
+		if name, own := redisinfo.Server(f); c.wait != nil && c.wait.aof && redisinfo.EarlyWAITAOF(name, own) {
+			server := name + " " + own
 			fsync, err := n.configGet(ctx, "appendfsync")
 			switch {
 			case err != nil && !isReplyError(err):
 				return fmt.Errorf("redisstore: cannot check %s at start: %w", n.addr(), err)
 			case err != nil || fsync == "":
-				unchecked = append(unchecked, n.addr()+" appendfsync ("+server[0]+" "+server[1]+" must not run everysec with WithWaitAOF)")
+				unchecked = append(unchecked, n.addr()+" appendfsync ("+server+" must not run everysec with WithWaitAOF)")
 			case fsync == "everysec":
-				return &WaitAOFError{Addr: n.addr(), Server: server[0] + " " + server[1]}
+				return &WaitAOFError{Addr: n.addr(), Server: server}
 			}
 		}
 		switch policy {
@@ -100,24 +102,22 @@ func checkVersion(addr, version string, c *config) error {
 	return nil
 }
 
-// inspect returns a node's redis_version, its own name and version
-// (redisinfo.Server) and its maxmemory-policy, "" for what the server
-// refuses to tell. Only a failure to talk to it is an error.
-func inspect(ctx context.Context, n node) (version string, server [2]string, policy string, err error) {
+// inspect returns a node's INFO fields; where the server refuses INFO,
+// only maxmemory_policy, from CONFIG GET ("" if refused too). Only a
+// failure to talk to the server is an error.
+func inspect(ctx context.Context, n node) (map[string]string, error) {
 	info, err := n.info(ctx)
 	if err == nil {
-		f := redisinfo.Parse(info)
-		server[0], server[1] = redisinfo.Server(f)
-		return f["redis_version"], server, f["maxmemory_policy"], nil
+		return redisinfo.Parse(info), nil
 	}
 	if !isReplyError(err) {
-		return "", server, "", err
+		return nil, err
 	}
-	policy, err = n.configGet(ctx, "maxmemory-policy")
+	policy, err := n.configGet(ctx, "maxmemory-policy")
 	if err != nil && !isReplyError(err) {
-		return "", server, "", err
+		return nil, err
 	}
-	return "", server, policy, nil
+	return map[string]string{"maxmemory_policy": policy}, nil
 }
 
 // isReplyError reports whether err is an error reply of the server (such as

@@ -224,25 +224,23 @@ func slowUploads(t *testing.T, px *proxy, conns int, window time.Duration, fast 
 			}
 		}()
 	}
-	end, over := time.After(window), false
+	end := time.After(window)
 	sample := time.NewTicker(100 * time.Millisecond)
 	defer sample.Stop()
 sampling:
 	for {
 		run.peakRSS = max(run.peakRSS, px.memory(t).rss)
-		if over && run.peakRSS >= enough {
-			break
-		}
 		select {
 		case <-end:
-			if over {
-				break sampling
-			}
-			// Past the window, a control waits up to 30 s more for the
-			// proxy to take in what the uploads sent it.
-			over, end = true, time.After(30*time.Second)
+			break sampling
 		case <-sample.C:
 		}
+	}
+	// Past the window, a control waits up to 30 s more for the proxy to
+	// take in what the uploads sent it.
+	for late := time.Now().Add(30 * time.Second); run.peakRSS < enough && time.Now().Before(late); {
+		<-sample.C
+		run.peakRSS = max(run.peakRSS, px.memory(t).rss)
 	}
 	run.peakRSS = max(run.peakRSS, px.memory(t).hwm)
 	close(stop)

@@ -132,8 +132,9 @@ func runVariant(t *testing.T, v variant) {
 	srv := redistest.Start(t, v.args...)
 	var opts []redisstore.Option
 	if v.waitAOF {
-		version := serverVersion(t, srv)
-		if !supportsWaitAOF(version) {
+		fields := serverInfo(t, srv)
+		version := fields["redis_version"]
+		if ver, ok := redisinfo.ParseVersion(version); !ok || !ver.AtLeast(7, 2) {
 			checkWaitAOFRefused(t, srv)
 			var c chaostest.Counters
 			chaostest.Report(t, v.scenario, command, &c, map[string]string{
@@ -141,7 +142,7 @@ func runVariant(t *testing.T, v variant) {
 			})
 			return
 		}
-		if name, own := redisinfo.Server(redisinfo.Parse(srv.Do(t, "INFO", "server"))); redisinfo.EarlyWAITAOF(name, own) {
+		if name, own := redisinfo.Server(fields); redisinfo.EarlyWAITAOF(name, own) {
 			checkEarlyWaitAOFRefused(t, srv)
 			var c chaostest.Counters
 			chaostest.Report(t, v.scenario, command, &c, map[string]string{
@@ -208,7 +209,7 @@ func runVariant(t *testing.T, v variant) {
 	figures := map[string]string{
 		"kills":                  strconv.Itoa(kills),
 		"outage":                 fmt.Sprintf("p50 %v", chaostest.Percentile(outages, 50).Round(time.Millisecond)),
-		"redis":                  serverVersion(t, srv),
+		"redis":                  serverInfo(t, srv)["redis_version"],
 		"persistence":            strings.Join(v.args, " "),
 		"lease":                  v.lease().String(),
 		"acked_before_last_kill": strconv.FormatInt(ackedBeforeLastKill, 10),
@@ -537,32 +538,16 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// serverVersion returns redis_version from INFO server.
-func serverVersion(t *testing.T, srv *redistest.Server) string {
+// serverInfo returns the fields of INFO server, which must have a
+// redis_version.
+func serverInfo(t *testing.T, srv *redistest.Server) map[string]string {
 	t.Helper()
 	info := srv.Do(t, "INFO", "server")
-	for line := range strings.Lines(info) {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
-			return v
-		}
+	fields := redisinfo.Parse(info)
+	if fields["redis_version"] == "" {
+		t.Fatalf("INFO server has no redis_version:\n%s", info)
 	}
-	t.Fatalf("INFO server has no redis_version:\n%s", info)
-	return ""
-}
-
-// supportsWaitAOF reports whether a server of this version has WAITAOF
-// (Redis 7.2 and later).
-func supportsWaitAOF(version string) bool {
-	parts := strings.SplitN(version, ".", 3)
-	if len(parts) < 2 {
-		return false
-	}
-	major, err1 := strconv.Atoi(parts[0])
-	minor, err2 := strconv.Atoi(parts[1])
-	if err1 != nil || err2 != nil {
-		return false
-	}
-	return major > 7 || major == 7 && minor >= 2
+	return fields
 }
 
 // checkWaitAOFRefused checks that on a server without WAITAOF a store
