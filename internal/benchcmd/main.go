@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/proccpu"
+	"github.com/idemgo/idem/internal/storescripts"
 	"github.com/idemgo/idem/memstore"
 	"github.com/idemgo/idem/redisstore"
 	"github.com/redis/go-redis/v9"
@@ -303,52 +304,11 @@ func (b *bench) measureStore(ctx context.Context, run int, name, kind string, c 
 	return nil
 }
 
-// captureScripts runs one acquire and one complete through a go-redis store
-// on an empty script cache and records the scripts it sends, so that the
-// ceiling runs exactly the store's scripts.
-func (b *bench) captureScripts(ctx context.Context) error {
-	hook := &scriptCapture{}
-	c := redis.NewClient(&redis.Options{Addr: b.srv.addr(), PoolSize: 1})
-	defer c.Close()
-	c.AddHook(hook)
-	s, err := redisstore.New(c)
-	if err != nil {
-		return err
-	}
-	if err := b.admin.c.ScriptFlush(ctx).Err(); err != nil {
-		return err
-	}
-	key := idem.Key{Scope: "bench", ID: "probe"}.Digest()
-	load := func(what string) (string, error) {
-		sha, src, ok := hook.take()
-		if !ok || sha == "" {
-			return "", fmt.Errorf("no EVALSHA seen for %s", what)
-		}
-		if src != "" {
-			loaded, err := b.admin.c.ScriptLoad(ctx, src).Result()
-			if err != nil {
-				return "", err
-			}
-			if loaded != sha {
-				return "", fmt.Errorf("SCRIPT LOAD of %s returned %s, the store sends %s", what, loaded, sha)
-			}
-		}
-		return sha, nil
-	}
-	a, err := s.Acquire(ctx, key, idem.AcquireRequest{Fingerprint: "fp", Owner: "probe", Lease: lease, Retention: retention})
-	if err != nil {
-		return err
-	}
-	if b.acquireSHA, err = load("acquire"); err != nil {
-		return err
-	}
-	if err := s.Complete(ctx, key, a.Lease, append([]byte{0}, value...), retention); err != nil {
-		return err
-	}
-	if b.completeSHA, err = load("complete"); err != nil {
-		return err
-	}
-	return nil
+// captureScripts records the scripts a go-redis store sends for an acquire
+// and a complete, so that the ceiling runs exactly the store's scripts.
+func (b *bench) captureScripts(ctx context.Context) (err error) {
+	b.acquireSHA, b.completeSHA, err = storescripts.Capture(ctx, b.srv.addr())
+	return err
 }
 
 // acquireArgs returns the redis-benchmark command of an acquire on key,

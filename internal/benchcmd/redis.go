@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"sync"
 
 	"github.com/idemgo/idem/internal/redisinfo"
 	"github.com/redis/go-redis/v9"
@@ -101,48 +100,4 @@ func (a admin) version(ctx context.Context) string {
 		}
 	}
 	return "?"
-}
-
-// scriptCapture is a go-redis hook that records the EVALSHA digests and
-// EVAL sources the store sends, so that redis-benchmark runs exactly the
-// store's scripts without this command reading their files.
-type scriptCapture struct {
-	mu   sync.Mutex
-	sha  string // of the last EVALSHA
-	src  string // of the last EVAL
-	seen bool
-}
-
-func (h *scriptCapture) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h *scriptCapture) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-
-func (h *scriptCapture) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		args := cmd.Args()
-		if len(args) > 1 {
-			h.mu.Lock()
-			switch strings.ToLower(cmd.Name()) {
-			case "evalsha":
-				h.sha, _ = args[1].(string)
-				h.seen = true
-			case "eval":
-				h.src, _ = args[1].(string)
-				h.seen = true
-			}
-			h.mu.Unlock()
-		}
-		return next(ctx, cmd)
-	}
-}
-
-// take returns what was captured since the last take and forgets it.
-func (h *scriptCapture) take() (sha, src string, ok bool) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	sha, src, ok = h.sha, h.src, h.seen
-	h.sha, h.src, h.seen = "", "", false
-	return sha, src, ok
 }
