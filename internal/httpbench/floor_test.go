@@ -18,6 +18,7 @@ import (
 	"testing"
 
 	"github.com/idemgo/idem/internal/redistest"
+	"github.com/idemgo/idem/internal/storescripts"
 )
 
 // TestFloor: with each client, the floor runs the handler once per key,
@@ -184,5 +185,54 @@ func TestFloorFileError(t *testing.T) {
 		if err := <-errs; err != failed {
 			t.Fatalf("a queued write returned %v, want the failure", err)
 		}
+	}
+}
+
+// TestScriptFloor: the script floor runs the store's own scripts: the
+// handler runs once per key, a request of a key in progress gets 409, and
+// the key's next request gets the stored body, which only complete.lua
+// can have stored (acquire.lua replays a COMPLETED record).
+func TestScriptFloor(t *testing.T) {
+	srv := redistest.Start(t)
+	ru := srv.Rueidis(t)
+	acq, cpl, err := storescripts.Capture(t.Context(), srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newScriptFloor(ru, acq, cpl)
+	var runs atomic.Int32
+	inHandler, release := make(chan struct{}), make(chan struct{})
+	h := f.middleware("sfloor:", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if runs.Add(1) == 1 {
+			close(inHandler)
+			<-release
+		}
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `{"n":1}`)
+	}))
+	do := func() *httptest.ResponseRecorder {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest("POST", "/", strings.NewReader("{}"))
+		req.Header.Set("Idempotency-Key", "k")
+		h.ServeHTTP(rec, req)
+		return rec
+	}
+	first := make(chan *httptest.ResponseRecorder)
+	go func() { first <- do() }()
+	<-inHandler
+	if rec := do(); rec.Code != http.StatusConflict {
+		t.Errorf("request while the first runs: status %d %q, want 409", rec.Code, rec.Body.String())
+	}
+	close(release)
+	if rec := <-first; rec.Code != http.StatusCreated || rec.Body.String() != `{"n":1}` {
+		t.Fatalf("first request: %d %q, want 201 and the body", rec.Code, rec.Body.String())
+	}
+	for i := range 2 {
+		if rec := do(); rec.Code != http.StatusOK || rec.Body.String() != `{"n":1}` {
+			t.Fatalf("replay %d: %d %q, want the stored body", i, rec.Code, rec.Body.String())
+		}
+	}
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("the handler ran %d times for one key, want 1", n)
 	}
 }

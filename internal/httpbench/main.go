@@ -67,6 +67,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemhttp"
 	"github.com/idemgo/idem/internal/proccpu"
+	"github.com/idemgo/idem/internal/storescripts"
 	"github.com/idemgo/idem/redisstore"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
@@ -290,6 +291,7 @@ func main() {
 		fiber = "Fiber v2 idempotency + redis"
 		flRu  = "floor: 2 round trips (rueidis)"
 		flGR  = "floor: 2 round trips (go-redis)"
+		flSc  = "script floor: idem's 2 scripts (rueidis)"
 		plain = "plain reverse proxy"
 		pxRed = "idem proxy, redis"
 		pxEmb = "idem proxy, embedded"
@@ -316,6 +318,13 @@ func main() {
 	}
 	if want(flGR) {
 		servers = append(servers, server{flGR, serve(labelled(flGR, floorMiddleware(floorGoRedis{gr}, "bench-floor-gr:", handler))), bare, 0})
+	}
+	if want(flSc) {
+		acq, cpl, err := storescripts.Capture(context.Background(), addr)
+		if err != nil {
+			log.Fatal(err)
+		}
+		servers = append(servers, server{flSc, serve(labelled(flSc, newScriptFloor(ru, acq, cpl).middleware("bench-floor-sc:", handler))), bare, 0})
 	}
 	spawned := func(name, base, bin string, args ...string) server {
 		url, pid := spawn(bin, args...)
@@ -438,6 +447,9 @@ func main() {
 		{"  bound: floor (go-redis) / Fiber", flGR, fiber, "new64", 0, false, true},
 		{"  idem / floor, rueidis", ruRow, flRu, "new64", 0, false, true},
 		{"  idem / floor, go-redis", grRow, flGR, "new64", 0, false, true},
+		{"  bound: script floor / Fiber", flSc, fiber, "new64", 0, false, true},
+		{"  idem / script floor, rueidis", ruRow, flSc, "new64", 0, false, true},
+		{"  idem / script floor, go-redis", grRow, flSc, "new64", 0, false, true},
 		{"replays: rueidis / Fiber", ruRow, fiber, "replay64", 2, false, false},
 		{"replays: go-redis / Fiber", grRow, fiber, "replay64", 2, false, false},
 		{"replays: rueidis / bare", ruRow, bare, "replay64", 0.8, false, false},
