@@ -17,7 +17,11 @@
 //     before success needs, which bounds what any such middleware can reach
 //     here; and the plain proxy behind the floor, on Redis (rueidis) and on
 //     a log file synced twice per request, which bound the idem proxy on
-//     each of its stores.
+//     each of its stores;
+//   - the script floor (floor.go): the bare handler behind the store's own
+//     two scripts on rueidis and nothing else, which bounds idemhttp with
+//     either client: the Redis work of idem's state machine at the least
+//     client cost.
 //
 // Every cell (new keys and replays, at 1 and 64 connections) is measured
 // once per round; the rounds are interleaved (round 1 of every server, then
