@@ -61,11 +61,12 @@ func onDisk(t testing.TB, s *Store) (records, index int) {
 }
 
 // inOverlay counts the records (and deletions) the log holds and the file
-// does not yet.
+// does not yet: those of the overlay, and those of the frozen overlay that
+// a checkpoint is committing.
 func inOverlay(s *Store) int {
 	s.ovMu.RLock()
 	defer s.ovMu.RUnlock()
-	return len(s.overlay)
+	return len(s.overlay) + len(s.frozen)
 }
 
 // dataSize is the size of the data in a store's file: where its pages end
