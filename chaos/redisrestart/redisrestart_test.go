@@ -133,12 +133,11 @@ func runVariant(t *testing.T, v variant) {
 	var opts []redisstore.Option
 	if v.waitAOF {
 		fields := serverInfo(t, srv)
-		version := fields["redis_version"]
-		if ver, ok := redisinfo.ParseVersion(version); !ok || !ver.AtLeast(7, 2) {
+		if ver, ok := redisinfo.Compatible(fields); !ok || !ver.AtLeast(7, 2) {
 			checkWaitAOFRefused(t, srv)
 			var c chaostest.Counters
 			chaostest.Report(t, v.scenario, command, &c, map[string]string{
-				"waitaof": fmt.Sprintf("not supported by this server (%s); WAITAOF needs Redis 7.2", version),
+				"waitaof": fmt.Sprintf("not supported by this server (%s); WAITAOF needs Redis 7.2", fields["redis_version"]),
 			})
 			return
 		}

@@ -125,7 +125,8 @@ func run(ctx context.Context, o options) error {
 	defer b.close()
 
 	load0 := loadAverage()
-	if err := b.captureScripts(ctx); err != nil {
+	// The ceiling runs exactly the scripts a store sends.
+	if b.acquireSHA, b.completeSHA, err = storescripts.Capture(ctx, b.srv.addr()); err != nil {
 		return err
 	}
 	if err := b.calibrate(ctx); err != nil {
@@ -302,13 +303,6 @@ func (b *bench) measureStore(ctx context.Context, run int, name, kind string, c 
 		b.add(row+"/busy", win.cpu.redis/win.wall.Seconds())
 	}
 	return nil
-}
-
-// captureScripts records the scripts a go-redis store sends for an acquire
-// and a complete, so that the ceiling runs exactly the store's scripts.
-func (b *bench) captureScripts(ctx context.Context) (err error) {
-	b.acquireSHA, b.completeSHA, err = storescripts.Capture(ctx, b.srv.addr())
-	return err
 }
 
 // acquireArgs returns the redis-benchmark command of an acquire on key,

@@ -122,15 +122,15 @@ type scriptFloor struct {
 	acquireSHA, completeSHA string
 	// ARGV of acquire after the fingerprint and the owner, and the
 	// retention of complete, as strings (see acquire.lua).
-	lease, retention, maxAttempts, ttl string
-	owners                             atomic.Uint64
+	lease, retention, ttl string
+	owners                atomic.Uint64 // numbers the owner tokens
 }
 
 func newScriptFloor(c rueidis.Client, acquireSHA, completeSHA string) *scriptFloor {
 	ms := func(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
 	return &scriptFloor{
 		c: c, acquireSHA: acquireSHA, completeSHA: completeSHA,
-		lease: ms(idem.DefaultLease), retention: ms(floorKeep), maxAttempts: "0",
+		lease: ms(idem.DefaultLease), retention: ms(floorKeep),
 		ttl: ms(2*idem.DefaultLease + idem.InProgressGrace),
 	}
 }
@@ -143,7 +143,7 @@ func (f *scriptFloor) middleware(prefix string, next http.Handler) http.Handler 
 		key := prefix + r.Header.Get("Idempotency-Key")
 		owner := strconv.FormatUint(f.owners.Add(1), 10)
 		reply, err := f.c.Do(ctx, f.c.B().Evalsha().Sha1(f.acquireSHA).Numkeys(1).Key(key).
-			Arg("fp", owner, f.lease, f.retention, f.maxAttempts, f.ttl).Build()).ToArray()
+			Arg("fp", owner, f.lease, f.retention, "0" /* no attempt limit */, f.ttl).Build()).ToArray()
 		var kind, fence int64
 		if err == nil && len(reply) > 0 {
 			kind, err = reply[0].AsInt64()

@@ -35,8 +35,8 @@ func Capture(ctx context.Context, addr string) (acquire, complete string, err er
 		return "", "", err
 	}
 	load := func(what string) (string, error) {
-		sha, src, ok := hook.take()
-		if !ok || sha == "" {
+		sha, src := hook.take()
+		if sha == "" {
 			return "", fmt.Errorf("storescripts: no EVALSHA seen for %s", what)
 		}
 		if src != "" {
@@ -70,10 +70,9 @@ func Capture(ctx context.Context, addr string) (acquire, complete string, err er
 // capture is a go-redis hook that records the EVALSHA digest and the EVAL
 // source of the last script call.
 type capture struct {
-	mu   sync.Mutex
-	sha  string // of the last EVALSHA
-	src  string // of the last EVAL
-	seen bool
+	mu  sync.Mutex
+	sha string // of the last EVALSHA
+	src string // of the last EVAL
 }
 
 func (h *capture) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -104,18 +103,16 @@ func (h *capture) record(cmd redis.Cmder) {
 	switch strings.ToLower(cmd.Name()) {
 	case "evalsha":
 		h.sha, _ = args[1].(string)
-		h.seen = true
 	case "eval":
 		h.src, _ = args[1].(string)
-		h.seen = true
 	}
 }
 
 // take returns what was captured since the last take and forgets it.
-func (h *capture) take() (sha, src string, ok bool) {
+func (h *capture) take() (sha, src string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	sha, src, ok = h.sha, h.src, h.seen
-	h.sha, h.src, h.seen = "", "", false
-	return sha, src, ok
+	sha, src = h.sha, h.src
+	h.sha, h.src = "", ""
+	return sha, src
 }
