@@ -110,7 +110,8 @@ func floorMiddleware(s floorStore, prefix string, next http.Handler) http.Handle
 // and complete.lua, found by internal/storescripts), on rueidis, the client
 // that pipelines best, and nothing else: no Executor, no lease heartbeat,
 // no fingerprint (a constant), an owner token from a counter, and the
-// handler's body stored as the result, unencoded. Each script reads the
+// handler's body stored as the result, unencoded. complete publishes on
+// the key's channel, as the store does by default (WithNotify). Each script reads the
 // record, checks it and writes it in one atomic step at the server's
 // time, which is what the state machine needs on Redis 7.0 (DESIGN.md §1);
 // the floor rows' plain SETs check nothing. So a target above
@@ -173,7 +174,7 @@ func (f *scriptFloor) middleware(prefix string, next http.Handler) http.Handler 
 		rec := &heldResponse{header: w.Header(), status: http.StatusOK}
 		next.ServeHTTP(rec, r)
 		done, err := f.c.Do(ctx, f.c.B().Evalsha().Sha1(f.completeSHA).Numkeys(1).Key(key).
-			Arg(owner, strconv.FormatInt(fence, 10), rueidis.BinaryString(rec.body.Bytes()), f.retention, "", "").Build()).AsInt64()
+			Arg(owner, strconv.FormatInt(fence, 10), rueidis.BinaryString(rec.body.Bytes()), f.retention, "PUBLISH", key+":w").Build()).AsInt64()
 		if err == nil && done != 1 {
 			err = errors.New("lease lost")
 		}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -16,6 +17,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/idemgo/idem/internal/redistest"
 	"github.com/idemgo/idem/internal/storescripts"
@@ -189,9 +191,10 @@ func TestFloorFileError(t *testing.T) {
 }
 
 // TestScriptFloor: the script floor runs the store's own scripts: the
-// handler runs once per key, a request of a key in progress gets 409, and
-// the key's next request gets the stored body, which only complete.lua
-// can have stored (acquire.lua replays a COMPLETED record).
+// handler runs once per key, a request of a key in progress gets 409, the
+// key's next request gets the stored body, which only complete.lua can
+// have stored (acquire.lua replays a COMPLETED record), and complete
+// publishes on the key's channel, as the store does by default.
 func TestScriptFloor(t *testing.T) {
 	srv := redistest.Start(t)
 	ru := srv.Rueidis(t)
@@ -223,9 +226,19 @@ func TestScriptFloor(t *testing.T) {
 	if rec := do(); rec.Code != http.StatusConflict {
 		t.Errorf("request while the first runs: status %d %q, want 409", rec.Code, rec.Body.String())
 	}
+	sub := srv.GoRedis(t).Subscribe(t.Context(), "sfloor:k:w")
+	defer sub.Close()
+	if _, err := sub.Receive(t.Context()); err != nil { // the confirmation
+		t.Fatal(err)
+	}
 	close(release)
 	if rec := <-first; rec.Code != http.StatusCreated || rec.Body.String() != `{"n":1}` {
 		t.Fatalf("first request: %d %q, want 201 and the body", rec.Code, rec.Body.String())
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	if msg, err := sub.ReceiveMessage(ctx); err != nil || msg.Payload != "c" {
+		t.Fatalf("the key's channel after complete: %v, %v; want the message c", msg, err)
 	}
 	for i := range 2 {
 		if rec := do(); rec.Code != http.StatusOK || rec.Body.String() != `{"n":1}` {
