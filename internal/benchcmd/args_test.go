@@ -2,6 +2,7 @@ package main
 
 import (
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -45,5 +46,19 @@ func TestPreloadedRecordCompletes(t *testing.T) {
 	got, err := srv.Command("EVAL", string(src), "1", "idem:{k}", "owner", "1", "result", "60000", "", "")
 	if err != nil || got != "1" {
 		t.Fatalf("complete.lua on a preloaded record: got %q, %v, want 1", got, err)
+	}
+}
+
+// TestParseCallers checks -callers: a list holding the targets'
+// concurrency is taken in its order, and a bad list is refused.
+func TestParseCallers(t *testing.T) {
+	got, err := parseCallers("64, 256,1")
+	if err != nil || !slices.Equal(got, []int{64, 256, 1}) {
+		t.Fatalf("parseCallers(\"64, 256,1\") = %v, %v", got, err)
+	}
+	for _, bad := range []string{"", "1", "1,256", "0,64", "-1,64", "64,x", "64,64", "1,,64"} {
+		if got, err := parseCallers(bad); err == nil {
+			t.Errorf("parseCallers(%q) = %v, want an error", bad, got)
+		}
 	}
 }

@@ -2,8 +2,8 @@
 //
 //   - lifecycles (acquire, run, complete on a new key) and replays (Do on a
 //     completed key) per second through Executor.Do, on memstore and on
-//     Redis through go-redis and rueidis, at concurrency 1 and 64, with a
-//     50-byte result;
+//     Redis through go-redis and rueidis, at concurrency 1 and 64 (or
+//     -callers), with a 50-byte result;
 //   - the ceiling redis-benchmark reaches with the same scripts pipelined
 //     (-c 64 -P 16), and each client's ratio to it;
 //   - the Redis time per script call (usec_per_call in INFO commandstats),
@@ -21,7 +21,11 @@
 // redis-server and redis-benchmark on PATH. Progress goes to stderr, the
 // report to stdout.
 //
-//	go run ./internal/benchcmd [-duration 2s] [-runs 3] [-json]
+//	go run ./internal/benchcmd [-duration 2s] [-runs 3] [-callers 1,64] [-json]
+//
+// -callers sets the concurrencies of the Do rows (the targets are at 64):
+// -callers 64,256 shows how the ratio to the ceiling grows with more calls
+// in flight, with Redis busier.
 //
 // Every figure is the median of -runs runs; the runs are interleaved (run 1
 // of everything, then run 2, …) so that a burst of load from other processes

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -41,8 +42,32 @@ const (
 // memoryRecords is how many records the memory measurement completes.
 const memoryRecords = 100_000
 
-// concurrencies are the numbers of goroutines calling Do at once.
-var concurrencies = []int{1, 64}
+// concurrencies are the numbers of goroutines calling Do at once (the
+// -callers flag). The targets are at targetCallers.
+var concurrencies = []int{1, targetCallers}
+
+// targetCallers is the concurrency of the targets' ratios to the ceiling.
+const targetCallers = 64
+
+// parseCallers parses -callers: concurrencies separated by commas, each at
+// least 1, targetCallers among them, none repeated.
+func parseCallers(s string) ([]int, error) {
+	var out []int
+	for f := range strings.SplitSeq(s, ",") {
+		c, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || c < 1 {
+			return nil, fmt.Errorf("-callers: %q is not a number of callers (1 or more)", f)
+		}
+		if slices.Contains(out, c) {
+			return nil, fmt.Errorf("-callers: %d is listed twice", c)
+		}
+		out = append(out, c)
+	}
+	if !slices.Contains(out, targetCallers) {
+		return nil, fmt.Errorf("-callers: the list must hold %d, the concurrency of the targets", targetCallers)
+	}
+	return out, nil
+}
 
 type options struct {
 	duration time.Duration
@@ -56,9 +81,15 @@ func main() {
 	flag.DurationVar(&o.duration, "duration", 2*time.Second, "length of each throughput measurement")
 	flag.IntVar(&o.runs, "runs", 3, "number of runs; every figure is their median")
 	flag.BoolVar(&o.json, "json", false, "print the results as JSON instead of a table")
+	callers := flag.String("callers", "1,64", "concurrencies of the Do rows, comma-separated; 64 (the targets') must be among them")
 	flag.Parse()
 	if o.duration <= 0 || o.runs < 1 {
 		fmt.Fprintln(os.Stderr, "benchcmd: -duration must be positive and -runs at least 1")
+		os.Exit(2)
+	}
+	var err error
+	if concurrencies, err = parseCallers(*callers); err != nil {
+		fmt.Fprintln(os.Stderr, "benchcmd:", err)
 		os.Exit(2)
 	}
 	o.warmup = min(o.duration/8, 250*time.Millisecond)
@@ -68,7 +99,7 @@ func main() {
 		<-ctx.Done()
 		stop() // a second interrupt kills at once
 	}()
-	err := run(ctx, o)
+	err = run(ctx, o)
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "benchcmd:", err)

@@ -81,13 +81,13 @@ func (b *bench) report(mem []memoryResult) *report {
 					if kind == "lifecycle" {
 						r.Note = "µs/call: mean of acquire and complete"
 					}
-					if c == 64 {
+					if c > 1 {
 						ceil := ceilLife
 						if kind == "replay" {
 							ceil = ceilReplay
 						}
 						r.Ratio = r.Value / ceil
-						if kind == "lifecycle" {
+						if kind == "lifecycle" && c == targetCallers {
 							ratios[name] = r.Ratio
 						}
 					}
