@@ -111,13 +111,13 @@ func floorMiddleware(s floorStore, prefix string, next http.Handler) http.Handle
 // that pipelines best, and nothing else: no Executor, no lease heartbeat,
 // no fingerprint (a constant), an owner token from a counter, and the
 // handler's body stored as the result, unencoded. complete publishes on
-// the key's channel, as the store does by default (WithNotify). Each script reads the
-// record, checks it and writes it in one atomic step at the server's
-// time, which is what the state machine needs on Redis 7.0 (DESIGN.md §1);
-// the floor rows' plain SETs check nothing. So a target above
-// script floor / peer on the same cells is out of reach for idemhttp on
-// either client: what separates the two is idem's Go code and the
-// client's, which this floor leaves out.
+// the key's channel, as the store does by default (WithNotify). Each
+// script reads the record, checks it and writes it in one atomic step at
+// the server's time, which is what the state machine needs on Redis 7.0
+// (DESIGN.md §1); the floor rows' plain SETs check nothing. So a target
+// above script floor / peer on the same cells is out of reach for
+// idemhttp on either client: what separates the two is idem's Go code and
+// the client's, which this floor leaves out.
 type scriptFloor struct {
 	c                       rueidis.Client
 	acquireSHA, completeSHA string
