@@ -42,10 +42,6 @@ const (
 // memoryRecords is how many records the memory measurement completes.
 const memoryRecords = 100_000
 
-// concurrencies are the numbers of goroutines calling Do at once (the
-// -callers flag). The targets are at targetCallers.
-var concurrencies = []int{1, targetCallers}
-
 // targetCallers is the concurrency of the targets' ratios to the ceiling.
 const targetCallers = 64
 
@@ -74,6 +70,7 @@ type options struct {
 	warmup   time.Duration
 	runs     int
 	json     bool
+	callers  []int // the numbers of goroutines calling Do at once (-callers)
 }
 
 func main() {
@@ -81,14 +78,15 @@ func main() {
 	flag.DurationVar(&o.duration, "duration", 2*time.Second, "length of each throughput measurement")
 	flag.IntVar(&o.runs, "runs", 3, "number of runs; every figure is their median")
 	flag.BoolVar(&o.json, "json", false, "print the results as JSON instead of a table")
-	callers := flag.String("callers", "1,64", "concurrencies of the Do rows, comma-separated; 64 (the targets') must be among them")
+	callers := flag.String("callers", "1,"+strconv.Itoa(targetCallers),
+		fmt.Sprintf("concurrencies of the Do rows, comma-separated; %d (the targets') must be among them", targetCallers))
 	flag.Parse()
 	if o.duration <= 0 || o.runs < 1 {
 		fmt.Fprintln(os.Stderr, "benchcmd: -duration must be positive and -runs at least 1")
 		os.Exit(2)
 	}
 	var err error
-	if concurrencies, err = parseCallers(*callers); err != nil {
+	if o.callers, err = parseCallers(*callers); err != nil {
 		fmt.Fprintln(os.Stderr, "benchcmd:", err)
 		os.Exit(2)
 	}
@@ -166,7 +164,7 @@ func run(ctx context.Context, o options) error {
 	for r := range o.runs {
 		for _, name := range []string{"memstore", "go-redis", "rueidis"} {
 			for _, kind := range []string{"lifecycle", "replay"} {
-				for _, c := range concurrencies {
+				for _, c := range o.callers {
 					progress("run %d/%d: %s %s c=%d", r+1, o.runs, name, kind, c)
 					if err := b.measureStore(ctx, r, name, kind, c); err != nil {
 						return fmt.Errorf("%s %s c=%d: %w", name, kind, c, err)

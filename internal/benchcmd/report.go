@@ -67,7 +67,7 @@ func (b *bench) report(mem []memoryResult) *report {
 			label = "redis " + name
 		}
 		for _, kind := range []string{"lifecycle", "replay"} {
-			for _, c := range concurrencies {
+			for _, c := range b.o.callers {
 				key := fmt.Sprintf("%s/%s/%d", name, kind, c)
 				r := row{
 					Name: label + " " + kind, Concurrency: strconv.Itoa(c),
