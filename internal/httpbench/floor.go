@@ -94,14 +94,7 @@ func floorMiddleware(s floorStore, prefix string, next http.Handler) http.Handle
 			w.Write([]byte(old))
 			return
 		}
-		rec := &heldResponse{header: w.Header(), status: http.StatusOK}
-		next.ServeHTTP(rec, r)
-		if err := s.store(r.Context(), key, rec.body.Bytes()); err != nil {
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		w.WriteHeader(rec.status)
-		w.Write(rec.body.Bytes())
+		serveHeld(w, r, next, func(body []byte) error { return s.store(r.Context(), key, body) })
 	})
 }
 
@@ -171,20 +164,28 @@ func (f *scriptFloor) middleware(prefix string, next http.Handler) http.Handler 
 			http.Error(w, "in progress", http.StatusConflict)
 			return
 		}
-		rec := &heldResponse{header: w.Header(), status: http.StatusOK}
-		next.ServeHTTP(rec, r)
-		done, err := f.c.Do(ctx, f.c.B().Evalsha().Sha1(f.completeSHA).Numkeys(1).Key(key).
-			Arg(owner, strconv.FormatInt(fence, 10), rueidis.BinaryString(rec.body.Bytes()), f.retention, "PUBLISH", key+":w").Build()).AsInt64()
-		if err == nil && done != 1 {
-			err = errors.New("lease lost")
-		}
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		w.WriteHeader(rec.status)
-		w.Write(rec.body.Bytes())
+		serveHeld(w, r, next, func(body []byte) error {
+			done, err := f.c.Do(ctx, f.c.B().Evalsha().Sha1(f.completeSHA).Numkeys(1).Key(key).
+				Arg(owner, strconv.FormatInt(fence, 10), rueidis.BinaryString(body), f.retention, "PUBLISH", key+":w").Build()).AsInt64()
+			if err == nil && done != 1 {
+				err = errors.New("lease lost")
+			}
+			return err
+		})
 	})
+}
+
+// serveHeld runs next with its response held back, stores the body with
+// store, and sends the response once it is stored (503 if it is not).
+func serveHeld(w http.ResponseWriter, r *http.Request, next http.Handler, store func(body []byte) error) {
+	rec := &heldResponse{header: w.Header(), status: http.StatusOK}
+	next.ServeHTTP(rec, r)
+	if err := store(rec.body.Bytes()); err != nil {
+		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	w.WriteHeader(rec.status)
+	w.Write(rec.body.Bytes())
 }
 
 // heldResponse holds a handler's response back: its header is the real
