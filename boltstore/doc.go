@@ -53,12 +53,35 @@
 // records share each page a checkpoint writes: a new-key request writes 0.3
 // pages of 4 KiB where a bbolt commit per group wrote 4.2 (BenchmarkLifecycle
 // at 64 callers). Open applies what a crash left in the log before it
-// returns. A frame that a crash tore (never acknowledged) ends the log;
-// a frame whose checksum holds but that cannot be read is reported as
-// ErrCorrupt. A write of the log that fails (a full disk) fails the
-// writes of its group, and the next group tries again. After a sync of the
-// log fails, every later write fails with that error (what the disk holds
-// is unknown) until the store is opened again; reads go on.
+// returns. A write of the log that fails (a full disk) fails the writes of
+// its group, and the next group tries again. After a sync of the log
+// fails, every later write fails with that error (what the disk holds is
+// unknown) until the store is opened again; reads go on.
+//
+// # Damage
+//
+// Each frame of the log carries a sequence number and checksums (of its
+// header, keyed with a secret kept in the file, and of its payload), and a
+// frame is written only after the one before it is synced. So a crash can
+// tear only the last frame, which was never acknowledged: Open drops it.
+// Bytes damaged anywhere else (a disk, a program, an operator) leave a
+// later frame's header behind them, which a torn write never does; Open
+// then refuses the store with a *CorruptLogError, which wraps ErrCorrupt
+// and names the log file, the offset of the damage and the number of
+// frames missing, rather than drop every acknowledged write after the
+// damage (and let their requests run again). Damage that leaves no later
+// frame's header (the last frame, or everything from some frame to the
+// end of the log) cannot be told from a torn write, and is dropped as one.
+// A frame whose checksums hold but that cannot be read is reported the
+// same way. To look for such headers, Open reads both log files to their
+// end: about 25 ms for a full file of 20 MiB on the project's machine.
+//
+// Recover repairs such a store (the idem binary: idem recover --data DIR):
+// it reads every whole frame, past the damage, copies both log files aside
+// (the evidence is never deleted), applies what it read to the file, and
+// reports what was lost (Recovery: the damage, the frames missing, the
+// records kept). The records of the missing frames are lost: a key whose
+// last write was in them reads as the frames before left it.
 //
 // Reads never hold up checkpoints or writes, and checkpoints never hold up
 // reads. bbolt maps the file into memory; a file that outgrows its map is
@@ -73,9 +96,13 @@
 //
 // The store is the three files: path, path.log.0 and path.log.1; copy them
 // together, with the store closed (Close leaves the bbolt file complete on
-// its own). Open turns a file from before the log (format 1) into format 2,
-// which versions from before the log refuse rather than miss what a crash
-// left in the log.
+// its own). The file records its format: 3 since the log's frames are
+// numbered. Open turns a file from before the log (format 1) into format
+// 3, and one of format 2 too, once it has applied its log, which it reads
+// as format 2 wrote it (up to the first frame that is not whole: format 2
+// has no sequence numbers to tell damage from a torn end). Versions of
+// this package that would misread the log refuse a file of a later format
+// rather than miss what a crash left in the log.
 //
 // Records are encoded in a small versioned binary format (about 40 bytes
 // plus fingerprint, owner and result); a record or file that cannot be

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"math/rand/v2"
 	"os"
@@ -33,7 +34,7 @@ func keysOf(es []logEntry) []string {
 	return out
 }
 
-func mustAppend(t *testing.T, w *wal, fence int64, es ...logEntry) {
+func mustAppend(t testing.TB, w *wal, fence int64, es ...logEntry) {
 	t.Helper()
 	if err := w.appendFrame(es, fence); err != nil {
 		t.Fatal(err)
@@ -46,9 +47,9 @@ func mustAppend(t *testing.T, w *wal, fence int64, es ...logEntry) {
 // boundary, which would bring back a record as it was before a checkpoint.
 func TestLogReadsTwoGenerations(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "idem.db")
-	w, es, _, created, err := openLog(path, 5, testSecret, 1<<20)
-	if err != nil || len(es) != 0 || !created || w.gen != 6 {
-		t.Fatalf("new log: %v entries, created %v, generation %d, %v", es, created, w.gen, err)
+	w, r, created, err := openLog(path, logStart{gen: 5, seq: 1, secret: testSecret}, 1<<20, false, false)
+	if err != nil || len(r.entries) != 0 || !created || w.gen != 6 {
+		t.Fatalf("new log: %v entries, created %v, generation %d, %v", r.entries, created, w.gen, err)
 	}
 	mustAppend(t, w, 10, logEntry{key: "a", val: []byte("1")})
 	mustAppend(t, w, 11, logEntry{key: "b", val: []byte("1")})
@@ -59,16 +60,16 @@ func TestLogReadsTwoGenerations(t *testing.T) {
 	at := w.at
 	w.close()
 
-	w, es, fence, created, err := openLog(path, 7, testSecret, 1<<20)
+	w, r, created, err = openLog(path, logStart{gen: 7, seq: 3, secret: testSecret}, 1<<20, false, false)
 	if err != nil || created {
 		t.Fatalf("reopen: created %v, %v", created, err)
 	}
 	defer w.close()
-	if got, want := keysOf(es), []string{"a=2", "-b", "c=1"}; !slices.Equal(got, want) || fence != 13 {
-		t.Fatalf("generations 7 and 8: got %v, last fence %d; want %v, 13", got, fence, want)
+	if got, want := keysOf(r.entries), []string{"a=2", "-b", "c=1"}; !slices.Equal(got, want) || r.lastFence != 13 {
+		t.Fatalf("generations 7 and 8: got %v, last fence %d; want %v, 13", got, r.lastFence, want)
 	}
-	if w.gen != 8 || w.at != at {
-		t.Fatalf("the log goes on with generation %d at %d, want 8 at %d", w.gen, w.at, at)
+	if w.gen != 8 || w.at != at || w.seq != 5 || w.first != 4 {
+		t.Fatalf("the log goes on with generation %d at %d, frame %d (first %d); want 8 at %d, frame 5 (first 4)", w.gen, w.at, w.seq, w.first, at)
 	}
 	// What stopped it: b's frame of generation 6, whole, right after c's.
 	var head [frameHeader]byte
@@ -80,7 +81,8 @@ func TestLogReadsTwoGenerations(t *testing.T) {
 // TestLogTornFrame: a frame torn by a crash (a byte of it not written) ends
 // the log; the frames before it are read.
 func TestLogTornFrame(t *testing.T) {
-	w, _, _, _, err := openLog(filepath.Join(t.TempDir(), "idem.db"), 1, testSecret, 1<<20)
+	path := filepath.Join(t.TempDir(), "idem.db")
+	w, _, _, err := openLog(path, logStart{gen: 1, seq: 1, secret: testSecret}, 1<<20, false, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,19 +92,28 @@ func TestLogTornFrame(t *testing.T) {
 	at := w.at
 	mustAppend(t, w, 3, logEntry{key: "d", val: []byte("3")})
 	l := w.files[w.gen%2]
+	reopen := func() (*wal, logRead) {
+		t.Helper()
+		w, r, _, err := openLog(path, logStart{gen: 1, seq: 1, secret: testSecret}, 1<<20, false, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.close()
+		return w, r
+	}
 	// The last frame's last byte never reached the disk.
 	if _, err := l.f.WriteAt([]byte{0}, w.at-1); err != nil {
 		t.Fatal(err)
 	}
-	if es, fence, end, err := w.read(w.gen); err != nil || !slices.Equal(keysOf(es), []string{"a=1", "-b", "c=2"}) || fence != 2 || end != at {
-		t.Fatalf("torn last frame: got %v, fence %d, end %d, %v", keysOf(es), fence, end, err)
+	if w, r := reopen(); !slices.Equal(keysOf(r.entries), []string{"a=1", "-b", "c=2"}) || r.lastFence != 2 || w.at != at || w.seq != 3 {
+		t.Fatalf("torn last frame: got %v, fence %d, end %d, next frame %d", keysOf(r.entries), r.lastFence, w.at, w.seq)
 	}
 	// Its header (the length) is torn instead.
-	if _, err := l.f.WriteAt([]byte{0xff}, at+9); err != nil {
+	if _, err := l.f.WriteAt([]byte{0xff}, at+17); err != nil {
 		t.Fatal(err)
 	}
-	if es, _, _, err := w.read(w.gen); err != nil || len(es) != 3 {
-		t.Fatalf("torn header: got %v, %v", keysOf(es), err)
+	if _, r := reopen(); len(r.entries) != 3 {
+		t.Fatalf("torn header: got %v", keysOf(r.entries))
 	}
 }
 
@@ -110,19 +121,24 @@ func TestLogTornFrame(t *testing.T) {
 // know the store's secret (bytes a client chose, left in the file by an
 // older frame's result, where a newer generation's frames end) is not read.
 func TestLogForgedFrame(t *testing.T) {
-	w, _, _, _, err := openLog(filepath.Join(t.TempDir(), "idem.db"), 1, testSecret, 1<<20)
+	path := filepath.Join(t.TempDir(), "idem.db")
+	w, _, _, err := openLog(path, logStart{gen: 1, seq: 1, secret: testSecret}, 1<<20, false, false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer w.close()
 	mustAppend(t, w, 1, logEntry{key: "a", val: []byte("1")})
-	forger := &wal{files: w.files, gen: w.gen, at: w.at, sync: func(*os.File) error { return nil }}
-	if err := forger.appendFrame([]logEntry{{key: "b", val: []byte("forged")}}, 2); err != nil {
-		t.Fatal(err)
+	forger := &wal{files: w.files, gen: w.gen, seq: w.seq, at: w.at, sync: func(*os.File) error { return nil }}
+	for range 2 { // the second frame would reveal damage if the first were read
+		if err := forger.appendFrame([]logEntry{{key: "b", val: []byte("forged")}}, 2); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if es, _, _, err := w.read(w.gen); err != nil || !slices.Equal(keysOf(es), []string{"a=1"}) {
-		t.Fatalf("got %v, %v; want only a", keysOf(es), err)
+	w2, r, _, err := openLog(path, logStart{gen: 1, seq: 1, secret: testSecret}, 1<<20, false, false)
+	if err != nil || !slices.Equal(keysOf(r.entries), []string{"a=1"}) {
+		t.Fatalf("got %v, %v; want only a", keysOf(r.entries), err)
 	}
+	w2.close()
 }
 
 // TestLogCorruptFrame: a frame whose checksum holds but whose payload
@@ -137,7 +153,7 @@ func TestLogCorruptFrame(t *testing.T) {
 	mustAcquire(t, s, "k", newReq("o", time.Minute), idem.Acquired)
 	// A frame of the current generation, with a bad entry kind, written as
 	// the writer would after the store's frames.
-	bad := &wal{files: s.log.files, gen: s.log.gen, at: s.log.at, secret: s.log.secret, sync: s.log.sync}
+	bad := &wal{files: s.log.files, gen: s.log.gen, seq: s.log.seq, at: s.log.at, secret: s.log.secret, sync: s.log.sync}
 	if err := bad.appendFrame([]logEntry{{key: "x", val: []byte("v")}}, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -147,13 +163,16 @@ func TestLogCorruptFrame(t *testing.T) {
 		t.Fatal(err)
 	}
 	b[frameHeader+8+2] = 7 // the entry kind, after the fence and "x"
-	binary.BigEndian.PutUint32(b[12:], s.log.checksum(b, b[frameHeader:]))
+	binary.BigEndian.PutUint32(b[20:], crc32.Checksum(b[frameHeader:], crcTable))
+	binary.BigEndian.PutUint32(b[24:], s.log.headerSum(b))
 	if _, err := f.WriteAt(b, s.log.at); err != nil {
 		t.Fatal(err)
 	}
 	crashCopy(t, s, filepath.Join(t.TempDir(), "copy.db"), func(copy string) {
-		if _, err := Open(copy); !errors.Is(err, ErrCorrupt) {
-			t.Fatalf("Open with a corrupt frame: got %v, want ErrCorrupt", err)
+		_, err := Open(copy)
+		var ce *CorruptLogError
+		if !errors.As(err, &ce) || !errors.Is(err, ErrCorrupt) || ce.Path != logPaths(copy)[s.log.gen%2] || ce.Offset != s.log.at {
+			t.Fatalf("Open with a corrupt frame: got %v, want a *CorruptLogError at byte %d of %s", err, s.log.at, logPaths(copy)[s.log.gen%2])
 		}
 	})
 	s.Close()
@@ -348,7 +367,7 @@ func TestCheckpointUnderLoad(t *testing.T) {
 }
 
 // TestOpenFormat1: a file from before the log (format 1: no generation, no
-// secret) opens with its records, and becomes format 2, which versions from
+// secret) opens with its records, and becomes format 3, which versions from
 // before the log refuse; a format this version does not know is refused.
 func TestOpenFormat1(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "idem.db")
@@ -369,7 +388,7 @@ func TestOpenFormat1(t *testing.T) {
 		defer db.Close()
 		err = db.Update(func(tx *bolt.Tx) error {
 			meta := tx.Bucket(bucketMeta)
-			for _, k := range [][]byte{metaLog, metaLogSecret} {
+			for _, k := range [][]byte{metaLog, metaLogSecret, metaLogSeq} {
 				if err := meta.Delete(k); err != nil {
 					return err
 				}
@@ -389,12 +408,12 @@ func TestOpenFormat1(t *testing.T) {
 	s = openTest(t, path, WithSweepInterval(0))
 	mustAcquire(t, s, "k", newReq("o2", time.Minute), idem.InProgress)
 	mustAcquire(t, s, "k2", newReq("o", time.Minute), idem.Acquired)
-	if len(s.logSecret) != 8 {
-		t.Fatalf("log secret of %d bytes", len(s.logSecret))
+	if len(s.logStart.secret) != 8 {
+		t.Fatalf("log secret of %d bytes", len(s.logStart.secret))
 	}
 	err = s.db.View(func(tx *bolt.Tx) error {
-		if v := tx.Bucket(bucketMeta).Get(metaFormat); !slices.Equal(v, []byte{2}) {
-			t.Errorf("format after Open: got %v, want [2]", v)
+		if v := tx.Bucket(bucketMeta).Get(metaFormat); !slices.Equal(v, []byte{3}) {
+			t.Errorf("format after Open: got %v, want [3]", v)
 		}
 		return nil
 	})
@@ -402,9 +421,9 @@ func TestOpenFormat1(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Close()
-	setMeta(3)
+	setMeta(4)
 	if _, err := Open(path); !errors.Is(err, ErrCorrupt) {
-		t.Fatalf("Open of format 3: got %v, want ErrCorrupt", err)
+		t.Fatalf("Open of format 4: got %v, want ErrCorrupt", err)
 	}
 }
 

@@ -39,6 +39,7 @@ type config struct {
 	lockTimeout   time.Duration
 	sweepInterval time.Duration
 	logLimit      int64
+	trustLogEnd   bool
 }
 
 // WithClock sets the store's clock, which plays the part of the Redis
@@ -55,6 +56,11 @@ func WithLockTimeout(d time.Duration) Option { return func(c *config) { c.lockTi
 // checkpoint (defaultLogLimit); tests make it small.
 func withLogLimit(n int64) Option { return func(c *config) { c.logLimit = n } }
 
+// withTrustedLogEnd makes Open end each log file's frames at the first
+// that is not whole, without looking for damage, as before the frames were
+// numbered: the negative control of the tests of damage.
+func withTrustedLogEnd() Option { return func(c *config) { c.trustLogEnd = true } }
+
 // WithSweepInterval sets how often a background goroutine deletes expired
 // records and applies the log to the file while the store is idle (every
 // checkpoint also deletes some). Zero disables the goroutine. The default
@@ -70,13 +76,15 @@ var (
 	metaFence     = []byte("fence")  // 8 bytes big-endian: the last fence issued
 )
 
-// formatVersion is the layout of the file (buckets and meta keys). Records
-// carry their own version byte. Version 2 has the log (meta log and
-// logsecret, and the log files beside the file): Open turns a file of
-// version 1 into one of version 2, so that a version of this package from
-// before the log, which would not read what a crash left there, refuses
-// the file instead.
-const formatVersion = 2
+// formatVersion is the layout of the file (buckets and meta keys) and of
+// the log's frames. Records carry their own version byte. Version 2 has
+// the log (meta log and logsecret, and the log files beside the file);
+// version 3 numbers the log's frames (meta logseq, and a header of 28
+// bytes). Open turns a file of version 1 into one of version 3 at once,
+// and one of version 2 with the checkpoint that applies its log (read as
+// version 2 wrote it), so that a version of this package that would not
+// read the log right refuses the file instead.
+const formatVersion = 3
 
 // Store is a durable idem.Store and idem.Watcher in one bbolt file. It is
 // safe for concurrent use by multiple goroutines of one process; the file is
@@ -92,10 +100,9 @@ type Store struct {
 	closed bool
 	queue  chan *op // to the writer goroutine
 
-	lastFence int64  // the last fence issued; owned by the writer goroutine
-	log       *wal   // owned by the writer goroutine
-	logGen    uint64 // the log's generation when the file was opened
-	logSecret []byte // the start of the log's checksums
+	lastFence int64    // the last fence issued; owned by the writer goroutine
+	log       *wal     // owned by the writer goroutine
+	logStart  logStart // where the log starts, as the file said when opened
 
 	// overlay holds the encoded records (deleted for a deletion) that the
 	// log holds and the file does not yet: reads look here first, then in
@@ -131,23 +138,52 @@ var (
 // (truncated, pages overwritten), is rejected with an error wrapping
 // ErrCorrupt, never a panic: Open first reads every page of an existing
 // file's B+trees read-only, which about doubles the time it takes to open
-// one. Invalid options yield an error wrapping
-// idem.ErrInvalid. Call Close when done.
+// one. A log with damage that is not the torn end a crash leaves (see the
+// package documentation) is rejected with a *CorruptLogError, which wraps
+// ErrCorrupt and names the log file and the offset; Recover repairs it.
+// Invalid options yield an error wrapping idem.ErrInvalid. Call Close when
+// done.
 func Open(path string, opts ...Option) (*Store, error) {
+	c, err := newConfig(path, opts)
+	if err != nil {
+		return nil, err
+	}
+	s, err := open(path, c, nil)
+	if err != nil {
+		return nil, err
+	}
+	go s.writer()
+	if s.sweepInterval > 0 {
+		go s.sweeper()
+	} else {
+		close(s.sweepDone)
+	}
+	return s, nil
+}
+
+// newConfig applies opts to the defaults and checks them.
+func newConfig(path string, opts []Option) (config, error) {
 	c := config{now: time.Now, lockTimeout: DefaultLockTimeout, sweepInterval: DefaultSweepInterval, logLimit: defaultLogLimit}
 	for _, o := range opts {
 		o(&c)
 	}
 	switch {
 	case path == "":
-		return nil, fmt.Errorf("%w: empty path", idem.ErrInvalid)
+		return c, fmt.Errorf("%w: empty path", idem.ErrInvalid)
 	case c.now == nil:
-		return nil, fmt.Errorf("%w: nil clock", idem.ErrInvalid)
+		return c, fmt.Errorf("%w: nil clock", idem.ErrInvalid)
 	case c.lockTimeout <= 0:
-		return nil, fmt.Errorf("%w: lock timeout %v is not positive", idem.ErrInvalid, c.lockTimeout)
+		return c, fmt.Errorf("%w: lock timeout %v is not positive", idem.ErrInvalid, c.lockTimeout)
 	case c.sweepInterval < 0:
-		return nil, fmt.Errorf("%w: sweep interval %v is negative", idem.ErrInvalid, c.sweepInterval)
+		return c, fmt.Errorf("%w: sweep interval %v is negative", idem.ErrInvalid, c.sweepInterval)
 	}
+	return c, nil
+}
+
+// open opens the files of the store at path and applies what the log
+// holds to the bbolt file; the store's goroutines are not started. With
+// rec, the log is salvaged (Recover) and rec says what was found.
+func open(path string, c config, rec *Recovery) (*Store, error) {
 	_, statErr := os.Stat(path)
 	created := errors.Is(statErr, os.ErrNotExist)
 	if !created {
@@ -195,7 +231,12 @@ func Open(path string, opts ...Option) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("boltstore: %s: %w", path, err)
 	}
-	logCreated, err := s.openLog(path, c.logLimit)
+	logCreated, err := s.openLog(path, c, rec)
+	var ce *CorruptLogError
+	if errors.As(err, &ce) {
+		db.Close()
+		return nil, err // it names the log file
+	}
 	if err != nil {
 		db.Close()
 		return nil, fmt.Errorf("boltstore: log of %s: %w", path, err)
@@ -208,12 +249,6 @@ func Open(path string, opts ...Option) (*Store, error) {
 			db.Close()
 			return nil, fmt.Errorf("boltstore: %w", err)
 		}
-	}
-	go s.writer()
-	if s.sweepInterval > 0 {
-		go s.sweeper()
-	} else {
-		close(s.sweepDone)
 	}
 	return s, nil
 }
@@ -252,12 +287,14 @@ func (s *Store) init(tx *bolt.Tx) error {
 		}
 	}
 	switch v := meta.Get(metaFormat); {
-	case len(v) == 1 && v[0] == 1:
+	case len(v) == 1 && v[0] == 1: // before the log: no frame to read
 		if err := meta.Put(metaFormat, []byte{formatVersion}); err != nil {
 			return err
 		}
+	case len(v) == 1 && v[0] == 2:
+		s.logStart.legacy = true // openLog moves the file to formatVersion
 	case len(v) != 1 || v[0] != formatVersion:
-		return fmt.Errorf("%w: file format %v, this version of boltstore reads formats [1] and [%d]", ErrCorrupt, v, formatVersion)
+		return fmt.Errorf("%w: file format %v, this version of boltstore reads formats [1], [2] and [%d]", ErrCorrupt, v, formatVersion)
 	}
 	for _, name := range [][]byte{bucketRecords, bucketExpiry} {
 		if _, err := tx.CreateBucketIfNotExists(name); err != nil {
@@ -274,47 +311,76 @@ func (s *Store) init(tx *bolt.Tx) error {
 		if len(v) != 8 {
 			return fmt.Errorf("%w: log generation of %d bytes", ErrCorrupt, len(v))
 		}
-		s.logGen = binary.BigEndian.Uint64(v)
+		s.logStart.gen = binary.BigEndian.Uint64(v)
 	}
-	s.logSecret = bytes.Clone(meta.Get(metaLogSecret))
-	switch {
-	case s.logSecret == nil && meta.Get(metaLog) == nil:
-		// A new file, or one written before the log: no frame was
-		// written with another secret.
-		s.logSecret = make([]byte, 8)
-		if _, err := rand.Read(s.logSecret); err != nil {
+	switch v := meta.Get(metaLogSeq); {
+	case v == nil:
+		// A new file, or one of format 1 or 2: the log's frames are
+		// numbered from 1 (a file of format 2 gets its number with the
+		// checkpoint that moves it to format 3).
+		s.logStart.seq = 1
+		if err := meta.Put(metaLogSeq, binary.BigEndian.AppendUint64(nil, 1)); err != nil {
 			return err
 		}
-		return meta.Put(metaLogSecret, s.logSecret)
-	case len(s.logSecret) != 8:
-		return fmt.Errorf("%w: log secret of %d bytes", ErrCorrupt, len(s.logSecret))
+	case len(v) != 8:
+		return fmt.Errorf("%w: log sequence number of %d bytes", ErrCorrupt, len(v))
+	default:
+		s.logStart.seq = binary.BigEndian.Uint64(v)
+	}
+	s.logStart.secret = bytes.Clone(meta.Get(metaLogSecret))
+	switch {
+	case s.logStart.secret == nil && meta.Get(metaLog) == nil:
+		// A new file, or one written before the log: no frame was
+		// written with another secret.
+		s.logStart.secret = make([]byte, 8)
+		if _, err := rand.Read(s.logStart.secret); err != nil {
+			return err
+		}
+		return meta.Put(metaLogSecret, s.logStart.secret)
+	case len(s.logStart.secret) != 8:
+		return fmt.Errorf("%w: log secret of %d bytes", ErrCorrupt, len(s.logStart.secret))
 	}
 	return nil
 }
 
 // openLog opens the log and applies the records it holds to the file with
-// a checkpoint: what a crash left only in the log. created reports whether
-// a log file was created.
-func (s *Store) openLog(path string, limit int64) (created bool, err error) {
-	w, entries, lastFence, created, err := openLog(path, s.logGen, s.logSecret, limit)
+// a checkpoint: what a crash left only in the log. A log of format 2 gets
+// that checkpoint even when it holds nothing, which moves the file to
+// format 3. With rec, the log is salvaged: its files are copied aside
+// first when it holds damage, and rec says what was found. created reports
+// whether a log file was created.
+func (s *Store) openLog(path string, c config, rec *Recovery) (created bool, err error) {
+	w, r, created, err := openLog(path, s.logStart, c.logLimit, rec != nil, c.trustLogEnd)
 	if err != nil {
 		return false, err
 	}
 	s.log = w
 	s.overlay = map[string][]byte{}
-	s.lastFence = max(s.lastFence, lastFence)
-	if len(entries) == 0 {
+	s.lastFence = max(s.lastFence, r.lastFence)
+	if rec != nil {
+		rec.Damage, rec.Frames, rec.Records = r.damage, r.frames, len(r.entries)
+		for _, d := range r.damage {
+			rec.Lost += d.Frames
+		}
+	}
+	if r.frames == 0 && len(r.damage) == 0 && !s.logStart.legacy {
 		return created, nil
 	}
-	recovered := make(map[string][]byte, len(entries))
-	for _, e := range entries {
+	if len(r.damage) > 0 {
+		if rec.Saved, err = saveLog(path, c.now()); err != nil {
+			w.close()
+			return false, err
+		}
+	}
+	recovered := make(map[string][]byte, len(r.entries))
+	for _, e := range r.entries {
 		if e.val == nil {
 			e.val = deleted
 		}
 		recovered[e.key] = e.val
 	}
 	w.next()
-	if _, err := s.checkpoint(recovered, s.lastFence, w.gen); err != nil {
+	if _, err := s.checkpoint(recovered, s.lastFence, w.gen, w.first); err != nil {
 		w.close()
 		return false, err
 	}

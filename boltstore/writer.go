@@ -223,9 +223,9 @@ func (s *Store) startCheckpoint() {
 	}
 	s.ckpt.running = true
 	s.ckpt.waiting, s.ckpt.asked = append(s.ckpt.waiting, s.ckpt.asked...), nil
-	frozen, fence, gen := s.frozen, s.lastFence, s.log.gen
+	frozen, fence, gen, seq := s.frozen, s.lastFence, s.log.gen, s.log.first
 	go func() {
-		n, err := s.checkpoint(frozen, fence, gen)
+		n, err := s.checkpoint(frozen, fence, gen, seq)
 		s.ckpt.done <- checkpointResult{n, err}
 	}()
 }
@@ -398,11 +398,12 @@ func (s *Store) publish(t *txn) {
 
 // checkpoint applies the records of a frozen overlay to the bbolt file in
 // one transaction, with the last fence issued when it was frozen and the
-// log's generation that came after it, and deletes expired records: as
-// many as twice the records it applies, and sweepBatch more. It returns how
-// many index entries of expired records it deleted. On error nothing
-// changed. It runs beside the writer, which does not change frozen.
-func (s *Store) checkpoint(frozen map[string][]byte, fence int64, gen uint64) (int, error) {
+// log's generation that came after it (and the sequence number of that
+// generation's first frame), and deletes expired records: as many as twice
+// the records it applies, and sweepBatch more. It returns how many index
+// entries of expired records it deleted. On error nothing changed. It runs
+// beside the writer, which does not change frozen.
+func (s *Store) checkpoint(frozen map[string][]byte, fence int64, gen, seq uint64) (int, error) {
 	swept := 0
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		c := checkpointTx{records: tx.Bucket(bucketRecords), expiry: tx.Bucket(bucketExpiry)}
@@ -415,6 +416,14 @@ func (s *Store) checkpoint(frozen map[string][]byte, fence int64, gen uint64) (i
 		}
 		meta := tx.Bucket(bucketMeta)
 		if err := meta.Put(metaFence, binary.BigEndian.AppendUint64(nil, uint64(fence))); err != nil {
+			return err
+		}
+		if err := meta.Put(metaLogSeq, binary.BigEndian.AppendUint64(nil, seq)); err != nil {
+			return err
+		}
+		// The log goes on with frames of formatVersion (a file of format
+		// 2 moves to it with its first checkpoint).
+		if err := meta.Put(metaFormat, []byte{formatVersion}); err != nil {
 			return err
 		}
 		return meta.Put(metaLog, binary.BigEndian.AppendUint64(nil, gen))
