@@ -333,8 +333,14 @@ func (s *storeFlags) openBolt(create bool) (*openedStore, error) {
 }
 
 // damagedStoreError is the one line that reports a damaged embedded store
-// file: which file, what to do, and bbolt's finding last.
+// file: which file, what to do, and bbolt's finding last. Damage in the log
+// names the log file, the offset and the recovery command.
 func damagedStoreError(path string, err error) error {
+	var ce *boltstore.CorruptLogError
+	if errors.As(err, &ce) {
+		return fmt.Errorf("the embedded store %s cannot be opened: its %s; run 'idem recover --data %s' to keep every write the log still holds (it copies the damaged log aside and reports what was lost), or restore the store from a backup",
+			path, ce.LogDamage, filepath.Dir(path))
+	}
 	detail := strings.Join(strings.Fields(err.Error()), " ") // one line whatever bbolt said
 	return fmt.Errorf("the embedded store %s is damaged and cannot be read (%s); move the file aside to start with an empty store, or restore it from a backup",
 		path, detail)
