@@ -226,7 +226,7 @@ type BatchCompletion struct {
 // Commit (which fails the key) without complete. An attempt's effect is in
 // its BatchCompletion; when complete answers that it failed (ErrEffect),
 // the attempt ends as Commit's does then: released or FAILED per the
-// failure policy. CommitBatchWith returns one error per attempt; a nil or
+// failure policy, or already FAILED by the store (ErrEffectPartial). CommitBatchWith returns one error per attempt; a nil or
 // replayed attempt gets nil.
 func (e *Executor) CommitBatchWith(ctx context.Context, attempts []*Attempt, values [][]byte, complete func(ctx context.Context, cs []BatchCompletion) []error) []error {
 	errs := make([]error, len(attempts))
@@ -254,6 +254,14 @@ func (e *Executor) CommitBatchWith(ctx context.Context, attempts []*Attempt, val
 			errs[i] = err
 			a.endFailed(ctx, err)
 			continue
+		}
+		if a.effect != nil {
+			if err := a.setPartialResult(); err != nil {
+				errs[i] = err
+				a.cancel(nil)
+				a.observeEnd(ctx, ObservedNotRecorded, nil, err)
+				continue
+			}
 		}
 		cs = append(cs, BatchCompletion{Index: i, Key: a.key, Lease: a.lease, Result: blob, Retention: e.retention, Effect: a.effect})
 	}

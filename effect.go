@@ -28,7 +28,21 @@ type Effect struct {
 	Keys []string
 	// Args are the effect's arguments.
 	Args []string
+
+	// partial is the result a store writes, with the FAILED state, when
+	// the effect fails after it may have written (see PartialResult). The
+	// Executor sets it when it completes the attempt.
+	partial []byte
 }
+
+// PartialResult returns the result, encoded as the Executor stores
+// results, that an EffectStore writes with the FAILED state when e fails
+// after it may have written (ErrEffectPartial): a description of that
+// failure, which later calls with the key get as a *FailedError. The
+// Executor sets it on the attempt's effect when it completes the attempt;
+// it is empty on an Effect made by other code. It is part of the
+// store-writer API.
+func (e Effect) PartialResult() []byte { return e.partial }
 
 // EffectStore is implemented by stores that apply an Effect atomically with
 // a completion (redisstore, with effects registered when the store is
@@ -48,34 +62,62 @@ type EffectStore interface {
 	// write. A stale owner gets ErrLeaseLost and e is not applied. Repeating
 	// a call that succeeded (same lease and result) succeeds again without
 	// applying e again. When e itself fails, CompleteEffect returns an
-	// *EffectError and writes no COMPLETED record; whatever e wrote before
-	// it failed stays (an effect checks its input before its first write).
+	// *EffectError and writes no COMPLETED record. Whatever e wrote before
+	// it failed stays, so the store tells the two cases apart: when e
+	// failed before its first write, the record stays IN_PROGRESS and the
+	// error wraps ErrEffect only; when e may have written, the same atomic
+	// call ends the record FAILED with e.PartialResult() and the error
+	// wraps ErrEffectPartial, so that no retry applies e's first writes
+	// again. A call repeated after such a failure (same lease) answers
+	// ErrEffectPartial again.
 	CompleteEffect(ctx context.Context, key string, lease Lease, result []byte, retention time.Duration, e Effect) error
 }
 
-// ErrEffect is wrapped by the *EffectError a store returns when an
-// attempt's effect failed (see EffectStore): the record was not completed.
-var ErrEffect = errors.New("idem: effect failed")
-
 // EffectError is returned by EffectStore.CompleteEffect (and so by Do and
 // Commit) when the effect itself failed: it raised an error or returned one.
-// The completion was not written. Do and Commit then end the attempt as if
-// the operation had returned this error: the failure policy decides
-// whether the key is released (the default: the next call runs the
-// operation again) or becomes FAILED, as it does on the attempt's last try
-// (SetLastTry) whatever the policy; when FAILED, the error they return is
-// marked with Terminal (IsTerminal reports true).
+// The completion was not written.
+//
+// When the effect failed before its first write (Partial is false; the
+// error wraps ErrEffect), nothing was applied: Do and Commit end the
+// attempt as if the operation had returned this error, and the failure
+// policy decides whether the key is released (the default: the next call
+// runs the operation again) or becomes FAILED, as it does on the attempt's
+// last try (SetLastTry) whatever the policy.
+//
+// When it failed after it may have written (Partial is true; the error
+// wraps ErrEffectPartial, and so ErrEffect), its first writes stand, since
+// Redis does not undo a script: the store ended the key FAILED in the same
+// call, so no retry runs the operation and the effect again, and later
+// calls with the key get a *FailedError that says the effect may have
+// partly applied. Whatever the effect wrote needs looking at.
+//
+// Either way, when the key is FAILED the error Do and Commit return is
+// marked with Terminal (IsTerminal reports true), and a broker consumer
+// dead-letters the message with it.
 type EffectError struct {
 	// Name is the effect's name.
 	Name string
 	// Message is the error the effect raised.
 	Message string
+	// Partial reports that the effect failed after it may have written.
+	Partial bool
 }
 
-func (e *EffectError) Error() string { return "idem: effect " + e.Name + " failed: " + e.Message }
+func (e *EffectError) Error() string {
+	if e.Partial {
+		return "idem: effect " + e.Name + " failed after it wrote (it may have partly applied): " + e.Message
+	}
+	return "idem: effect " + e.Name + " failed: " + e.Message
+}
 
-// Unwrap returns ErrEffect.
-func (e *EffectError) Unwrap() error { return ErrEffect }
+// Unwrap returns ErrEffectPartial when the effect may have partly applied,
+// ErrEffect otherwise.
+func (e *EffectError) Unwrap() error {
+	if e.Partial {
+		return ErrEffectPartial
+	}
+	return ErrEffect
+}
 
 // SetEffect attaches e to the attempt that runs with ctx (the context Do,
 // Typed.Do and Begin give the operation, or one derived from it): when the
@@ -135,11 +177,31 @@ func (a *Attempt) hasEffect() bool {
 	return a.effect != nil
 }
 
+// setPartialResult sets, on the attempt's effect, the result that the
+// store writes with the FAILED state if the effect fails after it may have
+// written (Effect.PartialResult).
+func (a *Attempt) setPartialResult() error {
+	msg := (&EffectError{Name: a.effect.Name, Message: "its error is not stored", Partial: true}).Error()
+	blob, err := a.e.codec.encode(a.key, []byte(msg))
+	if err != nil {
+		return err
+	}
+	a.effect.partial = blob
+	return nil
+}
+
 // effectFailed ends an attempt whose completion was refused because its
-// effect failed (err wraps ErrEffect): nothing was written, so the
-// operation failed after all, and the failure policy decides whether the
-// key is released or FAILED.
+// effect failed (err wraps ErrEffect). When the effect may have written
+// (ErrEffectPartial), the store already ended the key FAILED in the
+// completion's call. Otherwise nothing was written, so the operation
+// failed after all, and the failure policy decides whether the key is
+// released or FAILED.
 func (a *Attempt) effectFailed(ctx context.Context, err error) error {
+	if errors.Is(err, ErrEffectPartial) {
+		err = Terminal(err)
+		a.observeEnd(ctx, ObservedExecuted, nil, err)
+		return err
+	}
 	a.mu.Lock()
 	terminal := a.lastTry || a.e.policy(err)
 	a.mu.Unlock()

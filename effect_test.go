@@ -2,8 +2,12 @@ package idem_test
 
 import (
 	"context"
+	"crypto/aes"
+	"crypto/cipher"
 	"errors"
+	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -57,11 +61,21 @@ func (s *effectStore) completeEffect(ctx context.Context, key string, lease idem
 		return idem.ErrLeaseLost
 	}
 	if err := s.effects[e.Name](e); err != nil {
+		if errors.Is(err, errWrote) {
+			// As redisstore does: the key ends FAILED in the same call.
+			if _, ferr := s.Fail(ctx, key, lease, idem.Failure{Result: e.PartialResult(), Terminal: true, Retention: retention}); ferr != nil {
+				return ferr
+			}
+			return &idem.EffectError{Name: e.Name, Message: err.Error(), Partial: true}
+		}
 		return &idem.EffectError{Name: e.Name, Message: err.Error()}
 	}
 	s.applied = append(s.applied, e)
 	return s.Complete(ctx, key, lease, result, retention)
 }
+
+// errWrote is the error of an effect that failed after it wrote.
+var errWrote = errors.New("wrote")
 
 func newEffectExec(t *testing.T, opts ...idem.Option) (*idem.Executor, *effectStore) {
 	t.Helper()
@@ -72,6 +86,7 @@ func newEffectExec(t *testing.T, opts ...idem.Option) (*idem.Executor, *effectSt
 	s := &effectStore{Store: m, effects: map[string]func(idem.Effect) error{
 		"ok":   func(idem.Effect) error { return nil },
 		"fail": func(idem.Effect) error { return errors.New("out of stock") },
+		"half": func(idem.Effect) error { return fmt.Errorf("%w, then WRONGTYPE", errWrote) },
 	}}
 	exec, err := idem.New(s, opts...)
 	if err != nil {
@@ -174,6 +189,43 @@ func TestFailingEffectReleasesOrFails(t *testing.T) {
 				t.Fatalf("record: got %v, %v, want %v", rec.State, err, want)
 			}
 		})
+	}
+}
+
+// TestPartialEffectFailsTheKey: an effect that failed after it wrote
+// (the store answers ErrEffectPartial, having ended the key FAILED with
+// the effect's PartialResult) is terminal whatever the failure policy, and
+// later calls get a *FailedError saying the effect may have partly
+// applied; the operation runs once.
+func TestPartialEffectFailsTheKey(t *testing.T) {
+	block, err := aes.NewCipher(make([]byte, 32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	aead, err := cipher.NewGCM(block)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, opts := range [][]idem.Option{nil, {idem.WithEncryption(aead)}} {
+		exec, s := newEffectExec(t, opts...)
+		key := idem.Key{ID: "k"}
+		runs := 0
+		for i := range 3 {
+			_, err := exec.Do(t.Context(), key, "", func(ctx context.Context) ([]byte, error) {
+				runs++
+				return []byte("v"), idem.SetEffect(ctx, idem.Effect{Name: "half"})
+			})
+			var fe *idem.FailedError
+			switch {
+			case i == 0 && (!errors.Is(err, idem.ErrEffectPartial) || !errors.Is(err, idem.ErrEffect) || !idem.IsTerminal(err)):
+				t.Fatalf("first Do: got %v, want a terminal ErrEffectPartial", err)
+			case i > 0 && (!errors.As(err, &fe) || !strings.Contains(fe.Message, "effect half failed after it wrote (it may have partly applied)")):
+				t.Fatalf("Do #%d: got %v, want a *FailedError that says the effect may have partly applied", i+1, err)
+			}
+		}
+		if runs != 1 || s.calls != 1 {
+			t.Fatalf("%d runs and %d completion calls, want 1 and 1", runs, s.calls)
+		}
 	}
 }
 

@@ -55,6 +55,20 @@ var (
 	// failover then loses (RELIABILITY.md, Sentinel partition).
 	ErrNotDurable = errors.New("idem: write not acknowledged by enough replicas")
 
+	// ErrEffect is wrapped by the *EffectError a store returns when an
+	// attempt's effect failed (see EffectStore): the record was not
+	// completed.
+	ErrEffect = errors.New("idem: effect failed")
+
+	// ErrEffectPartial is wrapped by the *EffectError a store returns when
+	// an attempt's effect failed after it may have written (it wraps
+	// ErrEffect): Redis does not undo what the effect wrote before it
+	// failed, so the store ended the key FAILED in the same call, and no
+	// retry applies the effect again. Do and Commit return it marked with
+	// Terminal; a broker consumer dead-letters the message with it. What
+	// the effect wrote needs looking at.
+	ErrEffectPartial = fmt.Errorf("%w after it may have partly applied", ErrEffect)
+
 	// ErrCorruptResult is returned when a stored result cannot be decoded:
 	// it was written by an incompatible version, sealed with another key, or
 	// altered.

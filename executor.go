@@ -568,6 +568,9 @@ func (a *Attempt) Commit(ctx context.Context, value []byte) error {
 		return err
 	}
 	blob, err := a.e.codec.encode(a.key, value)
+	if err == nil && a.effect != nil {
+		err = a.setPartialResult()
+	}
 	if err != nil {
 		a.observeEnd(ctx, ObservedNotRecorded, nil, err)
 		return err

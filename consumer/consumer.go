@@ -454,7 +454,9 @@ func (b *Batch) Commit(ctx context.Context) []Result {
 				// nothing was applied, and the Executor released the key or
 				// failed it, per its policy or because this was the
 				// message's last try (SetLastTry above); then the error is
-				// terminal and the message dead-lettered.
+				// terminal and the message dead-lettered. An effect that
+				// failed after it wrote (idem.ErrEffectPartial) left its key
+				// FAILED, and its error is terminal: dead-lettered at once.
 				if errors.Is(err, idem.ErrEffect) && idem.IsTerminal(err) {
 					b.results[i] = Result{Action: DeadLetter, Err: err}
 				}

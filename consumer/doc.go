@@ -28,6 +28,9 @@
 //     acquisitions in the store, so a restart loses no count): then the key
 //     becomes FAILED and the message goes to the dead-letter path
 //     (DeadLetter);
+//   - an effect that failed after it wrote (idem.ErrEffectPartial: the
+//     store ended the key FAILED) is dead-lettered at once, with that error
+//     as the reason: a redelivery would apply its first writes again;
 //   - a message without a key, or with a key or fingerprint over its limit,
 //     is dead-lettered at once: redelivering it cannot fix it;
 //   - a message whose key repeats an earlier message of the same batch

@@ -102,8 +102,11 @@
 // idem.SetEffect(r.Context(), effect) (an effect registered on the store
 // with redisstore.WithEffect): the effect is then applied in the same
 // atomic call as the completion that stores the response, once per key
-// (TestHandlerEffect). An effect that fails stores nothing: the key is
-// released, or failed per the Executor's failure policy.
+// (TestHandlerEffect). An effect that fails before its first write stores
+// nothing: the key is released, or failed per the Executor's failure
+// policy; one that fails after it wrote ends the key FAILED
+// (idem.ErrEffectPartial), so that a retry gets that failure rather than a
+// second run.
 //
 // The response is stored after the handler returns, with a context that
 // does not end when the client goes away.

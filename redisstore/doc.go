@@ -137,7 +137,11 @@
 // runs; a completion repeated after a lost reply finds its own COMPLETED
 // record and runs nothing; an effect that fails leaves no COMPLETED record
 // and an *idem.EffectError. A script that fails half way is not undone by
-// Redis, so an effect checks its input before its first write. On a
+// Redis, so an effect checks its input before its first write: one that
+// fails before it leaves the key to the failure policy (released by
+// default), one that fails after it ends the key FAILED in the same call
+// (idem.ErrEffectPartial), so that no retry applies its first writes again
+// (TestEffectFailedHalfWayRunsOnce). On a
 // Cluster every key of an effect carries the record's hash tag (EffectKey;
 // CheckEffect refuses others before anything is sent): data shared by many
 // keys, such as a stock counter, needs a store with WithHashTag.

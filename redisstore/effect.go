@@ -12,8 +12,12 @@ import (
 	"github.com/idemgo/idem/internal/statemachine"
 )
 
-//go:embed lua/complete_effect.lua
-var completeEffectSrc string
+var (
+	//go:embed lua/complete_effect.lua
+	completeEffectSrc string
+	//go:embed lua/effect.lib.lua
+	effectLib string
+)
 
 // Limits on a registered effect and on one application of it.
 const (
@@ -43,10 +47,23 @@ type effectDef struct{ name, body string }
 // return value is ignored, except an error: a body that raises one (error,
 // a failing redis.call) or returns redis.error_reply(message) fails the
 // completion: no COMPLETED record is written (nor, for CompleteAndAck, the
-// XACK), and the call returns an *idem.EffectError with the message. Redis
-// does not undo what a script wrote before it failed, so a body must check
-// everything (types, amounts, stock) before its first write — "validate
-// before the first write" — as idem's own scripts do. For example:
+// XACK), and the call returns an *idem.EffectError with the message.
+//
+// Redis does not undo what a script wrote before it failed, so the store
+// tells two failures apart by what the body's redis.call and redis.pcall
+// did. A body that fails before its first write (no command but reads such
+// as GET, HGET, EXISTS, TYPE, TTL, LRANGE or ZSCORE succeeded: the list is
+// in lua/effect.lib.lua; a command that Redis refused, such as a WRONGTYPE,
+// OOM or ACL error, wrote nothing) changed nothing: the record stays
+// IN_PROGRESS and the failure policy releases or fails the key, as for an
+// operation's own error. A body that fails after it may have written ends
+// the record FAILED in the same call, and the error wraps
+// idem.ErrEffectPartial: no retry runs the operation and its first writes
+// again (a broker consumer dead-letters the message), and what it wrote
+// needs looking at. So a body checks everything it can (types, amounts,
+// stock) before its first write — "validate before the first write" — as
+// idem's own scripts do, and a refusal before that write leaves the key
+// free for a retry. For example:
 //
 //	redisstore.WithEffect("reserve", `
 //	  local stock = tonumber(redis.call('GET', KEYS[1]) or '0')
@@ -87,7 +104,7 @@ func buildEffects(defs []effectDef, functions bool) (map[string]*script, error) 
 		if strings.TrimSpace(d.body) == "" {
 			return nil, fmt.Errorf("%w: effect %q has an empty body", idem.ErrInvalid, d.name)
 		}
-		src := completeLib + "local function effect(KEYS, ARGV, FENCE)\n" + d.body + "\nend\n" + completeEffectSrc
+		src := completeLib + effectLib + "local function effect(KEYS, ARGV, FENCE)\nlocal redis = tracked\n" + d.body + "\nend\n" + completeEffectSrc
 		sc := makeScript(d.name, src)
 		m[d.name] = sc
 		scripts = append(scripts, sc)
@@ -165,7 +182,10 @@ func (s *Store) CheckEffect(key string, e idem.Effect) error {
 // effect e applied in the same script or function call (see WithEffect). It
 // returns an error wrapping idem.ErrLeaseLost, and applies nothing, when
 // the caller no longer owns the record; an *idem.EffectError, and writes no
-// COMPLETED record, when the effect failed. Repeating a call that
+// COMPLETED record, when the effect failed: before its first write the
+// record stays IN_PROGRESS; after it, the record ends FAILED with
+// e.PartialResult() and the error wraps idem.ErrEffectPartial, again when
+// the call is repeated (see WithEffect). Repeating a call that
 // succeeded (same lease and result) succeeds again and does not apply e
 // again. With WithWait or WithWaitAOF it waits as Complete does. result
 // must not be modified during the call. It is safe for concurrent use.
@@ -193,29 +213,42 @@ func (s *Store) CompleteEffect(ctx context.Context, key string, lease idem.Lease
 // effectCall is the call of complete_effect.lua for e: with an XACK of the
 // entry id of stream in group when group is not "".
 func (s *Store) effectCall(key string, lease idem.Lease, result []byte, retention time.Duration, e idem.Effect, stream, group, id string) evalCall {
-	c := evalCall{keys: make([]string, 0, 2+len(e.Keys)), args: make([]string, 0, 8+len(e.Args))}
+	c := evalCall{keys: make([]string, 0, 2+len(e.Keys)), args: make([]string, 0, 9+len(e.Args))}
 	c.keys = append(c.keys, s.Key(key))
 	if group != "" {
 		c.keys = append(c.keys, stream)
 	}
 	c.keys = append(c.keys, e.Keys...)
-	c.args = append(c.args, lease.Owner, strconv.FormatInt(lease.Fence, 10), bytesArg(result), ms(retention), s.pub, s.channel(key), group, id)
+	c.args = append(c.args, lease.Owner, strconv.FormatInt(lease.Fence, 10), bytesArg(result), ms(retention), s.pub, s.channel(key), group, id,
+		bytesArg(e.PartialResult()))
 	c.args = append(c.args, e.Args...)
 	return c
 }
 
-// effectErrorPrefix starts the error reply of complete_effect.lua for a
-// failed effect.
-const effectErrorPrefix = "IDEMEFFECT "
+// The error replies of complete_effect.lua for an effect that failed
+// before its first write (the record is still IN_PROGRESS) and for one
+// that failed after it may have written (the record is FAILED).
+const (
+	effectErrorPrefix   = "IDEMEFFECT "
+	effectPartialPrefix = "IDEMPARTIAL "
+)
 
 // effectError turns the error reply of a failed effect into an
 // *idem.EffectError (wrapped with the store's context); other errors are
 // returned as they are.
 func effectError(name string, err error) error {
-	if msg, ok := serverError(err); ok && strings.HasPrefix(msg, effectErrorPrefix) {
-		return fmt.Errorf("redisstore: %w", &idem.EffectError{Name: name, Message: strings.TrimPrefix(msg, effectErrorPrefix)})
+	msg, ok := serverError(err)
+	if !ok {
+		return err
 	}
-	return err
+	e := &idem.EffectError{Name: name}
+	var found bool
+	if e.Message, found = strings.CutPrefix(msg, effectPartialPrefix); found {
+		e.Partial = true
+	} else if e.Message, found = strings.CutPrefix(msg, effectErrorPrefix); !found {
+		return err
+	}
+	return fmt.Errorf("redisstore: %w", e)
 }
 
 // CompleteEffectBatch implements idem.EffectBatchStore: CompleteBatch

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/internal/redistest"
 	"github.com/idemgo/idem/redisstore"
 	"github.com/redis/go-redis/v9"
@@ -31,6 +32,20 @@ redis.call('RPUSH', KEYS[2], FENCE)`),
 redis.call('SET', KEYS[1], 'written')
 redis.call('HSET', KEYS[2], 'f', 'v')
 redis.call('INCR', KEYS[2])`),
+	// half adds 1 to the counter KEYS[1], then fails as ARGV[1] says: a
+	// command that Redis refuses (a hash command on the counter), an
+	// error reply of its own, or a Lua error.
+	redisstore.WithEffect("half", `
+redis.call('INCR', KEYS[1])
+if ARGV[1] == 'wrongtype' then redis.call('HSET', KEYS[1], 'f', 'v') end
+if ARGV[1] == 'reply' then return redis.error_reply('refused after the write') end
+error('a Lua error after the write')`),
+	// checked reads the counter KEYS[1] and refuses before any write.
+	redisstore.WithEffect("checked", `
+local n = redis.call('GET', KEYS[1])
+redis.pcall('HGET', KEYS[1], 'f')
+if not n then return redis.error_reply('no counter') end
+redis.call('INCR', KEYS[1])`),
 }
 
 // emptyResult is the Executor's encoding of an empty value.
@@ -188,11 +203,12 @@ func TestEffectStaleOwner(t *testing.T) {
 	}
 }
 
-// TestEffectErrorWritesNoCompletion: an effect that refuses (error reply),
-// one that raises (a command on a key of the wrong type) and one that
-// writes and then fails each leave the record IN_PROGRESS, and the first
-// two write nothing; the third shows why an effect must check its input
-// before its first write: Redis keeps what it wrote.
+// TestEffectErrorWritesNoCompletion: an effect that refuses (error reply)
+// or reads and refuses before its first write, and one whose first write
+// Redis refuses, leave the record IN_PROGRESS, write nothing and answer
+// idem.ErrEffect; one that fails after it wrote (Redis keeps what it wrote)
+// ends the record FAILED in the same call and answers
+// idem.ErrEffectPartial, again when the call is repeated.
 func TestEffectErrorWritesNoCompletion(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
@@ -202,24 +218,36 @@ func TestEffectErrorWritesNoCompletion(t *testing.T) {
 				s := effectStore(t, c, m)
 				raw := goRedisClient(t, srv.Addr())
 				ctx := t.Context()
+				half := func(how string) func(key idem.Key) idem.Effect {
+					return func(key idem.Key) idem.Effect {
+						return idem.Effect{Name: "half", Keys: []string{s.EffectKey(key, "n")}, Args: []string{how}}
+					}
+				}
 				for _, tc := range []struct {
 					name    string
 					effect  func(key idem.Key) idem.Effect
 					setup   func(key idem.Key)
 					message string
+					partial bool
 					kept    int64 // keys of the effect that exist after
 				}{
 					{"refused", func(key idem.Key) idem.Effect {
 						e := count(t, s, key)
 						e.Args = []string{"many"}
 						return e
-					}, nil, "not a number: many", 0},
-					{"raised", func(key idem.Key) idem.Effect { return count(t, s, key) }, func(key idem.Key) {
+					}, nil, "not a number: many", false, 0},
+					{"read and refused", func(key idem.Key) idem.Effect {
+						return idem.Effect{Name: "checked", Keys: []string{s.EffectKey(key, "n")}}
+					}, nil, "no counter", false, 0},
+					{"first write raised", func(key idem.Key) idem.Effect { return count(t, s, key) }, func(key idem.Key) {
 						raw.HSet(ctx, count(t, s, key).Keys[0], "not", "a counter")
-					}, "WRONGTYPE", 1},
+					}, "WRONGTYPE", false, 1},
 					{"half written", func(key idem.Key) idem.Effect {
 						return idem.Effect{Name: "half_written", Keys: []string{s.EffectKey(key, "a"), s.EffectKey(key, "b")}}
-					}, nil, "WRONGTYPE", 2},
+					}, nil, "WRONGTYPE", true, 2},
+					{"raised after a write", half("wrongtype"), nil, "WRONGTYPE", true, 1},
+					{"refused after a write", half("reply"), nil, "refused after the write", true, 1},
+					{"Lua error after a write", half("lua"), nil, "a Lua error after the write", true, 1},
 				} {
 					key := idem.Key{Scope: c.name + m.name, ID: tc.name}
 					if tc.setup != nil {
@@ -227,21 +255,112 @@ func TestEffectErrorWritesNoCompletion(t *testing.T) {
 					}
 					e := tc.effect(key)
 					a := acquire(t, s, key.Digest())
-					err := s.CompleteEffect(ctx, key.Digest(), a.Lease, []byte("r"), time.Hour, e)
-					var ee *idem.EffectError
-					if !errors.As(err, &ee) || ee.Name != e.Name || !strings.Contains(ee.Message, tc.message) {
-						t.Fatalf("%s: got %v, want an *idem.EffectError with %q", tc.name, err, tc.message)
+					for call := range 2 {
+						err := s.CompleteEffect(ctx, key.Digest(), a.Lease, []byte("r"), time.Hour, e)
+						var ee *idem.EffectError
+						if !errors.As(err, &ee) || ee.Name != e.Name || (call == 0 && !strings.Contains(ee.Message, tc.message)) {
+							t.Fatalf("%s, call %d: got %v, want an *idem.EffectError with %q", tc.name, call, err, tc.message)
+						}
+						if ee.Partial != tc.partial || errors.Is(err, idem.ErrEffectPartial) != tc.partial || !errors.Is(err, idem.ErrEffect) {
+							t.Fatalf("%s, call %d: got %v (partial %t), want partial %t", tc.name, call, err, ee.Partial, tc.partial)
+						}
+						if idem.OutcomeUnknown(err) {
+							t.Fatalf("%s: an effect error leaves the outcome unknown", tc.name)
+						}
+						if !tc.partial {
+							break
+						}
 					}
-					if idem.OutcomeUnknown(err) {
-						t.Fatalf("%s: an effect error leaves the outcome unknown", tc.name)
+					want := idem.StateInProgress
+					if tc.partial {
+						want = idem.StateFailed
 					}
 					rec, err := s.Get(ctx, key.Digest())
-					if err != nil || rec.State != idem.StateInProgress {
-						t.Fatalf("%s: record: got %v, %v, want IN_PROGRESS", tc.name, rec.State, err)
+					if err != nil || rec.State != want {
+						t.Fatalf("%s: record: got %v, %v, want %v", tc.name, rec.State, err, want)
 					}
 					if n, _ := raw.Exists(ctx, e.Keys...).Result(); n != tc.kept {
 						t.Fatalf("%s: got %d keys of the effect, want %d", tc.name, n, tc.kept)
 					}
+				}
+			})
+		}
+	}
+}
+
+// TestEffectFailedHalfWayRunsOnce: an operation whose effect fails after
+// its first write, retried through Do, runs (and applies that write) once:
+// the first call returns idem.ErrEffectPartial marked terminal, the
+// retries a replayed *idem.FailedError that says so. Through Do and
+// CommitBatch.
+func TestEffectFailedHalfWayRunsOnce(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	const retries = 3
+	for _, c := range clients(t, srv, nil) {
+		for _, m := range modes {
+			t.Run(c.name+"/"+m.name, func(t *testing.T) {
+				s := effectStore(t, c, m)
+				raw := goRedisClient(t, srv.Addr())
+				exec, err := idem.New(s)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ctx := t.Context()
+				for _, how := range []string{"wrongtype", "reply", "lua"} {
+					key := idem.Key{Scope: c.name + m.name, ID: how}
+					counter := s.EffectKey(key, "n")
+					runs := 0
+					for i := range retries {
+						_, err := exec.Do(ctx, key, "fp", func(ctx context.Context) ([]byte, error) {
+							runs++
+							return []byte("v"), idem.SetEffect(ctx, idem.Effect{Name: "half", Keys: []string{counter}, Args: []string{how}})
+						})
+						var fe *idem.FailedError
+						switch {
+						case i == 0 && (!errors.Is(err, idem.ErrEffectPartial) || !idem.IsTerminal(err)):
+							t.Fatalf("%s: first Do: got %v, want a terminal ErrEffectPartial", how, err)
+						case i > 0 && (!errors.As(err, &fe) || !fe.Replayed || !strings.Contains(fe.Message, "may have partly applied")):
+							t.Fatalf("%s: Do #%d: got %v, want a replayed *idem.FailedError that says the effect may have partly applied", how, i+1, err)
+						}
+					}
+					if n, _ := raw.Get(ctx, counter).Int(); n != 1 || runs != 1 {
+						t.Fatalf("%s: %d runs, counter %d after %d tries; want 1 and 1", how, runs, n, retries)
+					}
+				}
+
+				// CommitBatch: the attempt whose effect fails half way gets
+				// ErrEffectPartial and its key FAILED; the other completes.
+				keys := []idem.Key{{Scope: c.name + m.name + "batch", ID: "half"}, {Scope: c.name + m.name + "batch", ID: "ok"}}
+				for round := range retries {
+					began := exec.BeginBatch(ctx, keys, []string{"fp", "fp"})
+					var attempts []*idem.Attempt
+					for i, b := range began {
+						attempts = append(attempts, b.Attempt)
+						if round == 0 && b.Err != nil {
+							t.Fatalf("BeginBatch: %v", b.Err)
+						}
+						if round > 0 {
+							continue
+						}
+						e := count(t, s, keys[i])
+						if i == 0 {
+							e = idem.Effect{Name: "half", Keys: []string{s.EffectKey(keys[0], "n")}, Args: []string{"wrongtype"}}
+						}
+						if err := idem.SetEffect(b.Ctx, e); err != nil {
+							t.Fatal(err)
+						}
+					}
+					errs := exec.CommitBatch(ctx, attempts, [][]byte{[]byte("v"), []byte("v")})
+					if round == 0 && (!errors.Is(errs[0], idem.ErrEffectPartial) || !idem.IsTerminal(errs[0]) || errs[1] != nil) {
+						t.Fatalf("CommitBatch: got %v, want a terminal ErrEffectPartial and nil", errs)
+					}
+					if round > 0 && (!errors.Is(began[0].Err, idem.ErrFailed) || !began[1].Attempt.Replayed()) {
+						t.Fatalf("BeginBatch #%d: got %v and %v, want FAILED and a replay", round+1, began[0].Err, began[1].Err)
+					}
+				}
+				if n, _ := raw.Get(ctx, s.EffectKey(keys[0], "n")).Int(); n != 1 {
+					t.Fatalf("CommitBatch: counter %d after %d rounds, want 1", n, retries)
 				}
 			})
 		}
@@ -315,7 +434,9 @@ func TestWithEffectValidation(t *testing.T) {
 
 // TestCompleteAndAckEffect completes, applies the effect and acknowledges
 // the entry in one call; repeated, nothing is applied twice; a failed
-// effect acknowledges nothing.
+// effect acknowledges nothing, and one that failed after a write ends its
+// record FAILED (idem.ErrEffectPartial) and applies nothing again when
+// repeated.
 func TestCompleteAndAckEffect(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
@@ -330,34 +451,41 @@ func TestCompleteAndAckEffect(t *testing.T) {
 					t.Fatal(err)
 				}
 				var ids []string
-				for range 2 {
+				for range 3 {
 					id, _ := raw.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: []string{"k", "v"}}).Result()
 					ids = append(ids, id)
 				}
 				if err := raw.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: "c", Streams: []string{stream, ">"}}).Err(); err != nil {
 					t.Fatal(err)
 				}
-				k1, k2 := idem.Key{Scope: stream, ID: "1"}, idem.Key{Scope: stream, ID: "2"}
-				a1, a2 := acquire(t, s, k1.Digest()), acquire(t, s, k2.Digest())
+				k1, k2, k3 := idem.Key{Scope: stream, ID: "1"}, idem.Key{Scope: stream, ID: "2"}, idem.Key{Scope: stream, ID: "3"}
+				a1, a2, a3 := acquire(t, s, k1.Digest()), acquire(t, s, k2.Digest()), acquire(t, s, k3.Digest())
 				good := count(t, s, k1)
 				bad := count(t, s, k2)
 				bad.Args = []string{"x"}
+				half := idem.Effect{Name: "half", Keys: []string{s.EffectKey(k3, stream+":n")}, Args: []string{"wrongtype"}}
 				acks := []redisstore.StreamAck{
 					{Key: k1.Digest(), Lease: a1.Lease, Result: []byte("r"), ID: ids[0], Effect: &good},
 					{Key: k2.Digest(), Lease: a2.Lease, Result: []byte("r"), ID: ids[1], Effect: &bad},
+					{Key: k3.Digest(), Lease: a3.Lease, Result: []byte("r"), ID: ids[2], Effect: &half},
 				}
 				for range 2 {
 					errs := s.CompleteAndAckBatch(ctx, stream, "g", time.Hour, acks)
-					if errs[0] != nil || !errors.Is(errs[1], idem.ErrEffect) {
-						t.Fatalf("CompleteAndAckBatch: got %v, want nil and an effect error", errs)
+					if errs[0] != nil || !errors.Is(errs[1], idem.ErrEffect) || errors.Is(errs[1], idem.ErrEffectPartial) || !errors.Is(errs[2], idem.ErrEffectPartial) {
+						t.Fatalf("CompleteAndAckBatch: got %v, want nil, an effect error and ErrEffectPartial", errs)
 					}
 				}
-				if n, _ := raw.Get(ctx, good.Keys[0]).Int(); n != 1 {
-					t.Fatalf("counter: got %d, want 1", n)
+				for _, k := range []string{good.Keys[0], half.Keys[0]} {
+					if n, _ := raw.Get(ctx, k).Int(); n != 1 {
+						t.Fatalf("counter %s: got %d, want 1", k, n)
+					}
+				}
+				if rec, err := s.Get(ctx, k3.Digest()); err != nil || rec.State != idem.StateFailed {
+					t.Fatalf("record of the effect that failed half way: got %v, %v, want FAILED", rec.State, err)
 				}
 				pending, _ := raw.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: stream, Group: "g", Start: "-", End: "+", Count: 10}).Result()
-				if len(pending) != 1 || pending[0].ID != ids[1] {
-					t.Fatalf("pending: got %+v, want only the entry whose effect failed", pending)
+				if len(pending) != 2 || pending[0].ID != ids[1] || pending[1].ID != ids[2] {
+					t.Fatalf("pending: got %+v, want only the entries whose effect failed", pending)
 				}
 			})
 		}
@@ -451,6 +579,49 @@ func TestCommitBatchWithEffects(t *testing.T) {
 			}
 			if v, err := rdb.Exists(ctx, count(t, s, keys[0]).Keys[0]).Result(); err != nil || v != 0 {
 				t.Fatalf("key 0: the refused effect wrote its counter (%d, %v)", v, err)
+			}
+		})
+	}
+}
+
+// TestConsumerDeadLettersPartialEffect: a broker consumer whose handler's
+// effect fails after its first write dead-letters the message at its first
+// delivery, with an error that says the effect may have partly applied,
+// and a redelivered copy is dead-lettered without running the handler: the
+// write happened once.
+func TestConsumerDeadLettersPartialEffect(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	for _, c := range clients(t, srv, nil) {
+		t.Run(c.name, func(t *testing.T) {
+			s := effectStore(t, c, modes[0])
+			raw := goRedisClient(t, srv.Addr())
+			exec, err := idem.New(s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p, err := consumer.New(exec, consumer.WithMaxDeliveries(5))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := t.Context()
+			counter := "consumer-counter-" + c.name
+			runs := 0
+			h := func(ctx context.Context, _ int) error {
+				runs++
+				return idem.SetEffect(ctx, idem.Effect{Name: "half", Keys: []string{counter}, Args: []string{"wrongtype"}})
+			}
+			for delivery := 1; delivery <= 3; delivery++ {
+				r := p.Process(ctx, []consumer.Message{{Key: "k-" + c.name, Deliveries: delivery}}, h)[0]
+				if r.Action != consumer.DeadLetter || !errors.Is(r.Err, idem.ErrEffectPartial) && !errors.Is(r.Err, idem.ErrFailed) {
+					t.Fatalf("delivery %d: got %v (%v), want DeadLetter with ErrEffectPartial", delivery, r.Action, r.Err)
+				}
+				if delivery == 1 && !strings.Contains(r.Err.Error(), "may have partly applied") {
+					t.Fatalf("delivery 1: the reason %q does not say the effect may have partly applied", r.Err)
+				}
+			}
+			if n, _ := raw.Get(ctx, counter).Int(); n != 1 || runs != 1 {
+				t.Fatalf("%d runs, counter %d after 3 deliveries; want 1 and 1", runs, n)
 			}
 		})
 	}

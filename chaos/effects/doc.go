@@ -15,6 +15,12 @@
 //     (toxiproxy); the repeated call finds its own COMPLETED record and
 //     applies nothing again. Control: the effect sent as a plain script and
 //     repeated after its lost reply is applied twice.
+//   - TestEffectFailsHalfWay: an effect that fails after its writes (a
+//     command Redis refuses, its own error reply, a Lua error), tried 3
+//     times per key: the completion call ends the key FAILED
+//     (idem.ErrEffectPartial) and the writes stand once. Control: the same
+//     writes as plain commands before the operation fails stand once per
+//     try.
 //   - TestEffectManyProcesses: 4 processes run every key 5 times each (20
 //     duplicates per key) while one of them is paused past its lease now and
 //     then: the stock, the order counter and the events equal the number of

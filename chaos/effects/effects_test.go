@@ -80,10 +80,11 @@ func runChild(role string) int {
 	return 0
 }
 
-// newStore returns the scenarios' store on rdb: hash tag fx, the effect
+// newStore returns the scenarios' store on rdb: hash tag fx, the effects
 // registered.
 func newStore(rdb redis.UniversalClient) (*redisstore.Store, error) {
-	return redisstore.New(rdb, redisstore.WithHashTag(tag), redisstore.WithEffect("order", applyOrder))
+	return redisstore.New(rdb, redisstore.WithHashTag(tag), redisstore.WithEffect("order", applyOrder),
+		redisstore.WithEffect("order_then_fail", applyOrderThenFail))
 }
 
 func key(id string) idem.Key { return idem.Key{Scope: "effects", ID: id} }

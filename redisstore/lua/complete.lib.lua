@@ -12,8 +12,10 @@
 -- call after a lost reply), 0 if the lease is lost (nothing written), or nil
 -- and an error message. before, if not nil, is called with the fence after
 -- the checks and right before the write (complete_effect.lua applies the
--- effect there); when it returns an error message, complete writes nothing
--- and returns nil and that message.
+-- effect there); when it returns an error message, complete does not
+-- complete the record and returns nil and that message: it writes nothing,
+-- or, when before also returns a result, ends the record FAILED with that
+-- result, as fail.lua does (an effect that failed after it wrote).
 local function complete(key, owner, fence_arg, result, retention_ms, before)
   local v = redis.call('GET', key)
   if not v then
@@ -31,8 +33,11 @@ local function complete(key, owner, fence_arg, result, retention_ms, before)
     return 0
   end
   if before then
-    local err = before(n)
+    local err, failed = before(n)
     if err then
+      if failed then
+        redis.call('SET', key, cmsgpack.pack(1, 'f', f, '', n, 0, a, c, failed), 'PX', retention_ms)
+      end
       return nil, err
     end
   end
