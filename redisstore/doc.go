@@ -86,9 +86,11 @@
 // other change) is a function of one library, idem_<version>, where
 // the version is a digest of the code, so that two versions of idem can run
 // side by side during a rolling deploy. Writes are called with FCALL, reads
-// (Get) with FCALL_RO. The library is loaded (FUNCTION LOAD, never REPLACE,
-// never FUNCTION FLUSH) when a call finds it missing: at first use, on
-// every primary of a Cluster, and again on a node that lost it. A restart
+// (Get) with FCALL_RO. The library is loaded (FUNCTION LOAD, never
+// FUNCTION FLUSH) when a call finds it missing: at first use, on every
+// primary of a Cluster, and again on a node that lost it; a library of its
+// name that holds other code is replaced (CheckLibrary,
+// TestForeignLibraryOfIdemsName). A restart
 // with AOF or RDB keeps it. The conformance suite runs in both modes
 // (TestConformance); TestFunctionFlush flushes the functions between calls.
 // LoadedLibraries and idem doctor report what is loaded. See WithFunctions

@@ -21,20 +21,25 @@ import (
 // idem_<version>, called with FCALL, and FCALL_RO for reads. The version is
 // a digest of the library's code, so that two versions of idem can run
 // side by side during a rolling deploy, each with its own library. The
-// library is loaded with FUNCTION LOAD (never REPLACE, never FUNCTION
-// FLUSH) the first time a call finds it missing ("Function not found"): at
-// first use, on every primary of a Cluster, and again on a node that lost
-// it (FUNCTION FLUSH, a new node, a failover to a replica that never had
-// it). Registered effects (WithEffect) are a second library,
-// idemfx_<version>, loaded the same way.
+// library is loaded with FUNCTION LOAD (never FUNCTION FLUSH) the first
+// time a call finds it missing ("Function not found"): at first use, on
+// every primary of a Cluster, and again on a node that lost it (FUNCTION
+// FLUSH, a new node, a failover to a replica that never had it). A node
+// whose library of that name lacks the function called holds other code
+// under idem's name (CheckLibrary tells): the store then replaces that
+// library with its own (FUNCTION LOAD REPLACE), since every idem of this
+// version expects this code under this name; it never replaces nor
+// deletes a library of another name. Registered effects (WithEffect) are
+// a second library, idemfx_<version>, loaded the same way.
 //
 // Behaviour is the same as in script mode (the conformance suite runs on
 // both). Choose Functions mode when scripts may not be sent (an ACL that
 // denies EVAL), when the server's script cache is flushed or bounded, or
 // to see idem's code in FUNCTION LIST; script mode needs no FUNCTION LOAD
 // right and nothing to manage on the server. ACL rights: script mode needs
-// EVALSHA and EVAL; Functions mode needs FCALL, FCALL_RO and FUNCTION LOAD
-// (and FUNCTION LIST for idem doctor). In both modes the commands that the
+// EVALSHA and EVAL; Functions mode needs FCALL, FCALL_RO, FUNCTION LOAD and
+// FUNCTION LIST (to check a library of idem's name that lacks a function,
+// and for idem doctor). In both modes the commands that the
 // Lua code calls are checked against the user too: GET, SET, TIME, PTTL,
 // PUBLISH or SPUBLISH, and XACK, XPENDING and XADD for the Redis Streams
 // consumer, plus whatever registered effects call. The default is script
@@ -124,45 +129,162 @@ func serverErrorHas(err error, prefix string) bool {
 	return ok && strings.HasPrefix(msg, prefix)
 }
 
-// load loads lib where it is missing: with FUNCTION LOAD, on every primary
-// (a standalone server is its only primary). A library already loaded is
-// left as it is.
+// load loads lib where it is missing, or held with other code: on every
+// primary (a standalone server is its only primary), with loadOn.
 func (s *Store) load(ctx context.Context, lib *library) error {
-	if err := s.b.load(ctx, lib.code); err != nil {
+	if err := s.b.load(ctx, lib); err != nil {
 		return fmt.Errorf("redisstore: FUNCTION LOAD %s: %w", lib.name, err)
 	}
 	return nil
 }
 
-// loadErr is the error of one FUNCTION LOAD: nil when the library is
-// already there.
-func loadErr(err error) error {
-	if err == nil || libraryExists(err) {
-		return nil
+// LibraryStatus is the state of a Functions library of idem on a server,
+// as CheckLibrary finds it.
+type LibraryStatus uint8
+
+const (
+	// LibraryMissing: no library of that name is loaded; the store loads
+	// it at first use in Functions mode.
+	LibraryMissing LibraryStatus = iota
+	// LibraryLoaded: the library is loaded with this version's code.
+	LibraryLoaded
+	// LibraryForeign: a library of that name is loaded with other code
+	// (other functions, or other bodies), so FCALLs of this version fail
+	// ("Function not found") or run other code; the store replaces it at
+	// its first call that finds a function missing.
+	LibraryForeign
+)
+
+// state is the one check of a loaded library: whether code, the code of
+// the library of lib's name that a server holds (found false: none), is
+// lib's.
+func (lib *library) state(code string, found bool) LibraryStatus {
+	switch {
+	case !found:
+		return LibraryMissing
+	case code == lib.code:
+		return LibraryLoaded
 	}
-	return err
+	return LibraryForeign
 }
 
-func (b *goRedis) load(ctx context.Context, code string) error {
-	return loadErr(b.c.FunctionLoad(ctx, code).Err())
+// CheckLibrary reports the state of the library that this version of the
+// package loads in Functions mode (LibraryName) on the server c: missing,
+// loaded with this version's code, or a library of that name with other
+// code, which the store replaces when a call finds a function missing (see
+// WithFunctions). It sends FUNCTION LIST LIBRARYNAME <name> WITHCODE to c,
+// one server: on a Cluster, call it for each primary. idem doctor uses it.
+func CheckLibrary(ctx context.Context, c *redis.Client) (LibraryStatus, error) {
+	lib := coreLibrary()
+	code, found, err := goRedisFunctions{c}.libraryCode(ctx, lib.name)
+	if err != nil {
+		return LibraryMissing, err
+	}
+	return lib.state(code, found), nil
 }
 
-func (b *goRedisCluster) load(ctx context.Context, code string) error {
+// functionNode is one server, for loadOn.
+type functionNode interface {
+	// functionLoad sends FUNCTION LOAD [REPLACE] code.
+	functionLoad(ctx context.Context, code string, replace bool) error
+	// libraryCode returns the code of the library name, and whether the
+	// server has one (FUNCTION LIST LIBRARYNAME name WITHCODE).
+	libraryCode(ctx context.Context, name string) (code string, found bool, err error)
+}
+
+// loadOn loads lib on n: FUNCTION LOAD; when a library of that name is
+// already there, its code is checked, and the library replaced (FUNCTION
+// LOAD REPLACE) if it holds other code. No other library is touched.
+func loadOn(ctx context.Context, n functionNode, lib *library) error {
+	err := n.functionLoad(ctx, lib.code, false)
+	if err == nil || !libraryExists(err) {
+		return err
+	}
+	code, found, err := n.libraryCode(ctx, lib.name)
+	if err != nil {
+		return err
+	}
+	if lib.state(code, found) == LibraryLoaded {
+		return nil // loaded meanwhile, by another client
+	}
+	return n.functionLoad(ctx, lib.code, true)
+}
+
+// goRedisFunctions is a functionNode on a go-redis client of one server.
+type goRedisFunctions struct{ c *redis.Client }
+
+func (n goRedisFunctions) functionLoad(ctx context.Context, code string, replace bool) error {
+	if replace {
+		return n.c.FunctionLoadReplace(ctx, code).Err()
+	}
+	return n.c.FunctionLoad(ctx, code).Err()
+}
+
+func (n goRedisFunctions) libraryCode(ctx context.Context, name string) (string, bool, error) {
+	libs, err := n.c.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: name, WithCode: true}).Result()
+	if err != nil {
+		return "", false, err
+	}
+	for _, l := range libs {
+		if l.Name == name {
+			return l.Code, true, nil
+		}
+	}
+	return "", false, nil
+}
+
+// rueidisFunctions is a functionNode on a rueidis client of one server.
+type rueidisFunctions struct{ c rueidis.Client }
+
+func (n rueidisFunctions) functionLoad(ctx context.Context, code string, replace bool) error {
+	if replace {
+		return n.c.Do(ctx, n.c.B().FunctionLoad().Replace().FunctionCode(code).Build()).Error()
+	}
+	return n.c.Do(ctx, n.c.B().FunctionLoad().FunctionCode(code).Build()).Error()
+}
+
+func (n rueidisFunctions) libraryCode(ctx context.Context, name string) (string, bool, error) {
+	arr, err := n.c.Do(ctx, n.c.B().FunctionList().Libraryname(name).Withcode().Build()).ToArray()
+	if err != nil {
+		return "", false, err
+	}
+	for _, l := range arr {
+		m, err := l.AsMap()
+		if err != nil {
+			return "", false, err
+		}
+		if v := m["library_name"]; !v.IsString() {
+			continue
+		} else if got, _ := v.ToString(); got != name {
+			continue
+		}
+		c := m["library_code"]
+		code, err := c.ToString()
+		return code, err == nil, err
+	}
+	return "", false, nil
+}
+
+func (b *goRedis) load(ctx context.Context, lib *library) error {
+	return loadOn(ctx, goRedisFunctions{b.c}, lib)
+}
+
+func (b *goRedisCluster) load(ctx context.Context, lib *library) error {
 	return b.c.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
-		return loadErr(c.FunctionLoad(ctx, code).Err())
+		return loadOn(ctx, goRedisFunctions{c}, lib)
 	})
 }
 
-func (b *rueidisBackend) load(ctx context.Context, code string) error {
+func (b *rueidisBackend) load(ctx context.Context, lib *library) error {
 	if b.c.Mode() != rueidis.ClientModeCluster {
-		return loadErr(b.c.Do(ctx, b.c.B().FunctionLoad().FunctionCode(code).Build()).Error())
+		return loadOn(ctx, rueidisFunctions{b.c}, lib)
 	}
 	// Nodes lists replicas too: they refuse the write and get the library
 	// from their primary.
 	var errs []error
 	loaded := false
 	for _, n := range b.c.Nodes() {
-		err := loadErr(n.Do(ctx, n.B().FunctionLoad().FunctionCode(code).Build()).Error())
+		err := loadOn(ctx, rueidisFunctions{n}, lib)
 		switch {
 		case err == nil:
 			loaded = true

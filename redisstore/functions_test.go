@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -137,4 +138,50 @@ func TestFunctionsLibrary(t *testing.T) {
 			t.Fatalf("Get after the restart: got %+v, %v", rec, err)
 		}
 	})
+}
+
+// TestForeignLibraryOfIdemsName loads, under the name of idem's library,
+// a library with other code, on a server and on every primary of a
+// Cluster: CheckLibrary reports it, every call of the store (whose
+// functions that library lacks) still succeeds, as the store replaces it
+// with its own, and CheckLibrary then reports it loaded.
+func TestForeignLibraryOfIdemsName(t *testing.T) {
+	t.Parallel()
+	standalone := redistest.Start(t)
+	cluster := redistest.StartCluster(t, 3)
+	name := redisstore.LibraryName()
+	foreign := "#!lua name=" + name + "\nredis.register_function('" + name + "_other', function() return 1 end)"
+	for _, c := range clients(t, standalone, cluster) {
+		t.Run(c.name, func(t *testing.T) {
+			nodes := []*redistest.Server{standalone}
+			if strings.HasPrefix(c.name, "cluster") {
+				nodes = cluster.Nodes()
+			}
+			for _, n := range nodes {
+				if _, err := n.Command("FUNCTION", "LOAD", "REPLACE", foreign); err != nil {
+					t.Fatal(err)
+				}
+				st, err := redisstore.CheckLibrary(t.Context(), goRedisClient(t, n.Addr()))
+				if err != nil || st != redisstore.LibraryForeign {
+					t.Fatalf("CheckLibrary on %s: got %v, %v, want LibraryForeign", n.Addr(), st, err)
+				}
+			}
+			s := c.newStore(t, redisstore.WithFunctions())
+			for i := range 4 {
+				key := idem.Key{Scope: c.name, ID: strconv.Itoa(i)}.Digest()
+				if _, err := s.Get(t.Context(), key); err != idem.ErrNotFound {
+					t.Fatalf("Get: got %v, want ErrNotFound", err)
+				}
+				if a := acquire(t, s, key); a.Outcome != idem.Acquired {
+					t.Fatalf("Acquire: got %v, want Acquired", a.Outcome)
+				}
+			}
+			for _, n := range nodes {
+				st, err := redisstore.CheckLibrary(t.Context(), goRedisClient(t, n.Addr()))
+				if err != nil || st != redisstore.LibraryLoaded {
+					t.Fatalf("CheckLibrary on %s after the calls: got %v, %v, want LibraryLoaded", n.Addr(), st, err)
+				}
+			}
+		})
+	}
 }

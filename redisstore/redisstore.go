@@ -138,9 +138,9 @@ type backend interface {
 	// runMulti runs many calls of s in one pipeline, as run does, and
 	// returns one normalized reply or error per call.
 	runMulti(ctx context.Context, s *script, calls []evalCall, fcall bool) ([]any, []error)
-	// load sends FUNCTION LOAD code to every primary that does not have
-	// the library yet.
-	load(ctx context.Context, code string) error
+	// load loads lib on every primary that does not have it with its
+	// code yet (loadOn).
+	load(ctx context.Context, lib *library) error
 	// libraries returns the names of idem's Functions libraries loaded on
 	// each primary.
 	libraries(ctx context.Context) ([]string, error)

@@ -156,8 +156,23 @@ func TestDoctor(t *testing.T) {
 			t.Fatalf("Get in Functions mode: got %v, want ErrNotFound", err)
 		}
 		_, out, _ = runIdem(t, "doctor", "--redis", "redis://"+srv.Addr())
-		if want := "OK    functions: library " + redisstore.LibraryName() + " of this version loaded"; !strings.Contains(out, want) {
+		loaded := "OK    functions: library " + redisstore.LibraryName() + " of this version loaded"
+		if !strings.Contains(out, loaded) {
+			t.Errorf("stdout:\n%s\nwant %q", out, loaded)
+		}
+		// A library of idem's name with other code: every call would fail
+		// until the store replaces it.
+		name := redisstore.LibraryName()
+		srv.Do(t, "FUNCTION", "LOAD", "REPLACE", "#!lua name="+name+"\nredis.register_function('"+name+"_other', function() return 1 end)")
+		_, out, _ = runIdem(t, "doctor", "--redis", "redis://"+srv.Addr())
+		if want := "WARN  functions: library " + name + " holds other code than this version's"; !strings.Contains(out, want) {
 			t.Errorf("stdout:\n%s\nwant %q", out, want)
+		}
+		if _, err := s.Get(t.Context(), idem.Key{ID: "k"}.Digest()); err != idem.ErrNotFound {
+			t.Fatalf("Get in Functions mode with the other library: got %v, want ErrNotFound", err)
+		}
+		if _, out, _ = runIdem(t, "doctor", "--redis", "redis://"+srv.Addr()); !strings.Contains(out, loaded) {
+			t.Errorf("after the store's call: stdout:\n%s\nwant %q", out, loaded)
 		}
 	})
 	t.Run("bad", func(t *testing.T) {

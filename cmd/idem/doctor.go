@@ -357,12 +357,21 @@ func doctorWaitAOF(ctx context.Context, r *report, n *redis.Client, name, versio
 }
 
 // doctorFunctions reports which of idem's Functions libraries the server
-// holds (redisstore.WithFunctions loads idem_<version> at first use).
+// holds (redisstore.WithFunctions loads idem_<version> at first use), and
+// whether the one of this version holds this version's code, as the store
+// checks it (redisstore.CheckLibrary).
 func doctorFunctions(ctx context.Context, r *report, n *redis.Client, prefix string) {
 	want := redisstore.LibraryName()
 	libs, err := n.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: "idem*"}).Result()
+	if err == nil {
+		var st redisstore.LibraryStatus
+		if st, err = redisstore.CheckLibrary(ctx, n); err == nil && st == redisstore.LibraryForeign {
+			r.add(vWarn, prefix+"functions", "library %s holds other code than this version's: every call in Functions mode fails (\"Function not found\") until the store replaces it, at its first call, with FUNCTION LOAD REPLACE (the user needs that right); or delete it (FUNCTION DELETE %s)", want, want)
+			return
+		}
+	}
 	if err != nil {
-		r.add(vWarn, prefix+"functions", "FUNCTION LIST failed (%v); Functions mode needs FUNCTION LOAD, FCALL and FCALL_RO", err)
+		r.add(vWarn, prefix+"functions", "FUNCTION LIST failed (%v); Functions mode needs FUNCTION LOAD, FUNCTION LIST, FCALL and FCALL_RO", err)
 		return
 	}
 	var names []string
