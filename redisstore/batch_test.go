@@ -10,7 +10,6 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/redistest"
-	"github.com/idemgo/idem/redisstore"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -45,14 +44,12 @@ func TestBatchRoundTrips(t *testing.T) {
 	srv := redistest.Start(t)
 	c := goRedisClient(t, srv.Addr())
 	// Load the scripts, so that the count below has no NOSCRIPT retry.
-	warm, _ := redisstore.New(c)
-	we, _ := idem.New(warm)
+	we := newExec(t, newStore(t, c))
 	wb := we.BeginBatch(t.Context(), []idem.Key{{ID: "warm1"}, {ID: "warm2"}}, []string{"", ""})
 	we.CommitBatch(t.Context(), []*idem.Attempt{wb[0].Attempt, wb[1].Attempt}, [][]byte{nil, nil})
 	hook := &roundTrips{}
 	c.AddHook(hook)
-	s, _ := redisstore.New(c)
-	exec, _ := idem.New(s)
+	exec := newExec(t, newStore(t, c))
 	keys := make([]idem.Key, 100)
 	fps := make([]string, 100)
 	for i := range keys {

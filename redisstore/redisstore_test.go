@@ -28,6 +28,28 @@ type client struct {
 	newStore func(t *testing.T, opts ...redisstore.Option) *redisstore.Store
 }
 
+// newStore is redisstore.New on c; it fails the test, and only it, when
+// the constructor refuses the server (an unsupported version, an evicting
+// policy).
+func newStore(t testing.TB, c redis.UniversalClient, opts ...redisstore.Option) *redisstore.Store {
+	t.Helper()
+	s, err := redisstore.New(c, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// newExec is idem.New on s; it fails the test on an error.
+func newExec(t testing.TB, s idem.Store, opts ...idem.Option) *idem.Executor {
+	t.Helper()
+	e, err := idem.New(s, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
 func goRedisClient(t *testing.T, addr string) *redis.Client {
 	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
 	t.Cleanup(func() { c.Close() })
@@ -207,7 +229,7 @@ func TestWait(t *testing.T) {
 				t.Fatalf("Complete with a live replica: %v", err)
 			}
 			// The replica holds the completed record: read it there.
-			onReplica, _ := redisstore.New(goRedisClient(t, replica.Addr()))
+			onReplica := newStore(t, goRedisClient(t, replica.Addr()))
 			if rec, err := onReplica.Get(t.Context(), key); err != nil || rec.State != idem.StateCompleted || string(rec.Result) != "r" {
 				t.Fatalf("record on the replica: got %+v, %v, want COMPLETED \"r\"", rec, err)
 			}
@@ -290,7 +312,7 @@ func TestScriptErrorWritesNothing(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	c := goRedisClient(t, srv.Addr())
-	s, _ := redisstore.New(c)
+	s := newStore(t, c)
 	key := idem.Key{ID: "bad"}.Digest()
 	// Lease "abc": acquire.lua fails at tonumber arithmetic.
 	err := c.Eval(t.Context(), redisstore.AcquireSource(), []string{s.Key(key)}, "fp", "owner", "abc", "1000", "0").Err()
@@ -361,11 +383,14 @@ func TestServerRestart(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer ru.Close()
-		s1, _ := redisstore.New(gr)
+		s1 := newStore(t, gr)
 		defer s1.Close() // its replay cache's tracking connection
-		s2, _ := redisstore.NewRueidis(ru)
+		s2, err := redisstore.NewRueidis(ru)
+		if err != nil {
+			t.Fatal(err)
+		}
 		for _, s := range []*redisstore.Store{s1, s2} {
-			exec, _ := idem.New(s)
+			exec := newExec(t, s)
 			done := idem.Key{ID: "before the crash"}
 			// The two stores share the server: the second replays.
 			if _, err := exec.Do(t.Context(), done, "", func(context.Context) ([]byte, error) { return []byte("kept"), nil }); err != nil {
@@ -442,8 +467,8 @@ func TestAwaitIsWokenByNotification(t *testing.T) {
 	cluster := redistest.StartCluster(t, 3)
 	for _, c := range clients(t, standalone, cluster) {
 		t.Run(c.name, func(t *testing.T) {
-			owner, _ := idem.New(c.newStore(t), idem.WithLease(time.Minute))
-			waiter, _ := idem.New(c.newStore(t), idem.WithLease(time.Minute))
+			owner := newExec(t, c.newStore(t), idem.WithLease(time.Minute))
+			waiter := newExec(t, c.newStore(t), idem.WithLease(time.Minute))
 			key := idem.Key{Scope: c.name, ID: "awaited"}
 			_, a, err := owner.Begin(t.Context(), key, "")
 			if err != nil {
@@ -494,8 +519,8 @@ func TestRawKeysNeverReachRedis(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	c := goRedisClient(t, srv.Addr())
-	s, _ := redisstore.New(c, redisstore.WithPrefix("app:"))
-	exec, _ := idem.New(s)
+	s := newStore(t, c, redisstore.WithPrefix("app:"))
+	exec := newExec(t, s)
 	raw := "customer-42/secret-order-id"
 	if _, err := exec.Do(t.Context(), idem.Key{Scope: "charges", ID: raw}, "fp", func(context.Context) ([]byte, error) { return []byte("ok"), nil }); err != nil {
 		t.Fatal(err)
@@ -539,7 +564,7 @@ func TestConcurrentExecutors(t *testing.T) {
 			var runs [20]atomic.Int32
 			var wg sync.WaitGroup
 			for w := range 8 {
-				exec, _ := idem.New(c.newStore(t))
+				exec := newExec(t, c.newStore(t))
 				wg.Add(1)
 				go func() {
 					defer wg.Done()

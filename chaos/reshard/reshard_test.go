@@ -386,7 +386,10 @@ func keySlot(id string) int {
 // a few keys, so that the count of keys in moved slots is right.
 func checkSlotFunction(t *testing.T, c *redis.ClusterClient) {
 	t.Helper()
-	s, _ := redisstore.New(c)
+	s, err := redisstore.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for i := range 20 {
 		id := "check-" + strconv.Itoa(i)
 		name := s.Key(idem.Key{Scope: "reshard", ID: id}.Digest())

@@ -72,8 +72,14 @@ func TestRelayOnce(t *testing.T) {
 	defer pool.Close()
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	defer rdb.Close()
-	rs, _ := redisstore.New(rdb)
-	e, _ := idem.New(rs)
+	rs, err := redisstore.New(rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := idem.New(rs)
+	if err != nil {
+		t.Fatal(err)
+	}
 	g, err := pggate.New(e, pool, pggate.WithRelayInterval(0))
 	if err != nil {
 		t.Fatal(err)

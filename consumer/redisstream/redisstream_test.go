@@ -413,8 +413,14 @@ func TestNewValidates(t *testing.T) {
 	// redisstore.New checks the server; New itself sends nothing.
 	rdb := redis.NewClient(&redis.Options{Addr: redistest.Start(t).Addr()})
 	t.Cleanup(func() { rdb.Close() })
-	store, _ := redisstore.New(rdb)
-	tagged, _ := redisstore.New(rdb, redisstore.WithHashTag("t"))
+	store, err := redisstore.New(rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tagged, err := redisstore.New(rdb, redisstore.WithHashTag("t"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	cases := []struct {
 		name  string
 		store *redisstore.Store

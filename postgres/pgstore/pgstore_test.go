@@ -33,10 +33,19 @@ func TestAwaitWokenByNotify(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool2.Close()
-	b, _ := pgstore.New(pool2)
+	b, err := pgstore.New(pool2)
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer b.Close()
-	ea, _ := idem.New(a, idem.WithLease(time.Minute))
-	eb, _ := idem.New(b, idem.WithLease(time.Minute))
+	ea, err := idem.New(a, idem.WithLease(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eb, err := idem.New(b, idem.WithLease(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
 	key := idem.Key{Scope: "t", ID: "await"}
 	_, at, err := ea.Begin(t.Context(), key, "fp")
 	if err != nil {
@@ -71,9 +80,12 @@ func TestAwaitWokenByNotify(t *testing.T) {
 
 func TestMissingSchema(t *testing.T) {
 	pool, _ := pgtest.Pool(t)
-	s, _ := pgstore.New(pool)
+	s, err := pgstore.New(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer s.Close()
-	_, err := s.Acquire(t.Context(), "k", idem.AcquireRequest{Fingerprint: "fp", Owner: "o", Lease: time.Second, Retention: time.Hour})
+	_, err = s.Acquire(t.Context(), "k", idem.AcquireRequest{Fingerprint: "fp", Owner: "o", Lease: time.Second, Retention: time.Hour})
 	if !errors.Is(err, pgstore.ErrNoSchema) {
 		t.Fatalf("Acquire without the schema: got %v, want ErrNoSchema", err)
 	}
@@ -89,12 +101,18 @@ func TestMissingSchema(t *testing.T) {
 // refused before anything commits, even before the new owner commits.
 func TestGateOnPgstoreRefusesStaleOwner(t *testing.T) {
 	pool, _ := pgtest.Pool(t)
-	s, _ := pgstore.New(pool)
+	s, err := pgstore.New(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer s.Close()
 	if err := s.Migrate(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	e, _ := idem.New(s, idem.WithLease(time.Minute))
+	e, err := idem.New(s, idem.WithLease(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
 	g, err := pggate.New(e, pool, pggate.WithRelayInterval(0))
 	if err != nil {
 		t.Fatal(err)
@@ -151,13 +169,22 @@ func TestGateOnPgstoreRefusesStaleOwner(t *testing.T) {
 // the completion row needs no relay; a duplicate replays.
 func TestGateOnPgstore(t *testing.T) {
 	pool, _ := pgtest.Pool(t)
-	s, _ := pgstore.New(pool)
+	s, err := pgstore.New(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer s.Close()
 	if err := s.Migrate(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	e, _ := idem.New(s)
-	g, _ := pggate.New(e, pool, pggate.WithRelayInterval(0))
+	e, err := idem.New(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := pggate.New(e, pool, pggate.WithRelayInterval(0))
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer g.Close()
 	if err := g.Migrate(t.Context()); err != nil {
 		t.Fatal(err)
