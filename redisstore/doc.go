@@ -221,10 +221,14 @@
 // is deleted or expires. The server keeps the cache consistent (client
 // tracking): a write or a delete of the key by any client (idem rm
 // included) invalidates the entry as soon as the server's message arrives;
-// the entry's local time to live is the key's PTTL read with it (at most a
-// minute), less 10 ms, so it never outlives the record's retention; when
-// the connection that carries the invalidations breaks, every entry is
-// dropped. An IN_PROGRESS record is never served from the cache, and the
+// the entry's local end is the key's PTTL read with it (at most a minute),
+// counted from before the read was sent, less 10 ms, so it never outlives
+// the record's retention, however long the reply took to arrive (rueidis
+// dates its own entries from the reply's arrival: the store keeps its own
+// date of each entry and serves it only before then;
+// TestReplayCacheDelayedReplies in chaos/netfault, replies delayed by
+// 300 ms); when the connection that carries the invalidations breaks,
+// every entry is dropped. An IN_PROGRESS record is never served from the cache, and the
 // fingerprint is checked as the script checks it (Mismatch). Only a key
 // whose acquire returned a replay is read through the cache (one GET, then
 // local hits), so new keys cost nothing more.

@@ -33,11 +33,12 @@ import (
 const replayCacheTTL = time.Minute
 
 // replayExpiryMargin: a cached record with less time to live left is not
-// used (the store runs the acquire script instead), so that a cached replay
-// never outlives the record by the reply's transit time.
+// used (the store runs the acquire script instead). Its end is dated from
+// before the read that cached it was sent, so it ends before the record
+// does; the margin covers the rounding of times to milliseconds.
 const replayExpiryMargin = 10 * time.Millisecond
 
-var errNearExpiry = errors.New("redisstore: cached record near its expiry")
+var errNearExpiry = errors.New("redisstore: cached record near its end, or of unknown date")
 
 // replayIndexSize is the default number of keys of the replay index.
 const replayIndexSize = 1 << 16
@@ -73,10 +74,69 @@ type replayCacheBackend interface {
 // replayCache implements replayCacheBackend: rueidis keeps the cache.
 func (b *rueidisBackend) replayCache(string, int64, *slog.Logger) cachedGetter { return b }
 
-// forget does nothing: rueidis drops the entry when the server's
+// forget drops the key's date: rueidis drops the entry when the server's
 // invalidation arrives; until then the store's replay index, which no
-// longer holds the key, keeps the cache from being read for it.
-func (b *rueidisBackend) forget(string) {}
+// longer holds the key, keeps the cache from being read for it, and
+// without a date the entry is not served.
+func (b *rueidisBackend) forget(key string) { b.ends.forget(key) }
+
+// cacheEnds dates the entries that a rueidis store's reads put into the
+// client's cache. rueidis dates an entry's end from the arrival of the
+// reply (its arrival plus the key's PTTL), so an entry outlives its record
+// by the reply's transit time: by 289 ms with 300 ms of one-way delay. The
+// store dates it from before its read was sent instead: that time plus
+// the entry's time to live as the reply left it, which is at most the
+// record's own time to live when the server read it. A hit is served only
+// before that end, and only for an entry the store dated. It is safe for
+// concurrent use.
+type cacheEnds struct {
+	mu sync.Mutex
+	m  map[string]datedEnd
+}
+
+type datedEnd struct{ sent, end time.Time }
+
+// set dates key's entry, read by a command sent at sent, to end, unless a
+// later read dated it already.
+func (c *cacheEnds) set(key string, sent, end time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if d, ok := c.m[key]; ok && d.sent.After(sent) {
+		return
+	}
+	if c.m == nil {
+		c.m = make(map[string]datedEnd)
+	}
+	if len(c.m) >= replayIndexSize {
+		// As many as the replay index holds: drop the ended ones, or,
+		// if none has, all (their entries are then read from the server
+		// once more).
+		now := time.Now()
+		for k, d := range c.m {
+			if !now.Before(d.end) {
+				delete(c.m, k)
+			}
+		}
+		if len(c.m) >= replayIndexSize {
+			clear(c.m)
+		}
+	}
+	c.m[key] = datedEnd{sent, end}
+}
+
+// end returns the end of key's entry, and whether the store dated it.
+func (c *cacheEnds) end(key string) (time.Time, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	d, ok := c.m[key]
+	return d.end, ok
+}
+
+func (c *cacheEnds) forget(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.m, key)
+}
 
 // close does nothing: the cache is the client's, which the store does not
 // own.
@@ -108,6 +168,7 @@ const cacheProbes = 8
 func (b *rueidisBackend) cachedGet(ctx context.Context, key string) (string, bool, error) {
 	var m rueidis.RedisMessage
 	var err error
+	sent := time.Now()
 	switch b.read.Load() {
 	case readDoCache:
 		m, err = b.c.DoCache(ctx, b.c.B().Get().Key(key).Cache(), replayCacheTTL).ToMessage()
@@ -129,13 +190,15 @@ func (b *rueidisBackend) cachedGet(ctx context.Context, key string) (string, boo
 		return "", false, err
 	}
 	if m.IsCacheHit() {
-		if m.CachePTTL() < replayExpiryMargin.Milliseconds() {
-			// rueidis dates the entry's end from the PTTL's arrival, a
-			// little after the server read it: near its end, ask the
-			// server.
+		// Served only before the end the store dated (cacheEnds).
+		if end, ok := b.ends.end(key); !ok || time.Until(end) < replayExpiryMargin {
 			return "", false, errNearExpiry
 		}
 		replayCacheHits.Add(1)
+	} else if pxat := m.CachePXAT(); pxat > 0 {
+		// The reply is in the cache until pxat, dated from its arrival:
+		// date it from the send.
+		b.ends.set(key, sent, sent.Add(time.Until(time.UnixMilli(pxat))))
 	}
 	v, err := m.ToString()
 	if rueidis.IsRedisNil(err) {

@@ -26,6 +26,8 @@ type rueidisBackend struct {
 	// cache.
 	read    atomic.Int32
 	noCache atomic.Int32
+	// ends dates the replays cached by the client (replaycache.go).
+	ends cacheEnds
 }
 
 func newRueidis(c rueidis.Client) *rueidisBackend {

@@ -15,6 +15,9 @@
 // owner past its lease and asserts that its operation never starts after
 // the lease's local deadline, while another owner has taken over (its
 // control runs the operation on the late reply, as Begin once did).
+// TestReplayCacheDelayedReplies delays every reply by 300 ms and asserts
+// that the stores' local replay caches serve no replay of a record after
+// it expired on the server.
 //
 //	make chaos RUN=TestNetwork
 //	make chaos-long RUN=TestNetwork
