@@ -253,7 +253,15 @@
 // of a key under the prefix, by any client. Nothing is cached or served
 // until that connection's subscription is confirmed; a read in flight when
 // its key is invalidated is not cached; a FLUSHALL, a broken connection or a
-// ping unanswered for 3 s drops every entry. If the server refuses CLIENT
+// ping unanswered for 3 s drops every entry. The tracking connection
+// follows the client: the store adds a dial hook to the client (AddHook),
+// and when the client connects to another server (after a Sentinel
+// failover, the new primary) every entry is dropped at once and the
+// tracking connection moves there (TestSentinelReplayCacheFollowsFailover;
+// before, a record deleted on the new primary was replayed until the
+// Sentinels demoted the old one, about 7 s). go-redis connects to a new
+// primary only when it sends a command, so the store PINGs through the
+// client once a second. If the server refuses CLIENT
 // TRACKING (an ACL), the store logs one warning and reads replays from the
 // server. Store.Close ends the tracking connection (a store that is
 // collected without Close ends it too). With broadcasting, every write of a

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -120,5 +121,90 @@ func TestSentinelFailover(t *testing.T) {
 		if a, err := p.durable.Acquire(t.Context(), other, req); !errors.Is(err, idem.ErrNotDurable) || a.Outcome != idem.Acquired {
 			t.Errorf("%s: Acquire with WithWait(2) and one replica left: got %v, %v, want Acquired and ErrNotDurable", name, a.Outcome, err)
 		}
+	}
+}
+
+// TestSentinelReplayCacheFollowsFailover: a record served from the replay
+// cache of a store on a go-redis failover client, then a failover that
+// leaves the old primary running (SENTINEL FAILOVER: the Sentinels demote
+// it only some seconds later), then the record deleted on the new primary:
+// once the client talks to the new primary, no acquire replays the record.
+// Before, the tracking connection stayed on the old primary, which never
+// saw the delete, and the cache served the record until the Sentinels
+// demoted it (about 7 s). A rueidis client with its client-side cache is
+// checked the same way.
+func TestSentinelReplayCacheFollowsFailover(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"go-redis", "rueidis"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			s := redistest.StartSentinel(t, 1)
+			var st *redisstore.Store
+			var get func(ctx context.Context, key string) (string, error)
+			if name == "go-redis" {
+				c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: s.MasterName, SentinelAddrs: s.SentinelAddrs(), MaxRetries: -1})
+				t.Cleanup(func() { c.Close() })
+				st = newStore(t, c)
+				get = func(ctx context.Context, key string) (string, error) { return c.Get(ctx, key).Result() }
+			} else {
+				c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: s.SentinelAddrs(), Sentinel: rueidis.SentinelOption{MasterSet: s.MasterName}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(c.Close)
+				if st, err = redisstore.NewRueidis(c); err != nil {
+					t.Fatal(err)
+				}
+				get = func(ctx context.Context, key string) (string, error) {
+					return c.Do(ctx, c.B().Get().Key(key).Build()).ToString()
+				}
+			}
+			key := idem.Key{Scope: "sentinel-cache", ID: name}.Digest()
+			completeAndCache(t, st, key, "fp", time.Hour)
+
+			old := s.Primary()
+			if _, err := s.Sentinels()[0].Command("SENTINEL", "FAILOVER", s.MasterName); err != nil {
+				t.Fatal(err)
+			}
+			next := s.WaitFailover(t, old)
+			// Until the client reads what only the new primary has, it
+			// still talks to the old one, where the record is.
+			marker := "marker-" + name
+			if _, err := next.Command("SET", marker, "new primary"); err != nil {
+				t.Fatal(err)
+			}
+			deadline := time.Now().Add(30 * time.Second)
+			for {
+				ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+				v, _ := get(ctx, marker)
+				cancel()
+				if v == "new primary" {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the client never read from the new primary")
+				}
+				time.Sleep(20 * time.Millisecond) // poll until the client follows the failover
+			}
+			if _, err := next.Command("DEL", st.Key(key)); err != nil {
+				t.Fatal(err)
+			}
+			if role, _ := old.Command("ROLE"); !strings.HasPrefix(role, "master") {
+				t.Logf("the old primary was already demoted (%q): the check below shows less", role)
+			}
+			replays := 0
+			for range 100 {
+				a, err := st.Acquire(t.Context(), key, idem.AcquireRequest{Fingerprint: "fp", Owner: "o", Lease: time.Minute, Retention: time.Hour})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if a.Outcome == idem.Replay {
+					replays++
+				}
+			}
+			if replays > 0 {
+				t.Errorf("%d of 100 acquires after the failover replayed a record deleted on the new primary, want 0", replays)
+			}
+		})
 	}
 }

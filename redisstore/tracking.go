@@ -4,8 +4,11 @@ import (
 	"container/list"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -22,12 +25,22 @@ import (
 // write or delete of a key under the prefix, by any client, in one message
 // per event loop cycle. Reads stay on the user's pooled connections.
 //
-// Safety rests on four rules:
+// Safety rests on five rules:
 //   - nothing is served or stored while the tracking connection is not
 //     confirmed (the subscription's reply arrived after tracking was
 //     turned on on that connection), and everything is dropped when it
 //     breaks, when the server flushes its keys, or when a message cannot be
 //     read;
+//   - the tracking connection is on the server the user's client talks to:
+//     when the client connects to another server (a Sentinel failover: the
+//     client's dialer now answers the new primary), every entry is dropped
+//     at once, before that connection's first command, and the tracking
+//     connection moves there; one that reached another server than the
+//     client's last connection is not confirmed. A dial hook on the client
+//     (AddHook) sees its connections, and a PING through the client every
+//     trackPing makes it connect to the new primary when nothing else would
+//     (every acquire a local replay), since go-redis learns of a failover
+//     from the Sentinels but connects only when it sends;
 //   - a read marks its key pending before it is sent, and an invalidation
 //     of the key or a flush while it is in flight cancels the insert, so an
 //     entry never predates an invalidation it has not seen;
@@ -81,7 +94,12 @@ type trackedCache struct {
 	lru     list.List // of *cacheEntry, most recent first
 	entries map[string]*list.Element
 	pending map[string]uint64 // key → token of the read in flight
+	// trackAddr is the server of the tracking connection ("" between
+	// sessions), userAddr the server of the client's last new connection
+	// ("" before the first the hook saw).
+	trackAddr, userAddr string
 
+	moved     chan struct{} // the client moved to another server: end the session
 	done      chan struct{} // closed by close
 	closeOnce sync.Once
 	stopped   chan struct{} // closed when track returned
@@ -99,9 +117,56 @@ func (e *cacheEntry) bytes() int64 { return int64(len(e.key) + len(e.value) + en
 // with close.
 func startTracking(c *redis.Client, prefix string, maxBytes int64, log *slog.Logger) *trackedCache {
 	tc := &trackedCache{c: c, max: maxBytes, entries: make(map[string]*list.Element), pending: make(map[string]uint64),
-		done: make(chan struct{}), stopped: make(chan struct{})}
+		moved: make(chan struct{}, 1), done: make(chan struct{}), stopped: make(chan struct{})}
+	c.AddHook(dialWatch{tc.userDialed})
 	go tc.track(prefix, log)
 	return tc
+}
+
+// dialWatch is a go-redis hook that reports the server of every new
+// connection to f.
+type dialWatch struct{ f func(addr string) }
+
+func (w dialWatch) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		cn, err := next(ctx, network, addr)
+		if err == nil && cn.RemoteAddr() != nil {
+			w.f(cn.RemoteAddr().String())
+		}
+		return cn, err
+	}
+}
+
+func (w dialWatch) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (w dialWatch) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// userDialed is told the server of each new connection of the user's
+// client: one other than the tracking connection's drops every entry at
+// once and ends the tracking session, so that the next one is on the
+// client's new server.
+func (tc *trackedCache) userDialed(addr string) {
+	tc.mu.Lock()
+	defer tc.mu.Unlock()
+	tc.userAddr = addr
+	if tc.trackAddr == "" || addr == tc.trackAddr {
+		return
+	}
+	tc.flushLocked()
+	tc.trackAddr = ""
+	select {
+	case tc.moved <- struct{}{}:
+	default:
+	}
+}
+
+// trackDialed is told the server of each new tracking connection.
+func (tc *trackedCache) trackDialed(addr string) {
+	tc.mu.Lock()
+	tc.trackAddr = addr
+	tc.mu.Unlock()
 }
 
 // replayCache implements replayCacheBackend: the store's own cache, with
@@ -143,6 +208,7 @@ func (tc *trackedCache) track(prefix string, log *slog.Logger) {
 	}
 	rc := redis.NewClient(&opt)
 	defer rc.Close()
+	rc.AddHook(dialWatch{tc.trackDialed})
 	pause := 10 * time.Millisecond
 	warned := false
 	for {
@@ -175,10 +241,15 @@ func (tc *trackedCache) track(prefix string, log *slog.Logger) {
 // confirmed.
 func (tc *trackedCache) session(rc *redis.Client) (confirmed bool, err error) {
 	ctx := context.Background()
+	select {
+	case <-tc.moved: // a move before this session, which dials anew
+	default:
+	}
 	ps := rc.Subscribe(ctx, "__redis__:invalidate")
 	defer ps.Close()
 	stop := make(chan struct{})
 	defer close(stop)
+	var probing atomic.Bool
 	go func() {
 		t := time.NewTicker(trackPing)
 		defer t.Stop()
@@ -189,8 +260,19 @@ func (tc *trackedCache) session(rc *redis.Client) (confirmed bool, err error) {
 			case <-tc.done:
 				ps.Close() // ends the session: Receive returns ErrClosed
 				return
+			case <-tc.moved:
+				ps.Close()
+				return
 			case <-t.C:
 				_ = ps.Ping(ctx) // the reply (or its absence) is seen below
+				if probing.CompareAndSwap(false, true) {
+					go func() {
+						defer probing.Store(false)
+						pctx, cancel := context.WithTimeout(ctx, trackTimeout)
+						defer cancel()
+						_ = tc.c.Ping(pctx).Err() // the client dials its new primary, if it has one
+					}()
+				}
 			}
 		}
 	}()
@@ -205,8 +287,13 @@ func (tc *trackedCache) session(rc *redis.Client) (confirmed bool, err error) {
 		case *redis.Subscription:
 			if m.Kind == "subscribe" && m.Channel == "__redis__:invalidate" {
 				tc.mu.Lock()
-				tc.healthy = true
+				track, user := tc.trackAddr, tc.userAddr
+				ok := track != "" && (user == "" || user == track)
+				tc.healthy = ok
 				tc.mu.Unlock()
+				if !ok {
+					return confirmed, fmt.Errorf("the tracking connection reached %q, the client's last connection %q", track, user)
+				}
 				confirmed = true
 			}
 		case *redis.Message:
@@ -237,6 +324,12 @@ func (tc *trackedCache) invalidate(keys []string) {
 func (tc *trackedCache) flush() {
 	tc.mu.Lock()
 	defer tc.mu.Unlock()
+	tc.flushLocked()
+	tc.trackAddr = ""
+}
+
+// flushLocked is flush, with tc.mu held.
+func (tc *trackedCache) flushLocked() {
 	tc.healthy = false
 	tc.gen++
 	tc.lru.Init()
