@@ -33,16 +33,25 @@ type node interface {
 	addr() string
 	info(ctx context.Context) (string, error)
 	configGet(ctx context.Context, name string) (string, error)
+	// setWaitAOF sets key and sends WAITAOF 1 0 timeout on the same
+	// connection, and returns the local fsyncs that WAITAOF counted
+	// (waitaof.go).
+	setWaitAOF(ctx context.Context, key string, timeout time.Duration) (int64, error)
+	// exists sends EXISTS key (answered MOVED on a Cluster node that does
+	// not serve it).
+	exists(ctx context.Context, key string) error
+	del(ctx context.Context, key string) error
 }
 
 // checkServer is the start check of New and NewRueidis: on every node the
 // client knows (a Cluster's primaries and replicas), the version must be
 // 7.0 or later (7.2 with WithWaitAOF) and maxmemory-policy noeviction
 // (unless WithAllowEviction). Both are read from INFO; where INFO is
-// refused, the policy from CONFIG GET. With WithWaitAOF, a release whose
-// WAITAOF acknowledges early must not run appendfsync everysec (CONFIG
-// GET). What cannot be read is logged once, as a warning, and not held
-// against the server. A server that cannot be reached is an error.
+// refused, the policy from CONFIG GET. With WithWaitAOF, WAITAOF must wait
+// for the fsync (checkWaitAOF: a server that acknowledges early must not
+// run appendfsync everysec). What cannot be read is logged once, as a
+// warning, and not held against the server. A server that cannot be
+// reached is an error.
 func checkServer(ctx context.Context, nodes []node, c *config) error {
 	var unchecked []string
 	for _, n := range nodes {
@@ -56,16 +65,15 @@ func checkServer(ctx context.Context, nodes []node, c *config) error {
 		} else if err := checkVersion(n.addr(), version, c); err != nil {
 			return err
 		}
-		if name, own := redisinfo.Server(f); c.wait != nil && c.wait.aof && redisinfo.EarlyWAITAOF(name, own) {
-			server := name + " " + own
-			fsync, err := n.configGet(ctx, "appendfsync")
+		if c.wait != nil && c.wait.aof && version != "" {
+			r, err := checkWaitAOF(ctx, n, f, c.prefix)
 			switch {
-			case err != nil && !isReplyError(err):
-				return fmt.Errorf("redisstore: cannot check %s at start: %w", n.addr(), err)
-			case err != nil || fsync == "":
-				unchecked = append(unchecked, n.addr()+" appendfsync ("+server+" must not run everysec with WithWaitAOF)")
-			case fsync == "everysec":
-				return &WaitAOFError{Addr: n.addr(), Server: server}
+			case err != nil:
+				return fmt.Errorf("redisstore: cannot check WAITAOF on %s at start: %w", n.addr(), err)
+			case r.Early:
+				return &WaitAOFError{Addr: n.addr(), Server: r.Server, Reason: r.Reason()}
+			case r.Unknown != "":
+				unchecked = append(unchecked, n.addr()+" WAITAOF ("+r.Unknown+"; with appendfsync everysec "+r.Server+" may count writes as fsynced before they are)")
 			}
 		}
 		switch policy {

@@ -196,13 +196,16 @@ func TestStartCheckVersion(t *testing.T) {
 	}
 }
 
-// TestStartCheckWaitAOF checks that WithWaitAOF is refused on a release
+// TestStartCheckWaitAOF checks that WithWaitAOF is refused on a server
 // whose WAITAOF counts writes as fsynced before they are, when it runs
-// appendfsync everysec: with a *WaitAOFError naming the server. The same
-// server is accepted under appendfsync always, without WithWaitAOF, and
-// where CONFIG GET does not answer (a warning, as for the other checks);
-// Redis 7.2 and other releases are accepted. (On a real server:
-// TestWaitAOFUnsupported, with Redis 7.4.1 or Valkey 8.0.1 on PATH.)
+// appendfsync everysec: with a *WaitAOFError naming the server, from the
+// version of a release known to, and from a watched write on any other
+// that may (Redis 8.0-M01 reports 7.9.224, unstable builds 255.255.255).
+// The same server is accepted under appendfsync always, without
+// WithWaitAOF, and where CONFIG GET does not answer (a warning, as for the
+// other checks); Redis 7.2 (no write watched), a release whose watched
+// write waits and a replica (not watched) are accepted. (On a real server:
+// TestWaitAOFUnsupported, with such a server on PATH.)
 func TestStartCheckWaitAOF(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), time.Second)
 	defer cancel()
@@ -210,33 +213,43 @@ func TestStartCheckWaitAOF(t *testing.T) {
 		return "# Server\r\nredis_version:" + v + "\r\n\r\n# Memory\r\nmaxmemory_policy:noeviction\r\n"
 	}
 	everysec := map[string]string{"appendfsync": "everysec"}
+	replica := "\r\n# Replication\r\nrole:slave\r\n"
 	for _, tc := range []struct {
 		info   string
 		config map[string]string
 		aof    bool
+		early  bool   // a watched write is acknowledged at once
 		server string // the refused server, "" when accepted
+		probed bool   // a write was watched
 	}{
-		{info("7.4.1"), everysec, true, "redis 7.4.1"},
-		{info("7.4.0"), everysec, true, "redis 7.4.0"},
-		{info("7.2.4") + "valkey_version:8.0.1\r\n", everysec, true, "valkey 8.0.1"},
-		{info("7.2.4") + "valkey_version:8.0.0\r\n", everysec, true, "valkey 8.0.0"},
-		{info("7.4.1"), map[string]string{"appendfsync": "always"}, true, ""},
-		{info("7.4.1"), everysec, false, ""},
-		{info("7.4.1"), nil, true, ""},
-		{info("7.2.6"), everysec, true, ""},
-		{info("7.2.4") + "valkey_version:7.2.7\r\n", everysec, true, ""},
+		{info("7.4.1"), everysec, true, true, "redis 7.4.1", false},
+		{info("7.4.0"), everysec, true, true, "redis 7.4.0", false},
+		{info("7.2.4") + "valkey_version:8.0.1\r\n", everysec, true, true, "valkey 8.0.1", false},
+		{info("7.2.4") + "valkey_version:8.0.0\r\n", everysec, true, true, "valkey 8.0.0", false},
+		{info("7.9.224"), everysec, true, true, "redis 7.9.224", true},
+		{info("255.255.255"), everysec, true, true, "redis 255.255.255", true},
+		{info("7.9.224"), everysec, true, false, "", true},
+		{info("7.9.224") + replica, everysec, true, true, "", false},
+		{info("7.4.1"), map[string]string{"appendfsync": "always"}, true, true, "", false},
+		{info("7.4.1"), everysec, false, true, "", false},
+		{info("7.4.1"), nil, true, true, "", false},
+		{info("7.2.6"), everysec, true, true, "", false},
+		{info("7.2.4") + "valkey_version:7.2.7\r\n", everysec, true, true, "", false},
 	} {
 		var opts []redisstore.Option
 		if tc.aof {
 			opts = append(opts, redisstore.WithWaitAOF(1, 0, time.Second))
 		}
-		err := redisstore.CheckServer(ctx, []redisstore.FakeNode{{Addr: "a:1", Info: tc.info, Config: tc.config}}, opts...)
+		probes := 0
+		err := redisstore.CheckServer(ctx, []redisstore.FakeNode{{Addr: "a:1", Info: tc.info, Config: tc.config, EarlyAOF: tc.early, Probes: &probes}}, opts...)
 		var we *redisstore.WaitAOFError
 		switch {
 		case tc.server == "" && err != nil:
 			t.Errorf("%q %v aof=%v: got %v, want it accepted", tc.info, tc.config, tc.aof, err)
 		case tc.server != "" && (!errors.As(err, &we) || we.Server != tc.server || we.Addr != "a:1"):
 			t.Errorf("%q %v aof=%v: got %v, want a *WaitAOFError for %s", tc.info, tc.config, tc.aof, err, tc.server)
+		case (probes > 0) != tc.probed:
+			t.Errorf("%q %v aof=%v: %d writes watched, want some: %v", tc.info, tc.config, tc.aof, probes, tc.probed)
 		}
 	}
 }

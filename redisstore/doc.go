@@ -17,9 +17,11 @@
 // node the client knows; within StartCheckTimeout): a server older than
 // Redis 7.0 (7.2 with WithWaitAOF) is refused with a *VersionError, and one
 // whose maxmemory-policy is not noeviction with an *EvictionError, unless
-// WithAllowEviction. With WithWaitAOF, a release whose WAITAOF counts
+// WithAllowEviction. With WithWaitAOF, a server whose WAITAOF counts
 // writes as fsynced before they are (Redis 7.4.0 and 7.4.1, Valkey 8.0.0
-// and 8.0.1) is refused with a *WaitAOFError while it runs appendfsync
+// and 8.0.1 by their version; others, such as Redis 8.0-M01 and unstable
+// builds, from a watched write: CheckWaitAOF, which idem doctor --wait-aof
+// reports) is refused with a *WaitAOFError while it runs appendfsync
 // everysec. Every other policy can evict idem's records (they all
 // carry a time to live, so the volatile-* policies too), and a retried
 // request whose record was evicted runs again: on a 4 MB allkeys-lru server

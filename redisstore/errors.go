@@ -36,18 +36,21 @@ func (e *VersionError) Error() string {
 }
 
 // WaitAOFError is returned by New and NewRueidis with WithWaitAOF when a
-// server runs appendfsync everysec and is a release whose WAITAOF counts
-// writes as fsynced before they are (Redis 7.4.0 and 7.4.1, Valkey 8.0.0
-// and 8.0.1; fixed upstream by redis/redis#13793). A store there would
-// acknowledge records that a crash of the machine can lose. Set
-// appendfsync always (every write is then fsynced before its reply), or
-// upgrade the server. idem doctor --wait-aof probes other releases.
+// server runs appendfsync everysec and its WAITAOF counts writes as
+// fsynced before they are: Redis 7.4.0 and 7.4.1, Valkey 8.0.0 and 8.0.1
+// by their version, and any other server where a watched write was
+// acknowledged before an fsync could run (CheckWaitAOF; Redis 8.0-M01 and
+// unstable builds of late 2024, for example; fixed upstream by
+// redis/redis#13793). A store there would acknowledge records that a crash
+// of the machine can lose. Set appendfsync always (every write is then
+// fsynced before its reply), or upgrade the server.
 type WaitAOFError struct {
 	Addr   string // the server's address, as the client knows it
 	Server string // its name and version, "redis 7.4.1" or "valkey 8.0.1"
+	Reason string // what it does (WaitAOFCheck.Reason)
 }
 
 func (e *WaitAOFError) Error() string {
-	return fmt.Sprintf("redisstore: %s runs %s, whose WAITAOF counts writes as fsynced before they are under appendfsync everysec (redis/redis#13793): WithWaitAOF would acknowledge records that a crash of the machine can lose; set appendfsync always, or upgrade the server",
-		e.Addr, e.Server)
+	return fmt.Sprintf("redisstore: %s runs %s, whose WAITAOF counts writes as fsynced before they are under appendfsync everysec (it %s): WithWaitAOF would acknowledge records that a crash of the machine can lose; set appendfsync always, or upgrade the server",
+		e.Addr, e.Server, e.Reason)
 }

@@ -48,6 +48,12 @@ type FakeNode struct {
 	Info    string
 	InfoErr error
 	Config  map[string]string // CONFIG GET's answers
+	// EarlyAOF makes WAITAOF acknowledge a write at once, fsynced or
+	// not; otherwise it acknowledges a write only when given the probe's
+	// first, long wait.
+	EarlyAOF bool
+	// Probes counts the writes WAITAOF was asked about.
+	Probes *int
 }
 
 func (n FakeNode) addr() string                         { return n.Addr }
@@ -55,6 +61,19 @@ func (n FakeNode) info(context.Context) (string, error) { return n.Info, n.InfoE
 func (n FakeNode) configGet(_ context.Context, name string) (string, error) {
 	return n.Config[name], n.InfoErr
 }
+
+func (n FakeNode) setWaitAOF(_ context.Context, _ string, timeout time.Duration) (int64, error) {
+	if n.Probes != nil {
+		*n.Probes++
+	}
+	if n.EarlyAOF || timeout >= probeFirstWait {
+		return 1, nil
+	}
+	return 0, nil
+}
+
+func (n FakeNode) exists(context.Context, string) error { return nil }
+func (n FakeNode) del(context.Context, string) error    { return nil }
 
 // CheckServer runs the start check of New on nodes with opts.
 func CheckServer(ctx context.Context, nodes []FakeNode, opts ...Option) error {

@@ -258,22 +258,31 @@ func TestWait(t *testing.T) {
 
 // TestWaitAOFUnsupported checks that a store with WithWaitAOF is refused
 // on a server older than 7.2, which lacks WAITAOF, with a *VersionError
-// that says so, instead of failing every acquire.
+// that says so, instead of failing every acquire; and, on 7.2 and later,
+// that New and NewRueidis agree with CheckWaitAOF (what idem doctor
+// reports): a server whose WAITAOF acknowledges early under appendfsync
+// everysec is refused, and accepted under always.
 func TestWaitAOFUnsupported(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t, "--appendonly", "yes")
+	srv := redistest.Start(t, "--appendonly", "yes", "--appendfsync", "everysec")
 	version, _ := srv.Command("INFO", "server")
 	if !strings.Contains(version, "redis_version:7.0") && !strings.Contains(version, "redis_version:7.1") {
-		// A release whose WAITAOF acknowledges early is refused under
-		// appendfsync everysec, and accepted under always.
-		if name, v := redisinfo.Server(redisinfo.Parse(version)); redisinfo.EarlyWAITAOF(name, v) {
+		chk, err := redisstore.CheckWaitAOF(t.Context(), goRedisClient(t, srv.Addr()), "idem:")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("CheckWaitAOF: %+v", chk)
+		if name, v := redisinfo.Server(redisinfo.Parse(version)); redisinfo.EarlyWAITAOF(name, v) != chk.Known {
+			t.Errorf("CheckWaitAOF on %s %s: got %+v, want Known %t", name, v, chk, !chk.Known)
+		}
+		if chk.Early {
 			ru := srv.Rueidis(t)
 			_, grErr := redisstore.New(goRedisClient(t, srv.Addr()), redisstore.WithWaitAOF(1, 0, time.Second))
 			_, ruErr := redisstore.NewRueidis(ru, redisstore.WithWaitAOF(1, 0, time.Second))
 			for _, err := range []error{grErr, ruErr} {
 				var we *redisstore.WaitAOFError
-				if !errors.As(err, &we) || we.Server != name+" "+v {
-					t.Errorf("WithWaitAOF on %s %s with appendfsync everysec: got %v, want a *WaitAOFError", name, v, err)
+				if !errors.As(err, &we) || we.Server != chk.Server {
+					t.Errorf("WithWaitAOF on %s with appendfsync everysec: got %v, want a *WaitAOFError", chk.Server, err)
 				}
 			}
 			srv.Do(t, "CONFIG", "SET", "appendfsync", "always")

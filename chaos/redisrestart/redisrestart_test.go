@@ -141,11 +141,15 @@ func runVariant(t *testing.T, v variant) {
 			})
 			return
 		}
-		if name, own := redisinfo.Server(fields); redisinfo.EarlyWAITAOF(name, own) {
+		chk, err := redisstore.CheckWaitAOF(t.Context(), srv.GoRedis(t), "idem:")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if chk.Early {
 			checkEarlyWaitAOFRefused(t, srv)
 			var c chaostest.Counters
 			chaostest.Report(t, v.scenario, command, &c, map[string]string{
-				"waitaof": fmt.Sprintf("refused: %s %s counts writes as fsynced before they are under appendfsync everysec", name, own),
+				"waitaof": fmt.Sprintf("refused: %s counts writes as fsynced before they are under appendfsync everysec", chk.Server),
 			})
 			return
 		}
@@ -562,8 +566,8 @@ func checkWaitAOFRefused(t *testing.T, srv *redistest.Server) {
 	}
 }
 
-// checkEarlyWaitAOFRefused checks that on a release whose WAITAOF counts
-// writes as fsynced before they are (redisinfo.EarlyWAITAOF), run with
+// checkEarlyWaitAOFRefused checks that on a server whose WAITAOF counts
+// writes as fsynced before they are (redisstore.CheckWaitAOF), run with
 // appendfsync everysec, a store configured with WithWaitAOF is refused (a
 // *WaitAOFError).
 func checkEarlyWaitAOFRefused(t *testing.T, srv *redistest.Server) {

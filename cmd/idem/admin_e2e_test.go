@@ -1,9 +1,11 @@
 package main
 
 import (
+	"errors"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/redistest"
@@ -232,6 +234,14 @@ func TestDoctor(t *testing.T) {
 				if code != 0 || !strings.Contains(out, waits) {
 					t.Errorf("--wait-aof on Redis 7.2: got %d\n%s\nwant 0 and %q", code, out, waits)
 				}
+				// Even with appendfsync always, WAITAOF waits for a cron
+				// tick.
+				tick := "WARN  waitaof: appendfsync always; WAITAOF on redis 7.2"
+				srv.Do(t, "CONFIG", "SET", "appendfsync", "always")
+				if code, out, _ := runIdem(t, "doctor", "--redis", "redis://"+srv.Addr(), "--wait-aof"); code != 0 || !strings.Contains(out, tick) {
+					t.Errorf("--wait-aof on Redis 7.2 with appendfsync always: got %d\n%s\nwant 0 and %q", code, out, tick)
+				}
+				srv.Do(t, "CONFIG", "SET", "appendfsync", "everysec")
 			case strings.Contains(info, "redis_version:7.4.0") || strings.Contains(info, "redis_version:7.4.1") || strings.Contains(info, "valkey_version:8.0."):
 				if code != 1 || !strings.Contains(out, early) {
 					t.Errorf("--wait-aof on a server whose WAITAOF does not wait for the fsync: got %d\n%s\nwant 1 and %q", code, out, early)
@@ -240,6 +250,15 @@ func TestDoctor(t *testing.T) {
 				t.Errorf("--wait-aof with appendfsync everysec: got %d\n%s\nwant a verdict on WAITAOF", code, out)
 			default:
 				t.Logf("--wait-aof on this server:\n%s", out)
+			}
+			// The store makes the same check: it refuses the server
+			// exactly when doctor fails it.
+			rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+			defer rdb.Close()
+			_, err := redisstore.New(rdb, redisstore.WithWaitAOF(1, 0, time.Second))
+			var we *redisstore.WaitAOFError
+			if refused, failed := errors.As(err, &we), strings.Contains(out, early); refused != failed {
+				t.Errorf("--wait-aof: doctor says\n%s\nwhile WithWaitAOF got %v: want both to refuse the server, or neither", out, err)
 			}
 		}
 	})

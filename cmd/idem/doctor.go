@@ -70,14 +70,18 @@ For Redis (on a Cluster, on every primary):
   persistence       OK with appendonly yes; WARN with RDB snapshots only (the
                     writes since the last snapshot are lost on a crash); FAIL
                     when both are off (a restart loses every record)
-  waitaof           with --wait-aof and appendfsync everysec, WAITAOF must
+  waitaof           with --wait-aof, the check a store with WithWaitAOF
+                    makes at start: under appendfsync everysec WAITAOF must
                     wait for the fsync: FAIL on Redis 7.4.0 and 7.4.1 and
                     Valkey 8.0.0 and 8.0.1, which count a write as fsynced
-                    before it is; on later releases a scratch key is
-                    written twice, and FAIL if WAITAOF counts the second
-                    write as fsynced before the next fsync could start;
-                    WARN otherwise, as each acquire and complete waits up
-                    to a second
+                    before it is; on other servers that may (Redis 7.4 and
+                    later, Valkey 8 and later) a scratch key is written
+                    twice, and FAIL if WAITAOF counts the second write as
+                    fsynced before the next fsync could start; WARN
+                    otherwise, as each acquire and complete waits up to a
+                    second. WARN on Redis and Valkey 7.2, whose WAITAOF
+                    answers at the next cron tick (about 100 ms), even with
+                    appendfsync always
   replicas          with --wait-replicas N, FAIL when fewer than N replicas
                     are connected (every WAIT would fall short)
   lua               EVAL must run (the store's transitions are Lua scripts)
@@ -269,8 +273,8 @@ func doctorNode(ctx context.Context, r *report, d *doctorFlags, n *redis.Client,
 			fsync = cfg["appendfsync"]
 		}
 		r.add(vOK, prefix+"persistence", "appendonly yes (appendfsync %s)", fsync)
-		if d.waitAOF && fsync == "everysec" && ok && compat.AtLeast(7, 2) {
-			doctorWaitAOF(ctx, r, n, name, v, d.store.prefix, prefix)
+		if d.waitAOF && ok && compat.AtLeast(7, 2) {
+			doctorWaitAOF(ctx, r, n, d.store.prefix, prefix)
 		}
 	case !saveKnown:
 		r.add(vWarn, prefix+"persistence", "appendonly is off and the RDB save rules cannot be read (CONFIG GET refused); turn appendonly on")
@@ -317,42 +321,40 @@ func doctorNode(ctx context.Context, r *report, d *doctorFlags, n *redis.Client,
 	}
 }
 
-// doctorWaitAOF checks, under appendfsync everysec, that WAITAOF waits for
-// the fsync of a write: the releases known to acknowledge early fail; on
-// other servers that may (Redis 7.4 and later, Valkey 8 and later),
-// probeWaitAOF looks, twice before a FAIL. Redis 7.2 waits.
-func doctorWaitAOF(ctx context.Context, r *report, n *redis.Client, name, version, keyPrefix, prefix string) {
-	const waits = "appendfsync everysec: WAITAOF waits for the next fsync%s, up to a second per acquire and complete; appendfsync always makes it return at once"
-	const early = "appendfsync everysec: %s %s acknowledges writes as fsynced before their fsync (WAITAOF %s); fixed upstream by redis/redis#13793: WithWaitAOF would acknowledge records that a crash of the machine can lose; set appendfsync always, or upgrade the server"
-	if redisinfo.EarlyWAITAOF(name, version) {
-		r.add(vFail, prefix+"waitaof", early, name, version, "counts a write as fsynced one event loop tick after it, when nothing is left to write")
-		return
-	}
-	if v, ok := redisinfo.ParseVersion(version); !ok || !fsyncOncePerSecond(name, v) {
-		r.add(vWarn, prefix+"waitaof", waits, "")
-		return
-	}
-	ctx, cancel := context.WithTimeout(ctx, 8*probeFirstWait)
+// doctorWaitAOF reports redisstore.CheckWaitAOF, the check a store with
+// WithWaitAOF makes at start: under appendfsync everysec, a server whose
+// WAITAOF counts writes as fsynced before they are fails (a release known
+// to, from its version; another that may, Redis 7.4 and later and Valkey 8
+// and later, from a watched write: twice before a FAIL); one that waits is
+// a warning, as each acquire and complete waits up to a second. On Redis
+// and Valkey 7.2, WAITAOF answers at the server's next cron tick even with
+// appendfsync always: a warning with the cost.
+func doctorWaitAOF(ctx context.Context, r *report, n *redis.Client, keyPrefix, prefix string) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	var p waitAOFProbe
-	for range 2 {
-		var err error
-		if p, err = probeWaitAOF(ctx, n, keyPrefix); err != nil {
-			r.add(vWarn, prefix+"waitaof", "appendfsync everysec: cannot tell whether WAITAOF waits for the fsync (%v)", err)
-			return
-		}
-		if p.waits || p.unknown != "" {
-			break
-		}
-	}
+	chk, err := redisstore.CheckWaitAOF(ctx, n, keyPrefix)
+	const tick = "; WAITAOF on %s answers at the server's next cron tick, about 100 ms per acquire and complete at the default hz 10 even with appendfsync always (Redis 7.4 and later answer within a millisecond)"
 	switch {
-	case p.unknown != "":
-		r.add(vWarn, prefix+"waitaof", "appendfsync everysec: cannot tell whether WAITAOF waits for the fsync: %s", p.unknown)
-	case !p.waits:
-		r.add(vFail, prefix+"waitaof", early, name, version,
-			fmt.Sprintf("acknowledged a write as fsynced after %v, twice, before the next fsync could start: one starts at most once a second", p.early.Round(time.Millisecond)))
+	case err != nil:
+		r.add(vWarn, prefix+"waitaof", "cannot tell whether WAITAOF waits for the fsync (%v)", err)
+	case chk.Early:
+		r.add(vFail, prefix+"waitaof", "appendfsync everysec: %s acknowledges writes as fsynced before their fsync (WAITAOF %s); fixed upstream by redis/redis#13793: WithWaitAOF would acknowledge records that a crash of the machine can lose, and a store with it is refused; set appendfsync always, or upgrade the server",
+			chk.Server, chk.Reason())
+	case chk.Unknown != "":
+		r.add(vWarn, prefix+"waitaof", "cannot tell whether WAITAOF waits for the fsync: %s", chk.Unknown)
+	case chk.Fsync == "everysec":
+		detail := ""
+		if chk.Window > 0 {
+			detail = fmt.Sprintf(" (a write was not acknowledged within %v, before the next fsync could start)", chk.Window.Round(time.Millisecond))
+		}
+		if chk.CronTick {
+			detail += fmt.Sprintf(tick, chk.Server)
+		}
+		r.add(vWarn, prefix+"waitaof", "appendfsync everysec: WAITAOF waits for the next fsync%s, up to a second per acquire and complete; appendfsync always makes it return at once", detail)
+	case chk.CronTick:
+		r.add(vWarn, prefix+"waitaof", "appendfsync %s%s", chk.Fsync, fmt.Sprintf(tick, chk.Server))
 	default:
-		r.add(vWarn, prefix+"waitaof", waits, fmt.Sprintf(" (a write was not acknowledged within %v, before the next fsync could start)", p.window.Round(time.Millisecond)))
+		r.add(vOK, prefix+"waitaof", "appendfsync %s: WAITAOF returns once the write is fsynced", chk.Fsync)
 	}
 }
 
