@@ -27,6 +27,25 @@ var ErrPanic = errors.New("consumer: handler panicked")
 // is released and the message is left for redelivery.
 var ErrStopping = errors.New("consumer: stopping")
 
+// ErrAbandoned is the error of a message whose handler had not returned
+// AbandonAfter after the batch's context was done (the consumer stopping
+// past its shutdown timeout, a Kafka partition revoked), although its own
+// context was cancelled then: the Processor stopped waiting for it, so
+// that the consumer can stop. The key is left to its lease (IN_PROGRESS
+// under the handler's fence, no longer extended: the next owner takes it
+// over with a higher fence once the lease ended) and the message is left
+// for redelivery. The handler's goroutine runs on until the handler
+// returns; what it returns then is ignored: nothing is completed,
+// released or acknowledged for it.
+var ErrAbandoned = errors.New("consumer: handler abandoned: it ignored its context's cancellation")
+
+// AbandonAfter is how long the Processor waits for a handler once the
+// batch's context is done (the handler's context is cancelled then)
+// before it abandons the handler (ErrAbandoned). So a consumer's Run
+// returns at most about the shutdown timeout plus AbandonAfter (plus its
+// broker calls) after it was told to stop, whatever its handlers do.
+const AbandonAfter = time.Second
+
 // IsInvalid reports whether err is the error of a message that cannot be
 // processed however often it is delivered: it has no key (ErrNoKey), or
 // its key or fingerprint is over its limit (idem.ErrInvalid). Such a
@@ -89,12 +108,15 @@ type Result struct {
 	// Err says why, for Retry and DeadLetter: the handler's error (ErrPanic
 	// for a panic), ErrNoKey, an error wrapping idem.ErrInvalid (a key or
 	// fingerprint over its limit), idem.ErrMismatch, a *idem.FailedError,
-	// an *idem.InProgressError, ErrStopping or a store error.
+	// an *idem.InProgressError, ErrStopping, ErrAbandoned or a store error.
 	Err error
 }
 
 // Handler processes message i of a batch. ctx carries the lease
-// (idem.FenceFrom) and is cancelled if the lease is lost.
+// (idem.FenceFrom) and is cancelled if the lease is lost or the batch's
+// context is done. It runs on a goroutine of its own (unless the batch's
+// context can never be done); a handler that has not returned AbandonAfter
+// after the batch's context was done is abandoned (ErrAbandoned).
 type Handler func(ctx context.Context, i int) error
 
 // CommitFunc completes the keys of the handled messages of a batch:
@@ -156,6 +178,11 @@ type Stats struct {
 	// Errors: broker calls that failed (an acknowledgement, a dead-letter
 	// write, a fetch), as adapters report them with ReportError.
 	Errors int64
+	// Abandoned: handlers that had not returned AbandonAfter after their
+	// context was cancelled by the consumer's stop (ErrAbandoned; also
+	// counted in Retried or DeadLettered). Each one's goroutine runs on
+	// until the handler returns.
+	Abandoned int64
 }
 
 // Processor runs handlers at most once per message key. It is safe for
@@ -172,7 +199,7 @@ type Processor struct {
 	passDuplicates bool
 
 	stats struct {
-		processed, replayed, retried, dead, invalid, panics, redelivered, errors atomic.Int64
+		processed, replayed, retried, dead, invalid, panics, redelivered, errors, abandoned atomic.Int64
 	}
 }
 
@@ -201,6 +228,7 @@ func (p *Processor) Stats() Stats {
 		Panics:       p.stats.panics.Load(),
 		Redelivered:  p.stats.redelivered.Load(),
 		Errors:       p.stats.errors.Load(),
+		Abandoned:    p.stats.abandoned.Load(),
 	}
 }
 
@@ -314,24 +342,17 @@ func (p *Processor) check(m Message) error {
 func (b *Batch) Held(i int) bool { return b.held[i] != nil }
 
 // Handle runs h, in order, for every message whose key the batch holds. A
-// panic in h is recovered and handled as an error wrapping ErrPanic. A
-// failed message's key is released for a redelivery or, after the maximum
-// of deliveries or for an error marked with idem.Terminal, stored as
-// FAILED and the message dead-lettered. Once the batch's context is done,
-// no handler starts: the remaining keys are released (ErrStopping).
+// panic in h (or runtime.Goexit) is recovered and handled as an error
+// wrapping ErrPanic. A failed message's key is released for a redelivery
+// or, after the maximum of deliveries or for an error marked with
+// idem.Terminal, stored as FAILED and the message dead-lettered. Once the
+// batch's context is done, no handler starts: the remaining keys are
+// released (ErrStopping); a handler still running then is waited for at
+// most AbandonAfter, then abandoned (ErrAbandoned: its key is left to its
+// lease, its message retried).
 func (b *Batch) Handle(h Handler) {
 	p := b.p
 	sctx := context.WithoutCancel(b.ctx)
-	defer func() {
-		// After runtime.Goexit in h: give back the keys not handled.
-		for i, a := range b.held {
-			if a != nil && !b.done[i] {
-				_ = a.Release(sctx)
-				b.held[i] = nil
-				b.results[i] = Result{Action: Retry, Delay: p.retryDelay, Err: ErrStopping}
-			}
-		}
-	}()
 	for i, m := range b.msgs {
 		if b.dups != nil && b.dups[i] != nil {
 			b.passDuplicate(h, i)
@@ -349,8 +370,19 @@ func (b *Batch) Handle(h Handler) {
 			err = context.Cause(b.ctxs[i]) // the lease was lost before the handler started
 		} else {
 			start := time.Now()
-			err = p.call(b.ctxs[i], h, i, a.Key())
+			var abandoned bool
+			abandoned, err = b.run(b.ctxs[i], h, i, a.Key())
 			b.durations[i] = time.Since(start)
+			if abandoned {
+				// The handler may still complete its work: neither release
+				// the key (another owner would run it at once, beside
+				// this one) nor store anything. Its lease ends, and the
+				// next owner takes the key over with a higher fence.
+				_ = a.Abandon()
+				b.held[i] = nil
+				b.results[i] = Result{Action: Retry, Delay: max(time.Until(a.LeaseDeadline()), time.Millisecond), Err: ErrAbandoned}
+				continue
+			}
 			ran = true
 		}
 		if err == nil {
@@ -392,11 +424,53 @@ func (b *Batch) passDuplicate(h Handler, i int) {
 	p := b.p
 	ctx := context.WithValue(b.ctx, duplicateKey{}, b.dups[i])
 	start := time.Now()
-	err := p.call(ctx, h, i, p.Key(b.msgs[i].Key).Digest())
+	abandoned, err := b.run(ctx, h, i, p.Key(b.msgs[i].Key).Digest())
 	b.durations[i] = time.Since(start)
+	if abandoned {
+		err = ErrAbandoned
+	}
 	if err != nil {
 		b.results[i] = Result{Action: Retry, Delay: p.retryDelay, Err: err}
 	}
+}
+
+// run runs h for message i on a goroutine of its own and returns its
+// error, or abandoned if it had not returned AbandonAfter after the
+// batch's context was done (ctx, the handler's, is done by then). An
+// abandoned handler's goroutine runs on; its error is dropped.
+func (b *Batch) run(ctx context.Context, h Handler, i int, digest string) (abandoned bool, err error) {
+	stop := b.ctx.Done()
+	if stop == nil {
+		return false, b.p.call(ctx, h, i, digest) // a batch that is never stopped
+	}
+	done := make(chan error, 1)
+	go func() {
+		returned := false
+		defer func() {
+			if !returned { // runtime.Goexit in h
+				done <- fmt.Errorf("%w: runtime.Goexit", ErrPanic)
+			}
+		}()
+		err := b.p.call(ctx, h, i, digest)
+		returned = true
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		return false, err
+	case <-stop:
+	}
+	t := time.NewTimer(AbandonAfter)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return false, err
+	case <-t.C:
+	}
+	b.p.stats.abandoned.Add(1)
+	b.p.log.Warn("consumer: handler abandoned: it had not returned "+AbandonAfter.String()+" after its context was cancelled; its goroutine runs on",
+		"scope", b.p.scope, "key_digest", digest)
+	return true, nil
 }
 
 // leaseLost calls the compensation hook for message i if endErr, the

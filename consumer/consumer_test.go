@@ -3,7 +3,10 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"runtime"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -286,5 +289,130 @@ func TestPassDuplicates(t *testing.T) {
 	res = p.Process(t.Context(), msg, func(context.Context, int) error { return errors.New("not yet") })
 	if res[0].Action != consumer.Retry {
 		t.Fatalf("failing duplicate handler: got %+v, want Retry", res[0])
+	}
+}
+
+// TestStuckHandlerAbandoned: a handler that ignores its context keeps
+// Process waiting only AbandonAfter once the batch's context is done. Its
+// key is left to its lease (IN_PROGRESS, not extended), the messages after
+// it in the batch do not start, and its late return completes nothing: the
+// next delivery takes the key over with a higher fence once the lease
+// ended.
+func TestStuckHandlerAbandoned(t *testing.T) {
+	s, err := memstore.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	exec, err := idem.New(s, idem.WithLease(300*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := consumer.New(exec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	entered, release, returned := make(chan int64, 1), make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { close(release) }) })
+	var nextRuns atomic.Int32
+	batch := []consumer.Message{{Key: "stuck"}, {Key: "next"}}
+	done := make(chan []consumer.Result, 1)
+	go func() {
+		done <- p.Process(ctx, batch, func(ctx context.Context, i int) error {
+			if i == 1 {
+				nextRuns.Add(1)
+				return nil
+			}
+			fence, _ := idem.FenceFrom(ctx)
+			entered <- fence
+			<-release // ignores ctx
+			close(returned)
+			return nil
+		})
+	}()
+	fence := <-entered
+	cancel()
+	var res []consumer.Result
+	select {
+	case res = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("Process had not returned 30s after its context was cancelled, its handler ignoring it")
+	}
+	if res[0].Action != consumer.Retry || !errors.Is(res[0].Err, consumer.ErrAbandoned) || res[0].Delay <= 0 || res[0].Delay > exec.Lease() {
+		t.Errorf("stuck message: got %+v, want Retry with ErrAbandoned after the rest of the lease", res[0])
+	}
+	if res[1].Action != consumer.Retry || !errors.Is(res[1].Err, consumer.ErrStopping) || nextRuns.Load() != 0 {
+		t.Errorf("next message: got %+v after %d runs, want Retry with ErrStopping and no run", res[1], nextRuns.Load())
+	}
+	if st := p.Stats(); st.Abandoned != 1 || st.Retried != 2 || st.Processed != 0 {
+		t.Errorf("stats %+v, want 1 abandoned, 2 retried, 0 processed", st)
+	}
+	digest := p.Key("stuck").Digest()
+	rec, err := s.Get(t.Context(), digest)
+	if err != nil || rec.State != idem.StateInProgress || rec.Fence != fence {
+		t.Fatalf("record: %v fence %d (%v), want IN_PROGRESS under the stuck handler's fence %d", rec.State, rec.Fence, err, fence)
+	}
+	leaseUntil := rec.LeaseUntil
+
+	close(release) // the late return: a success
+	once.Do(func() {})
+	<-returned
+	deadline := time.Now().Add(30 * time.Second)
+	for !rec.Now.After(leaseUntil) {
+		if time.Now().After(deadline) {
+			t.Fatal("the stuck handler's lease did not end within 30s")
+		}
+		time.Sleep(10 * time.Millisecond)
+		if rec, err = s.Get(t.Context(), digest); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if rec.State != idem.StateInProgress || rec.Fence != fence || !rec.LeaseUntil.Equal(leaseUntil) {
+		t.Fatalf("record once the lease ended: %v fence %d lease until %v, want IN_PROGRESS, fence %d, lease until %v (not completed, not extended)",
+			rec.State, rec.Fence, rec.LeaseUntil, fence, leaseUntil)
+	}
+	var fence2 int64
+	res = p.Process(t.Context(), batch[:1], func(ctx context.Context, i int) error {
+		fence2, _ = idem.FenceFrom(ctx)
+		return nil
+	})
+	if res[0].Action != consumer.Ack || res[0].Replayed || fence2 <= fence {
+		t.Errorf("redelivery: got %+v with fence %d, want a takeover (Ack, not replayed) with a fence above %d", res[0], fence2, fence)
+	}
+}
+
+// TestCancelledHandlerNotAbandoned: a handler that returns when its context
+// is cancelled by the batch's is not abandoned: its key is released.
+func TestCancelledHandlerNotAbandoned(t *testing.T) {
+	p := newProcessor(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	res := p.Process(ctx, []consumer.Message{{Key: "k"}}, func(ctx context.Context, i int) error {
+		cancel()
+		<-ctx.Done()
+		return context.Cause(ctx)
+	})
+	if res[0].Action != consumer.Retry || errors.Is(res[0].Err, consumer.ErrAbandoned) || !errors.Is(res[0].Err, context.Canceled) {
+		t.Errorf("got %+v, want Retry with the handler's context.Canceled", res[0])
+	}
+	if st := p.Stats(); st.Abandoned != 0 {
+		t.Errorf("stats %+v, want 0 abandoned", st)
+	}
+	if rec, err := p.Executor().Store().Get(t.Context(), p.Key("k").Digest()); err != nil || rec.State != idem.StateReleased {
+		t.Errorf("record: %v (%v), want RELEASED", rec.State, err)
+	}
+}
+
+// TestGoexitIsAnError: a handler that calls runtime.Goexit (t.FailNow in a
+// test's handler) is a failed message, as a panic is.
+func TestGoexitIsAnError(t *testing.T) {
+	p := newProcessor(t)
+	res := p.Process(t.Context(), []consumer.Message{{Key: "k"}}, func(context.Context, int) error {
+		runtime.Goexit()
+		return nil
+	})
+	if res[0].Action != consumer.Retry || !errors.Is(res[0].Err, consumer.ErrPanic) {
+		t.Errorf("got %+v, want Retry with ErrPanic", res[0])
 	}
 }

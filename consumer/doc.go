@@ -36,6 +36,23 @@
 //   - a message whose key repeats an earlier message of the same batch
 //     follows that message (see Processor.Process).
 //
+// When Run is told to stop, the handlers in flight get the shutdown timeout
+// (WithShutdownTimeout) to finish; then their contexts are cancelled, and a
+// handler that returns releases its key (its message is redelivered). A
+// handler that ignores its context is waited for AbandonAfter (one second)
+// more, then abandoned (ErrAbandoned, counted in Stats.Abandoned), so that
+// Run returns within about the shutdown timeout plus a second, whatever
+// the handlers do. An abandoned handler's key is not released, since the
+// handler may still be doing its work: it is left to its lease (the
+// record stays IN_PROGRESS under the handler's fence and the heartbeat
+// stops), and once the lease ended the message's redelivery takes the key
+// over with a higher fence. Its message is not acknowledged. Its goroutine
+// runs on until the handler returns (it leaks until then); what the handler
+// returns then is ignored (nothing is completed, released or acknowledged
+// for it), but whatever else it did, a write after the takeover included,
+// happened: side effects must check the fence (idem.FenceFrom), as for any
+// owner paused past its lease.
+//
 // A crash anywhere before the acknowledgement leads to a redelivery, which
 // the record turns into a replay (after completion) or a takeover (after the
 // lease). Nothing is lost; effects happen once per key, within the limits

@@ -169,7 +169,11 @@ func WithConcurrency(n int) Option { return func(c *Config) { c.Concurrency = n 
 
 // WithShutdownTimeout bounds how long Run waits for in-flight handlers
 // once its context is done; then their contexts are cancelled, their keys
-// released and their messages left for redelivery. The default is 30s.
+// released and their messages left for redelivery. A handler that ignores
+// the cancellation is abandoned AbandonAfter later (ErrAbandoned): its key
+// is left to its lease, its message to a redelivery, and its goroutine runs
+// on until it returns; so Run returns within about the shutdown timeout
+// plus AbandonAfter. The default is 30s.
 func WithShutdownTimeout(d time.Duration) Option { return func(c *Config) { c.ShutdownTimeout = d } }
 
 // WithDeadLetter names where dead-lettered messages go: a Kafka topic, a

@@ -147,27 +147,11 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		}))
 		defer stop()
 		h.Publish(t, "lost", []byte("a"))
-		var fence int64
-		waitFor(t, "the handler", func() bool {
-			select {
-			case fence = <-entered:
-				return true
-			default:
-				return false
-			}
-		})
+		fence := waitRecv(t, "the handler", entered)
 		if err := exec.Store().Delete(t.Context(), key.Digest()); err != nil {
 			t.Fatal(err)
 		}
-		var l idem.LeaseLost
-		waitFor(t, "the compensation hook", func() bool {
-			select {
-			case l = <-lost:
-				return true
-			default:
-				return false
-			}
-		})
+		l := waitRecv(t, "the compensation hook", lost)
 		if l.Key != key || l.Fence != fence || !errors.Is(l.Err, idem.ErrLeaseLost) {
 			t.Errorf("hook got key %v fence %d err %v, want %v, %d and idem.ErrLeaseLost", l.Key, l.Fence, l.Err, key, fence)
 		}
@@ -252,14 +236,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 			return err
 		})
 		h.Publish(t, "inflight", []byte("a"))
-		waitFor(t, "the handler", func() bool {
-			select {
-			case <-started:
-				return true
-			default:
-				return false
-			}
-		})
+		waitRecv(t, "the handler", started)
 		// Stop while the handler runs, then let it fail as a handler
 		// interrupted by a shutdown does: the consumer must leave the
 		// message to be redelivered. (If the stop lands after the failure,
@@ -268,14 +245,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		stopped := make(chan struct{})
 		go func() { stop(); close(stopped) }()
 		close(release)
-		waitFor(t, "the consumer's stop", func() bool {
-			select {
-			case <-stopped:
-				return true
-			default:
-				return false
-			}
-		})
+		waitRecv(t, "the consumer's stop", stopped)
 		if stats().Processed == 1 {
 			return // completed (and acked, or replayed on redelivery)
 		}
@@ -286,6 +256,105 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 			st := stats2()
 			return r.count("inflight") == 1 && st.Processed+st.Replayed == 1
 		})
+	})
+	t.Run("StuckHandlerAbandonedAtShutdown", func(t *testing.T) {
+		// A handler that ignores its context does not keep Run from
+		// returning: Run returns once the shutdown timeout (and the
+		// Processor's second of grace) passed, while the handler still
+		// runs. Its key is left to its lease (IN_PROGRESS under the
+		// handler's fence, no longer extended), its message is not
+		// acknowledged, and the handler's late return (a success) neither
+		// completes the key nor acknowledges anything: the next consumer
+		// gets the message and runs it again, with a higher fence, once
+		// the lease ended.
+		h := newHarness(t)
+		exec := h.Executor(t)
+		opts, scope := scoped(consumer.WithShutdownTimeout(100 * time.Millisecond))
+		key := idem.Key{Scope: scope, ID: "stuck"}
+		entered := make(chan int64, 1)
+		release, returned := make(chan struct{}), make(chan struct{})
+		var first sync.Once
+		stats, stop := h.Start(t, opts, func(ctx context.Context, k string, payload []byte) error {
+			var stuck bool
+			first.Do(func() { stuck = true })
+			if !stuck {
+				// Only a redelivery within the same consumer gets here:
+				// the stuck run is this consumer's only one.
+				return errors.New("consumertest: a second run in the consumer whose handler is stuck")
+			}
+			fence, _ := idem.FenceFrom(ctx)
+			entered <- fence
+			<-release // ignores ctx
+			close(returned)
+			return nil
+		})
+		var releaseOnce sync.Once
+		unstick := func() { releaseOnce.Do(func() { close(release) }) }
+		t.Cleanup(unstick) // runs before the harness's own stop at cleanup
+		h.Publish(t, "stuck", []byte("a"))
+		fence := waitRecv(t, "the handler", entered)
+		stopped := make(chan struct{})
+		stopping := time.Now()
+		go func() { stop(); close(stopped) }()
+		waitRecv(t, "Run's return while the handler ignores its context (a consumer that waits for the handler never returns)", stopped)
+		t.Logf("Run returned %v after it was told to stop (shutdown timeout 100ms), its handler still running", time.Since(stopping).Round(time.Millisecond))
+		select {
+		case <-returned:
+			t.Fatal("the handler returned before it was released")
+		default:
+		}
+		if st := stats(); st.Processed != 0 || st.Abandoned != 1 || st.Retried != 1 {
+			t.Errorf("stats after Run returned: %+v, want 1 abandoned and retried, 0 processed", st)
+		}
+		rec, err := exec.Store().Get(t.Context(), key.Digest())
+		if err != nil || rec.State != idem.StateInProgress || rec.Fence != fence {
+			t.Fatalf("record after Run returned: %v fence %d (%v), want IN_PROGRESS under the stuck handler's fence %d (left to its lease)", rec.State, rec.Fence, err, fence)
+		}
+		leaseUntil := rec.LeaseUntil
+
+		// The handler returns now, with success, after Run returned.
+		unstick()
+		waitRecv(t, "the stuck handler's return", returned)
+		// The lease ends without an extension: the heartbeat stopped.
+		waitFor(t, "the end of the stuck handler's lease", func() bool {
+			rec, err = exec.Store().Get(t.Context(), key.Digest())
+			return err != nil || rec.State != idem.StateInProgress || rec.Now.After(leaseUntil)
+		})
+		if err != nil || rec.State != idem.StateInProgress || rec.Fence != fence || !rec.LeaseUntil.Equal(leaseUntil) {
+			t.Fatalf("record once the lease ended: %v fence %d lease until %v (%v), want IN_PROGRESS, fence %d, lease until %v: the late return completed nothing and nothing extended the lease",
+				rec.State, rec.Fence, rec.LeaseUntil, err, fence, leaseUntil)
+		}
+		if st := stats(); st.Processed != 0 {
+			t.Errorf("stats after the late return: %+v, want 0 processed", st)
+		}
+
+		// The next consumer gets the message and takes the key over.
+		var mu sync.Mutex
+		var fences []int64
+		stats2, stop2 := h.Start(t, opts, func(ctx context.Context, k string, payload []byte) error {
+			f, _ := idem.FenceFrom(ctx)
+			mu.Lock()
+			fences = append(fences, f)
+			mu.Unlock()
+			return nil
+		})
+		defer stop2()
+		waitFor(t, "the message's redelivery (an adapter that acked it loses it)", func() bool {
+			st := stats2()
+			return st.Processed+st.Replayed == 1
+		})
+		if st := stats2(); st.Processed != 1 {
+			t.Errorf("next consumer: %+v, want the message processed (a replay means the late return completed the key)", st)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if len(fences) != 1 || fences[0] <= fence {
+			t.Errorf("next consumer's runs had fences %v, want one above the stuck handler's %d", fences, fence)
+		}
+		rec, err = exec.Store().Get(t.Context(), key.Digest())
+		if err != nil || rec.State != idem.StateCompleted || len(fences) == 1 && rec.Fence != fences[0] {
+			t.Errorf("record at the end: %v fence %d (%v), want COMPLETED under the next consumer's fence %v", rec.State, rec.Fence, err, fences)
+		}
 	})
 }
 
@@ -336,6 +405,22 @@ func (r *runs) total() int {
 		n += c
 	}
 	return n
+}
+
+// waitRecv waits for a value from c, or its close, for at most 20s, and
+// returns it.
+func waitRecv[T any](t *testing.T, what string, c <-chan T) T {
+	t.Helper()
+	var v T
+	waitFor(t, what, func() bool {
+		select {
+		case v = <-c:
+			return true
+		default:
+			return false
+		}
+	})
+	return v
 }
 
 // waitFor waits for cond, checked every 10ms, for at most 20s.

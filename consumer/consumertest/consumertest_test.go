@@ -27,7 +27,8 @@ type queue struct {
 	// (it acknowledges a message the Processor leaves for redelivery),
 	// "handler-outside" (it runs the handler before the Processor acquires
 	// the key), "ack-before-commit" (it acknowledges a handled message
-	// before its key is completed).
+	// before its key is completed), "uncancelled" (it processes messages
+	// with a context that its stop does not cancel).
 	bug  string
 	exec *idem.Executor
 }
@@ -111,7 +112,11 @@ func (q *queue) Start(t *testing.T, opts []consumer.Option, h consumertest.Handl
 				}
 				continue
 			}
-			r := p.Process(ctx, []consumer.Message{in}, handler)[0]
+			pctx := ctx
+			if q.bug == "uncancelled" {
+				pctx = context.WithoutCancel(ctx)
+			}
+			r := p.Process(pctx, []consumer.Message{in}, handler)[0]
 			if q.bug == "ack-early" {
 				continue
 			}
@@ -159,6 +164,9 @@ func TestBuggyAdaptersFail(t *testing.T) {
 		{"ack-before-commit", "LeaseLostNotAckedHookCalled", "an adapter that acked it loses it"},
 		// Runs the handler before the key is acquired.
 		{"handler-outside", "OrderAcquireHandlerComplete", "want one run with its key acquired"},
+		// Processes with a context its stop does not cancel: a handler
+		// that ignores its context keeps Run from returning.
+		{"uncancelled", "StuckHandlerAbandonedAtShutdown", "a consumer that waits for the handler never returns"},
 	} {
 		t.Run(tc.bug+"/"+tc.test, func(t *testing.T) {
 			t.Parallel() // each child waits out the suite's 20s timeout

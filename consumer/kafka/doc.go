@@ -28,6 +28,15 @@
 // Run's shutdown stops fetching, lets in-flight batches finish (at most
 // consumer.WithShutdownTimeout), commits and leaves the group.
 //
+// A handler that ignores its context's cancellation (at the shutdown
+// timeout, or at a revoke) is abandoned consumer.AbandonAfter (one second)
+// later (consumer.ErrAbandoned): Run, or the rebalance, goes on without
+// it, its record is not committed, and its key is left to its lease (the
+// record stays IN_PROGRESS and is no longer extended), so that the member
+// that consumes the partition next takes the key over with a higher fence
+// once the lease ended. The handler's goroutine runs on until it returns;
+// what it returns then is ignored.
+//
 // Example:
 //
 //	store, _ := redisstore.New(rdb)

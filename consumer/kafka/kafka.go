@@ -266,7 +266,8 @@ func (c *Consumer) assigned(_ context.Context, _ *kgo.Client, m map[string][]int
 }
 
 // drop cancels the handlers of the partitions in m and waits for their
-// batches to end; their records are not marked after that.
+// batches to end (a handler that ignores the cancellation is abandoned
+// consumer.AbandonAfter later); their records are not marked after that.
 func (c *Consumer) drop(m map[string][]int32) {
 	var gone []*part
 	c.mu.Lock()
@@ -314,7 +315,13 @@ type rewind struct {
 // Run polls and processes records until ctx is done or the client is
 // closed, then shuts down gracefully: it stops fetching, waits up to the
 // shutdown timeout for in-flight batches (then cancels them), commits the
-// completed records, leaves the group and closes the client. A Consumer
+// completed records, leaves the group and closes the client. A handler
+// that ignores its context's cancellation is abandoned
+// consumer.AbandonAfter later: its record is not committed, its key is
+// left to its lease (the next member takes it over once the lease ended),
+// and its goroutine runs on, after Run returned, until it returns; what it
+// returns then is ignored. So Run returns within about the shutdown
+// timeout plus consumer.AbandonAfter, plus the final commit. A Consumer
 // runs once: a second call returns an error wrapping idem.ErrInvalid. Run
 // returns nil after a shutdown through ctx.
 func (c *Consumer) Run(ctx context.Context) error {
@@ -456,9 +463,11 @@ func (c *Consumer) batch(work context.Context, k tp, records []*kgo.Record) (rw 
 	ctx, cancel := context.WithCancel(pt.ctx)
 	defer cancel()
 	defer context.AfterFunc(work, cancel)()
-	ran := make([]bool, len(msgs)) // Process calls the handler on this goroutine
+	// The handlers run on goroutines of their own, and an abandoned one
+	// (consumer.ErrAbandoned) may still be running when Process returns.
+	ran := make([]atomic.Bool, len(msgs))
 	results := c.proc.Process(ctx, msgs, func(ctx context.Context, i int) error {
-		ran[i] = true
+		ran[i].Store(true)
 		return c.h(ctx, records[i])
 	})
 
@@ -495,7 +504,7 @@ func (c *Consumer) batch(work context.Context, k tp, records []*kgo.Record) (rw 
 	// key in progress elsewhere, or behind a failing record, is not closer
 	// to the dead-letter topic for that.
 	for i, r := range records {
-		if ran[i] {
+		if ran[i].Load() {
 			pt.deliveries[r.Offset]++
 		}
 	}

@@ -32,7 +32,13 @@
 // Run stops when its context is done: it stops fetching, lets the
 // in-flight batch finish within the shutdown timeout (then cancels its
 // handlers, whose keys are released and messages redelivered) and naks
-// messages whose fetch was still under way.
+// messages whose fetch was still under way. A handler that ignores its
+// context's cancellation is abandoned consumer.AbandonAfter (one second)
+// later (consumer.ErrAbandoned): its message is naked with the rest of the
+// key's lease as delay, its key is left to that lease (IN_PROGRESS, no
+// longer extended, then taken over with a higher fence by the redelivery),
+// and its goroutine runs on until it returns; what it returns then is
+// ignored.
 //
 // Example:
 //

@@ -223,7 +223,12 @@ func (c *Consumer) Stats() Stats { return c.proc.Stats() }
 // Run fetches batches and processes them until ctx is done, then lets the
 // in-flight batch finish (its handlers are cancelled after the shutdown
 // timeout, and their keys released), negatively acknowledges messages
-// whose fetch was still under way, and returns ErrStopped. It returns
+// whose fetch was still under way, and returns ErrStopped. A handler that
+// ignores its context's cancellation is abandoned consumer.AbandonAfter
+// later: its message is naked (delayed by the rest of the lease), its key
+// left to its lease, and its goroutine runs on after Run returned until
+// it returns; what it returns then is ignored. So Run returns within about
+// the shutdown timeout plus consumer.AbandonAfter. It returns
 // another error only when fetching fails for good (the consumer or stream
 // was deleted, the connection closed). Fetch errors that can heal (a
 // timeout, a leader change) are retried.

@@ -107,9 +107,15 @@ func (c *Consumer) Stats() Stats {
 // the batch in flight finish (cancelling their context after the shutdown
 // timeout, which releases their keys), settles that batch, closes the
 // connection (RabbitMQ requeues the prefetched deliveries that no handler
-// saw) and returns nil. Run returns only then: dial errors, authentication
-// failures included, are logged, counted in Stats.Errors and retried.
-// Run may be called only once at a time.
+// saw) and returns nil. A handler that ignores its context's cancellation
+// is abandoned consumer.AbandonAfter later: its delivery is retried after
+// the rest of its key's lease, the key is left to that lease, and the
+// handler's goroutine runs on after Run returned until it returns; what
+// it returns then is ignored. So Run returns within about the shutdown
+// timeout plus consumer.AbandonAfter, plus the settling of the batch. Run
+// returns only then: dial errors, authentication failures included, are
+// logged, counted in Stats.Errors and retried. Run may be called only once
+// at a time.
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
 		return errors.New("rabbitmq: Run is already running")

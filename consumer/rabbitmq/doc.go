@@ -77,7 +77,14 @@
 // handlers of the batch in flight (their context is cancelled after
 // consumer.WithShutdownTimeout, which releases their keys), settles that batch and
 // closes the connection: the prefetched deliveries no handler saw go back
-// to the queue.
+// to the queue. A handler that ignores its context's cancellation is
+// abandoned consumer.AbandonAfter (one second) later
+// (consumer.ErrAbandoned): its delivery is settled as a Retry, whose copy
+// expires after the rest of the key's lease; the key is left to that
+// lease (IN_PROGRESS, no longer extended, then taken over with a higher
+// fence by the copy's delivery); the handler's goroutine runs on until it
+// returns, and what it returns then is ignored (it must not ack the
+// delivery itself: the channel is closed by then).
 //
 // # Guarantees and limits
 //

@@ -59,7 +59,14 @@
 // When Run's context is cancelled it stops fetching, lets the batch in
 // flight finish for up to consumer.WithShutdownTimeout, then cancels the handlers'
 // contexts; their keys are released and their entries stay pending for
-// another consumer.
+// another consumer. A handler that ignores its context's cancellation is
+// abandoned consumer.AbandonAfter (one second) later
+// (consumer.ErrAbandoned): its entry stays pending, its key is left to its
+// lease (IN_PROGRESS, no longer extended), and the consumer that claims the
+// entry takes the key over with a higher fence once the lease ended. The
+// handler's goroutine runs on until it returns; what it returns then is
+// ignored: its completion, which would acknowledge the entry in the same
+// script, is never made.
 //
 // # Redis Cluster
 //

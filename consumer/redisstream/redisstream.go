@@ -250,7 +250,12 @@ var errCrashed = errors.New("redisstream: crashed")
 // When ctx is cancelled Run stops fetching, lets the batch in flight finish
 // for up to the shutdown timeout, then cancels the handlers still running
 // and releases their keys (their entries stay pending and are claimed by
-// another consumer), waits for the last completion, and returns nil. Run
+// another consumer), waits for the last completion, and returns nil. A
+// handler that ignores the cancellation is abandoned consumer.AbandonAfter
+// later: its entry stays pending, its key is left to its lease, and its
+// goroutine runs on after Run returned until it returns; what it returns
+// then is ignored. So Run returns within about the shutdown timeout plus
+// consumer.AbandonAfter. Run
 // returns an error for a second concurrent Run, or when the group cannot
 // be created.
 func (c *Consumer) Run(ctx context.Context) error {

@@ -158,7 +158,14 @@ func (c *Consumer) Processor() *consumer.Processor { return c.proc }
 // receiving (a pending long poll is cancelled), waits for the batches in
 // flight, at most the shutdown timeout, and returns nil. After the timeout
 // the handlers' contexts are cancelled: their messages are released and
-// made visible after the retry delay. Receive errors are logged, counted in
+// made visible after the retry delay. A handler that ignores the
+// cancellation is abandoned consumer.AbandonAfter later
+// (consumer.ErrAbandoned): its message is made visible after the rest of
+// its key's lease, the key is left to that lease (IN_PROGRESS, no longer
+// extended, then taken over with a higher fence by the redelivery), and
+// the handler's goroutine runs on after Run returned until it returns;
+// what it returns then is ignored. So Run returns within about the
+// shutdown timeout plus consumer.AbandonAfter. Receive errors are logged, counted in
 // Stats.Errors and retried with a backoff. Run returns an error if the
 // Consumer is already running.
 func (c *Consumer) Run(ctx context.Context) error {

@@ -74,5 +74,5 @@ func Example() {
 	// Output:
 	// order-42 charged 1 time(s)
 	// order-43 charged 1 time(s)
-	// {Processed:2 Replayed:1 Retried:0 DeadLettered:0 Invalid:0 Panics:0 Redelivered:0 Errors:0}
+	// {Processed:2 Replayed:1 Retried:0 DeadLettered:0 Invalid:0 Panics:0 Redelivered:0 Errors:0 Abandoned:0}
 }
