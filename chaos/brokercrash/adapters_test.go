@@ -128,7 +128,7 @@ func (b *redisStreamBroker) deadLetters(t *testing.T) int {
 	return int(n)
 }
 
-func startRedisStream(rdb *redis.Client, h handlerFunc) (func(context.Context) error, error) {
+func startRedisStream(rdb *redis.Client, h handlerFunc, opts ...consumer.Option) (func(context.Context) error, error) {
 	store, err := redisstore.New(rdb, redisstore.WithHashTag(streamTag))
 	if err != nil {
 		return nil, err
@@ -142,8 +142,8 @@ func startRedisStream(rdb *redis.Client, h handlerFunc) (func(context.Context) e
 			key, _ := m.Values["key"].(string)
 			return h(ctx, key)
 		},
-		consumer.WithBatchSize(1), redisstream.WithBlock(100*time.Millisecond),
-		consumer.WithRetryDelay(100*time.Millisecond))
+		append([]consumer.Option{consumer.WithBatchSize(1), redisstream.WithBlock(100 * time.Millisecond),
+			consumer.WithRetryDelay(100 * time.Millisecond)}, opts...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -235,7 +235,7 @@ func (b *kafkaBroker) deadLetters(t *testing.T) int {
 	return int(n)
 }
 
-func startKafka(rdb *redis.Client, h handlerFunc) (func(context.Context) error, error) {
+func startKafka(rdb *redis.Client, h handlerFunc, opts ...consumer.Option) (func(context.Context) error, error) {
 	exec, err := chaostest.NewRedisExecutor(rdb, lease)
 	if err != nil {
 		return nil, err
@@ -251,8 +251,8 @@ func startKafka(rdb *redis.Client, h handlerFunc) (func(context.Context) error, 
 			kgo.RebalanceTimeout(3 * time.Second),
 			kgo.AutoCommitInterval(200 * time.Millisecond),
 		}, exec, func(ctx context.Context, r *kgo.Record) error { return h(ctx, string(r.Key)) },
-		consumer.WithBatchSize(1), consumer.WithConcurrency(1),
-		consumer.WithRetryDelay(100*time.Millisecond), consumer.WithScope(kafkaTopic))
+		append([]consumer.Option{consumer.WithBatchSize(1), consumer.WithConcurrency(1),
+			consumer.WithRetryDelay(100 * time.Millisecond), consumer.WithScope(kafkaTopic)}, opts...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -364,7 +364,7 @@ func (b *rabbitBroker) depth(t *testing.T, queue string) int {
 
 func (b *rabbitBroker) deadLetters(t *testing.T) int { return b.depth(t, b.queue+".dlq") }
 
-func startRabbitMQ(rdb *redis.Client, h handlerFunc) (func(context.Context) error, error) {
+func startRabbitMQ(rdb *redis.Client, h handlerFunc, opts ...consumer.Option) (func(context.Context) error, error) {
 	exec, err := chaostest.NewRedisExecutor(rdb, lease)
 	if err != nil {
 		return nil, err
@@ -372,9 +372,9 @@ func startRabbitMQ(rdb *redis.Client, h handlerFunc) (func(context.Context) erro
 	queue := os.Getenv(envQueue)
 	c, err := rabbitmq.New(os.Getenv(envBroker), queue, exec,
 		func(ctx context.Context, d *amqp.Delivery) error { return h(ctx, d.MessageId) },
-		consumer.WithScope(queue), consumer.WithRetryDelay(100*time.Millisecond),
-		consumer.WithBatchSize(1), rabbitmq.WithPrefetch(4), rabbitmq.WithMaxDelay(lease),
-		rabbitmq.WithBackoff(50*time.Millisecond, time.Second))
+		append([]consumer.Option{consumer.WithScope(queue), consumer.WithRetryDelay(100 * time.Millisecond),
+			consumer.WithBatchSize(1), rabbitmq.WithPrefetch(4), rabbitmq.WithMaxDelay(lease),
+			rabbitmq.WithBackoff(50*time.Millisecond, time.Second)}, opts...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -480,7 +480,7 @@ func (b *natsBroker) deadLetters(t *testing.T) int {
 	return int(info.State.Msgs)
 }
 
-func startNATS(rdb *redis.Client, h handlerFunc) (func(context.Context) error, error) {
+func startNATS(rdb *redis.Client, h handlerFunc, opts ...consumer.Option) (func(context.Context) error, error) {
 	exec, err := chaostest.NewRedisExecutor(rdb, lease)
 	if err != nil {
 		return nil, err
@@ -502,9 +502,9 @@ func startNATS(rdb *redis.Client, h handlerFunc) (func(context.Context) error, e
 	}
 	c, err := natsconsumer.New(js, cons, exec,
 		func(ctx context.Context, m jetstream.Msg) error { return h(ctx, m.Headers().Get(natsHeader)) },
-		consumer.WithScope(stream), consumer.WithRetryDelay(100*time.Millisecond),
-		natsconsumer.WithKeyHeader(natsHeader), consumer.WithBatchSize(1),
-		natsconsumer.WithFetchMaxWait(200*time.Millisecond))
+		append([]consumer.Option{consumer.WithScope(stream), consumer.WithRetryDelay(100 * time.Millisecond),
+			natsconsumer.WithKeyHeader(natsHeader), consumer.WithBatchSize(1),
+			natsconsumer.WithFetchMaxWait(200 * time.Millisecond)}, opts...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -567,7 +567,7 @@ func (b *sqsBroker) deadLetters(*testing.T) int {
 	return c.Visible + c.InFlight + c.Delayed
 }
 
-func startSQS(rdb *redis.Client, h handlerFunc) (func(context.Context) error, error) {
+func startSQS(rdb *redis.Client, h handlerFunc, opts ...consumer.Option) (func(context.Context) error, error) {
 	exec, err := chaostest.NewRedisExecutor(rdb, lease)
 	if err != nil {
 		return nil, err
@@ -581,8 +581,8 @@ func startSQS(rdb *redis.Client, h handlerFunc) (func(context.Context) error, er
 	})
 	c, err := sqsconsumer.New(client, os.Getenv(envQueue), os.Getenv(envDLQ), exec,
 		func(ctx context.Context, m sqstypes.Message) error { return h(ctx, sqsconsumer.DefaultKey(m)) },
-		consumer.WithBatchSize(1), sqsconsumer.WithVisibilityTimeout(sqsVisibility),
-		sqsconsumer.WithWaitTime(time.Second), consumer.WithRetryDelay(100*time.Millisecond))
+		append([]consumer.Option{consumer.WithBatchSize(1), sqsconsumer.WithVisibilityTimeout(sqsVisibility),
+			sqsconsumer.WithWaitTime(time.Second), consumer.WithRetryDelay(100 * time.Millisecond)}, opts...)...)
 	if err != nil {
 		return nil, err
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/chaos/chaostest"
+	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/internal/redistest"
 )
 
@@ -47,6 +48,46 @@ const (
 	envEffectFirst = "IDEM_BC_EFFECT_FIRST"
 )
 
+// How long a scenario waits for what its children do.
+const (
+	startWait   = 60 * time.Second  // for a child to be ready, or to reach its chosen key
+	takeoverMax = 60 * time.Second  // for a chosen key's takeover
+	drainWait   = 120 * time.Second // for the whole publication to be done
+)
+
+// scene is what a scenario runs on: the test's redis-server (store and
+// sink), the adapter's broker and the plan of what is published.
+type scene struct {
+	a    adapter
+	rdb  *redis.Client
+	sink *chaostest.RedisSink
+	b    broker
+	p    plan
+	env  []string // every child's environment
+}
+
+// newScene prepares a run of a with n messages in rounds chunks; env is
+// added to every child's environment.
+func newScene(t *testing.T, a adapter, n, rounds int, env ...string) *scene {
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	b := a.setup(t, srv)
+	return &scene{
+		a: a, rdb: rdb, sink: chaostest.NewRedisSink(rdb, sinkPrefix), b: b, p: newPlan(n, rounds),
+		env: append(append(b.env(), envRedis+"="+srv.Addr()), env...),
+	}
+}
+
+// startChild starts child i as role, with the plan's chosen key of round
+// i in keyEnv, and waits until it is ready.
+func (s *scene) startChild(t *testing.T, role string, i int, keyEnv string) *chaostest.Proc {
+	t.Helper()
+	child := chaostest.StartChild(t, role, append(s.env, envName+"=c"+strconv.Itoa(i), keyEnv+"="+s.p.crash[i])...)
+	child.Expect("ready", startWait)
+	return child
+}
+
 // adapter is one broker adapter under test: how the parent prepares its
 // broker, and how a child runs the adapter's consumer.
 type adapter struct {
@@ -58,9 +99,9 @@ type adapter struct {
 	// redis-server (the idempotency store and the sink).
 	setup func(t *testing.T, srv *redistest.Server) broker
 	// start builds the adapter's consumer in a child, from the child's
-	// environment, and returns its Run; h is the business handler, given
-	// the message's idempotency key.
-	start func(rdb *redis.Client, h handlerFunc) (run func(ctx context.Context) error, err error)
+	// environment, with opts after the adapter's own, and returns its
+	// Run; h is the business handler, given the message's idempotency key.
+	start func(rdb *redis.Client, h handlerFunc, opts ...consumer.Option) (run func(ctx context.Context) error, err error)
 }
 
 // broker is the parent's side of an adapter's broker.
@@ -133,32 +174,18 @@ func TestCrashAfterEffect(t *testing.T) {
 func ownerCrash(t *testing.T, a adapter, effectFirst bool) {
 	n := chaostest.Size(200, 2000)
 	kills := chaostest.Size(2, 10)
-	const (
-		startWait   = 60 * time.Second  // for a child to be ready, or to reach its crash key
-		takeoverMax = 60 * time.Second  // for a killed key's effect
-		drainWait   = 120 * time.Second // for the whole publication to be done
-	)
 	begin := time.Now()
-
-	srv := redistest.Start(t)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	t.Cleanup(func() { _ = rdb.Close() })
-	sink := chaostest.NewRedisSink(rdb, sinkPrefix)
-	b := a.setup(t, srv)
-	p := newPlan(n, kills+1)
-	env := append(b.env(), envRedis+"="+srv.Addr())
+	var env []string
 	var before int64 // the killed key's effects before its takeover
 	if effectFirst {
 		env = append(env, envEffectFirst+"=1")
 		before = 1
 	}
-
+	sc := newScene(t, a, n, kills+1, env...)
+	rdb, sink, b, p := sc.rdb, sc.sink, sc.b, sc.p
 	startChild := func(i int) *chaostest.Proc {
 		t.Helper()
-		child := chaostest.StartChild(t, "brokercrash-"+a.name,
-			append(env, envName+"=c"+strconv.Itoa(i), envCrash+"="+p.crash[i])...)
-		child.Expect("ready", startWait)
-		return child
+		return sc.startChild(t, "brokercrash-"+a.name, i, envCrash)
 	}
 
 	b.publish(t, p.chunks[0])
@@ -181,15 +208,7 @@ func ownerCrash(t *testing.T, a adapter, effectFirst bool) {
 		time.Sleep(rand.N(lease / 3))
 		killed := time.Now()
 		cur.Kill()
-		var st chaostest.SinkState
-		waitFor(t, next, takeoverMax, time.Millisecond, "the takeover of "+key, func() bool {
-			var err error
-			st, err = sink.State(t.Context(), key)
-			if err != nil {
-				t.Fatalf("sink: %v", err)
-			}
-			return st.Applied > before
-		})
+		st := awaitTakeover(t, sink, next, takeoverMax, key, before)
 		takeovers = append(takeovers, time.Since(killed))
 		if st.Fence <= fence {
 			t.Errorf("key %s: effect applied with fence %d, want above the killed owner's %d", key, st.Fence, fence)
@@ -198,47 +217,10 @@ func ownerCrash(t *testing.T, a adapter, effectFirst bool) {
 		b.publish(t, p.chunks[r+1])
 	}
 
-	waitFor(t, cur, drainWait, 50*time.Millisecond, "every key's effect and every message acknowledged", func() bool {
-		applied, err := rdb.SCard(t.Context(), sinkPrefix+"applied").Result()
-		if err != nil {
-			t.Fatalf("sink: %v", err)
-		}
-		return int(applied) == len(p.keys) && b.remaining(t, n) == 0
-	})
-	cur.Signal(syscall.SIGTERM)
-	if err := cur.Wait(60 * time.Second); err != nil {
-		t.Errorf("last consumer: %v", err)
-	}
+	drain(t, rdb, b, cur, drainWait, len(p.keys), n)
 	elapsed := time.Since(begin)
-
-	// The verdict, from the sink and the broker.
-	var c chaostest.Counters
-	c.Attempted.Store(int64(n))
-	remaining := b.remaining(t, n)
-	c.Acknowledged.Store(int64(n - remaining))
-	var stale int64
-	var dupKeys []string
-	for _, k := range p.keys {
-		st, err := sink.State(t.Context(), k)
-		if err != nil {
-			t.Fatalf("sink: %v", err)
-		}
-		c.Effects.Add(st.Applied)
-		stale += st.Stale
-		switch {
-		case st.Applied == 0:
-			c.Lost.Add(1)
-		case st.Applied > 1:
-			c.Duplicated.Add(st.Applied - 1)
-			dupKeys = append(dupKeys, k)
-		}
-	}
-	runs, err := rdb.Get(t.Context(), runsKey).Int64()
-	if err != nil {
-		t.Fatalf("runs: %v", err)
-	}
-	c.Executed.Store(runs)
-	dead := b.deadLetters(t)
+	v := judge(t, rdb, sink, b, p.keys, n)
+	c, stale, dupKeys, runs, remaining, dead := &v.c, v.stale, v.dupKeys, v.runs, v.remaining, v.dead
 
 	figures := map[string]string{
 		"takeover_p50": chaostest.Percentile(takeovers, 50).Round(time.Millisecond).String(),
@@ -265,7 +247,7 @@ func ownerCrash(t *testing.T, a adapter, effectFirst bool) {
 		if chaostest.Long() {
 			command = "make chaos-long RUN=TestOwnerCrashBroker/" + a.name
 		}
-		chaostest.Report(t, "owner crash ("+a.name+")", command, &c, figures)
+		chaostest.Report(t, "owner crash ("+a.name+")", command, c, figures)
 		if c.Lost.Load() != 0 || c.Duplicated.Load() != 0 {
 			t.Errorf("got %d lost keys and %d duplicate effects, want 0 and 0", c.Lost.Load(), c.Duplicated.Load())
 		}
@@ -279,6 +261,80 @@ func ownerCrash(t *testing.T, a adapter, effectFirst bool) {
 	if dead != 0 {
 		t.Errorf("got %d dead letters, want 0", dead)
 	}
+}
+
+// awaitTakeover waits, at most d, until the sink holds more than before
+// effects of key, which consumer next is to apply, and returns the sink's
+// state of key.
+func awaitTakeover(t *testing.T, sink *chaostest.RedisSink, next *chaostest.Proc, d time.Duration, key string, before int64) chaostest.SinkState {
+	t.Helper()
+	var st chaostest.SinkState
+	waitFor(t, next, d, time.Millisecond, "the takeover of "+key, func() bool {
+		var err error
+		st, err = sink.State(t.Context(), key)
+		if err != nil {
+			t.Fatalf("sink: %v", err)
+		}
+		return st.Applied > before
+	})
+	return st
+}
+
+// drain waits, at most d, for the effects of all keys and the
+// acknowledgement of all n messages, then stops cur, the last consumer.
+func drain(t *testing.T, rdb *redis.Client, b broker, cur *chaostest.Proc, d time.Duration, keys, n int) {
+	t.Helper()
+	waitFor(t, cur, d, 50*time.Millisecond, "every key's effect and every message acknowledged", func() bool {
+		applied, err := rdb.SCard(t.Context(), sinkPrefix+"applied").Result()
+		if err != nil {
+			t.Fatalf("sink: %v", err)
+		}
+		return int(applied) == keys && b.remaining(t, n) == 0
+	})
+	cur.Signal(syscall.SIGTERM)
+	if err := cur.Wait(60 * time.Second); err != nil {
+		t.Errorf("last consumer: %v", err)
+	}
+}
+
+// verdict is the outcome of a run, from the sink and the broker.
+type verdict struct {
+	c       chaostest.Counters
+	stale   int64    // fenced writes the sink refused
+	dupKeys []string // keys with more than one effect
+	runs    int64    // handler runs
+	// remaining messages not acknowledged, and dead letters.
+	remaining, dead int
+}
+
+// judge reads the verdict of a run of n messages with keys.
+func judge(t *testing.T, rdb *redis.Client, sink *chaostest.RedisSink, b broker, keys []string, n int) *verdict {
+	t.Helper()
+	v := &verdict{remaining: b.remaining(t, n), dead: b.deadLetters(t)}
+	v.c.Attempted.Store(int64(n))
+	v.c.Acknowledged.Store(int64(n - v.remaining))
+	for _, k := range keys {
+		st, err := sink.State(t.Context(), k)
+		if err != nil {
+			t.Fatalf("sink: %v", err)
+		}
+		v.c.Effects.Add(st.Applied)
+		v.stale += st.Stale
+		switch {
+		case st.Applied == 0:
+			v.c.Lost.Add(1)
+		case st.Applied > 1:
+			v.c.Duplicated.Add(st.Applied - 1)
+			v.dupKeys = append(v.dupKeys, k)
+		}
+	}
+	runs, err := rdb.Get(t.Context(), runsKey).Int64()
+	if err != nil {
+		t.Fatalf("runs: %v", err)
+	}
+	v.runs = runs
+	v.c.Executed.Store(runs)
+	return v
 }
 
 // waitFor polls cond every poll until it holds, failing the test after d
@@ -354,14 +410,12 @@ func newPlan(n, rounds int) plan {
 // the handler of the crash key hangs, and every handler after it too,
 // until the process is killed. SIGTERM stops it cleanly.
 func runChild(role string) int {
-	name, ok := strings.CutPrefix(role, "brokercrash-")
-	var a *adapter
-	for i := range adapters {
-		if ok && adapters[i].name == name {
-			a = &adapters[i]
-		}
+	if name, ok := strings.CutPrefix(role, "brokerstuck-"); ok {
+		return runStuckChild(role, adapterNamed(name))
 	}
-	if a == nil {
+	name, ok := strings.CutPrefix(role, "brokercrash-")
+	a := adapterNamed(name)
+	if !ok || a == nil {
 		fmt.Fprintf(os.Stderr, "unknown role %q\n", role)
 		return 2
 	}
@@ -374,15 +428,11 @@ func runChild(role string) int {
 	var handled atomic.Int64    // effects this process applied
 	hang := make(chan struct{}) // never closed: the process is killed
 	apply := func(ctx context.Context, key string, fence int64) error {
-		applied, err := sink.Apply(ctx, key, fence)
-		if err != nil {
-			return err
-		}
+		applied, err := applyEffect(ctx, rdb, sink, key, fence)
 		if applied {
 			handled.Add(1)
-			return rdb.SAdd(ctx, sinkPrefix+"applied", key).Err()
 		}
-		return nil // a stale owner's write, refused by the sink (counted there)
+		return err
 	}
 	h := func(ctx context.Context, key string) error {
 		fence, ok := idem.FenceFrom(ctx)
@@ -419,4 +469,25 @@ func runChild(role string) int {
 	}
 	fmt.Fprintf(os.Stderr, "%s: Run: %v\n", os.Getenv(envName), err)
 	return 1
+}
+
+// adapterNamed returns the adapter called name, or nil.
+func adapterNamed(name string) *adapter {
+	for i := range adapters {
+		if adapters[i].name == name {
+			return &adapters[i]
+		}
+	}
+	return nil
+}
+
+// applyEffect writes key's effect to the fenced sink, and records the key
+// as applied if the sink took it; a stale owner's write is refused by the
+// sink (and counted there).
+func applyEffect(ctx context.Context, rdb *redis.Client, sink *chaostest.RedisSink, key string, fence int64) (applied bool, err error) {
+	applied, err = sink.Apply(ctx, key, fence)
+	if err != nil || !applied {
+		return false, err
+	}
+	return true, rdb.SAdd(ctx, sinkPrefix+"applied", key).Err()
 }
