@@ -103,6 +103,20 @@ func (c *Consumer) Stats() Stats {
 // channel is lost (logging the cause and counting it in Stats.Errors) and
 // re-declares the topology each time.
 //
+// A refusal that reconnecting cannot heal is a configuration error: Run
+// returns it (an error wrapping the broker's *amqp.Error) once the batch in
+// flight is settled. These are ACCESS_REFUSED (403: wrong credentials, or
+// a permission the user lacks, to declare, consume or publish), NOT_FOUND
+// (404: the exchange of WithDeadLetterExchange does not exist), NOT_ALLOWED
+// (530: a vhost that does not exist or that the user may not open, and
+// also a per-user or per-vhost connection limit reached) and, before
+// consuming, PRECONDITION_FAILED (406: a queue, retry queue or dead-letter
+// queue that exists with other arguments or properties, an invalid
+// argument of WithQueueArgs). Everything else is retried: a lost or
+// refused connection, a broker that stops (CONNECTION_FORCED), and a 406
+// while consuming (a delivery not acknowledged within the broker's
+// consumer_timeout, which a new channel heals).
+//
 // When ctx is cancelled, Run stops taking deliveries, lets the handlers of
 // the batch in flight finish (cancelling their context after the shutdown
 // timeout, which releases their keys), settles that batch, closes the
@@ -113,9 +127,7 @@ func (c *Consumer) Stats() Stats {
 // handler's goroutine runs on after Run returned until it returns; what
 // it returns then is ignored. So Run returns within about the shutdown
 // timeout plus consumer.AbandonAfter, plus the settling of the batch. Run
-// returns only then: dial errors, authentication failures included, are
-// logged, counted in Stats.Errors and retried. Run may be called only once
-// at a time.
+// may be called only once at a time.
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
 		return errors.New("rabbitmq: Run is already running")
@@ -135,6 +147,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 		consumed, err := c.session(ctx, work)
 		if ctx.Err() != nil {
 			return nil
+		}
+		if configError(err, !consumed) {
+			return err
 		}
 		if c.proc != nil && err != nil {
 			c.proc.ReportError("connection lost, reconnecting", err)
@@ -203,7 +218,7 @@ func (c *Consumer) session(ctx, work context.Context) (consumed bool, err error)
 		case e := <-closed:
 			return true, channelClosed(e)
 		case err := <-failed:
-			return true, err
+			return true, withCloseReason(closed, err)
 		case d, ok := <-deliveries:
 			if !ok {
 				return true, consumerEnded(closed)
@@ -213,14 +228,14 @@ func (c *Consumer) session(ctx, work context.Context) (consumed bool, err error)
 		batch = c.fill(ctx, deliveries, batch)
 		if serial {
 			if err := c.handle(work, ch, batch, true); err != nil {
-				return true, err
+				return true, withCloseReason(closed, err)
 			}
 			continue
 		}
 		select {
 		case slots <- struct{}{}:
 		case err := <-failed:
-			return true, err
+			return true, withCloseReason(closed, err)
 		case <-ctx.Done():
 			return true, nil // batch was not handled: requeued on close
 		}
@@ -241,14 +256,63 @@ func (c *Consumer) session(ctx, work context.Context) (consumed bool, err error)
 // channel closed, or the broker cancelled the consumer (the queue was
 // deleted, a quorum queue's leader moved) while the channel stays open.
 func consumerEnded(closed <-chan *amqp.Error) error {
+	if e, ok := closeReason(closed); ok {
+		return channelClosed(e)
+	}
+	return errors.New("rabbitmq: the broker cancelled the consumer")
+}
+
+// withCloseReason adds to err, the error of a call on a channel the client
+// found closed, why the broker closed it, first (a publish to an exchange
+// that does not exist fails its confirmation, and the next call finds the
+// channel closed by a NOT_FOUND).
+func withCloseReason(closed <-chan *amqp.Error, err error) error {
+	if !errors.Is(err, amqp.ErrClosed) {
+		return err
+	}
+	if e, ok := closeReason(closed); ok && e != nil {
+		return errors.Join(channelClosed(e), err)
+	}
+	return err
+}
+
+// closeReason waits up to a second for why the channel closed: the client
+// marks a channel closed before it tells its NotifyClose listeners, so the
+// call that fails on it, or the end of the deliveries, can come first.
+func closeReason(closed <-chan *amqp.Error) (*amqp.Error, bool) {
 	t := time.NewTimer(time.Second)
 	defer t.Stop()
 	select {
 	case e := <-closed:
-		return channelClosed(e)
+		return e, true
 	case <-t.C:
-		return errors.New("rabbitmq: the broker cancelled the consumer")
+		return nil, false
 	}
+}
+
+// configError reports whether err, the error of a session, is a
+// configuration error, which reconnecting cannot heal (see Run): a refusal
+// the broker sent (ACCESS_REFUSED, NOT_FOUND, NOT_ALLOWED, and
+// PRECONDITION_FAILED during setup, before consuming), or the client's
+// amqp.ErrCredentials or amqp.ErrSASL (the broker closed the socket at the
+// login, which it does only for those). A 406 while consuming is not one:
+// RabbitMQ closes the channel with it when a delivery outlives its
+// consumer_timeout.
+func configError(err error, setup bool) bool {
+	if errors.Is(err, amqp.ErrCredentials) || errors.Is(err, amqp.ErrSASL) {
+		return true
+	}
+	var e *amqp.Error
+	if !errors.As(err, &e) || !e.Server {
+		return false
+	}
+	switch e.Code {
+	case amqp.AccessRefused, amqp.NotFound, amqp.NotAllowed:
+		return true
+	case amqp.PreconditionFailed:
+		return setup
+	}
+	return false
 }
 
 func channelClosed(e *amqp.Error) error {

@@ -73,6 +73,13 @@
 // and the record of each key decides what a redelivery does: a replay if
 // the key completed before the loss, a fresh run if it was released.
 //
+// A refusal that reconnecting cannot heal ends Run with that error (see
+// Run for the list): wrong credentials or a missing permission
+// (ACCESS_REFUSED), a missing vhost (NOT_ALLOWED), a dead-letter exchange
+// that does not exist (NOT_FOUND), a queue declared elsewhere with other
+// arguments or an invalid argument (PRECONDITION_FAILED, before
+// consuming).
+//
 // When Run's context is cancelled, it stops taking deliveries, waits for the
 // handlers of the batch in flight (their context is cancelled after
 // consumer.WithShutdownTimeout, which releases their keys), settles that batch and
