@@ -434,3 +434,65 @@ func TestLeaseLostNotAcked(t *testing.T) {
 		t.Errorf("got %d pending, want 0", n)
 	}
 }
+
+// TestRevokeWithStuckHandler: a partition revoked while its handler ignores
+// its context does not hold the rebalance: the handler is abandoned a
+// second after the revoke (its record not committed, its key left to its
+// lease), the group settles, and the record is consumed again and taken
+// over with a higher fence once the lease ended.
+func TestRevokeWithStuckHandler(t *testing.T) {
+	addrs := startCluster(t, 2, "t")
+	prod := producer(t, addrs)
+	produce(t, prod, &kgo.Record{Topic: "t", Partition: 0, Key: []byte("stuck"), Headers: keyHeader("stuck")})
+	exec := prooftest.MemExecutor(t, idem.WithLease(time.Second))
+	release := make(chan struct{})
+	var first sync.Once
+	entered := make(chan int64, 1)
+	var mu sync.Mutex
+	var fences []int64 // of the runs after the stuck one
+	h := func(ctx context.Context, r *kgo.Record) error {
+		fence, _ := idem.FenceFrom(ctx)
+		stuck := false
+		first.Do(func() { stuck = true })
+		if stuck {
+			entered <- fence
+			<-release // ignores ctx
+			return nil
+		}
+		mu.Lock()
+		fences = append(fences, fence)
+		mu.Unlock()
+		return nil
+	}
+	// An eager balancer revokes every partition at each rebalance, so the
+	// stuck handler's partition is revoked when the second member joins.
+	opts := append(groupOpts(addrs, "g", "t"), kgo.Balancers(kgo.RangeBalancer()))
+	a, err := kafka.New(opts, exec, h, consumer.WithRetryDelay(20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	prooftest.Start(t, a.Run)
+	var fence int64
+	select {
+	case fence = <-entered:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the handler did not start within 20s")
+	}
+	b, err := kafka.New(opts, exec, h, consumer.WithRetryDelay(20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	prooftest.Start(t, b.Run)
+	t.Cleanup(func() { close(release) }) // before the consumers' stops
+	eventually(t, 20*time.Second, "the stuck record consumed again after the revoke (a revoke that waits for the handler holds the group)", func() bool {
+		return a.Stats().Processed+b.Stats().Processed == 1
+	})
+	if st := a.Stats(); st.Abandoned != 1 {
+		t.Errorf("first member: %+v, want 1 abandoned", st)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(fences) != 1 || fences[0] <= fence {
+		t.Errorf("runs after the stuck one had fences %v, want one above %d", fences, fence)
+	}
+}
