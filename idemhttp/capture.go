@@ -72,10 +72,10 @@ func (m *Middleware) appendHead(b []byte, status int, h http.Header) []byte {
 // were when the header was written, and its body up to the middleware's
 // limit. It holds the response back from the client until the middleware
 // has stored it (see send), except for a stream, which it passes through as
-// it is written: a text/event-stream response, a response whose handler
-// flushes it (unless WithStreamOnFlush(false)), a body over the limit (from
-// the write that crosses it), 101 Switching Protocols and a hijacked
-// connection. Informational responses (103 Early Hints) always pass
+// it is written, all but the last byte of a body of declared length (see
+// end): a text/event-stream response, a response whose handler flushes it
+// (unless WithStreamOnFlush(false)), a body over the limit (from the write
+// that crosses it), 101 Switching Protocols and a hijacked connection. Informational responses (103 Early Hints) always pass
 // through. It implements Flush, FlushError and Hijack itself, so that
 // handlers that assert http.Flusher keep working, and Unwrap for the rest
 // of http.ResponseController (deadlines, full duplex).
@@ -95,6 +95,21 @@ type captureWriter struct {
 	// response was held (to set trailers, or a field net/http would
 	// ignore): the client gets them as net/http would have sent them.
 	frozen http.Header
+
+	// The end of a stream is withheld until the middleware has recorded
+	// the response (see end): net/http writes the end of a body of
+	// unknown length (the terminating chunk; END_STREAM on HTTP/2) only
+	// when the handler returns, and the writer holds back the last byte
+	// of a body of declared length. withhold is set when a stream's
+	// header goes to the client with a Content-Length, length is that
+	// length, passed the body bytes the client was sent, and tail the
+	// withheld byte once the rest of the body passed (tailHeld).
+	withhold bool
+	tailHeld bool
+	ended    bool // the end may reach the client
+	length   int64
+	passed   int64
+	tail     [1]byte
 }
 
 var (
@@ -134,6 +149,7 @@ func (c *captureWriter) WriteHeader(code int) {
 		c.snapshot(code)
 		if c.m.streamAll || code == http.StatusSwitchingProtocols || isEventStream(c.w.Header()) {
 			c.sent = true
+			c.armEnd(c.w.Header())
 			c.w.WriteHeader(code)
 		}
 	}
@@ -192,13 +208,69 @@ func write[T ~string | ~[]byte](c *captureWriter, p T, through func(T) (int, err
 		}
 		// Over the limit: keep sent what was held; p goes through.
 	}
-	n, err := through(p)
+	n, err := pass(c, p, through)
 	// The whole of p is recorded even if the client went away: the stored
-	// response is what the handler produced, for the client's retry.
-	if err != http.ErrBodyNotAllowed && c.keep(len(p)) {
+	// response is what the handler produced, for the client's retry. What
+	// net/http refuses to send (a body on a status without one, bytes past
+	// the declared length) is not.
+	if err != http.ErrBodyNotAllowed && err != http.ErrContentLength && c.keep(len(p)) {
 		c.buf = append(c.buf, p...)
 	}
 	return n, err
+}
+
+// pass writes p to the client with through, withholding the last byte of a
+// body of declared length until the end may pass (see end). A write past
+// the declared length fails as net/http fails it.
+func pass[T ~string | ~[]byte](c *captureWriter, p T, through func(T) (int, error)) (int, error) {
+	if !c.withhold || len(p) == 0 {
+		return through(p)
+	}
+	if c.tailHeld {
+		return 0, http.ErrContentLength
+	}
+	if c.passed+int64(len(p)) != c.length {
+		n, err := through(p)
+		c.passed += int64(n)
+		return n, err
+	}
+	n, err := through(p[:len(p)-1])
+	c.passed += int64(n)
+	if err != nil {
+		return n, err
+	}
+	c.tail[0], c.tailHeld = p[len(p)-1], true
+	return len(p), nil
+}
+
+// armEnd makes the writer withhold the last byte of the body, when the
+// fields h that go to the client declare its length, until the end may
+// pass. WithStreamAll writes the whole response through, end included.
+func (c *captureWriter) armEnd(h http.Header) {
+	if c.ended || c.m.streamAll || c.status < 200 || !bodyAllowed(c.status) {
+		return
+	}
+	v := h["Content-Length"]
+	if len(v) != 1 {
+		return
+	}
+	if n, err := strconv.ParseInt(v[0], 10, 64); err == nil && n > 0 {
+		c.withhold, c.length = true, n
+	}
+}
+
+// end lets the end of the response reach the client, once the middleware
+// has recorded it (or decided not to): a held response is sent, and the
+// withheld last byte of a stream is written. The handler's return then
+// ends the response.
+func (c *captureWriter) end() {
+	c.ended = true
+	c.send()
+	if c.tailHeld {
+		c.tailHeld = false
+		_, _ = c.w.Write(c.tail[:])
+	}
+	c.withhold = false
 }
 
 // bodyAllowed reports whether a response with the status may have a body,
@@ -235,6 +307,7 @@ func (c *captureWriter) send() {
 		// The fields as they were at WriteHeader for the header; the
 		// handler's later values back for the trailers, which net/http
 		// reads from the map when the handler returns.
+		c.armEnd(c.frozen)
 		h := c.w.Header()
 		later := maps.Clone(h)
 		clear(h)
@@ -243,10 +316,11 @@ func (c *captureWriter) send() {
 		clear(h)
 		maps.Copy(h, later)
 	} else {
+		c.armEnd(c.w.Header())
 		c.w.WriteHeader(c.status)
 	}
 	if len(c.buf) > c.head {
-		_, _ = c.w.Write(c.buf[c.head:])
+		_, _ = pass(c, c.buf[c.head:], c.w.Write)
 	}
 }
 
@@ -276,7 +350,7 @@ func (c *captureWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	c.send()
 	conn, rw, err := http.NewResponseController(c.w).Hijack()
 	if err == nil {
-		c.hijacked = true
+		c.hijacked, c.withhold = true, false
 	}
 	return conn, rw, err
 }

@@ -69,7 +69,8 @@
 //   - An unreachable store: 503 with Retry-After (TypeStoreUnavailable), or,
 //     with WithFailOpen, the handler runs without protection.
 //   - A handler whose response could not be stored: 503 with Retry-After
-//     (TypeOutcomeUnknown), never the handler's response.
+//     (TypeOutcomeUnknown), never the handler's response; for a stream,
+//     an aborted response (see "Record before success").
 //
 // Error responses are RFC 9457 problem details (application/problem+json)
 // unless WithErrorHandler says otherwise: WriteStripeError answers in
@@ -126,15 +127,25 @@
 // ends, so a retry before then gets 409, and a retry after it runs the
 // handler again (the client was told the outcome is unknown).
 //
-// Streams keep the pass-through behaviour: a text/event-stream response, a
+// Streams are sent as they are written: a text/event-stream response, a
 // response whose handler flushes it (unless WithStreamOnFlush(false)), and
-// a body over the stored-size limit (from the write that crosses it) are
-// sent as they are written; WithStreamAll makes every response a stream.
-// A stream is stored after the handler returns, so its client may have
-// been told a success that was not recorded if storing then fails (logged
-// at ERROR; hooks see OutcomeExecuted with the store's error). A hijacked
-// response and 101 Switching Protocols pass through too and release the
-// key. Holding a response back costs the time of the completion before the
+// a body over the stored-size limit (from the write that crosses it). A
+// stream is recorded after the handler returns (stored, or for a body over
+// the limit its key marked FAILED), and its end is withheld until then:
+// net/http writes the end of a body of unknown length (the terminating
+// chunk, or HTTP/2's END_STREAM) only when the handler returns, and the
+// middleware holds back the last byte of a body of declared length. If
+// the record cannot be written, the response is aborted (the middleware
+// panics with http.ErrAbortHandler: net/http closes an HTTP/1.x connection
+// without the end, and resets an HTTP/2 stream), so that the client sees
+// an incomplete response, never a whole one that was not recorded; an
+// ERROR line is logged and hooks see OutcomeNotRecorded. A handler
+// wrapped by a middleware that recovers panics must let that one go on,
+// as net/http/httputil.ReverseProxy's aborts require already.
+// WithStreamAll makes every response a stream written through whole, end
+// included: its client may be told a success that was not recorded. A
+// hijacked response and 101 Switching Protocols pass through too and
+// release the key. Holding a response back costs the time of the completion before the
 // first byte (see the README's benchmark), and memory up to the limit per
 // request, as recording it did already.
 //

@@ -13,10 +13,10 @@ const (
 	// OutcomeExecuted: the handler ran with the key held and the client got
 	// its response. Event.Err is nil when the response was stored;
 	// otherwise it tells why not: an error wrapping idem.ErrResultTooLarge
-	// (the response was over the size limit; the key is FAILED), or, for a
-	// streamed response only (see the package documentation),
-	// idem.ErrLeaseLost or a store error (the key stays IN_PROGRESS until
-	// its lease expires).
+	// (the response was over the size limit; the key is FAILED), or, with
+	// WithStreamAll only, idem.ErrLeaseLost or a store error (the client
+	// got the response whole although it was not recorded; the key stays
+	// IN_PROGRESS until its lease expires).
 	OutcomeExecuted Outcome = iota + 1
 	// OutcomeReleased: the handler ran, and the key was released so that a
 	// retry runs it again: the Policy said so for the status (by default
@@ -51,9 +51,12 @@ const (
 	// expires, because the outcome is unknown.
 	OutcomeAbandoned
 	// OutcomeNotRecorded: the handler ran, its response could not be
-	// stored (Event.Err says why: a store error, or idem.ErrLeaseLost), and
-	// the client got 503 (TypeOutcomeUnknown) instead of the response. The
-	// key stays IN_PROGRESS until its lease ends. Event.Status is 503.
+	// stored (Event.Err says why: a store error, idem.ErrLeaseLost, or a
+	// response over the size limit whose key could not be marked FAILED),
+	// and the client did not get it: a held response was replaced by 503
+	// (TypeOutcomeUnknown; Event.Status is 503), and a stream was cut off
+	// before its end (the connection aborted; Event.Status is the
+	// stream's). The key stays IN_PROGRESS until its lease ends.
 	OutcomeNotRecorded
 )
 

@@ -259,3 +259,43 @@ func TestCaptureWriter(t *testing.T) {
 }
 
 var timeParse = time.ParseDuration
+
+// TestCaptureWriterWithholdsEnd: a stream of declared length reaches the
+// client all but its last byte until end; a write past the length fails
+// as net/http fails it; with WithStreamAll nothing is withheld.
+func TestCaptureWriterWithholdsEnd(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		opts     []Option
+		withheld bool
+	}{
+		{"stream", nil, true},
+		{"stream all", []Option{WithStreamAll(true)}, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			rec := httptest.NewRecorder()
+			c := &captureWriter{w: rec, m: newTestMiddleware(t, tt.opts...)}
+			c.Header().Set("Content-Type", "text/event-stream")
+			c.Header().Set("Content-Length", "10")
+			c.Write([]byte("hello"))
+			io.WriteString(c, "world")
+			want := "helloworld"
+			if tt.withheld {
+				want = "helloworl"
+				if n, err := c.Write([]byte("!")); n != 0 || err != http.ErrContentLength {
+					t.Errorf("write past the length: got %d, %v, want 0, ErrContentLength", n, err)
+				}
+			}
+			if got := rec.Body.String(); got != want {
+				t.Fatalf("before end: the client got %q, want %q", got, want)
+			}
+			c.end()
+			if got := rec.Body.String(); got != "helloworld" {
+				t.Errorf("after end: the client got %q, want %q", got, "helloworld")
+			}
+			if res, err := decodeResponse(c.buf, nil); err != nil || string(res.body) != "helloworld" {
+				t.Errorf("recorded: got %q, %v, want the whole body", res.body, err)
+			}
+		})
+	}
+}

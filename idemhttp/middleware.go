@@ -531,7 +531,9 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, start time.
 	}
 	decision := m.policy(r, status)
 	rec := x.rctx.rec
-	if rec != nil && (cw.overflow || decision != StoreResponse) {
+	// Over the Executor's limit, the response cannot be stored either.
+	tooLarge := cw.overflow || len(cw.buf) > m.exec.MaxResultSize()
+	if rec != nil && (tooLarge || decision != StoreResponse) {
 		discard(sctx, &x.rctx) // the response is not stored: neither is the effect
 		rec = nil
 	}
@@ -541,50 +543,72 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, start time.
 		if err = a.Release(sctx); err != nil {
 			m.log(r, slog.LevelError, "idemhttp: releasing the key", err, a.Key())
 		}
-		cw.send()
+		cw.end()
 		m.emit(r, Event{Outcome: OutcomeReleased, Status: status, Duration: time.Since(start), Err: err})
 		return
 	case decision == AbandonKey:
 		err = a.Abandon()
 		m.log(r, slog.LevelWarn, "idemhttp: outcome unknown; the key stays in progress until its lease expires", err, a.Key())
-		cw.send()
+		cw.end()
 		m.emit(r, Event{Outcome: OutcomeAbandoned, Status: status, Duration: time.Since(start), Err: err})
 		return
-	case cw.overflow:
-		cause := fmt.Errorf("%w: response body over %d bytes", idem.ErrResultTooLarge, m.maxResponse)
-		err = cause
-		if ferr := a.Fail(sctx, cause); ferr != nil {
-			err = errors.Join(cause, ferr)
+	case tooLarge:
+		// The handler ran: the key is FAILED, so that a retry does not
+		// run it again, and the client gets the response once.
+		err = fmt.Errorf("%w: response body over %d bytes", idem.ErrResultTooLarge, m.maxResponse)
+		if !cw.overflow {
+			err = fmt.Errorf("%w: response of %d bytes as stored, over the limit of %d", idem.ErrResultTooLarge, len(cw.buf), m.exec.MaxResultSize())
+		}
+		if ferr := a.Fail(sctx, err); ferr != nil {
+			err = errors.Join(err, ferr)
+			if !cw.sent {
+				m.notRecorded(w, r, start, a, before, status, err)
+				return
+			}
+			if !m.streamAll {
+				m.cutOff(r, start, a, status, "idemhttp: response over the size limit, and the key could not be marked FAILED; the connection is aborted before the end of the response, and the key stays in progress until its lease ends", err)
+			}
+			m.log(r, slog.LevelError, "idemhttp: response over the size limit, and the key could not be marked FAILED; the key stays in progress until its lease ends", err, a.Key())
+			break
 		}
 		m.log(r, slog.LevelWarn, "idemhttp: response not stored; the key is FAILED", err, a.Key())
+		cw.end()
 	case rec != nil:
 		m.record(w, r, start, a, rec, cw, before, status)
 		return
 	case cw.sent:
-		// A stream: the client has it already.
+		// A stream: the client has all of it but its end.
 		if err = a.Commit(sctx, cw.buf); err != nil {
-			level := slog.LevelError
-			if errors.Is(err, idem.ErrResultTooLarge) {
-				level = slog.LevelWarn
+			if !m.streamAll {
+				m.cutOff(r, start, a, status, "idemhttp: streamed response not recorded; the connection is aborted before the end of the response, and the key stays in progress until its lease ends", err)
 			}
-			m.log(r, level, "idemhttp: storing the streamed response", err, a.Key())
+			m.log(r, slog.LevelError, "idemhttp: streamed response not recorded; the client got it whole (WithStreamAll), and the key stays in progress until its lease ends", err, a.Key())
+			break
 		}
+		cw.end()
 	default:
-		err = a.Commit(sctx, cw.buf)
-		switch {
-		case err == nil:
-		case errors.Is(err, idem.ErrResultTooLarge):
-			// The encoded response is over the Executor's limit: the key
-			// is FAILED, and the client gets the response once, as one
-			// over the middleware's limit.
-			m.log(r, slog.LevelWarn, "idemhttp: response not stored; the key is FAILED", err, a.Key())
-		default:
+		if err = a.Commit(sctx, cw.buf); err != nil {
 			m.notRecorded(w, r, start, a, before, status, err)
 			return
 		}
-		cw.send()
+		cw.end()
 	}
 	m.emit(r, Event{Outcome: OutcomeExecuted, Status: status, Duration: time.Since(start), Err: err})
+}
+
+// cutOff ends a stream whose record could not be written: its client has
+// the status and all of the body but its end, which it must not get, or
+// it would take the response for a whole one while a retry runs the
+// handler again. It logs msg and err at ERROR, reports OutcomeNotRecorded
+// and aborts the response by panicking with http.ErrAbortHandler:
+// net/http then closes an HTTP/1.x connection without the terminating
+// chunk (or the withheld last byte of a body of declared length), and
+// resets an HTTP/2 stream (RST_STREAM), so that the client sees an
+// incomplete response.
+func (m *Middleware) cutOff(r *http.Request, start time.Time, a *idem.Attempt, status int, msg string, err error) {
+	m.log(r, slog.LevelError, msg, err, a.Key())
+	m.emit(r, Event{Outcome: OutcomeNotRecorded, Status: status, Duration: time.Since(start), Err: err})
+	panic(http.ErrAbortHandler)
 }
 
 // discard rolls back the effect of a request's recorder, if it has one.
@@ -602,13 +626,19 @@ func (m *Middleware) record(w http.ResponseWriter, r *http.Request, start time.T
 	stored, err := rec.Record(context.WithoutCancel(r.Context()), cw.buf)
 	switch {
 	case err != nil:
+		if cw.sent && !m.streamAll {
+			m.cutOff(r, start, a, status, "idemhttp: streamed response not recorded; the connection is aborted before the end of the response", err)
+		}
 		if cw.sent {
-			m.log(r, slog.LevelError, "idemhttp: storing the streamed response", err, a.Key())
+			m.log(r, slog.LevelError, "idemhttp: streamed response not recorded; the client got it whole (WithStreamAll)", err, a.Key())
 			m.emit(r, Event{Outcome: OutcomeExecuted, Status: status, Duration: time.Since(start), Err: err})
 			return
 		}
 		m.notRecorded(w, r, start, a, before, status, err)
 	case stored != nil && cw.sent:
+		if !m.streamAll {
+			m.cutOff(r, start, a, status, "idemhttp: a streamed response was rolled back, another run's response was recorded first; the connection is aborted before the end of the response, so that a retry gets the recorded one", errStreamRolledBack)
+		}
 		m.log(r, slog.LevelError, "idemhttp: a streamed response was rolled back: another run's response was recorded first", nil, a.Key())
 		m.emit(r, Event{Outcome: OutcomeReplayed, Status: status, Duration: time.Since(start)})
 	case stored != nil:
@@ -619,10 +649,14 @@ func (m *Middleware) record(w http.ResponseWriter, r *http.Request, start time.T
 		maps.Copy(h, before)
 		m.replay(w, r, start, stored)
 	default:
-		cw.send()
+		cw.end()
 		m.emit(r, Event{Outcome: OutcomeExecuted, Status: status, Duration: time.Since(start)})
 	}
 }
+
+// errStreamRolledBack is the Event.Err of a stream whose Recorder rolled
+// it back because another run's response was recorded first.
+var errStreamRolledBack = errors.New("idemhttp: streamed response rolled back: another run's response was recorded first")
 
 // notRecorded answers a request whose handler ran but whose response could
 // not be stored (Commit failed after repeating the completion while the

@@ -171,11 +171,13 @@ func WithStreamOnFlush(on bool) Option {
 	return func(m *Middleware) { m.streamOnFlush = on }
 }
 
-// WithStreamAll makes every response a stream: sent to the client as the
-// handler writes it, and stored after the handler returns. A client then
-// gets its response sooner, but if storing fails it has been told the
-// handler's answer although nothing was recorded, and a retry after the
-// lease runs the handler again. Use it only where that is acceptable; the
+// WithStreamAll makes every response a stream written through whole: sent
+// to the client as the handler writes it, end included, and stored after
+// the handler returns. A client then gets its response sooner, but if
+// storing fails it has been told the handler's answer although nothing was
+// recorded, and a retry after the lease runs the handler again (other
+// streams withhold their end until they are recorded; see the package
+// documentation). Use it only where that is acceptable; the
 // reliability suite uses it as the negative control of record before
 // success. The default is false.
 func WithStreamAll(on bool) Option {

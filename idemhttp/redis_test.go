@@ -1,7 +1,19 @@
 package idemhttp_test
 
 import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/idemgo/idem/idemhttp"
 
@@ -56,5 +68,151 @@ func TestRedisDown(t *testing.T) {
 	}
 	if res := post(h, "c", "x"); res.header.Get(idemhttp.ReplayedHeader) != "true" {
 		t.Fatalf("retry after restart: got %d %q, want a replay", res.status, res.body)
+	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for concurrent use, for logs.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestStreamEndWithheld: a real Redis refuses every write (maxmemory below
+// its use, noeviction: OOM) from the moment a streamed response has
+// started. Its record cannot be written (COMPLETED, or FAILED for a body
+// over the size limit), so the client must never see the response end
+// cleanly: over HTTP/1.1 the connection closes without the terminating
+// chunk or the body's last byte, over HTTP/2 the stream is reset. The log
+// says what happened (never "the key is FAILED"), hooks see
+// OutcomeNotRecorded, and the key stays IN_PROGRESS. The control
+// (WithStreamAll, written through whole) ends cleanly: the test can see a
+// clean end. On the code that let streams end when the handler returned,
+// every case ended cleanly.
+func TestStreamEndWithheld(t *testing.T) {
+	t.Parallel()
+	body := strings.Repeat("0123456789abcdef", 4<<10) // 64 KiB
+	const limit = 1000                                // WithMaxResponseSize of the over-limit cases
+	cases := []struct {
+		name    string
+		opts    []idemhttp.Option
+		write   func(w http.ResponseWriter)
+		clean   bool // the control: the response ends cleanly
+		overMax bool
+	}{
+		{name: "event-stream", write: func(w http.ResponseWriter) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			io.WriteString(w, "data: one\n\n")
+			w.(http.Flusher).Flush()
+			io.WriteString(w, "data: two\n\n")
+		}},
+		{name: "flushed with Content-Length", write: func(w http.ResponseWriter) {
+			w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+			io.WriteString(w, body[:100])
+			w.(http.Flusher).Flush()
+			io.WriteString(w, body[100:])
+			w.(http.Flusher).Flush()
+		}},
+		{name: "over the limit", overMax: true, opts: []idemhttp.Option{idemhttp.WithMaxResponseSize(limit)}, write: func(w http.ResponseWriter) {
+			io.WriteString(w, body)
+		}},
+		{name: "over the limit with Content-Length", overMax: true, opts: []idemhttp.Option{idemhttp.WithMaxResponseSize(limit)}, write: func(w http.ResponseWriter) {
+			w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+			io.WriteString(w, body[:limit])
+			io.WriteString(w, body[limit:]) // crosses the limit, ends the body
+		}},
+		{name: "write-through control", clean: true, opts: []idemhttp.Option{idemhttp.WithStreamAll(true)}, write: func(w http.ResponseWriter) {
+			w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+			io.WriteString(w, body)
+		}},
+	}
+	for _, proto := range []string{"HTTP/1.1", "HTTP/2"} {
+		for i, tc := range cases {
+			t.Run(proto+"/"+tc.name, func(t *testing.T) {
+				t.Parallel()
+				srv := redistest.Start(t, "--maxmemory-policy", "noeviction")
+				store, err := redisstore.New(srv.GoRedis(t))
+				if err != nil {
+					t.Fatal(err)
+				}
+				full := func(on bool) {
+					limit := "0"
+					if on {
+						limit = "1" // below any memory in use: every write is OOM
+					}
+					srv.Do(t, "CONFIG", "SET", "maxmemory", limit)
+				}
+				var logs lockedBuffer
+				var events eventLog
+				// The Executor repeats a refused completion for up to a lease.
+				exec := newExecutor(t, store, idem.WithLease(time.Second))
+				opts := append([]idemhttp.Option{idemhttp.WithHook(events.hook), idemhttp.WithLogger(slog.New(slog.NewTextHandler(&logs, nil)))}, tc.opts...)
+				h := newMiddleware(t, exec, opts...).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					full(true) // the key is held: from now on every write is refused
+					tc.write(w)
+				}))
+				hs := httptest.NewUnstartedServer(h)
+				hs.Config.ErrorLog = log.New(io.Discard, "", 0)
+				if proto == "HTTP/2" {
+					hs.EnableHTTP2 = true
+					hs.StartTLS()
+				} else {
+					hs.Start()
+				}
+				t.Cleanup(hs.Close)
+				t.Cleanup(func() { full(false) })
+
+				key := fmt.Sprintf("k%d", i)
+				req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, hs.URL+"/events", nil)
+				req.Header.Set("Idempotency-Key", key)
+				res, err := hs.Client().Do(req)
+				if err != nil {
+					t.Fatalf("request: %v", err)
+				}
+				got, rerr := io.ReadAll(res.Body)
+				res.Body.Close()
+				full(false)
+				if res.Proto != proto && res.Proto != proto+".0" {
+					t.Fatalf("protocol: got %s, want %s", res.Proto, proto)
+				}
+				if tc.clean {
+					if rerr != nil || string(got) != body {
+						t.Fatalf("control: got %d bytes, %v, want the whole body and a clean end", len(got), rerr)
+					}
+					return
+				}
+				if rerr == nil {
+					t.Fatalf("got %d %d bytes ending cleanly, want an incomplete response (its record was refused)", res.StatusCode, len(got))
+				}
+				if e := events.get(0); e.Outcome != idemhttp.OutcomeNotRecorded || e.Status != 200 || e.Err == nil {
+					t.Errorf("event: got %v %d %v, want not-recorded 200 with the store's error", e.Outcome, e.Status, e.Err)
+				}
+				l := logs.String()
+				if !strings.Contains(l, "level=ERROR") || !strings.Contains(l, "connection is aborted") {
+					t.Errorf("log: got %q, want an ERROR line saying the connection is aborted", l)
+				}
+				if tc.overMax && (strings.Contains(l, "the key is FAILED") || !strings.Contains(l, "could not be marked FAILED")) {
+					t.Errorf("log: got %q, want it to say the key could not be marked FAILED", l)
+				}
+				// Nothing recorded: the key stays IN_PROGRESS until a
+				// little after its lease, which the refused completion's
+				// repetitions may have outlasted.
+				rec, err := store.Get(t.Context(), idemhttp.PathKey(http.MethodPost, "/events", key).Digest())
+				if !errors.Is(err, idem.ErrNotFound) && (err != nil || rec.State != idem.StateInProgress) {
+					t.Errorf("record: got %v, %v, want IN_PROGRESS or expired", rec.State, err)
+				}
+			})
+		}
 	}
 }

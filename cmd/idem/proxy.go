@@ -77,10 +77,15 @@ logged; their digests are.
 
 If the upstream cannot be reached, the request was not sent: 502 and the key
 is released. The upstream's response is stored before it is sent to the
-client (text/event-stream responses and bodies over --max-response stream
-through); if the store cannot record it, the client gets 503 with
-Retry-After (TypeOutcomeUnknown: it may have taken effect, retry with the
-same key) and the key stays in progress until its lease ends. If the
+client; if the store cannot record it, the client gets 503 with
+Retry-After (outcome-unknown: it may have taken effect, retry with the
+same key) and the key stays in progress until its lease ends.
+text/event-stream responses and bodies over --max-response stream through,
+all but their end (the terminating chunk, or the last byte of a body of
+declared length), which waits until the response is stored (or, over
+--max-response, its key FAILED); if that cannot be written, the proxy
+aborts the connection, so that the client sees an incomplete response,
+never a whole one. If the
 upstream does not answer after it got the request (a
 timeout: 504), the key stays in progress until its lease ends, since the
 upstream may have acted. On SIGTERM or SIGINT the proxy stops accepting
@@ -163,7 +168,7 @@ func registerProxyFlags(fs *flagSet) *proxyConfig {
 	fs.Var(durationValue{&c.upstreamTimeout}, "upstream-timeout", "DURATION", "how long to wait for the upstream's response header (0: no limit); then 504")
 	fs.Var(durationValue{&c.shutdownTimeout}, "shutdown-timeout", "DURATION", "how long a shutdown waits for requests in flight before it closes their connections")
 	fs.Var(durationValue{&c.writeTimeout}, "write-timeout", "DURATION", "how long a client may take to receive a response, from its first byte (0: no limit; text/event-stream responses have none)")
-	fs.Bool(&c.streamAll, "stream-all", false, "send every response as the upstream sends it and store it afterwards (a client may then be told a success that was not recorded)")
+	fs.Bool(&c.streamAll, "stream-all", false, "send every response as the upstream sends it, end included, and store it afterwards (a client may then be told a success that was not recorded)")
 	fs.String(&c.adminListen, "admin-listen", "ADDR", "", "address for /metrics, /healthz and /readyz (empty: off)")
 	fs.String(&c.logFormat, "log-format", "FORMAT", "text", "log format: text or json")
 	fs.String(&c.logLevel, "log-level", "LEVEL", "info", "log level: debug, info, warn or error")
