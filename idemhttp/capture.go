@@ -56,6 +56,12 @@ func (m *Middleware) appendHead(b []byte, status int, h http.Header) []byte {
 	slices.Sort(names)
 	b = append(b, codecVersion)
 	b = appendUvarint(b, status)
+	return appendFields(b, h, names)
+}
+
+// appendFields appends the encoding of the fields of h named by names,
+// which are sorted (see codec.go), to b.
+func appendFields(b []byte, h http.Header, names []string) []byte {
 	b = appendUvarint(b, len(names))
 	for _, k := range names {
 		vs := h[k]
@@ -66,6 +72,20 @@ func (m *Middleware) appendHead(b []byte, status int, h http.Header) []byte {
 		}
 	}
 	return b
+}
+
+// announcedTrailers returns the canonical names that the Trailer fields of
+// h announce.
+func announcedTrailers(h http.Header) []string {
+	var names []string
+	for _, v := range h["Trailer"] {
+		for name := range strings.SplitSeq(v, ",") {
+			if name = strings.TrimSpace(name); name != "" {
+				names = append(names, http.CanonicalHeaderKey(name))
+			}
+		}
+	}
+	return names
 }
 
 // captureWriter records a response: its final status, its fields as they
@@ -89,6 +109,10 @@ type captureWriter struct {
 	overflow bool   // the body went over the limit and is not recorded
 	hijacked bool   // the handler took the connection over
 	sent     bool   // the header went to the client: the rest passes through
+
+	// announced holds the trailer names that the header announced (the
+	// Trailer field), when it was written.
+	announced []string
 
 	// frozen holds the fields as they were when the handler wrote the
 	// header, once the handler asked for the field map again while the
@@ -180,6 +204,41 @@ func (c *captureWriter) snapshot(code int) {
 	}
 	c.buf = c.m.appendHead(make([]byte, 0, size), code, h)
 	c.head = len(c.buf)
+	if len(h["Trailer"]) > 0 {
+		c.announced = announcedTrailers(h)
+	}
+}
+
+// recordTrailers adds the response's trailers to the recorded response,
+// once the handler has returned: the values of the announced names, and
+// the fields named with http.TrailerPrefix, as net/http sends them then.
+func (c *captureWriter) recordTrailers() {
+	if c.buf == nil || c.hijacked {
+		return
+	}
+	h := c.w.Header()
+	var stack [8]string
+	names := stack[:0]
+	for _, k := range c.announced {
+		if _, ok := h[k]; ok && c.m.storable(k, h) {
+			names = append(names, k)
+		}
+	}
+	for k := range h {
+		if name, ok := strings.CutPrefix(k, http.TrailerPrefix); ok && c.m.storable(name, h) {
+			names = append(names, k)
+		}
+	}
+	if len(names) == 0 {
+		return
+	}
+	slices.Sort(names)
+	names = slices.Compact(names)
+	// The trailers go between the fields and the body (see codec.go).
+	t := appendFields(nil, h, names)
+	c.buf = slices.Insert(c.buf, c.head, t...)
+	c.buf[0] = codecTrailers
+	c.head += len(t)
 }
 
 func (c *captureWriter) implicitHeader() {
@@ -312,6 +371,15 @@ func (c *captureWriter) send() {
 		later := maps.Clone(h)
 		clear(h)
 		maps.Copy(h, c.frozen)
+		// Trailers set since under http.TrailerPrefix go with the header,
+		// which net/http leaves them out of: with them there it sends the
+		// body in chunks, with room for the trailers, where it would
+		// otherwise send a short body with a Content-Length and drop them.
+		for k, vs := range later {
+			if strings.HasPrefix(k, http.TrailerPrefix) {
+				h[k] = vs
+			}
+		}
 		c.w.WriteHeader(c.status)
 		clear(h)
 		maps.Copy(h, later)
@@ -356,10 +424,12 @@ func (c *captureWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 }
 
 // finish returns the final status, recording the header as net/http sends
-// it if the handler wrote nothing (an implicit 200). It sends nothing.
+// it if the handler wrote nothing (an implicit 200), and records the
+// trailers. It sends nothing.
 func (c *captureWriter) finish() int {
 	if c.status == 0 && !c.hijacked {
 		c.snapshot(http.StatusOK)
 	}
+	c.recordTrailers()
 	return c.status
 }

@@ -11,17 +11,26 @@ import (
 // A stored response is one blob, which the Executor may compress and
 // encrypt further:
 //
-//	version  byte    codecVersion
+//	version  byte    codecVersion, or codecTrailers when the response has
+//	                 trailers
 //	status   uvarint 200..999
 //	fields   uvarint number of header names, then for each name:
 //	  name   uvarint length, bytes
 //	  values uvarint count, then for each value: uvarint length, bytes
+//	trailers (codecTrailers only) as fields: the trailer's names and
+//	         values; a name that starts with http.TrailerPrefix was not
+//	         announced in the header (the Trailer field)
 //	body     the remaining bytes
 //
 // Names are sorted, so that equal responses encode to equal bytes. A name
 // with no values is kept: it tells net/http not to add the field (for
-// example Content-Type: nil turns content sniffing off).
-const codecVersion = 1
+// example Content-Type: nil turns content sniffing off). A response without
+// trailers is written as version 1, as before trailers were stored, so
+// that both versions are read.
+const (
+	codecVersion  = 1
+	codecTrailers = 2
+)
 
 func appendUvarint(b []byte, n int) []byte { return binary.AppendUvarint(b, uint64(n)) }
 
@@ -32,9 +41,10 @@ func appendString(b []byte, s string) []byte {
 // storedResponse is a decoded stored response. Its body shares memory with
 // the blob it was decoded from.
 type storedResponse struct {
-	status int
-	header http.Header
-	body   []byte
+	status  int
+	header  http.Header
+	trailer http.Header // nil: none
+	body    []byte
 }
 
 // StoredResponse is a response as the middleware stores it.
@@ -43,7 +53,11 @@ type StoredResponse struct {
 	// Header holds the stored fields (hop-by-hop fields and the deny-list
 	// are never stored).
 	Header http.Header
-	Body   []byte
+	// Trailer holds the stored trailers, nil if the response had none. A
+	// name that starts with http.TrailerPrefix was sent without being
+	// announced in the Trailer field.
+	Trailer http.Header
+	Body    []byte
 }
 
 // DecodeStoredResponse decodes the value of a COMPLETED record written by a
@@ -56,16 +70,17 @@ func DecodeStoredResponse(value []byte) (StoredResponse, error) {
 	if err != nil {
 		return StoredResponse{}, err
 	}
-	return StoredResponse{Status: res.status, Header: res.header, Body: res.body}, nil
+	return StoredResponse{Status: res.status, Header: res.header, Trailer: res.trailer, Body: res.body}, nil
 }
 
-// decodeResponse decodes a blob written by appendHead and the body after
-// it, adding the fields to into (a new http.Header if into is nil) only if
-// the whole blob is valid. Errors wrap idem.ErrCorruptResult.
+// decodeResponse decodes a blob written by appendHead (and appendTrailers)
+// and the body after it, adding the fields to into (a new http.Header if
+// into is nil) only if the whole blob is valid. Errors wrap
+// idem.ErrCorruptResult.
 func decodeResponse(b []byte, into http.Header) (storedResponse, error) {
 	// The first pass checks the blob and counts; the second fills the
 	// fields in, with one allocation for all their values.
-	res, names, values, err := walkResponse(b, nil, nil)
+	res, names, values, err := walkResponse(b, nil, nil, nil)
 	if err != nil {
 		return storedResponse{}, err
 	}
@@ -76,30 +91,55 @@ func decodeResponse(b []byte, into http.Header) (storedResponse, error) {
 	if values > 0 {
 		backing = make([]string, 0, values)
 	}
-	res, _, _, _ = walkResponse(b, into, backing)
-	res.header = into
+	var trailer http.Header
+	if b[0] == codecTrailers {
+		trailer = make(http.Header)
+	}
+	res, _, _, _ = walkResponse(b, into, trailer, backing)
+	res.header, res.trailer = into, trailer
 	return res, nil
 }
 
-// walkResponse parses b. With into set, it adds the fields to it, taking
-// their values from backing, which must have room for all of them. It
-// returns the number of names and of values.
-func walkResponse(b []byte, into http.Header, backing []string) (res storedResponse, names, values int, err error) {
+// walkResponse parses b. With into set, it adds the fields to it and the
+// trailers to trailer, taking their values from backing, which must have
+// room for all of them. It returns the number of names and of values.
+func walkResponse(b []byte, into, trailer http.Header, backing []string) (res storedResponse, names, values int, err error) {
 	if len(b) == 0 {
 		return res, 0, 0, corrupt("empty stored response")
 	}
 	d := decoder{b: b}
-	if v := d.byte(); v != codecVersion {
+	v := d.byte()
+	if v != codecVersion && v != codecTrailers {
 		return res, 0, 0, corrupt("unknown stored response version %d", v)
 	}
 	status := d.uvarint()
 	if d.err == nil && (status < 200 || status > 999) {
 		return res, 0, 0, corrupt("invalid status %d", status)
 	}
+	names, values, backing = d.fields(into, backing)
+	if v == codecTrailers {
+		n, nv, _ := d.fields(trailer, backing)
+		if d.err == nil && n == 0 {
+			return res, 0, 0, corrupt("version %d without trailers", v)
+		}
+		names, values = names+n, values+nv
+	}
+	if d.err != nil {
+		return res, 0, 0, d.err
+	}
+	res.status = status
+	res.body = b[d.off:len(b):len(b)]
+	return res, names, values, nil
+}
+
+// fields parses a list of fields. With into set, it adds them to it,
+// taking their values from backing, which it returns past them. It returns
+// the number of names and of values.
+func (d *decoder) fields(into http.Header, backing []string) (names, values int, rest []string) {
 	n := d.uvarint()
 	// Every name takes at least two bytes: this bounds the work.
 	if d.err == nil && n > d.left()/2 {
-		return res, 0, 0, corrupt("%d header names in %d bytes", n, d.left())
+		d.err = corrupt("%d header names in %d bytes", n, d.left())
 	}
 	var prev []byte
 	for i := 0; i < n && d.err == nil; i++ {
@@ -107,12 +147,12 @@ func walkResponse(b []byte, into http.Header, backing []string) (res storedRespo
 		// Names are stored sorted: a name out of order or twice is
 		// corruption.
 		if d.err == nil && i > 0 && string(name) <= string(prev) {
-			return res, 0, 0, corrupt("header %q out of order", name)
+			d.err = corrupt("header %q out of order", name)
 		}
 		prev = name
 		nv := d.uvarint()
 		if d.err == nil && nv > d.left() {
-			return res, 0, 0, corrupt("%d values in %d bytes", nv, d.left())
+			d.err = corrupt("%d values in %d bytes", nv, d.left())
 		}
 		start := len(backing)
 		for range nv {
@@ -130,12 +170,7 @@ func walkResponse(b []byte, into http.Header, backing []string) (res storedRespo
 		}
 		values += nv
 	}
-	if d.err != nil {
-		return res, 0, 0, d.err
-	}
-	res.status = status
-	res.body = b[d.off:len(b):len(b)]
-	return res, n, values, nil
+	return n, values, backing
 }
 
 func corrupt(format string, args ...any) error {

@@ -52,8 +52,8 @@
 //     say AbandonKey when the outcome is unknown (a proxy whose upstream
 //     timed out): nothing is stored and the key stays in progress until its
 //     lease expires.
-//   - A completed key replays the stored status, fields and body, byte for
-//     byte, with Idempotent-Replayed: true added.
+//   - A completed key replays the stored status, fields, body and
+//     trailers, byte for byte, with Idempotent-Replayed: true added.
 //   - A key in progress is answered with 409 (TypeInProgress) and a
 //     Retry-After estimated from how long requests take: a moving average
 //     of the route's recent execution times (of all routes, for a route
@@ -82,8 +82,12 @@
 //
 // Hop-by-hop fields (Connection and the fields it names, Keep-Alive,
 // Proxy-Authenticate, Proxy-Authorization, TE, Trailer, Transfer-Encoding,
-// Upgrade), trailers, and the deny-list (WithDenyHeaders, by default
-// Set-Cookie) are sent to the first client but not stored or replayed.
+// Upgrade) and the deny-list (WithDenyHeaders, by default Set-Cookie) are
+// sent to the first client but not stored or replayed. Trailers (the
+// fields the Trailer field announced, and those named with
+// http.TrailerPrefix) are stored and replayed as trailers: the replay
+// announces them as the first response did, and on HTTP/1.1 it sends the
+// body in chunks.
 // Fields that net/http adds itself (Date, and Content-Length or
 // Content-Type when the handler did not set them) are added again by
 // net/http on replay.

@@ -139,6 +139,7 @@ func FuzzDecodeResponse(f *testing.F) {
 	m := newTestMiddleware(f)
 	f.Add(append(m.appendHead(nil, 201, http.Header{"Content-Type": {"application/json"}, "X": {"a", "b"}, "Y": nil}), `{"ok":1}`...))
 	f.Add([]byte{1, 200, 1, 0})
+	f.Add(append(appendFields([]byte{2, 200, 1, 0}, http.Header{"X-Checksum": {"abc"}, "Trailer:X-Late": {"late"}}, []string{"Trailer:X-Late", "X-Checksum"}), "body"...))
 	f.Add([]byte{1, 200, 1, 2, 1, 'A', 0, 1, 'A', 0})
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, blob []byte) {

@@ -89,7 +89,8 @@ func TestDecodeCorrupt(t *testing.T) {
 	}{
 		// 200 is the uvarint {200, 1}.
 		{"empty", nil, "empty"},
-		{"version", append([]byte{2}, good[1:]...), "unknown stored response version 2"},
+		{"version", append([]byte{3}, good[1:]...), "unknown stored response version 3"},
+		{"version 2 without trailers", append(append([]byte{2}, good[1:len(good)-4]...), 0), "without trailers"},
 		{"status 0", []byte{1, 0, 0}, "invalid status 0"},
 		{"status 1xx", []byte{1, 100, 0}, "invalid status 100"},
 		{"status over 999", []byte{1, 0xe8, 0x07, 0}, "invalid"},

@@ -10,6 +10,7 @@ import (
 	"maps"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -470,11 +471,43 @@ func (m *Middleware) replay(w http.ResponseWriter, r *http.Request, start time.T
 		return
 	}
 	h.Set(ReplayedHeader, "true")
+	if res.trailer != nil {
+		startTrailers(h, res.trailer)
+	}
 	w.WriteHeader(res.status)
 	if len(res.body) > 0 {
 		_, _ = w.Write(res.body)
 	}
+	// net/http sends the announced trailers, with the values the map has
+	// when the handler returns.
+	for k, vs := range res.trailer {
+		if !strings.HasPrefix(k, http.TrailerPrefix) {
+			h[k] = vs
+		}
+	}
 	m.emit(r, Event{Outcome: OutcomeReplayed, Status: res.status, Duration: time.Since(start)})
+}
+
+// startTrailers prepares h, before the header is written, for the replay
+// of trailer: the names that were announced when the response was stored
+// (those without http.TrailerPrefix) go into the Trailer field, and the
+// others are set as they are, with http.TrailerPrefix. Either way
+// net/http sends them after the body, as trailers, and does not send the
+// body with a Content-Length (which would leave no room for them) on
+// HTTP/1.1.
+func startTrailers(h, trailer http.Header) {
+	var names []string
+	for k, vs := range trailer {
+		if strings.HasPrefix(k, http.TrailerPrefix) {
+			h[k] = vs
+		} else {
+			names = append(names, k)
+		}
+	}
+	if len(names) > 0 {
+		slices.Sort(names)
+		h["Trailer"] = []string{strings.Join(names, ", ")}
+	}
 }
 
 // execute runs next with the key held, then stores the response or

@@ -517,7 +517,8 @@ func TestProxyErrorBody(t *testing.T) {
 
 // TestProxyResponseTrailers: an upstream's trailers, announced or not,
 // reach the client as trailers and never in the header, with the
-// response's own fields intact.
+// response's own fields intact, on the first response and on its replay
+// (which, before trailers were stored, came with Content-Length and none).
 func TestProxyResponseTrailers(t *testing.T) {
 	t.Parallel()
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -531,33 +532,38 @@ func TestProxyResponseTrailers(t *testing.T) {
 	}))
 	t.Cleanup(up.Close)
 	px := startProxy(t, up.URL, []string{"--data", t.TempDir()})
-	req, err := http.NewRequest(http.MethodPost, px.url("/orders"), strings.NewReader("x"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Idempotency-Key", "trailers")
-	res, err := client.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, err := io.ReadAll(res.Body)
-	res.Body.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.StatusCode != 201 || string(body) != "body" || res.Header.Get("Content-Type") != "text/plain" {
-		t.Errorf("got %d %q, Content-Type %q, want 201 \"body\" text/plain", res.StatusCode, body, res.Header.Get("Content-Type"))
-	}
-	if v := res.Header.Get("X-Checksum"); v != "" {
-		t.Errorf("the trailer X-Checksum came in the header too: %q", v)
-	}
-	if v := res.Header.Get("X-Late"); v != "" {
-		t.Errorf("the unannounced trailer X-Late came in the header: %q", v)
-	}
-	if got := res.Trailer.Get("X-Checksum"); got != "abc" {
-		t.Errorf("trailer X-Checksum: got %q, want abc (trailers %v)", got, res.Trailer)
-	}
-	if got := res.Trailer.Get("X-Late"); got != "late" {
-		t.Errorf("trailer X-Late: got %q, want late (trailers %v)", got, res.Trailer)
+	for _, what := range []string{"first", "replay"} {
+		req, err := http.NewRequest(http.MethodPost, px.url("/orders"), strings.NewReader("x"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Idempotency-Key", "trailers")
+		res, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, err := io.ReadAll(res.Body)
+		res.Body.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.StatusCode != 201 || string(body) != "body" || res.Header.Get("Content-Type") != "text/plain" {
+			t.Errorf("%s: got %d %q, Content-Type %q, want 201 \"body\" text/plain", what, res.StatusCode, body, res.Header.Get("Content-Type"))
+		}
+		if replayed := res.Header.Get("Idempotent-Replayed") == "true"; replayed != (what == "replay") {
+			t.Errorf("%s: Idempotent-Replayed %v", what, replayed)
+		}
+		if v := res.Header.Get("X-Checksum"); v != "" {
+			t.Errorf("%s: the trailer X-Checksum came in the header too: %q", what, v)
+		}
+		if v := res.Header.Get("X-Late"); v != "" {
+			t.Errorf("%s: the unannounced trailer X-Late came in the header: %q", what, v)
+		}
+		if got := res.Trailer.Get("X-Checksum"); got != "abc" {
+			t.Errorf("%s: trailer X-Checksum: got %q, want abc (trailers %v, Content-Length %d)", what, got, res.Trailer, res.ContentLength)
+		}
+		if got := res.Trailer.Get("X-Late"); got != "late" {
+			t.Errorf("%s: trailer X-Late: got %q, want late (trailers %v)", what, got, res.Trailer)
+		}
 	}
 }
