@@ -57,7 +57,8 @@
 //   - A key in progress is answered with 409 (TypeInProgress) and a
 //     Retry-After estimated from how long requests take: a moving average
 //     of the route's recent execution times (of all routes, for a route
-//     with none yet), at least a second and never more than the lease left.
+//     with none yet; a second before any has finished), at least a second
+//     and never more than the lease left.
 //     With WithWait, the request waits for the first one to finish instead
 //     and replays its response.
 //   - A key used before with another fingerprint: 422 (TypeKeyMismatch).

@@ -16,11 +16,19 @@ import (
 // together for a route it has not seen finish yet. The hint is that
 // average, at least a second (Retry-After counts whole seconds) and never
 // more than the lease left, after which the key can be taken over anyway.
+// Before anything has finished the hint is a second (initialRetryAfter),
+// not the lease left: clients that honour Retry-After (the openai client
+// does) would otherwise wait the whole lease for operations that take a
+// second or two; it then grows with the durations observed.
 
 // maxEstimatedRoutes bounds the routes whose execution times are kept;
 // when it is reached, one route is forgotten for each new one. Routes taken
 // from URL paths (no ServeMux pattern, no WithRoute) can be many.
 const maxEstimatedRoutes = 4096
+
+// initialRetryAfter is the Retry-After of a 409 before any execution has
+// finished.
+const initialRetryAfter = time.Second
 
 // ewmaWeight is the weight of a new sample in the moving averages: about
 // the last ten executions count.
@@ -64,8 +72,9 @@ func (e *durations) observe(route string, d time.Duration) {
 
 // retryAfter returns the Retry-After for a request on route whose key is in
 // progress with leaseLeft: the route's average execution time (the overall
-// one if the route has none yet, the lease left if nothing finished yet),
-// at least a second and at most leaseLeft (unless that is under a second).
+// one if the route has none yet, initialRetryAfter if nothing finished
+// yet), at least a second and at most leaseLeft (unless that is under a
+// second).
 func (e *durations) retryAfter(route string, leaseLeft time.Duration) time.Duration {
 	e.mu.Lock()
 	est, ok := e.routes[route]
@@ -73,10 +82,10 @@ func (e *durations) retryAfter(route string, leaseLeft time.Duration) time.Durat
 		est = e.all
 	}
 	e.mu.Unlock()
-	if est == 0 || est > leaseLeft {
-		est = leaseLeft
+	if est == 0 {
+		est = initialRetryAfter
 	}
-	return max(est, time.Second)
+	return max(min(est, leaseLeft), time.Second)
 }
 
 // estimateRetry returns err with the Retry-After of an in-progress key
