@@ -191,9 +191,13 @@ func isEventStream(h http.Header) bool {
 }
 
 // snapshot records the final status and the fields as net/http sends them.
+// A handler's own Idempotent-Replayed field (an upstream's, behind the idem
+// proxy) is removed first: on a response that ran the handler it would
+// tell the client that this execution was a replay.
 func (c *captureWriter) snapshot(code int) {
 	c.status = code
 	h := c.w.Header()
+	delete(h, ReplayedHeader)
 	// Room for the head and, when the handler announced its length, the
 	// body, so that the buffer is allocated once.
 	size := 1024

@@ -91,7 +91,9 @@
 // body in chunks.
 // Fields that net/http adds itself (Date, and Content-Length or
 // Content-Type when the handler did not set them) are added again by
-// net/http on replay.
+// net/http on replay. A handler's own Idempotent-Replayed field is removed
+// from its response (the field is the middleware's: on a response that ran
+// the handler it would tell the client of a replay).
 //
 // # The handler
 //

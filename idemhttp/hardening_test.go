@@ -290,3 +290,24 @@ func TestErrorShapes(t *testing.T) {
 		t.Errorf("Code of a 502: got %q, want bad_gateway", got)
 	}
 }
+
+// TestHandlerReplayedField: a handler's own Idempotent-Replayed field (an
+// upstream's, behind a proxy) never reaches the client of a response that
+// ran it, held or streamed, which would take it for a replay; a replay
+// says true.
+func TestHandlerReplayedField(t *testing.T) {
+	t.Parallel()
+	for _, ct := range []string{"text/plain", "text/event-stream"} {
+		h := newMiddleware(t, newMemExecutor(t)).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", ct)
+			w.Header().Set(idemhttp.ReplayedHeader, "true")
+			io.WriteString(w, "ran")
+		}))
+		if res := post(h, "k", ""); res.body != "ran" || res.header.Get(idemhttp.ReplayedHeader) != "" {
+			t.Errorf("%s, first: got %q %v, want no %s", ct, res.body, res.header, idemhttp.ReplayedHeader)
+		}
+		if res := post(h, "k", ""); res.body != "ran" || res.header.Get(idemhttp.ReplayedHeader) != "true" {
+			t.Errorf("%s, replay: got %q %v, want %s: true", ct, res.body, res.header, idemhttp.ReplayedHeader)
+		}
+	}
+}

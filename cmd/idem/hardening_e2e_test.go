@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"compress/gzip"
 	"fmt"
 	"io"
@@ -564,6 +565,67 @@ func TestProxyResponseTrailers(t *testing.T) {
 		}
 		if got := res.Trailer.Get("X-Late"); got != "late" {
 			t.Errorf("%s: trailer X-Late: got %q, want late (trailers %v)", what, got, res.Trailer)
+		}
+	}
+}
+
+// TestProxyKeepsUpstreamFields: the client gets the upstream's fields
+// exactly. A gzip body without Content-Type, which the proxy's transport
+// decodes, came with a Content-Type: text/plain that net/http sniffed;
+// and an upstream's own Idempotent-Replayed: true passed through on a
+// first response, which a client takes for a replay. Covered requests,
+// first and replayed, and passed-through ones (whose body of declared
+// length net/http sniffed too).
+func TestProxyKeepsUpstreamFields(t *testing.T) {
+	t.Parallel()
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	io.WriteString(zw, "plain words, no type")
+	zw.Close()
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		h := w.Header()
+		h.Set("Idempotent-Replayed", "true") // the upstream's own
+		if r.Method == http.MethodPost && strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
+			h.Set("Content-Encoding", "gzip")
+			w.WriteHeader(http.StatusCreated)
+			w.Write(gz.Bytes())
+			return
+		}
+		h["Content-Type"] = nil // plain, without a type
+		h.Set("Content-Length", "20")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "plain words, no type")
+	}))
+	t.Cleanup(up.Close)
+	px := startProxy(t, up.URL, []string{"--data", t.TempDir()})
+	// Without an Accept-Encoding of the client's, the proxy's transport
+	// asks for gzip and decodes the body for passed-through requests too.
+	plain := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableCompression: true, DisableKeepAlives: true}}
+	for _, tc := range []struct {
+		what, method string
+		replayed     string // the Idempotent-Replayed wanted
+	}{
+		{"first", http.MethodPost, ""},
+		{"replay", http.MethodPost, "true"},
+		{"passed through", http.MethodGet, "true"}, // not covered: the upstream's field as it is
+	} {
+		req, _ := http.NewRequest(tc.method, px.url("/orders"), strings.NewReader("x"))
+		req.Header.Set("Idempotency-Key", "fields")
+		res, err := plain.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, err := io.ReadAll(res.Body)
+		res.Body.Close()
+		if err != nil || res.StatusCode != 201 || string(body) != "plain words, no type" {
+			t.Fatalf("%s: got %d %q, %v", tc.what, res.StatusCode, body, err)
+		}
+		if v, ok := res.Header["Content-Type"]; ok {
+			t.Errorf("%s: Content-Type %q, want none, as the upstream sent", tc.what, v)
+		}
+		if got := res.Header.Get("Idempotent-Replayed"); got != tc.replayed {
+			t.Errorf("%s: Idempotent-Replayed %q, want %q", tc.what, got, tc.replayed)
 		}
 	}
 }

@@ -131,9 +131,37 @@ func (c *clientWriter) Header() http.Header {
 func (c *clientWriter) WriteHeader(code int) {
 	if code >= 200 {
 		c.final = true
+		keepContentType(c.ResponseWriter.Header())
 	}
 	c.ResponseWriter.WriteHeader(code)
 }
+
+// keepContentType keeps net/http from adding a Content-Type to an
+// upstream's response that has none (by sniffing the body): the field is
+// set with no value, which net/http sends as nothing. The transport
+// decodes a body it asked gzip for (the proxy does not pass the client's
+// Accept-Encoding on with covered requests) and removes its
+// Content-Encoding, after which net/http would sniff and add one; the
+// client is to get the upstream's fields exactly, and so is a replay.
+func keepContentType(h http.Header) {
+	if _, ok := h["Content-Type"]; !ok {
+		h["Content-Type"] = nil
+	}
+}
+
+// passWriter is what the reverse proxy writes the upstream's response to
+// for a request that the middleware does not cover.
+type passWriter struct{ http.ResponseWriter }
+
+func (p passWriter) WriteHeader(code int) {
+	if code >= 200 {
+		keepContentType(p.ResponseWriter.Header())
+	}
+	p.ResponseWriter.WriteHeader(code)
+}
+
+// Unwrap returns the wrapped writer, for http.ResponseController.
+func (p passWriter) Unwrap() http.ResponseWriter { return p.ResponseWriter }
 
 func (c *clientWriter) Write(p []byte) (int, error) {
 	_, _ = c.ResponseWriter.Write(p)
@@ -483,7 +511,7 @@ func (b *deadlineBody) Read(p []byte) (int, error) {
 func (g *gateway) forward(w http.ResponseWriter, r *http.Request) {
 	x := exchangeFrom(r.Context())
 	if x == nil { // a request the middleware does not cover
-		g.rp.ServeHTTP(w, r)
+		g.rp.ServeHTTP(passWriter{w}, r)
 		return
 	}
 	x.w.ResponseWriter = w
