@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"unicode"
 )
 
 // Error bodies for clients that expect another shape than problem details.
@@ -17,26 +16,14 @@ import (
 // in the shape such clients read as an error; the status codes, Retry-After
 // and the decision are the same whatever the shape.
 
-// Code returns the short name of p's kind: the Type constant's name in
-// snake case without its prefix ("key_mismatch" for TypeKeyMismatch), or,
-// for a type that is not one of this package's, the status text in snake
-// case ("bad_gateway").
+// Code returns the short name of p's kind in snake case: the name of its
+// type under any base ("key_mismatch" for TypeKeyMismatch), or, for a type
+// that is not one of this package's, the status text ("bad_gateway").
 func (p *Problem) Code() string {
-	name, ok := strings.CutPrefix(p.Type, typeBase+"Type")
-	if !ok {
-		name = strings.ReplaceAll(http.StatusText(p.Status), " ", "")
+	if name := problemName(p.Type); name != "" {
+		return strings.ReplaceAll(name, "-", "_")
 	}
-	var b strings.Builder
-	for i, r := range name {
-		if unicode.IsUpper(r) {
-			if i > 0 {
-				b.WriteByte('_')
-			}
-			r = unicode.ToLower(r)
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
+	return strings.ToLower(strings.ReplaceAll(http.StatusText(p.Status), " ", "_"))
 }
 
 // Retryable reports whether a client may send the request again with the
@@ -58,10 +45,20 @@ func (p *Problem) Retryable() bool {
 //	{"error":{"type":"idempotency_error","code":"in_progress","message":"..."}}
 //
 // with Content-Type application/json and Stripe-Should-Retry: true or false
-// (Problem.Retryable), which the SDKs obey before their own rules. The type
-// is idempotency_error for 409 and 422, invalid_request_error for other 4xx
-// and api_error for 5xx; the code is Problem.Code; the message is the
-// detail, or the title when there is none.
+// (Problem.Retryable). The type is idempotency_error for 409 and for a key
+// mismatch, invalid_request_error for other 4xx and api_error for 5xx; the
+// code is Problem.Code; the message is the detail, or the title when there
+// is none. A key mismatch is answered with 400 instead of 422, as Stripe
+// answers the reuse of a key with other parameters (it sets p.Status, so
+// that hooks report the status sent): stripe-node makes an
+// idempotency_error a StripeIdempotencyError only for 400 and 404.
+//
+// Of the SDKs, stripe-node obeys Stripe-Should-Retry before its own rules;
+// stripe-go (v85) never retries an error it decoded from the body, except a
+// 429 lock_timeout, whatever the field says, so it does not retry a 409:
+// use WriteStripeError with WithWait (the idem proxy's stripe preset waits
+// up to the lease), so that a retry sent while the first request runs
+// waits for its response instead of getting 409.
 func WriteStripeError(w http.ResponseWriter, r *http.Request, p *Problem) {
 	typ := "api_error"
 	switch {

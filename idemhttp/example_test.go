@@ -108,7 +108,7 @@ func ExampleWriteProblem() {
 	// 201
 	// 422
 	// application/problem+json
-	// {"type":"https://pkg.go.dev/github.com/idemgo/idem/idemhttp#TypeKeyMismatch","title":"Idempotency key reused","status":422,"detail":"The idempotency key was already used for a different request (method, path, query or body). Use a new key for a new request."}
+	// {"type":"urn:idem:problem:key-mismatch","title":"Idempotency key reused","status":422,"detail":"The idempotency key was already used for a different request (method, path, query or body). Use a new key for a new request."}
 }
 
 // Hooks see every outcome with its duration: count them in your metrics.

@@ -2,6 +2,7 @@ package idemhttp_test
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -237,6 +238,9 @@ func TestErrorShapes(t *testing.T) {
 				t.Fatalf("%d: body %q, %v: want {\"error\":{...}}", status, res.body, err)
 			}
 			wantType := map[int]string{400: "invalid_request_error", 409: "idempotency_error", 422: "idempotency_error"}[status]
+			if b.Error.Code == "key_mismatch" {
+				wantType = "idempotency_error"
+			}
 			if b.Error.Type != wantType {
 				t.Errorf("%d: error type %q, want %q", status, b.Error.Type, wantType)
 			}
@@ -254,7 +258,7 @@ func TestErrorShapes(t *testing.T) {
 				}
 			}
 			if err := json.Unmarshal([]byte(res.body), &b); err != nil || b.Err.Status != status || b.Err.Retry != retry || b.Err.Kind == "" ||
-				!strings.Contains(b.Err.Msg, ": ") || len(b.Err.Tags) != 2 || !strings.HasPrefix(b.Err.Tags[0].(string), "https://") {
+				!strings.Contains(b.Err.Msg, ": ") || len(b.Err.Tags) != 2 || !strings.HasPrefix(b.Err.Tags[0].(string), idemhttp.DefaultProblemTypeBase) {
 				t.Errorf("%d: body %q, %v: want the template filled in", status, res.body, err)
 			}
 		}},
@@ -280,7 +284,11 @@ func TestErrorShapes(t *testing.T) {
 			}
 			close(b.release)
 			<-done
-			check(post(h, "k", "other body"), 422, false)
+			// A key reused with another body: 400 in Stripe's shape, as
+			// Stripe answers it (stripe-node makes an idempotency_error a
+			// StripeIdempotencyError only for 400 and 404); 422 otherwise.
+			mismatch := 422
+			check(post(h, "k", "other body"), mismatch, false)
 		})
 	}
 	if got := (&idemhttp.Problem{Type: idemhttp.TypeKeyMismatch}).Code(); got != "key_mismatch" {
@@ -309,5 +317,48 @@ func TestHandlerReplayedField(t *testing.T) {
 		if res := post(h, "k", ""); res.body != "ran" || res.header.Get(idemhttp.ReplayedHeader) != "true" {
 			t.Errorf("%s, replay: got %q %v, want %s: true", ct, res.body, res.header, idemhttp.ReplayedHeader)
 		}
+	}
+}
+
+// TestProblemTypeBase: problem types are URNs by default, documented in
+// docs/problems.md (they pointed at pkg.go.dev pages of a module that is
+// not published); WithProblemTypeBase puts them under a base of the
+// caller's, Problem.Code names the kind whatever the base, and a base that
+// is not an absolute URI is refused.
+func TestProblemTypeBase(t *testing.T) {
+	t.Parallel()
+	var c counter
+	var codes []string
+	capture := func(w http.ResponseWriter, r *http.Request, p *idemhttp.Problem) {
+		codes = append(codes, p.Code())
+		idemhttp.WriteProblem(w, r, p)
+	}
+	for _, tc := range []struct {
+		opts []idemhttp.Option
+		want string
+	}{
+		{nil, "urn:idem:problem:key-mismatch"},
+		{[]idemhttp.Option{idemhttp.WithProblemTypeBase("https://docs.example.com/errors#")}, "https://docs.example.com/errors#key-mismatch"},
+	} {
+		codes = nil
+		h := newMiddleware(t, newMemExecutor(t), append(tc.opts, idemhttp.WithErrorHandler(capture))...).Handler(&c)
+		post(h, "k", "a")
+		checkProblem(t, post(h, "k", "b"), 422, tc.want)
+		if len(codes) != 1 || codes[0] != "key_mismatch" {
+			t.Errorf("codes: got %q, want [key_mismatch]", codes)
+		}
+	}
+	if idemhttp.TypeKeyMismatch != "urn:idem:problem:key-mismatch" {
+		t.Errorf("TypeKeyMismatch: got %q", idemhttp.TypeKeyMismatch)
+	}
+	for _, bad := range []string{"", "errors#", "://x"} {
+		if _, err := idemhttp.New(newMemExecutor(t), idemhttp.WithProblemTypeBase(bad)); !errors.Is(err, idem.ErrInvalid) {
+			t.Errorf("WithProblemTypeBase(%q): got %v, want ErrInvalid", bad, err)
+		}
+	}
+	// A type of the caller's own stays as it is.
+	p := &idemhttp.Problem{Type: "about:blank", Status: http.StatusBadGateway}
+	if got := p.Code(); got != "bad_gateway" {
+		t.Errorf("Code of about:blank 502: got %q, want bad_gateway", got)
 	}
 }

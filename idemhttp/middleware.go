@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/http"
+	"net/url"
 	"os"
 	"slices"
 	"strings"
@@ -56,6 +57,7 @@ type Middleware struct {
 	logger         *slog.Logger
 	hooks          []Hook
 	errorHandler   ErrorHandler
+	typeBase       string
 }
 
 // New returns a Middleware that runs requests through exec. It returns an
@@ -76,6 +78,7 @@ func New(exec *idem.Executor, opts ...Option) (*Middleware, error) {
 		retryAfter:    DefaultRetryAfter,
 		streamOnFlush: true,
 		errorHandler:  WriteProblem,
+		typeBase:      DefaultProblemTypeBase,
 	}
 	for _, o := range opts {
 		if o == nil {
@@ -125,6 +128,9 @@ func New(exec *idem.Executor, opts ...Option) (*Middleware, error) {
 		return nil, invalidf("nil policy")
 	case m.errorHandler == nil:
 		return nil, invalidf("nil error handler")
+	}
+	if u, err := url.Parse(m.typeBase); err != nil || u.Scheme == "" {
+		return nil, invalidf("problem type base %q is not an absolute URI", m.typeBase)
 	}
 	return m, nil
 }
@@ -703,7 +709,7 @@ func (m *Middleware) notRecorded(w http.ResponseWriter, r *http.Request, start t
 	maps.Copy(h, before)
 	retry := max(time.Until(a.LeaseDeadline()), time.Second)
 	h.Set("Retry-After", retryAfterSeconds(retry))
-	m.errorHandler(w, r, &Problem{
+	m.WriteError(w, r, &Problem{
 		Type:       TypeOutcomeUnknown,
 		Title:      "Outcome unknown",
 		Status:     http.StatusServiceUnavailable,
@@ -714,10 +720,20 @@ func (m *Middleware) notRecorded(w http.ResponseWriter, r *http.Request, start t
 	m.emit(r, Event{Outcome: OutcomeNotRecorded, Status: http.StatusServiceUnavailable, Duration: time.Since(start), Err: err})
 }
 
+// WriteError writes the error response p as the middleware writes its
+// own: with its error handler (WithErrorHandler), and with the problem
+// type base it was given (WithProblemTypeBase) in place of
+// DefaultProblemTypeBase in p.Type. It is for a handler, or a proxy, that
+// answers errors of its own in the same shape; it may change p.
+func (m *Middleware) WriteError(w http.ResponseWriter, r *http.Request, p *Problem) {
+	p.Type = rebase(p.Type, m.typeBase)
+	m.errorHandler(w, r, p)
+}
+
 // problem writes an error response through the error handler and reports
 // the outcome.
 func (m *Middleware) problem(w http.ResponseWriter, r *http.Request, start time.Time, o Outcome, p *Problem) {
-	m.errorHandler(w, r, p)
+	m.WriteError(w, r, p)
 	m.emit(r, Event{Outcome: o, Status: p.Status, Duration: time.Since(start), Err: p.Err})
 }
 

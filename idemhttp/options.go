@@ -246,3 +246,14 @@ func WithHook(h Hook) Option {
 func WithErrorHandler(h ErrorHandler) Option {
 	return func(m *Middleware) { m.errorHandler = h }
 }
+
+// WithProblemTypeBase sets the base of the type URIs of the problems the
+// middleware writes: each type is base followed by the kind's name, for
+// example base + "key-mismatch" for TypeKeyMismatch (see Problem.Code for
+// the name in a program). Use it to point clients at a page of your own
+// documentation ("https://docs.example.com/errors#"). base must be an
+// absolute URI. The default is DefaultProblemTypeBase, "urn:idem:problem:",
+// which the repository's docs/problems.md documents.
+func WithProblemTypeBase(base string) Option {
+	return func(m *Middleware) { m.typeBase = base }
+}

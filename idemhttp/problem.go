@@ -4,63 +4,71 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 )
 
-// The problem types of the error responses the middleware writes (RFC 9457).
-// Each is a URI that documents the problem: this package's documentation,
-// anchored at the constant.
-const (
-	typeBase = "https://pkg.go.dev/github.com/idemgo/idem/idemhttp#"
+// DefaultProblemTypeBase is the default base of the problem types: each
+// type is the base followed by the kind's name (TypeKeyMismatch is
+// "urn:idem:problem:key-mismatch"). A URN names the kind without pointing
+// at a page; the kinds are documented in the repository's
+// docs/problems.md. WithProblemTypeBase sets another base, for example a
+// page of the API's own documentation.
+const DefaultProblemTypeBase = "urn:idem:problem:"
 
+// The problem types of the error responses the middleware writes (RFC 9457),
+// under DefaultProblemTypeBase. Problem.Type holds one of them, under the
+// base the middleware was given (WithProblemTypeBase); Problem.Code names
+// the kind whatever the base.
+const (
 	// TypeKeyMissing: 400. The key is required (see WithKeyRequired) and the
 	// request has no Idempotency-Key field.
-	TypeKeyMissing = typeBase + "TypeKeyMissing"
+	TypeKeyMissing = DefaultProblemTypeBase + "key-missing"
 	// TypeKeyInvalid: 400. The Idempotency-Key field is malformed (see
 	// ParseKey) or appears more than once.
-	TypeKeyInvalid = typeBase + "TypeKeyInvalid"
+	TypeKeyInvalid = DefaultProblemTypeBase + "key-invalid"
 	// TypePrincipalMissing: 400. The middleware scopes keys by principal
 	// (WithPrincipal) and the request has none (an empty principal), so
 	// its key cannot be kept apart from other clients' (see
 	// WithEmptyPrincipal). The handler did not run.
-	TypePrincipalMissing = typeBase + "TypePrincipalMissing"
+	TypePrincipalMissing = DefaultProblemTypeBase + "principal-missing"
 	// TypeKeyMismatch: 422. The key was already used with a request that
 	// has another fingerprint (method, path, selected fields or body).
-	TypeKeyMismatch = typeBase + "TypeKeyMismatch"
+	TypeKeyMismatch = DefaultProblemTypeBase + "key-mismatch"
 	// TypeInProgress: 409, with Retry-After (estimated from the route's
 	// recent execution times, between 1s and the lease left). A request
 	// with the same key is still being processed.
-	TypeInProgress = typeBase + "TypeInProgress"
+	TypeInProgress = DefaultProblemTypeBase + "in-progress"
 	// TypeKeyFailed: 422. The key is FAILED: the first request ran but its
 	// response could not be stored (it was over the size limit), or the
 	// executor's maximum of attempts was reached. The response cannot be
 	// replayed; the client should not retry with this key. 422 rather than
 	// a 5xx because clients retry 5xx with the same key, which would only
 	// get this answer again until the record expires.
-	TypeKeyFailed = typeBase + "TypeKeyFailed"
+	TypeKeyFailed = DefaultProblemTypeBase + "key-failed"
 	// TypeBodyTooLarge: 413. The request body is over the limit (see
 	// WithMaxBodySize). The handler did not run.
-	TypeBodyTooLarge = typeBase + "TypeBodyTooLarge"
+	TypeBodyTooLarge = DefaultProblemTypeBase + "body-too-large"
 	// TypeBodyTimeout: 408. The request body did not arrive before the
 	// connection's read deadline (the server's ReadTimeout, or a deadline
 	// set with http.ResponseController, as the idem proxy's --body-timeout
 	// does). The handler did not run.
-	TypeBodyTimeout = typeBase + "TypeBodyTimeout"
+	TypeBodyTimeout = DefaultProblemTypeBase + "body-timeout"
 	// TypeServerBusy: 503, with Retry-After. The request bodies held in
 	// memory reached their bound (WithMaxBufferedBodies), or, in the idem
 	// proxy, so did the requests in flight (--max-concurrent). The handler
 	// did not run.
-	TypeServerBusy = typeBase + "TypeServerBusy"
+	TypeServerBusy = DefaultProblemTypeBase + "server-busy"
 	// TypeBodyUnreadable: 400. Reading the request body failed.
-	TypeBodyUnreadable = typeBase + "TypeBodyUnreadable"
+	TypeBodyUnreadable = DefaultProblemTypeBase + "body-unreadable"
 	// TypeStoreUnavailable: 503, with Retry-After. The store could not be
 	// reached and the middleware fails closed (the default; see
 	// WithFailOpen).
-	TypeStoreUnavailable = typeBase + "TypeStoreUnavailable"
+	TypeStoreUnavailable = DefaultProblemTypeBase + "store-unavailable"
 	// TypeStoredResponseCorrupt: 500. The stored response could not be
 	// decoded (it was written by an incompatible version or sealed with
 	// another key).
-	TypeStoredResponseCorrupt = typeBase + "TypeStoredResponseCorrupt"
+	TypeStoredResponseCorrupt = DefaultProblemTypeBase + "stored-response-corrupt"
 	// TypeOutcomeUnknown: 503, with Retry-After. The handler ran, but its
 	// response could not be stored (the store refused or did not answer
 	// the completion, or the lease was lost), so the client is not told
@@ -70,17 +78,19 @@ const (
 	// the request again if not. 503 rather than 500 because it tells
 	// clients, and idempotency layers in front of this one (whose default
 	// policies release the key on 503), to retry.
-	TypeOutcomeUnknown = typeBase + "TypeOutcomeUnknown"
+	TypeOutcomeUnknown = DefaultProblemTypeBase + "outcome-unknown"
 	// TypeInternal: 500. An unexpected error, for example a store that
 	// rejected the middleware's input.
-	TypeInternal = typeBase + "TypeInternal"
+	TypeInternal = DefaultProblemTypeBase + "internal"
 )
 
 // Problem is an error response, rendered by default as an RFC 9457 problem
 // details object with the media type application/problem+json.
 type Problem struct {
 	// Type is a URI that identifies the kind of problem: one of the Type
-	// constants.
+	// constants, with the base the middleware was given in place of
+	// DefaultProblemTypeBase (WithProblemTypeBase), or a type of the
+	// caller's own ("about:blank" for a plain HTTP error).
 	Type string `json:"type"`
 	// Title is a short summary of the kind of problem; it is the same for
 	// every occurrence of Type.
@@ -117,4 +127,50 @@ func WriteProblem(w http.ResponseWriter, r *http.Request, p *Problem) {
 func retryAfterSeconds(d time.Duration) string {
 	s := (d + time.Second - 1) / time.Second
 	return strconv.FormatInt(max(int64(s), 1), 10)
+}
+
+// problemNames are the names of this package's problem kinds, the part of
+// a Type constant after DefaultProblemTypeBase.
+var problemNames = []string{
+	"key-missing",
+	"key-invalid",
+	"principal-missing",
+	"key-mismatch",
+	"in-progress",
+	"key-failed",
+	"body-too-large",
+	"body-timeout",
+	"server-busy",
+	"body-unreadable",
+	"store-unavailable",
+	"stored-response-corrupt",
+	"outcome-unknown",
+	"internal",
+}
+
+// problemName returns the name of the kind of problem that type t names
+// under any base: "key-mismatch" for TypeKeyMismatch, and "" for a type
+// that is not one of this package's.
+func problemName(t string) string {
+	for _, name := range problemNames {
+		if rest, ok := strings.CutSuffix(t, name); ok && rest != "" && !isNameByte(rest[len(rest)-1]) {
+			return name
+		}
+	}
+	return ""
+}
+
+// isNameByte reports whether c may be part of a kind's name.
+func isNameByte(c byte) bool { return c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' }
+
+// rebase returns type t under base when t is one of this package's types
+// (under DefaultProblemTypeBase), and t otherwise.
+func rebase(t, base string) string {
+	if base == DefaultProblemTypeBase {
+		return t
+	}
+	if name, ok := strings.CutPrefix(t, DefaultProblemTypeBase); ok && problemName(t) == name {
+		return base + name
+	}
+	return t
 }

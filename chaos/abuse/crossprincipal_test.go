@@ -101,7 +101,7 @@ func TestCrossPrincipalReplay(t *testing.T) {
 						if err != nil {
 							return err
 						}
-						if anon.status != http.StatusBadRequest || !bytes.Contains(anon.body, []byte("TypePrincipalMissing")) {
+						if anon.status != http.StatusBadRequest || !bytes.Contains(anon.body, []byte("principal-missing")) {
 							return fmt.Errorf("no principal, key %s of A: got %d replayed=%v %q, want 400 TypePrincipalMissing", key, anon.status, anon.replayed(), anon.body)
 						}
 					}

@@ -230,7 +230,7 @@ func TestProxyScopeHeaderRequired(t *testing.T) {
 	px := startProxy(t, up.url(), []string{"--data", t.TempDir()}, "--scope-header", "Authorization")
 	for range 2 {
 		res := post(t, px.url("/orders"), "anon", "x")
-		if res.status != 400 || !strings.Contains(res.body, "TypePrincipalMissing") {
+		if res.status != 400 || !strings.Contains(res.body, "principal-missing") {
 			t.Errorf("without Authorization: got %d %q, want 400 TypePrincipalMissing", res.status, res.body)
 		}
 	}
@@ -411,7 +411,7 @@ func TestProxySlowUploads(t *testing.T) {
 		t.Fatalf("stalled upload: %v, want a 408", err)
 	}
 	body, _ := io.ReadAll(res.Body)
-	if res.StatusCode != 408 || !strings.Contains(string(body), "TypeBodyTimeout") || up.executions("stalled") != 0 {
+	if res.StatusCode != 408 || !strings.Contains(string(body), "body-timeout") || up.executions("stalled") != 0 {
 		t.Errorf("stalled upload: got %d %q after %d executions, want 408 TypeBodyTimeout and none", res.StatusCode, body, up.executions("stalled"))
 	}
 
@@ -432,7 +432,7 @@ func TestProxySlowUploads(t *testing.T) {
 		stalledUpload(t, px.addr, fmt.Sprintf("holding-%d", i), 1<<20, 48<<10)
 		res := post(t, px.url("/up"), fmt.Sprintf("big-%d", i), strings.Repeat("x", 40<<10))
 		if res.status == 503 {
-			if !strings.Contains(res.body, "TypeServerBusy") || res.header.Get("Retry-After") != "1" {
+			if !strings.Contains(res.body, "server-busy") || res.header.Get("Retry-After") != "1" {
 				t.Errorf("big body: got %d %q Retry-After %q, want 503 TypeServerBusy, Retry-After 1", res.status, res.body, res.header.Get("Retry-After"))
 			}
 			break
@@ -460,7 +460,7 @@ func TestProxySlowUploads(t *testing.T) {
 		}
 	}
 	res5 := post(t, px.url("/c"), "c-extra", "x")
-	if res5.status != 503 || !strings.Contains(res5.body, "TypeServerBusy") || up.executions("c-extra") != 0 {
+	if res5.status != 503 || !strings.Contains(res5.body, "server-busy") || up.executions("c-extra") != 0 {
 		t.Errorf("over --max-concurrent: got %d %q, want 503 TypeServerBusy", res5.status, res5.body)
 	}
 	for range 4 {
@@ -626,6 +626,30 @@ func TestProxyKeepsUpstreamFields(t *testing.T) {
 		}
 		if got := res.Header.Get("Idempotent-Replayed"); got != tc.replayed {
 			t.Errorf("%s: Idempotent-Replayed %q, want %q", tc.what, got, tc.replayed)
+		}
+	}
+}
+
+// TestProxyProblemTypeBase: problem types are urn:idem:problem: names by
+// default (documented in docs/problems.md; they linked to pkg.go.dev pages
+// of an unpublished module); --problem-type-base puts them, the proxy's
+// own included, under the operator's base; a base that is not an absolute
+// URI is a usage error.
+func TestProxyProblemTypeBase(t *testing.T) {
+	t.Parallel()
+	closed := "http://" + freeAddr(t)
+	def := startProxy(t, closed, []string{"--data", t.TempDir()}, "--check-upstream=false")
+	if res := post(t, def.url("/orders"), "", "x"); res.status != 400 || !strings.Contains(res.body, `"type":"urn:idem:problem:key-missing"`) {
+		t.Errorf("default: got %d %s, want 400 of type urn:idem:problem:key-missing", res.status, res.body)
+	}
+	own := startProxy(t, closed, []string{"--data", t.TempDir()}, "--check-upstream=false", "--problem-type-base", "https://docs.example.com/errors#")
+	if res := post(t, own.url("/orders"), "", "x"); res.status != 400 || !strings.Contains(res.body, `"type":"https://docs.example.com/errors#key-missing"`) {
+		t.Errorf("own base: got %d %s, want 400 of type https://docs.example.com/errors#key-missing", res.status, res.body)
+	}
+	for _, bad := range []string{"errors#", ""} {
+		code, _, stderr := runIdem(t, "proxy", "--upstream", closed, "--check-upstream=false", "--problem-type-base", bad)
+		if code != exitUsage || !strings.Contains(stderr, "--problem-type-base") {
+			t.Errorf("--problem-type-base %q: got %d %q, want a usage error", bad, code, stderr)
 		}
 	}
 }

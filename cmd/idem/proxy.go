@@ -33,6 +33,7 @@ type proxyConfig struct {
 	anonymousScope  bool
 	storePolicy     string
 	errorBody       string
+	typeBase        string
 	fenceHeader     string
 	wait            time.Duration
 	failOpen        bool
@@ -158,6 +159,7 @@ func registerProxyFlags(fs *flagSet) *proxyConfig {
 	fs.String(&c.storePolicy, "store-policy", "NAME", "default", "which upstream answers are stored: default (all but 408, 409, 425, 429, 503), release-5xx (also retry every 5xx), only-2xx (retry every non-2xx: a retry after a 4xx or 5xx that followed a side effect repeats it)")
 	fs.String(&c.fenceHeader, "fence-header", "NAME", "Idempotency-Fence", "request header that tells the upstream the request's fencing token; a client's own is removed (empty: off)")
 	fs.String(&c.errorBody, "error-body", "SHAPE", "problem", "shape of error bodies: problem (RFC 9457 application/problem+json), stripe ({\"error\":{...}} with Stripe-Should-Retry, for Stripe's SDKs), a JSON template, or @FILE holding one (placeholders {{type}} {{code}} {{title}} {{detail}} {{status}} {{retry}})")
+	fs.String(&c.typeBase, "problem-type-base", "URI", idemhttp.DefaultProblemTypeBase, "base of the type URIs of error bodies: each is the base followed by the kind's name (key-mismatch, in-progress, ...; see docs/problems.md), e.g. https://docs.example.com/errors#")
 	fs.Var(durationValue{&c.wait}, "wait", "DURATION", "how long a retry waits for the first request to finish before 409 (0: answer 409 at once)")
 	c.store.registerWait(fs)
 	fs.Bool(&c.store.allowEviction, "allow-eviction", false, "start on a Redis whose maxmemory-policy is not noeviction (it may evict records: retried requests then run again)")
@@ -216,6 +218,9 @@ func (c *proxyConfig) validate() (*url.URL, error) {
 		return nil, usagef("--write-timeout must not be negative")
 	case c.logFormat != "text" && c.logFormat != "json":
 		return nil, usagef("invalid --log-format %q: want text or json", c.logFormat)
+	}
+	if u, err := url.Parse(c.typeBase); err != nil || u.Scheme == "" {
+		return nil, usagef("invalid --problem-type-base %q: want an absolute URI, e.g. https://docs.example.com/errors#", c.typeBase)
 	}
 	if c.policy() == nil {
 		return nil, usagef("invalid --store-policy %q: want default, release-5xx or only-2xx", c.storePolicy)
@@ -439,6 +444,7 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 		idemhttp.WithHook(obs.hook),
 		idemhttp.WithPolicy(proxyPolicy(c.policy())),
 		idemhttp.WithErrorHandler(errorHandler),
+		idemhttp.WithProblemTypeBase(c.typeBase),
 		// ReverseProxy flushes every response of unknown length (chunked):
 		// only text/event-stream and bodies over --max-response stream;
 		// the rest is stored before it is sent.
@@ -462,7 +468,6 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 	gw.tracing = tr
 	gw.writeTimeout = c.writeTimeout
 	gw.bodyTimeout, gw.maxActive = c.bodyTimeout, int64(c.maxConcurrent)
-	gw.errorHandler = errorHandler
 	if c.fenceHeader != "" {
 		gw.fenceHeader = http.CanonicalHeaderKey(c.fenceHeader)
 	}

@@ -61,7 +61,7 @@ func TestProxyBasics(t *testing.T) {
 		t.Run("mismatch", func(t *testing.T) {
 			post(t, p.url("/payments"), "mm", "a")
 			res := post(t, p.url("/payments"), "mm", "b")
-			if res.status != 422 || !strings.Contains(res.body, "TypeKeyMismatch") || res.header.Get("Content-Type") != "application/problem+json" {
+			if res.status != 422 || !strings.Contains(res.body, "key-mismatch") || res.header.Get("Content-Type") != "application/problem+json" {
 				t.Errorf("got %d %q, want 422 TypeKeyMismatch problem", res.status, res.body)
 			}
 			if n := up.executions("mm"); n != 1 {

@@ -35,7 +35,7 @@ func TestProxyCompletionRefused(t *testing.T) {
 	p := startProxy(t, up.URL, []string{"--redis", "redis://" + srv.Addr()}, "--lease", "1s")
 
 	res := post(t, p.url("/payments"), "full", "x")
-	if res.status != 503 || !strings.Contains(res.body, "TypeOutcomeUnknown") || res.header.Get("Retry-After") == "" {
+	if res.status != 503 || !strings.Contains(res.body, "outcome-unknown") || res.header.Get("Retry-After") == "" {
 		t.Fatalf("first: got %d %q Retry-After=%q, want 503 TypeOutcomeUnknown with Retry-After", res.status, res.body, res.header.Get("Retry-After"))
 	}
 	if got := p.metric(`idem_requests_total{outcome="not-recorded"}`); got != 1 {

@@ -70,7 +70,7 @@ func TestProxySlowReaderAtShutdown(t *testing.T) {
 	}
 	p = p.restart()
 	res := post(t, p.url("/big"), "slow", "")
-	if res.status != 422 || !strings.Contains(res.body, "TypeKeyFailed") {
+	if res.status != 422 || !strings.Contains(res.body, "key-failed") {
 		t.Errorf("retry after the restart: got %d %.200q, want 422 TypeKeyFailed", res.status, res.body)
 	}
 	if n := calls.Load(); n != 1 {
@@ -90,7 +90,7 @@ func TestProxyWriteTimeout(t *testing.T) {
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		res := post(t, p.url("/big"), "slow", "")
-		if res.status == 422 && strings.Contains(res.body, "TypeKeyFailed") {
+		if res.status == 422 && strings.Contains(res.body, "key-failed") {
 			break
 		}
 		if res.status != 409 || time.Now().After(deadline) {

@@ -195,18 +195,14 @@ type gateway struct {
 	bodyTimeout time.Duration
 	maxActive   int64
 	active      atomic.Int64
-	// errorHandler writes the proxy's own error responses, as the
-	// middleware's (--error-body); nil: idemhttp.WriteProblem.
-	errorHandler idemhttp.ErrorHandler
+	// mw writes the proxy's own error responses, as its own
+	// (--error-body, --problem-type-base).
+	mw *idemhttp.Middleware
 }
 
 // writeError writes one of the proxy's own error responses.
 func (g *gateway) writeError(w http.ResponseWriter, r *http.Request, p *idemhttp.Problem) {
-	if g.errorHandler != nil {
-		g.errorHandler(w, r, p)
-		return
-	}
-	idemhttp.WriteProblem(w, r, p)
+	g.mw.WriteError(w, r, p)
 }
 
 // drain waits at most d for the requests being handled to end, once the
@@ -262,7 +258,7 @@ func (w *deadlineWriter) Write(p []byte) (int, error) {
 func (w *deadlineWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 func newGateway(target *url.URL, transport http.RoundTripper, mw *idemhttp.Middleware, methods []string, lease time.Duration, obs *observer, log *slog.Logger) *gateway {
-	g := &gateway{covered: make(map[string]bool), lease: lease, obs: obs, log: log}
+	g := &gateway{covered: make(map[string]bool), lease: lease, obs: obs, log: log, mw: mw}
 	for _, m := range methods {
 		g.covered[m] = true
 	}
