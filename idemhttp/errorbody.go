@@ -60,9 +60,12 @@ func (p *Problem) Retryable() bool {
 // up to the lease), so that a retry sent while the first request runs
 // waits for its response instead of getting 409.
 func WriteStripeError(w http.ResponseWriter, r *http.Request, p *Problem) {
+	if p.Status == http.StatusUnprocessableEntity && problemName(p.Type) == "key-mismatch" {
+		p.Status = http.StatusBadRequest
+	}
 	typ := "api_error"
 	switch {
-	case p.Status == http.StatusConflict || p.Status == http.StatusUnprocessableEntity:
+	case p.Status == http.StatusConflict || p.Status == http.StatusUnprocessableEntity || problemName(p.Type) == "key-mismatch":
 		typ = "idempotency_error"
 	case p.Status >= 400 && p.Status <= 499:
 		typ = "invalid_request_error"

@@ -34,6 +34,7 @@ require (
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
 	github.com/prometheus/client_golang v1.25.0
 	github.com/redis/rueidis v1.0.79 // indirect
+	github.com/stripe/stripe-go/v85 v85.0.0
 	go.etcd.io/bbolt v1.5.0 // indirect
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
 	go.opentelemetry.io/otel/log v1.47.0 // indirect

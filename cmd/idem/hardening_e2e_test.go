@@ -479,7 +479,8 @@ func TestProxySlowUploads(t *testing.T) {
 func TestProxyErrorBody(t *testing.T) {
 	t.Parallel()
 	up := newUpstream(t)
-	stripe := startProxy(t, up.url(), []string{"--data", t.TempDir()}, "--error-body", "stripe")
+	// --wait 0: the preset's own wait (TestProxyStripeSDK) would replay.
+	stripe := startProxy(t, up.url(), []string{"--data", t.TempDir()}, "--error-body", "stripe", "--wait", "0s")
 	done := make(chan struct{})
 	go func() { post(t, stripe.url("/v1/customers"), "cus", "x", "X-Test-Sleep", "1s"); close(done) }()
 	if key := <-up.started; key != "cus" {
@@ -492,8 +493,8 @@ func TestProxyErrorBody(t *testing.T) {
 	}
 	<-done
 	res = post(t, stripe.url("/v1/customers"), "cus", "other")
-	if res.status != 422 || res.header.Get("Stripe-Should-Retry") != "false" || !strings.Contains(res.body, `"code":"key_mismatch"`) {
-		t.Errorf("422: got %d Stripe-Should-Retry %q %s", res.status, res.header.Get("Stripe-Should-Retry"), res.body)
+	if res.status != 400 || res.header.Get("Stripe-Should-Retry") != "false" || !strings.Contains(res.body, `{"error":{"type":"idempotency_error","code":"key_mismatch"`) {
+		t.Errorf("key reused: got %d Stripe-Should-Retry %q %s, want 400 idempotency_error, as Stripe answers", res.status, res.header.Get("Stripe-Should-Retry"), res.body)
 	}
 
 	tmpl := filepath.Join(t.TempDir(), "error.json")

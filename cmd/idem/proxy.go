@@ -36,6 +36,7 @@ type proxyConfig struct {
 	typeBase        string
 	fenceHeader     string
 	wait            time.Duration
+	waitSet         bool // --wait was given
 	failOpen        bool
 	adminListen     string
 	logFormat       string
@@ -123,6 +124,7 @@ so it cannot forge a fence.`,
 				if len(args) > 0 {
 					return usagef("proxy: unexpected argument %q (boolean flags take the form --fail-open=true)", args[0])
 				}
+				c.waitSet = fs.isSet("wait")
 				return runProxy(ctx, e, c)
 			}
 		},
@@ -158,9 +160,9 @@ func registerProxyFlags(fs *flagSet) *proxyConfig {
 	fs.Bool(&c.anonymousScope, "allow-missing-scope", false, "with --scope-header, serve covered requests without the header in one shared scope (anonymous clients can then get each other's responses) instead of 400")
 	fs.String(&c.storePolicy, "store-policy", "NAME", "default", "which upstream answers are stored: default (all but 408, 409, 425, 429, 503), release-5xx (also retry every 5xx), only-2xx (retry every non-2xx: a retry after a 4xx or 5xx that followed a side effect repeats it)")
 	fs.String(&c.fenceHeader, "fence-header", "NAME", "Idempotency-Fence", "request header that tells the upstream the request's fencing token; a client's own is removed (empty: off)")
-	fs.String(&c.errorBody, "error-body", "SHAPE", "problem", "shape of error bodies: problem (RFC 9457 application/problem+json), stripe ({\"error\":{...}} with Stripe-Should-Retry, for Stripe's SDKs), a JSON template, or @FILE holding one (placeholders {{type}} {{code}} {{title}} {{detail}} {{status}} {{retry}})")
+	fs.String(&c.errorBody, "error-body", "SHAPE", "problem", "shape of error bodies: problem (RFC 9457 application/problem+json), stripe (Stripe's preset: {\"error\":{...}} with Stripe-Should-Retry, 400 for a key reused with other parameters, and --wait of --lease by default, for Stripe's SDKs), a JSON template, or @FILE holding one (placeholders {{type}} {{code}} {{title}} {{detail}} {{status}} {{retry}})")
 	fs.String(&c.typeBase, "problem-type-base", "URI", idemhttp.DefaultProblemTypeBase, "base of the type URIs of error bodies: each is the base followed by the kind's name (key-mismatch, in-progress, ...; see docs/problems.md), e.g. https://docs.example.com/errors#")
-	fs.Var(durationValue{&c.wait}, "wait", "DURATION", "how long a retry waits for the first request to finish before 409 (0: answer 409 at once)")
+	fs.Var(durationValue{&c.wait}, "wait", "DURATION", "how long a retry waits for the first request to finish before 409 (0: answer 409 at once; with --error-body stripe the default is --lease)")
 	c.store.registerWait(fs)
 	fs.Bool(&c.store.allowEviction, "allow-eviction", false, "start on a Redis whose maxmemory-policy is not noeviction (it may evict records: retried requests then run again)")
 	fs.Bool(&c.failOpen, "fail-open", false, "when the store is unreachable, forward requests unprotected instead of answering 503")
@@ -289,6 +291,19 @@ func (c *proxyConfig) errorHandler() (idemhttp.ErrorHandler, error) {
 		return h, nil
 	}
 	return nil, usagef("invalid --error-body %q: want problem, stripe, a JSON template or @FILE", c.errorBody)
+}
+
+// waitFor returns how long a retry waits for the first request (--wait).
+// With --error-body stripe the default is the lease: stripe-go never
+// retries a 409 it decoded (see idemhttp.WriteStripeError), so a retry
+// that its SDK sends while the first request runs must wait for its
+// response; the lease bounds the wait, as the first request is taken over
+// once it ends.
+func (c *proxyConfig) waitFor() time.Duration {
+	if !c.waitSet && strings.TrimSpace(c.errorBody) == "stripe" {
+		return c.lease
+	}
+	return c.wait
 }
 
 // policy returns the Policy that --store-policy names, nil if none.
@@ -438,7 +453,7 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 		idemhttp.WithMaxBodySize(c.maxBody),
 		idemhttp.WithMaxResponseSize(int(c.maxResponse)),
 		idemhttp.WithMaxBufferedBodies(c.maxBodyMemory),
-		idemhttp.WithWait(c.wait),
+		idemhttp.WithWait(c.waitFor()),
 		idemhttp.WithFailOpen(c.failOpen),
 		idemhttp.WithLogger(log),
 		idemhttp.WithHook(obs.hook),
