@@ -1,6 +1,7 @@
 // Package storefull is scenario 11 of the reliability suite
 // (RELIABILITY.md): a store that takes the acquire of a request and then
-// refuses its completion, in front of the real `idem proxy` binary.
+// refuses its completion (or, for a response too large to store, its
+// FAILED mark), in front of the real `idem proxy` binary.
 //
 //   - TestStoreFullAfterAcquire: retrying clients send requests through the
 //     proxy while the store keeps filling up and freeing room: Redis with
@@ -21,6 +22,19 @@
 //
 //     make chaos RUN=TestStoreFullAfterAcquire
 //     make chaos-long RUN=TestStoreFullAfterAcquire
+//
+//   - TestStreamNotRecorded: responses that stream through the proxy
+//     (text/event-stream, and bodies over --max-response, whose key the
+//     proxy must mark FAILED) while Redis refuses every write, from each
+//     key's acquire until the proxy logged that it gave up recording it.
+//     Asserted: no client reads a whole response that was not recorded
+//     (the proxy withholds its end and aborts the connection), the log
+//     never says that such a key is FAILED, and each key runs again once
+//     its lease ends. The negative control (--stream-all: written through,
+//     end included) must see clients read whole unrecorded responses.
+//
+//     make chaos RUN=TestStreamNotRecorded
+//     make chaos-long RUN=TestStreamNotRecorded
 //
 // The tests live in _test.go files; this package has no API.
 package storefull
