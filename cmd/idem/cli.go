@@ -43,6 +43,9 @@ type env struct {
 	stdout io.Writer
 	stderr io.Writer
 	getenv func(string) string
+	// hider hides the secrets of the command's URL and password flags
+	// (redact.go); nil until the flags are parsed.
+	hider *hider
 }
 
 // command is one subcommand.
@@ -72,7 +75,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	case errors.As(err, &ee):
 		return ee.code
 	}
-	fmt.Fprintln(stderr, "idem: "+oneLine(err.Error()))
+	fmt.Fprintln(stderr, "idem: "+oneLine(e.hider.hide(err.Error())))
 	var ue *usageError
 	if errors.As(err, &ue) {
 		return exitUsage
@@ -123,6 +126,7 @@ func dispatch(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
+	e.hider = fs.hider()
 	return runFn(ctx, e, pos)
 }
 
@@ -162,7 +166,18 @@ type flagSet struct {
 type flagMeta struct {
 	name        string
 	placeholder string // "" for booleans
+	secret      flagSecret
 }
+
+// flagSecret says whether a flag's value holds a secret to hide in what
+// the command prints.
+type flagSecret uint8
+
+const (
+	noSecret   flagSecret = iota
+	urlSecret             // a URL, whose password and secret parameters are hidden (redactURL)
+	fullSecret            // a password, hidden wherever it appears
+)
 
 func newFlagSet(c *command) *flagSet {
 	fs := flag.NewFlagSet("idem "+c.name, flag.ContinueOnError)
@@ -182,6 +197,36 @@ func (f *flagSet) add(name, placeholder string) {
 func (f *flagSet) String(p *string, name, placeholder, def, usage string) {
 	f.fs.StringVar(p, name, def, usage)
 	f.add(name, placeholder)
+}
+
+// URL is String for a flag that takes a URL (or a connection string):
+// its secrets are hidden in whatever the command prints.
+func (f *flagSet) URL(p *string, name, placeholder, def, usage string) {
+	f.String(p, name, placeholder, def, usage)
+	f.metas[len(f.metas)-1].secret = urlSecret
+}
+
+// Password is String for a flag that takes a password: it is hidden in
+// whatever the command prints.
+func (f *flagSet) Password(p *string, name, placeholder, def, usage string) {
+	f.String(p, name, placeholder, def, usage)
+	f.metas[len(f.metas)-1].secret = fullSecret
+}
+
+// hider returns the hider of the values of the URL and Password flags,
+// once parsed; nil if none holds a secret.
+func (f *flagSet) hider() *hider {
+	var urls, passwords []string
+	for _, m := range f.metas {
+		v := f.fs.Lookup(m.name).Value.String()
+		switch m.secret {
+		case urlSecret:
+			urls = append(urls, v)
+		case fullSecret:
+			passwords = append(passwords, v)
+		}
+	}
+	return newHider(urls, passwords)
 }
 
 func (f *flagSet) Bool(p *bool, name string, def bool, usage string) {

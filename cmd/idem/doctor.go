@@ -32,12 +32,13 @@ var verdictNames = [...]string{"OK", "WARN", "FAIL"}
 // report prints one line per check and counts them.
 type report struct {
 	w      io.Writer
+	hider  *hider // the secrets of the command line, hidden in every line
 	counts [3]int
 }
 
 func (r *report) add(v verdict, check, format string, args ...any) {
 	r.counts[v]++
-	fmt.Fprintf(r.w, "%-4s  %s: %s\n", verdictNames[v], check, fmt.Sprintf(format, args...))
+	fmt.Fprintf(r.w, "%-4s  %s: %s\n", verdictNames[v], check, r.hider.hide(fmt.Sprintf(format, args...)))
 }
 
 // doctorFlags are doctor's flags: the store, and the durability options
@@ -116,7 +117,7 @@ For the embedded store: the file opens (or is in use by a running proxy).`,
 				if d.waitReplicas < 0 {
 					return usagef("--wait-replicas %d is negative", d.waitReplicas)
 				}
-				r := &report{w: e.stdout}
+				r := &report{w: e.stdout, hider: e.hider}
 				switch {
 				case d.store.redis():
 					doctorRedis(ctx, r, &d)

@@ -143,7 +143,7 @@ what it did.`,
 				defer t.Stop()
 				for {
 					if err := pass(); err != nil && ctx.Err() == nil {
-						fmt.Fprintf(e.stderr, "idem: relay: %s\n", oneLine(err.Error()))
+						fmt.Fprintf(e.stderr, "idem: relay: %s\n", oneLine(e.hider.hide(err.Error())))
 					}
 					select {
 					case <-ctx.Done():

@@ -148,7 +148,7 @@ func registerProxyFlags(fs *flagSet) *proxyConfig {
 		writeTimeout:    time.Minute,
 	}
 	fs.String(&c.listen, "listen", "ADDR", "127.0.0.1:8080", "address the proxy serves on")
-	fs.String(&c.upstream, "upstream", "URL", "", "URL of the API behind the proxy, e.g. http://127.0.0.1:9000; required")
+	fs.URL(&c.upstream, "upstream", "URL", "", "URL of the API behind the proxy, e.g. http://127.0.0.1:9000; required")
 	c.store.register(fs)
 	fs.Var(listValue{p: &c.methods, upper: true}, "methods", "LIST", "request methods made idempotent; others pass through")
 	fs.Bool(&c.requireKey, "require-key", true, "answer 400 to a covered request without Idempotency-Key (=false: pass it through unprotected)")
@@ -360,7 +360,7 @@ func checkReachable(ctx context.Context, u *url.URL) error {
 	d := net.Dialer{Timeout: connectTimeout}
 	conn, err := d.DialContext(ctx, "tcp", host)
 	if err != nil {
-		return fmt.Errorf("upstream %s is not reachable: %v (start it first, or pass --check-upstream=false)", u.Redacted(), cause(err))
+		return fmt.Errorf("upstream %s is not reachable: %v (start it first, or pass --check-upstream=false)", redactURL(u.String()), cause(err))
 	}
 	conn.Close()
 	return nil
@@ -389,7 +389,7 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 	if err != nil {
 		return err
 	}
-	log := newLogger(e, c.logFormat, c.logLevel)
+	log := hidingLogger(newLogger(e, c.logFormat, c.logLevel), e.hider)
 	redisLog.l.Store(log)
 	if c.checkUpstream {
 		if err := checkReachable(ctx, target); err != nil {
@@ -510,7 +510,7 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 		go admin.Serve(adminLn)
 	}
 
-	attrs := []any{"listen", ln.Addr().String(), "upstream", target.Redacted(), "store", opened.describe,
+	attrs := []any{"listen", ln.Addr().String(), "upstream", redactURL(target.String()), "store", opened.describe,
 		"methods", strings.Join(c.methods, ","), "lease", formatDuration(c.lease), "retention", formatDuration(c.retention)}
 	if adminLn != nil {
 		attrs = append(attrs, "admin", adminLn.Addr().String())

@@ -56,15 +56,15 @@ const (
 )
 
 func (s *storeFlags) register(fs *flagSet) {
-	fs.String(&s.redisURL, "redis", "URL", "", "Redis server for the records, e.g. redis://:password@host:6379/0 (rediss:// for TLS); several proxies may share it")
-	fs.String(&s.cluster, "redis-cluster", "ADDRS", "", "Redis Cluster for the records: host:port,host:port,... or a redis:// URL with addr= parameters")
+	fs.URL(&s.redisURL, "redis", "URL", "", "Redis server for the records, e.g. redis://:password@host:6379/0 (rediss:// for TLS); several proxies may share it")
+	fs.URL(&s.cluster, "redis-cluster", "ADDRS", "", "Redis Cluster for the records: host:port,host:port,... or a redis:// URL with addr= parameters")
 	fs.String(&s.sentinel, "redis-sentinel", "NAME@ADDRS", "", "Redis behind Sentinels: the primary's name and the Sentinels, e.g. mymaster@10.0.0.1:26379,10.0.0.2:26379,10.0.0.3:26379")
 	fs.String(&s.username, "redis-username", "USER", "", "ACL user for --redis-sentinel and --redis-cluster (with --redis, put it in the URL)")
-	fs.String(&s.password, "redis-password", "PASSWORD", "", "password for --redis-sentinel and --redis-cluster (with --redis, put it in the URL); prefer the environment variable")
-	fs.String(&s.sentinelPW, "redis-sentinel-password", "PASSWORD", "", "password of the Sentinels themselves (requirepass of redis-server --sentinel)")
+	fs.Password(&s.password, "redis-password", "PASSWORD", "", "password for --redis-sentinel and --redis-cluster (with --redis, put it in the URL); prefer the environment variable")
+	fs.Password(&s.sentinelPW, "redis-sentinel-password", "PASSWORD", "", "password of the Sentinels themselves (requirepass of redis-server --sentinel)")
 	fs.String(&s.prefix, "redis-prefix", "PREFIX", redisstore.DefaultPrefix, "prefix of the record keys in Redis")
 	fs.String(&s.data, "data", "DIR", defaultDataDir, "directory of the embedded store (files DIR/"+dataFile+" and DIR/"+dataFile+".log), used when no Redis is given")
-	fs.String(&s.postgres, "postgres", "URL", "", "PostgreSQL for the records (pgstore), e.g. postgres://user:password@host:5432/db; its tables go in the first schema of the search_path")
+	fs.URL(&s.postgres, "postgres", "URL", "", "PostgreSQL for the records (pgstore), e.g. postgres://user:password@host:5432/db; its tables go in the first schema of the search_path")
 }
 
 // registerWait registers --wait-replicas and --wait-replicas-timeout (the

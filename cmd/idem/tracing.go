@@ -35,7 +35,7 @@ const tracesPath = "/v1/traces"
 const tracingShutdownTimeout = 5 * time.Second
 
 func (t *tracingFlags) register(fs *flagSet) {
-	fs.String(&t.endpoint, "otel-endpoint", "URL", "", "send OpenTelemetry traces over OTLP/HTTP to this collector, e.g. http://127.0.0.1:4318 (spans go to "+tracesPath+" unless the URL has a path; empty: tracing off)")
+	fs.URL(&t.endpoint, "otel-endpoint", "URL", "", "send OpenTelemetry traces over OTLP/HTTP to this collector, e.g. http://127.0.0.1:4318 (spans go to "+tracesPath+" unless the URL has a path; empty: tracing off)")
 	fs.String(&t.serviceName, "otel-service-name", "NAME", "idem", "service.name of the traces sent to --otel-endpoint")
 }
 
