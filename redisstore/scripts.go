@@ -248,7 +248,7 @@ func parseGet(v any) (idem.Record, error) {
 		Attempts:    int(num(7)),
 		Now:         time.UnixMicro(now),
 	}
-	if c := num(8); c != 0 { // dropped once the record completed
+	if c := num(8); c != 0 { // 0 in a record the relay wrote
 		rec.Created = time.UnixMicro(c)
 	}
 	if r := str(9); r != "" {

@@ -195,6 +195,7 @@ func testInProgress(t *testing.T, s idem.Store) {
 func testCompleteThenReplay(t *testing.T, s idem.Store) {
 	key := newKey(t)
 	a := acquire(t, s, key, req("fp", longLease), idem.Acquired)
+	created := get(t, s, key).Created
 	result := []byte("result \x00\xff bytes")
 	if err := s.Complete(t.Context(), key, a.Lease, result, retention); err != nil {
 		t.Fatalf("Complete: %v", err)
@@ -211,6 +212,9 @@ func testCompleteThenReplay(t *testing.T, s idem.Store) {
 	}
 	if !rec.LeaseUntil.IsZero() {
 		t.Errorf("completed record has a lease until %v", rec.LeaseUntil)
+	}
+	if !rec.Created.Equal(created) {
+		t.Errorf("created: got %v after Complete, want %v, as before (admin tools show a record's age)", rec.Created, created)
 	}
 	if rec.ExpiresAt.IsZero() || rec.ExpiresAt.Sub(rec.Now) > retention || rec.ExpiresAt.Sub(rec.Now) < retention-time.Minute {
 		t.Errorf("expires in %v, want about %v", rec.ExpiresAt.Sub(rec.Now), retention)

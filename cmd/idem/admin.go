@@ -312,7 +312,7 @@ no proxy uses it; Redis can be listed while proxies run.`,
 						size = strconv.Itoa(len(rec.Result))
 					}
 					created, expires := "-", "-"
-					if !rec.Created.IsZero() { // a store may drop it once the record completed
+					if !rec.Created.IsZero() { // none in a record the relay wrote to Redis
 						created = age(rec.Now.Sub(rec.Created))
 					}
 					if !rec.ExpiresAt.IsZero() {

@@ -48,6 +48,10 @@ func TestAdmin(t *testing.T) {
 				t.Errorf("get: got\n%s\nwant it to contain %q", out, want)
 			}
 		}
+		// Both stores know when the record was created.
+		if !regexp.MustCompile(`created     \d{4}-\d\d-\d\dT\S+Z \(\S+ ago\)`).MatchString(out) {
+			t.Errorf("get: got\n%s\nwant the created time and age", out)
+		}
 		if !regexp.MustCompile(`expires in  (23h59m|24h0m0s)`).MatchString(out) {
 			t.Errorf("get: got\n%s\nwant it to expire in about 24h", out)
 		}
@@ -81,6 +85,9 @@ func TestAdmin(t *testing.T) {
 		code, out, _ = admin("ls")
 		if code != 0 || !strings.Contains(out, digest[1]) || strings.Count(out, "COMPLETED") != 2 || !strings.HasPrefix(out, "DIGEST") {
 			t.Errorf("ls: got %d\n%s\nwant a header and the 2 records", code, out)
+		}
+		if ages := regexp.MustCompile(`COMPLETED\s+\d+\s+\d+\s+\d[\dhms.]*s\s`).FindAllString(out, -1); len(ages) != 2 {
+			t.Errorf("ls: got\n%s\nwant the age of both records", out)
 		}
 		if code, out, _ := admin("ls", "--limit", "1"); code != 0 || strings.Count(out, "COMPLETED") != 1 {
 			t.Errorf("ls --limit 1: got %d\n%s\nwant 1 record", code, out)

@@ -5,11 +5,12 @@
 -- acquire.lib.lua.
 
 -- complete stores result in the record at key and moves it to COMPLETED if
--- owner and fence (a string) still hold it. The owner, the lease end and the
--- creation time are dropped: a completed record needs none of them, and
--- memory per record counts. It returns 1 if it wrote the record, 2 if the
--- record was already completed by this fence with this result (a repeated
--- call after a lost reply), 0 if the lease is lost (nothing written), or nil
+-- owner and fence (a string) still hold it. The owner and the lease end are
+-- dropped: a completed record needs neither, and memory per record counts;
+-- the creation time stays (idem get and ls show a record's age). It
+-- returns 1 if it wrote the record, 2 if the record was already completed
+-- by this fence with this result (a repeated call after a lost reply), 0 if
+-- the lease is lost (nothing written), or nil
 -- and an error message. before, if not nil, is called with the fence after
 -- the checks and right before the write (complete_effect.lua applies the
 -- effect there); when it returns an error message, complete does not
@@ -41,6 +42,6 @@ local function complete(key, owner, fence_arg, result, retention_ms, before)
       return nil, err
     end
   end
-  redis.call('SET', key, cmsgpack.pack(1, 'c', f, '', n, 0, a, 0, result), 'PX', retention_ms)
+  redis.call('SET', key, cmsgpack.pack(1, 'c', f, '', n, 0, a, c, result), 'PX', retention_ms)
   return 1
 end

@@ -8,8 +8,9 @@
 -- ARGV[5]  notification command: PUBLISH, SPUBLISH, or '' for none
 -- ARGV[6]  notification channel
 --
--- The owner, the lease end and the creation time are dropped: a completed
--- record needs none of them, and memory per record counts.
+-- The owner and the lease end are dropped: a completed record needs neither,
+-- and memory per record counts. The creation time stays (idem get and ls
+-- show a record's age).
 --
 -- Reply: 1 done (also when the same complete is repeated after a lost
 -- reply), 0 lease lost.
@@ -28,7 +29,7 @@ end
 if s ~= 'p' or o ~= ARGV[1] or n ~= fence then
   return 0
 end
-redis.call('SET', KEYS[1], cmsgpack.pack(1, 'c', f, '', n, 0, a, 0, ARGV[3]), 'PX', ARGV[4])
+redis.call('SET', KEYS[1], cmsgpack.pack(1, 'c', f, '', n, 0, a, c, ARGV[3]), 'PX', ARGV[4])
 if ARGV[5] ~= '' then
   redis.call(ARGV[5], ARGV[6], 'c')
 end
