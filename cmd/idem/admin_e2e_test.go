@@ -203,6 +203,14 @@ func TestDoctor(t *testing.T) {
 		srv.Do(t, "ACL", "SETUSER", "notime", "on", ">pw", "~*", "&*", "+@all", "-time")
 		srv.Do(t, "ACL", "SETUSER", "nopublish", "on", ">pw", "~*", "&*", "+@all", "-publish")
 		srv.Do(t, "ACL", "SETUSER", "nosubscribe", "on", ">pw", "~*", "&*", "+@all", "-subscribe")
+		// The replay cache's tracking connection: CLIENT SETNAME, ID and
+		// TRACKING, and the channel of the invalidations.
+		srv.Do(t, "ACL", "SETUSER", "idemchannels", "on", ">pw", "~idem:*", "resetchannels", "&idem:*", "+@all")
+		srv.Do(t, "ACL", "SETUSER", "notracking", "on", ">pw", "~*", "&*", "+@all", "-client|tracking")
+		srv.Do(t, "ACL", "SETUSER", "noclient", "on", ">pw", "~*", "&*", "+@all", "-client")
+		// INFO refused: the proxy starts with one warning; doctor warns.
+		srv.Do(t, "ACL", "SETUSER", "noinfo", "on", ">pw", "~*", "&*", "+@all", "-info")
+		srv.Do(t, "ACL", "SETUSER", "managed", "on", ">pw", "~*", "&*", "+@all", "-info", "-config")
 		for _, tc := range []struct {
 			user string
 			code int
@@ -211,11 +219,21 @@ func TestDoctor(t *testing.T) {
 			{"notime", 1, "FAIL  rights: the user may not run TIME, which every transition (the server's clock) needs; grant it (ACL SETUSER <user> +time)"},
 			{"nopublish", 1, "FAIL  rights: the user may not run PUBLISH, which complete, fail and release (wake-ups) needs"},
 			{"nosubscribe", 0, "WARN  rights: the user may not run SUBSCRIBE"},
+			{"idemchannels", 0, "WARN  replay cache: the user may not subscribe to __redis__:invalidate, where the server sends the replay cache's invalidations: the proxy reads every replay from Redis; grant it (ACL SETUSER <user> &__redis__:invalidate)"},
+			{"notracking", 0, "WARN  replay cache: the user may not run CLIENT TRACKING, which the replay cache's tracking connection needs: the proxy reads every replay from Redis; grant it (ACL SETUSER <user> +client|tracking)"},
+			{"noclient", 0, "WARN  replay cache: the user may not run CLIENT SETNAME, CLIENT ID, CLIENT TRACKING, which the replay cache's tracking connection needs: the proxy reads every replay from Redis; grant it (ACL SETUSER <user> +client|setname +client|id +client|tracking)"},
+			{"noinfo", 0, "WARN  info: the user may not run INFO"},
+			{"noinfo", 0, "OK    maxmemory-policy: noeviction"},
+			{"managed", 0, "WARN  maxmemory-policy: cannot read it (INFO and CONFIG GET refused); it must be noeviction"},
 		} {
 			code, out, _ := runIdem(t, "doctor", "--redis", "redis://"+tc.user+":pw@"+srv.Addr())
-			if code != tc.code || !strings.Contains(out, tc.want) {
+			if code != tc.code || !strings.Contains(out, tc.want) || strings.Contains(out, "connect:") {
 				t.Errorf("user %s: got %d\n%s\nwant %d and %q", tc.user, code, out, tc.code, tc.want)
 			}
+		}
+		// A replay cache that the proxy would not run is not checked.
+		if code, out, _ := runIdem(t, "doctor", "--redis", "redis://idemchannels:pw@"+srv.Addr(), "--wait-replicas", "1"); !strings.Contains(out, "OK    rights:") || strings.Contains(out, "replay cache") {
+			t.Errorf("--wait-replicas (no replay cache): got %d\n%s\nwant the rights checked and no replay cache check", code, out)
 		}
 	})
 	t.Run("durability options", func(t *testing.T) {
@@ -327,5 +345,58 @@ func TestCluster(t *testing.T) {
 	code, out, _ = runIdem(t, append([]string{"ls"}, storeArgs...)...)
 	if code != 0 || strings.Count(out, "COMPLETED") != 10 {
 		t.Errorf("ls: got %d\n%s\nwant the 10 records of the 3 primaries", code, out)
+	}
+}
+
+// TestReplayCacheRightsAgree: doctor and the proxy agree on the replay
+// cache's rights. A user whose channels are idem's alone gets doctor's
+// WARN, and the proxy logs that the cache falls back; once the ACL fix that
+// doctor names is applied, doctor has no WARN and the proxy's tracking
+// connection subscribes.
+func TestReplayCacheRightsAgree(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, "--appendonly", "yes", "--maxmemory", "100mb")
+	srv.Do(t, "ACL", "SETUSER", "app", "on", ">pw", "~idem:*", "resetchannels", "&idem:*", "+@all")
+	storeArgs := []string{"--redis", "redis://app:pw@" + srv.Addr()}
+	up := newUpstream(t)
+
+	code, out, _ := runIdem(t, append([]string{"doctor"}, storeArgs...)...)
+	if code != 0 || strings.Count(out, "WARN ") != 1 || !strings.Contains(out, "WARN  replay cache:") {
+		t.Errorf("doctor: got %d\n%s\nwant 0 and one WARN, for the replay cache", code, out)
+	}
+	p := startProxy(t, up.url(), storeArgs)
+	waitLog(t, p, "replay cache: tracking connection failed")
+	p.terminate()
+	p.wait()
+
+	srv.Do(t, "ACL", "SETUSER", "app", "&__redis__:invalidate")
+	code, out, _ = runIdem(t, append([]string{"doctor"}, storeArgs...)...)
+	if code != 0 || strings.Contains(out, "WARN ") {
+		t.Errorf("doctor after the fix: got %d\n%s\nwant 0 and no WARN", code, out)
+	}
+	p = startProxy(t, up.url(), storeArgs)
+	deadline := time.Now().Add(readyTimeout)
+	for !strings.Contains(srv.Do(t, "CLIENT", "LIST"), "name=idem-tracking") || !regexp.MustCompile(`name=idem-tracking .*sub=1`).MatchString(srv.Do(t, "CLIENT", "LIST")) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no subscribed idem-tracking connection after %v:\n%s", readyTimeout, srv.Do(t, "CLIENT", "LIST"))
+		}
+		time.Sleep(20 * time.Millisecond) // poll CLIENT LIST until the tracking connection subscribed
+	}
+	p.terminate()
+	p.wait()
+	if logs := p.stderr.String(); strings.Contains(logs, "level=WARN") {
+		t.Errorf("proxy after the fix: got log\n%s\nwant no warning", logs)
+	}
+}
+
+// waitLog waits until the process's stderr holds want.
+func waitLog(t *testing.T, p *proc, want string) {
+	t.Helper()
+	deadline := time.Now().Add(readyTimeout)
+	for !strings.Contains(p.stderr.String(), want) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %q in the log after %v:\n%s", want, readyTimeout, p.stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond) // poll the log until the line is there
 	}
 }

@@ -92,6 +92,15 @@ For Redis (on a Cluster, on every primary):
                     prefix, and each command they need is tried with the
                     user's ACL; a missing right is named (FAIL; WARN for
                     SUBSCRIBE, without which waiters poll)
+  replay cache      with --redis or --redis-sentinel and neither --wait-replicas
+                    nor --wait-aof: CLIENT SETNAME, CLIENT ID, CLIENT TRACKING
+                    and SUBSCRIBE __redis__:invalidate, which the replay cache
+                    needs; WARN with the ACL fix without them (the proxy then
+                    reads every replay from Redis)
+  info              WARN when the server refuses INFO (an ACL without +info, a
+                    managed service): the checks read what CONFIG GET tells,
+                    and WARN where it refuses too; the proxy starts on such a
+                    server with one warning
 
 For PostgreSQL (--postgres; with --redis too for the hybrid commit gate):
   tables            idem_completions (pggate) or idem_records (pgstore) exist
@@ -147,10 +156,8 @@ func doctorBolt(r *report, s *storeFlags) {
 	switch {
 	case errors.Is(err, boltstore.ErrLocked):
 		r.add(vOK, "embedded store", "%s is in use by a running proxy (Redis checks do not apply)", path)
-	case errors.Is(err, boltstore.ErrCorrupt):
-		r.add(vFail, "embedded store", "%v", damagedStoreError(path, err))
 	case err != nil:
-		r.add(vFail, "embedded store", "%s does not open: %v", path, err)
+		r.add(vFail, "embedded store", "%v", openBoltError(path, err))
 	default:
 		st.Close()
 		r.add(vOK, "embedded store", "%s opens (Redis checks do not apply)", path)
@@ -196,6 +203,9 @@ func doctorRedis(ctx context.Context, r *report, d *doctorFlags) {
 		cancel()
 		if err != nil {
 			cc.Close()
+			if nr := s.notRedis(ctx); nr != nil {
+				err = nr
+			}
 			r.add(vFail, "connect", "cannot reach the cluster: %v", err)
 			return
 		}
@@ -208,31 +218,95 @@ func doctorRedis(ctx context.Context, r *report, d *doctorFlags) {
 		if cluster {
 			prefix = n.Options().Addr + " "
 		}
-		doctorNode(ctx, r, d, n, prefix)
+		if !doctorNode(ctx, r, d, n, prefix) {
+			return // the rights cannot be tried either
+		}
 	}
 	if cluster {
 		doctorClusterSlots(ctx, r, nodes[0])
 	}
 	doctorRights(ctx, r, c, s.prefix)
+	// The proxy's store keeps a replay cache on a go-redis client that is
+	// not a Cluster's, unless it waits for replicas or the AOF.
+	if rc, ok := c.(*redis.Client); ok && d.waitReplicas == 0 && !d.waitAOF {
+		doctorReplayCache(ctx, r, rc, s.prefix)
+	}
 }
 
-// doctorNode runs the checks of one server.
-func doctorNode(ctx context.Context, r *report, d *doctorFlags, n *redis.Client, prefix string) {
+// replyError reports whether err is an error reply of the server (NOPERM,
+// an unknown command), not a failure to reach it.
+func replyError(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re)
+}
+
+// configFields reads with CONFIG GET what doctorNode reads from INFO when
+// the server refuses INFO: maxmemory-policy, maxmemory and appendonly, as
+// INFO's fields (maxmemory_policy, maxmemory, aof_enabled). What CONFIG GET
+// refuses too is left out.
+func configFields(ctx context.Context, n *redis.Client) map[string]string {
+	f := make(map[string]string)
+	get := func(name string) string {
+		m, err := n.ConfigGet(ctx, name).Result()
+		if err != nil {
+			return ""
+		}
+		return m[name]
+	}
+	if v := get("maxmemory-policy"); v != "" {
+		f["maxmemory_policy"] = v
+	}
+	if v := get("maxmemory"); v != "" {
+		f["maxmemory"] = v
+		if b, err := strconv.ParseInt(v, 10, 64); err == nil && b > 0 {
+			f["maxmemory_human"] = formatSize(b)
+		}
+	}
+	switch get("appendonly") {
+	case "yes":
+		f["aof_enabled"] = "1"
+	case "no":
+		f["aof_enabled"] = "0"
+	}
+	return f
+}
+
+// doctorNode runs the checks of one server. It reports whether the server
+// could be reached. A server that refuses INFO (an ACL without +info, a
+// managed service) is checked with what CONFIG GET tells, with WARNs for
+// the rest, as the proxy starts on it with one warning.
+func doctorNode(ctx context.Context, r *report, d *doctorFlags, n *redis.Client, prefix string) bool {
 	cctx, cancel := context.WithTimeout(ctx, connectTimeout)
 	defer cancel()
 	info, err := n.Info(cctx).Result() // the default sections; several section names need Redis 7
-	if err != nil {
-		r.add(vFail, prefix+"connect", "%s: %v", n.Options().Addr, err)
-		return
+	var fields map[string]string
+	refused := ""
+	switch {
+	case err == nil:
+		fields = redisinfo.Parse(info)
+	case replyError(err):
+		refused = " (INFO refused)"
+		if redis.HasErrorPrefix(err, "NOPERM") {
+			r.add(vWarn, prefix+"info", "the user may not run INFO: the version, persistence and replicas are read from it (the proxy starts with a warning that it cannot check the server); grant it (ACL SETUSER <user> +info)")
+		} else {
+			r.add(vWarn, prefix+"info", "INFO refused (%v): the version, persistence and replicas are read from it (the proxy starts with a warning that it cannot check the server)", err)
+		}
+		fields = configFields(cctx, n)
+	default:
+		if nr := d.store.notRedis(ctx); nr != nil {
+			r.add(vFail, prefix+"connect", "%v", nr)
+		} else {
+			r.add(vFail, prefix+"connect", "%s: %v", n.Options().Addr, err)
+		}
+		return false
 	}
-	fields := redisinfo.Parse(info)
 
 	// Version.
 	name, v := redisinfo.Server(fields)
 	compat, ok := redisinfo.Compatible(fields)
 	switch {
 	case !ok:
-		r.add(vWarn, prefix+"version", "cannot read the server version")
+		r.add(vWarn, prefix+"version", "cannot read the server version%s; idem needs Redis 7.0 or later, or Valkey", refused)
 	case !compat.AtLeast(7, 0):
 		r.add(vFail, prefix+"version", "%s %s is older than 7.0; idem needs Redis 7.0 or later, or Valkey (SET ... NX GET, SPUBLISH); upgrade the server", name, v)
 	case d.waitAOF && !compat.AtLeast(7, 2):
@@ -246,7 +320,11 @@ func doctorNode(ctx context.Context, r *report, d *doctorFlags, n *redis.Client,
 	case "noeviction":
 		r.add(vOK, prefix+"maxmemory-policy", "noeviction")
 	case "":
-		r.add(vWarn, prefix+"maxmemory-policy", "cannot read it from INFO memory; it must be noeviction")
+		if refused != "" {
+			r.add(vWarn, prefix+"maxmemory-policy", "cannot read it (INFO and CONFIG GET refused); it must be noeviction")
+		} else {
+			r.add(vWarn, prefix+"maxmemory-policy", "cannot read it from INFO memory; it must be noeviction")
+		}
 	default:
 		r.add(vFail, prefix+"maxmemory-policy", "%s: Redis may evict idempotency records, and a retried request then runs again; set maxmemory-policy noeviction (use a separate Redis for caches)", policy)
 	}
@@ -259,7 +337,7 @@ func doctorNode(ctx context.Context, r *report, d *doctorFlags, n *redis.Client,
 	}
 
 	// Persistence.
-	aof := fields["aof_enabled"] == "1"
+	aofKnown, aof := fields["aof_enabled"] != "", fields["aof_enabled"] == "1"
 	var save string
 	saveKnown := true
 	if cfg, err := n.ConfigGet(cctx, "save").Result(); err == nil {
@@ -277,6 +355,8 @@ func doctorNode(ctx context.Context, r *report, d *doctorFlags, n *redis.Client,
 		if d.waitAOF && ok && compat.AtLeast(7, 2) {
 			doctorWaitAOF(ctx, r, n, d.store.prefix, prefix)
 		}
+	case !aofKnown:
+		r.add(vWarn, prefix+"persistence", "cannot read it (INFO and CONFIG GET refused); records survive a restart with appendonly yes")
 	case !saveKnown:
 		r.add(vWarn, prefix+"persistence", "appendonly is off and the RDB save rules cannot be read (CONFIG GET refused); turn appendonly on")
 	case save != "":
@@ -287,8 +367,10 @@ func doctorNode(ctx context.Context, r *report, d *doctorFlags, n *redis.Client,
 
 	// Replicas, when the application waits for them.
 	if d.waitReplicas > 0 {
-		replicas, _ := strconv.Atoi(fields["connected_slaves"])
-		if replicas < d.waitReplicas {
+		replicas, err := strconv.Atoi(fields["connected_slaves"])
+		if err != nil {
+			r.add(vWarn, prefix+"replicas", "cannot count the connected replicas%s; WAIT %d needs them", refused, d.waitReplicas)
+		} else if replicas < d.waitReplicas {
 			r.add(vFail, prefix+"replicas", "%d connected, fewer than the %d that WAIT needs: every acquire and complete would end in ErrNotDurable", replicas, d.waitReplicas)
 		} else {
 			r.add(vOK, prefix+"replicas", "%d connected (WAIT %d)", replicas, d.waitReplicas)
@@ -309,7 +391,7 @@ func doctorNode(ctx context.Context, r *report, d *doctorFlags, n *redis.Client,
 		start := time.Now()
 		if err := n.Ping(cctx).Err(); err != nil {
 			r.add(vFail, prefix+"round trip", "PING failed: %v", err)
-			return
+			return true
 		}
 		rtts = append(rtts, time.Since(start))
 	}
@@ -320,6 +402,7 @@ func doctorNode(ctx context.Context, r *report, d *doctorFlags, n *redis.Client,
 	} else {
 		r.add(vOK, prefix+"round trip", "median PING %s over 10", med.Round(time.Microsecond))
 	}
+	return true
 }
 
 // doctorWaitAOF reports redisstore.CheckWaitAOF, the check a store with

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -151,4 +152,76 @@ func runTransitions(ctx context.Context, st *redisstore.Store, key string) error
 		}
 	}
 	return nil
+}
+
+// invalidateChannel is where the server sends the invalidations of client
+// tracking to a RESP2 connection (CLIENT TRACKING ... REDIRECT).
+const invalidateChannel = "__redis__:invalidate"
+
+// doctorReplayCache tries, with the user's ACL, what the tracking
+// connection of the proxy's replay cache sends (see redisstore's package
+// documentation, "Local replay cache"): CLIENT SETNAME, CLIENT ID and
+// CLIENT TRACKING ON REDIRECT <own id> BCAST PREFIX <prefix> on a
+// connection of its own, then SUBSCRIBE __redis__:invalidate. Without
+// them the proxy serves, reads every replay from Redis and logs a warning,
+// so a missing right is a WARN that names the ACL fix.
+func doctorReplayCache(ctx context.Context, r *report, c *redis.Client, prefix string) {
+	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	opt := *c.Options() // as the tracking connection: the client's options, RESP2, one connection
+	opt.Protocol, opt.PoolSize, opt.MinIdleConns, opt.MaxIdleConns, opt.ClientName = 2, 1, 0, 0, ""
+	tc := redis.NewClient(&opt)
+	defer tc.Close()
+	cn := tc.Conn()
+	defer cn.Close()
+	var missing, grants []string
+	denied := func(err error, cmd, grant string) bool {
+		if redis.HasErrorPrefix(err, "NOPERM") {
+			missing, grants = append(missing, cmd), append(grants, grant)
+			return true
+		}
+		return false
+	}
+	var errs []error
+	if err := cn.Do(ctx, "CLIENT", "SETNAME", "idem-doctor").Err(); !denied(err, "CLIENT SETNAME", "+client|setname") && err != nil {
+		errs = append(errs, err)
+	}
+	tracking := []any{"CLIENT", "TRACKING", "ON", "BCAST", "PREFIX", prefix}
+	id, err := cn.ClientID(ctx).Result()
+	if !denied(err, "CLIENT ID", "+client|id") && err != nil {
+		errs = append(errs, err)
+	}
+	if err == nil {
+		tracking = []any{"CLIENT", "TRACKING", "ON", "REDIRECT", id, "BCAST", "PREFIX", prefix}
+	}
+	err = cn.Do(ctx, tracking...).Err()
+	if !denied(err, "CLIENT TRACKING", "+client|tracking") && err != nil {
+		errs = append(errs, err)
+	}
+	if err == nil {
+		_ = cn.Do(ctx, "CLIENT", "TRACKING", "OFF").Err()
+	}
+	const fallback = "the proxy reads every replay from Redis"
+	if len(missing) > 0 {
+		r.add(vWarn, "replay cache", "the user may not run %s, which the replay cache's tracking connection needs: %s; grant it (ACL SETUSER <user> %s)",
+			strings.Join(missing, ", "), fallback, strings.Join(grants, " "))
+	}
+	subscribeErr := trySubscribe(ctx, tc, "SUBSCRIBE", invalidateChannel)
+	if redis.HasErrorPrefix(subscribeErr, "NOPERM") {
+		grant := "&" + invalidateChannel
+		if redis.HasErrorPrefix(trySubscribe(ctx, tc, "SUBSCRIBE", prefix+"idem-doctor"), "NOPERM") {
+			grant = "+subscribe " + grant // SUBSCRIBE itself may be denied
+		}
+		r.add(vWarn, "replay cache", "the user may not subscribe to %s, where the server sends the replay cache's invalidations: %s; grant it (ACL SETUSER <user> %s)",
+			invalidateChannel, fallback, grant)
+		missing = append(missing, "SUBSCRIBE")
+	} else if subscribeErr != nil {
+		errs = append(errs, subscribeErr)
+	}
+	switch {
+	case len(errs) > 0:
+		r.add(vWarn, "replay cache", "the tracking connection's commands failed (%v): %s", errors.Join(errs...), fallback)
+	case len(missing) == 0:
+		r.add(vOK, "replay cache", "CLIENT TRACKING on prefix %q and SUBSCRIBE %s allowed", prefix, invalidateChannel)
+	}
 }

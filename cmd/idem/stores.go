@@ -1,10 +1,15 @@
 package main
 
 import (
+	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -241,6 +246,9 @@ func (s *storeFlags) openRedis(ctx context.Context, c redis.UniversalClient, des
 	defer cancel()
 	if err := c.Ping(pctx).Err(); err != nil {
 		c.Close()
+		if nr := s.notRedis(ctx); nr != nil {
+			return nil, fmt.Errorf("%s: %v", describe, nr)
+		}
 		return nil, fmt.Errorf("%s is not reachable: %v", describe, err)
 	}
 	opts := []redisstore.Option{redisstore.WithPrefix(s.prefix)}
@@ -278,6 +286,78 @@ func (s *storeFlags) openRedis(ctx context.Context, c redis.UniversalClient, des
 	}, nil
 }
 
+// notRedis looks, after a failure to talk to the Redis flags' servers, for
+// one that is not a Redis server at all (--redis given the port of an HTTP
+// server): the client then reports only that it could not parse a reply.
+// It returns an error that names the server and what it answered, or nil.
+func (s *storeFlags) notRedis(ctx context.Context) error {
+	network, addrs := "tcp", []string(nil)
+	var tlsConf *tls.Config
+	switch {
+	case s.redisURL != "":
+		opt, err := redis.ParseURL(s.redisURL)
+		if err != nil {
+			return nil
+		}
+		network, addrs, tlsConf = opt.Network, []string{opt.Addr}, opt.TLSConfig
+	case s.cluster != "":
+		opt, err := s.clusterOptions()
+		if err != nil {
+			return nil
+		}
+		addrs, tlsConf = opt.Addrs, opt.TLSConfig
+	case s.sentinel != "":
+		opt, err := s.sentinelOptions()
+		if err != nil {
+			return nil
+		}
+		addrs = opt.SentinelAddrs
+	}
+	for _, a := range addrs {
+		if err := probeRESP(ctx, network, a, tlsConf); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// probeRESP sends PING to the server at addr and reads the first line of
+// its answer: nil if it answers in the Redis protocol (RESP), or cannot be
+// reached or says nothing (that is not the question here); otherwise an
+// error that says it is not a Redis server, with what it answered.
+func probeRESP(ctx context.Context, network, addr string, tlsConf *tls.Config) error {
+	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	d := &net.Dialer{}
+	var conn net.Conn
+	var err error
+	if tlsConf != nil {
+		conn, err = (&tls.Dialer{NetDialer: d, Config: tlsConf}).DialContext(ctx, network, addr)
+	} else {
+		conn, err = d.DialContext(ctx, network, addr)
+	}
+	if err != nil {
+		return nil
+	}
+	defer conn.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		conn.SetDeadline(dl)
+	}
+	if _, err := io.WriteString(conn, "*1\r\n$4\r\nPING\r\n"); err != nil {
+		return nil
+	}
+	line, _ := bufio.NewReader(io.LimitReader(conn, 200)).ReadString('\n')
+	line = strings.TrimRight(line, "\r\n")
+	if line == "" || strings.IndexByte("+-:$*_,#!=(%~>|", line[0]) >= 0 {
+		return nil
+	}
+	what := ""
+	if strings.HasPrefix(line, "HTTP/") || strings.HasPrefix(line, "<") {
+		what = ", as an HTTP server does"
+	}
+	return fmt.Errorf("%s is not a Redis server: it answered %q to PING%s; check the host and port", addr, line, what)
+}
+
 // storeError turns an error of redisstore.New into the command's one line,
 // naming the flags instead of the library's options.
 func storeError(err error) error {
@@ -304,18 +384,17 @@ func (s *storeFlags) openBolt(create bool) (*openedStore, error) {
 		if err := os.MkdirAll(s.data, 0o700); err != nil {
 			return nil, fmt.Errorf("cannot use data directory %s: %v", s.data, cause(err))
 		}
-	} else if _, err := os.Stat(path); err != nil {
+	} else if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("no embedded store at %s (%v); give --data, or --redis for a Redis store", path, cause(err))
+	} else if err != nil {
+		return nil, openBoltError(path, err)
 	}
 	st, err := boltstore.Open(path)
 	if errors.Is(err, boltstore.ErrLocked) {
 		return nil, fmt.Errorf("the embedded store %s is in use by another process (a running proxy?); stop it first", path)
 	}
-	if errors.Is(err, boltstore.ErrCorrupt) {
-		return nil, damagedStoreError(path, err)
-	}
 	if err != nil {
-		return nil, fmt.Errorf("cannot open the embedded store in %s: %v", s.data, err)
+		return nil, openBoltError(path, err)
 	}
 	return &openedStore{
 		store:    st,
@@ -330,6 +409,24 @@ func (s *storeFlags) openBolt(create bool) (*openedStore, error) {
 		},
 		close: st.Close,
 	}, nil
+}
+
+// openBoltError is the one line that reports why the embedded store at
+// path does not open, other than a lock: damaged, not readable by this
+// user, or another error.
+func openBoltError(path string, err error) error {
+	switch {
+	case errors.Is(err, boltstore.ErrCorrupt):
+		return damagedStoreError(path, err)
+	case errors.Is(err, fs.ErrPermission):
+		detail := err
+		if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
+			detail = pe.Err // permission denied, without the path said already
+		}
+		return fmt.Errorf("cannot read the embedded store %s (%v); run idem as the user the proxy runs as, who owns %s",
+			path, detail, filepath.Dir(path))
+	}
+	return fmt.Errorf("cannot open the embedded store %s: %v", path, err)
 }
 
 // damagedStoreError is the one line that reports a damaged embedded store
