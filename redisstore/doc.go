@@ -33,6 +33,14 @@
 // StartCheckTimeout, with no context: the constructors keep the shape they
 // have always had.
 //
+// A server's configuration can change while the store runs (CONFIG SET
+// maxmemory-policy allkeys-lru, a restart with another configuration file,
+// a failover to a replica configured otherwise). WithServerCheck repeats
+// the check in the background, every interval and as soon as the server
+// answers again after a call could not reach it; Health returns what the
+// last check found (for a readiness probe: idem proxy's /readyz), and each
+// check that finds the server unfit logs an error that names the fix.
+//
 // # Layout
 //
 // One record per idempotency key, at <prefix>{<digest>}: the digest is

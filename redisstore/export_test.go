@@ -125,3 +125,14 @@ func RueidisRead(s *Store) string {
 	}
 	return [...]string{readProbe: "probe", readDoCache: "DoCache", readDo: "Do"}[b.read.Load()]
 }
+
+// ServerChecks returns the checks of WithServerCheck that reached the
+// server so far.
+func ServerChecks(s *Store) int64 {
+	if s.monitor == nil {
+		return 0
+	}
+	s.monitor.mu.Lock()
+	defer s.monitor.mu.Unlock()
+	return s.monitor.checks
+}

@@ -35,8 +35,9 @@ type config struct {
 	// WithReplayCacheBytes, in tracking.go
 	replayCacheBytes int64
 
-	allowEviction bool         // WithAllowEviction, in check.go
-	logger        *slog.Logger // WithLogger, in check.go
+	allowEviction bool          // WithAllowEviction, in check.go
+	logger        *slog.Logger  // WithLogger, in check.go
+	serverCheck   time.Duration // WithServerCheck, in check.go
 }
 
 // waitConfig is a durability requirement checked after acquire and complete.
@@ -121,6 +122,9 @@ func (c *config) validate() error {
 	if len(c.prefix) > 64 {
 		return fmt.Errorf("%w: prefix is %d bytes, over the limit of 64", idem.ErrInvalid, len(c.prefix))
 	}
+	if c.serverCheck < 0 {
+		return fmt.Errorf("%w: negative server check interval %v", idem.ErrInvalid, c.serverCheck)
+	}
 	if c.replayCacheBytes < 0 {
 		return fmt.Errorf("%w: replay cache bound of %d bytes, want more than 0 (WithReplayCache(false) turns the cache off)", idem.ErrInvalid, c.replayCacheBytes)
 	}
@@ -189,6 +193,8 @@ type Store struct {
 	// nil when it is off.
 	cached  cachedGetter
 	replays *replayIndex
+	// monitor runs the checks of WithServerCheck (check.go), nil without.
+	monitor *monitor
 }
 
 var (
@@ -248,6 +254,10 @@ func newStore(b backend, opts []Option) (*Store, error) {
 		// go-redis tracking connection) when it is collected.
 		runtime.AddCleanup(s, func(g cachedGetter) { go g.close() }, s.cached)
 	}
+	if c.serverCheck > 0 {
+		s.monitor = startMonitor(b, c)
+		runtime.AddCleanup(s, func(m *monitor) { go m.stop() }, s.monitor)
+	}
 	return s, nil
 }
 
@@ -288,11 +298,14 @@ func NewRueidis(client rueidis.Client, opts ...Option) (*Store, error) {
 
 // Close ends what the store runs in the background: the tracking
 // connection of its replay cache with go-redis (see the package
-// documentation, "Local replay cache"). It does not close the client. The
-// store must not be used after Close.
+// documentation, "Local replay cache") and the checks of WithServerCheck.
+// It does not close the client. The store must not be used after Close.
 func (s *Store) Close() error {
 	if s.cached != nil {
 		s.cached.close()
+	}
+	if s.monitor != nil {
+		s.monitor.stop()
 	}
 	return nil
 }
@@ -357,6 +370,9 @@ func (s *Store) runKeys(ctx context.Context, sc *script, keys, args []string, du
 		reply, acks, err = s.b.run(ctx, sc, keys, args, w, s.fcall)
 	}
 	if err != nil {
+		if s.monitor != nil && unreachable(err) {
+			s.monitor.kick() // check the server again once it answers
+		}
 		return nil, fmt.Errorf("redisstore: %s: %w", sc.name, err)
 	}
 	if w != nil && acks < int64(w.replicas) {

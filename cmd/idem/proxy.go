@@ -105,6 +105,10 @@ The proxy refuses to start on a Redis older than 7.0 and on one whose
 maxmemory-policy is not noeviction (every other policy can evict records,
 and a retried request then runs again), unless --allow-eviction is given;
 where the server refuses INFO and CONFIG GET it logs one warning and starts.
+It checks again every --redis-check-interval while it runs, and as soon as
+Redis answers after a call could not reach it: while a check fails (CONFIG
+SET maxmemory-policy allkeys-lru on the running server), /readyz answers 503
+and each check logs an error that names the fix.
 
 With --otel-endpoint the proxy sends OpenTelemetry traces over OTLP/HTTP: a
 server span per request (a child of the client's W3C traceparent, if any)
@@ -165,6 +169,7 @@ func registerProxyFlags(fs *flagSet) *proxyConfig {
 	fs.Var(durationValue{&c.wait}, "wait", "DURATION", "how long a retry waits for the first request to finish before 409 (0: answer 409 at once; with --error-body stripe the default is --lease)")
 	c.store.registerWait(fs)
 	fs.Bool(&c.store.allowEviction, "allow-eviction", false, "start on a Redis whose maxmemory-policy is not noeviction (it may evict records: retried requests then run again)")
+	c.store.registerCheck(fs)
 	fs.Bool(&c.failOpen, "fail-open", false, "when the store is unreachable, forward requests unprotected instead of answering 503")
 	fs.Var(durationValue{&c.bodyTimeout}, "body-timeout", "DURATION", "how long a request's body may take to arrive, from its header (then 408, or a cut-off upstream request if not covered; 0: no limit)")
 	fs.Int(&c.maxConcurrent, "max-concurrent", "N", defaultMaxConcurrent, "requests handled at once; more get 503 with Retry-After (0: no limit)")
@@ -506,7 +511,7 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 			ln.Close()
 			return fmt.Errorf("cannot listen on %s (--admin-listen): %v", c.adminListen, cause(err))
 		}
-		admin = &http.Server{Handler: adminHandler(obs, opened.store, &draining), ReadHeaderTimeout: 10 * time.Second}
+		admin = &http.Server{Handler: adminHandler(obs, opened, &draining), ReadHeaderTimeout: 10 * time.Second}
 		go admin.Serve(adminLn)
 	}
 
@@ -560,8 +565,10 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 }
 
 // adminHandler serves /metrics, /healthz (the process runs) and /readyz
-// (the store answers, and the proxy is not shutting down).
-func adminHandler(obs *observer, store idem.Store, draining *atomic.Bool) http.Handler {
+// (the store answers, its last check found it fit, and the proxy is not
+// shutting down).
+func adminHandler(obs *observer, opened *openedStore, draining *atomic.Bool) http.Handler {
+	store := opened.store
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", obs.handler())
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
@@ -581,6 +588,13 @@ func adminHandler(obs *observer, store idem.Store, draining *atomic.Bool) http.H
 			w.WriteHeader(http.StatusServiceUnavailable)
 			fmt.Fprintf(w, "not ready: store: %v\n", err)
 			return
+		}
+		if opened.health != nil {
+			if err := opened.health(); err != nil {
+				w.WriteHeader(http.StatusServiceUnavailable)
+				fmt.Fprintf(w, "not ready: %v\n", storeError(err))
+				return
+			}
 		}
 		fmt.Fprintln(w, "ready")
 	})

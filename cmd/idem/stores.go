@@ -44,9 +44,12 @@ type storeFlags struct {
 	// --wait-replicas-timeout (redisstore.WithWait); 0: no WAIT.
 	waitReplicas int
 	waitTimeout  time.Duration
-	logger       *slog.Logger // for the store's start warning; nil: slog.Default()
-	postgres     string       // pgstore, or with Redis the commit gate's database (doctor, relay)
-	hybrid       bool         // --postgres may come with Redis (doctor, relay)
+	// checkInterval is the proxy's --redis-check-interval
+	// (redisstore.WithServerCheck); 0: the server is checked at start only.
+	checkInterval time.Duration
+	logger        *slog.Logger // for the store's start warning; nil: slog.Default()
+	postgres      string       // pgstore, or with Redis the commit gate's database (doctor, relay)
+	hybrid        bool         // --postgres may come with Redis (doctor, relay)
 }
 
 const (
@@ -80,8 +83,20 @@ func (s *storeFlags) registerWait(fs *flagSet) {
 	fs.Var(durationValue{&s.waitTimeout}, "wait-replicas-timeout", "DURATION", "how long --wait-replicas waits for the replicas")
 }
 
+// defaultCheckInterval is --redis-check-interval's default.
+const defaultCheckInterval = 10 * time.Second
+
+// registerCheck registers --redis-check-interval (the proxy's).
+func (s *storeFlags) registerCheck(fs *flagSet) {
+	s.checkInterval = defaultCheckInterval
+	fs.Var(durationValue{&s.checkInterval}, "redis-check-interval", "DURATION", "how often the proxy checks its Redis servers again while it runs, as at start (maxmemory-policy noeviction unless --allow-eviction, the version); while one fails, /readyz answers 503 and each check logs an error that names the fix (0: at start only)")
+}
+
 // validate checks the flags without I/O.
 func (s *storeFlags) validate() error {
+	if s.checkInterval < 0 {
+		return usagef("--redis-check-interval %v is negative", s.checkInterval)
+	}
 	if s.waitReplicas < 0 {
 		return usagef("--wait-replicas %d is negative", s.waitReplicas)
 	}
@@ -200,7 +215,10 @@ type openedStore struct {
 	list     func(ctx context.Context, limit int) ([]listEntry, error)
 	redisKey func(digest string) string // nil for the embedded store
 	redis    redis.UniversalClient      // nil for the embedded store
-	close    func() error
+	// health returns what the last check of the server found (Redis with
+	// --redis-check-interval), nil while it is fit; nil for other stores.
+	health func() error
+	close  func() error
 }
 
 // listEntry is one record listed by ls.
@@ -261,6 +279,9 @@ func (s *storeFlags) openRedis(ctx context.Context, c redis.UniversalClient, des
 	if s.logger != nil {
 		opts = append(opts, redisstore.WithLogger(s.logger))
 	}
+	if s.checkInterval > 0 {
+		opts = append(opts, redisstore.WithServerCheck(s.checkInterval))
+	}
 	st, err := redisstore.New(c, opts...)
 	if err != nil {
 		c.Close()
@@ -279,8 +300,9 @@ func (s *storeFlags) openRedis(ctx context.Context, c redis.UniversalClient, des
 		},
 		redisKey: st.Key,
 		redis:    c,
+		health:   st.Health,
 		close: func() error {
-			st.Close() // the replay cache's tracking connection
+			st.Close() // the replay cache's tracking connection, the checks
 			return c.Close()
 		},
 	}, nil
