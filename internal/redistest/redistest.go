@@ -121,6 +121,10 @@ func startConf(t testing.TB, conf string, args []string) *Server {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
+	confDir := dir
+	if conf != "" {
+		confDir = memDir(t)
+	}
 	s := &Server{dir: dir, logPath: filepath.Join(dir, "redis.log")}
 	// Registered after t.TempDir, so it runs before the directory is
 	// removed: the process is gone and the log is still there.
@@ -135,7 +139,7 @@ func startConf(t testing.TB, conf string, args []string) *Server {
 		s.port = port
 		s.argv = buildArgv(port, dir, args)
 		if conf != "" {
-			path := filepath.Join(dir, "redis.conf")
+			path := filepath.Join(confDir, "redis.conf")
 			if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
 				t.Fatalf("redistest: %v", err)
 			}
@@ -154,6 +158,24 @@ func startConf(t testing.TB, conf string, args []string) *Server {
 	}
 	t.Fatalf("redistest: start redis-server: no free port after %d attempts: %v", startAttempts, lastErr)
 	return nil
+}
+
+// memDir returns a new directory on a memory file system (/dev/shm) where
+// there is one, else in the test's temporary directory; it is removed when
+// the test ends. Sentinel rewrites its configuration file, with fsync, in
+// its main thread on every change: on a loaded disk one such write can
+// take over 2 s, which puts the Sentinel in TILT mode for 30 s, and a
+// primary killed meanwhile may then never be failed over (its replicas
+// look too long disconnected by then).
+func memDir(t testing.TB) string {
+	t.Helper()
+	if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() {
+		if d, err := os.MkdirTemp("/dev/shm", "redistest-"); err == nil {
+			t.Cleanup(func() { os.RemoveAll(d) })
+			return d
+		}
+	}
+	return t.TempDir()
 }
 
 // checkArgs refuses arguments that redis-server would read as a config file

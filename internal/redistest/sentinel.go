@@ -220,8 +220,31 @@ func (s *Sentinel) server(addr string) *Server {
 	return nil
 }
 
+// WaitHealthy waits (at most 60s) until the current primary has every
+// other running data server online as its replica, and every Sentinel sees
+// it so and is out of TILT mode (a Sentinel whose timer was late by 2 s
+// does nothing for 30 s). Call it before killing the primary, so that the
+// failover does not wait for a Sentinel.
+func (s *Sentinel) WaitHealthy(t testing.TB) {
+	t.Helper()
+	s.waitFor(t, "a replicated primary watched by 3 sentinels", func() error {
+		addr, err := s.primaryAddr()
+		if err != nil {
+			return err
+		}
+		replicas := -1
+		for _, d := range s.data {
+			if d.running() {
+				replicas++
+			}
+		}
+		return s.healthy(addr, replicas)
+	})
+}
+
 // healthy reports whether primary has replicas online replicas and every
-// Sentinel sees it as a primary with those replicas and 2 other Sentinels.
+// Sentinel sees it as a primary with those replicas and 2 other Sentinels,
+// out of TILT mode.
 func (s *Sentinel) healthy(primary string, replicas int) error {
 	info, err := s.dataCommand(s.server(primary), "INFO", "replication")
 	if err != nil {
@@ -243,6 +266,13 @@ func (s *Sentinel) healthy(primary string, replicas int) error {
 		f := pairs(reply)
 		if f["flags"] != "master" || f["num-slaves"] != strconv.Itoa(replicas) || f["num-other-sentinels"] != "2" {
 			return fmt.Errorf("sentinel %s sees flags=%s num-slaves=%s num-other-sentinels=%s", n.Addr(), f["flags"], f["num-slaves"], f["num-other-sentinels"])
+		}
+		info, err := n.Command("INFO", "sentinel")
+		if err != nil {
+			return fmt.Errorf("sentinel %s: %w", n.Addr(), err)
+		}
+		if tilt := infoField(info, "sentinel_tilt"); tilt != "0" {
+			return fmt.Errorf("sentinel %s is in TILT mode (sentinel_tilt:%s)", n.Addr(), tilt)
 		}
 	}
 	return nil
