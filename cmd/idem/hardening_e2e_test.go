@@ -362,6 +362,11 @@ func TestProxyGzipReplay(t *testing.T) {
 
 // stalledUpload opens a connection to addr and sends a covered request
 // whose header announces size bytes of body, and sent bytes of it.
+//
+// A write error is not the test's failure: the proxy may answer before the
+// body is in (503 when the bodies' memory is full) and close the
+// connection, which the kernel then resets, as it holds bytes the proxy
+// did not read. The caller that reads the answer gets it still.
 func stalledUpload(t *testing.T, addr, key string, size, sent int) net.Conn {
 	t.Helper()
 	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
@@ -370,17 +375,55 @@ func stalledUpload(t *testing.T, addr, key string, size, sent int) net.Conn {
 	}
 	t.Cleanup(func() { conn.Close() })
 	fmt.Fprintf(conn, "POST /up HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\nContent-Length: %d\r\n\r\n", key, size)
-	if _, err := conn.Write(make([]byte, sent)); err != nil {
+	conn.Write(make([]byte, sent)) // see above for an error
+	return conn
+}
+
+// uploadRaw sends a POST of body with key and Connection: close to addr on
+// a connection of its own, writing the body from another goroutine, and
+// reads the answer whatever became of the write, then how the connection
+// ends: closed is nil when the proxy closed it cleanly (FIN: the client
+// reads the end of the stream), and "connection reset by peer" when it
+// closed it with bytes it did not read (RST), which can destroy the answer
+// before the client reads it.
+func uploadRaw(t *testing.T, addr, key string, body io.Reader, size int) (res response, closed error) {
+	t.Helper()
+	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
 		t.Fatal(err)
 	}
-	return conn
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(30 * time.Second))
+	fmt.Fprintf(conn, "POST /up HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n", key, size)
+	wrote := make(chan struct{})
+	go func() {
+		defer close(wrote)
+		io.Copy(conn, body) // see above for an error
+	}()
+	defer func() { <-wrote }() // the write ends at the latest when conn is closed
+	br := bufio.NewReader(conn)
+	r, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Errorf("POST %s: %v", key, err)
+		return response{}, err
+	}
+	b, err := io.ReadAll(r.Body)
+	if err != nil {
+		t.Errorf("POST %s: reading the body: %v", key, err)
+	}
+	if _, err := br.ReadByte(); err != io.EOF {
+		closed = fmt.Errorf("after the answer: got %v, want the end of the stream", err)
+	}
+	return response{status: r.StatusCode, header: r.Header, body: string(b)}, closed
 }
 
 // TestProxySlowUploads: --body-timeout ends a body that does not arrive
 // (408, the upstream never called); the deadline ends with the body, so a
 // slow upstream is not cut off; --max-body-memory refuses a large body
 // while stalled uploads hold the memory, and still serves small requests;
-// --max-concurrent answers 503 beyond its bound.
+// --max-concurrent answers 503 beyond its bound. The large body is sent by
+// uploadRaw, which reads the 503 however late the client is with the end
+// of the body.
 func TestProxySlowUploads(t *testing.T) {
 	t.Parallel()
 	up := newUpstream(t)
@@ -410,13 +453,22 @@ func TestProxySlowUploads(t *testing.T) {
 	// Memory: a stalled upload holds 48 KiB over the allowance; another
 	// 40 KiB body does not fit, a small one does. The two race for the
 	// memory (the stalled bytes may not be read yet when the large body
-	// comes): repeat with new keys until the large body came second.
+	// comes): repeat with new keys until the large body came second. The
+	// stalled uploads hold their memory until the test ends (a
+	// --body-timeout the test never reaches, whatever the load).
+	px = startProxy(t, up.url(), []string{"--data", t.TempDir()},
+		"--body-timeout", "1m", "--max-body-memory", "64KiB")
 	for i := 0; ; i++ {
 		stalledUpload(t, px.addr, fmt.Sprintf("holding-%d", i), 1<<20, 48<<10)
-		res := post(t, px.url("/up"), fmt.Sprintf("big-%d", i), strings.Repeat("x", 40<<10))
+		res, closed := uploadRaw(t, px.addr, fmt.Sprintf("big-%d", i), strings.NewReader(strings.Repeat("x", 40<<10)), 40<<10)
 		if res.status == 503 {
 			if !strings.Contains(res.body, "server-busy") || res.header.Get("Retry-After") != "1" {
 				t.Errorf("big body: got %d %q Retry-After %q, want 503 TypeServerBusy, Retry-After 1", res.status, res.body, res.header.Get("Retry-After"))
+			}
+			// The proxy read the rest of the body it refused: a reset would
+			// race the answer to the client.
+			if closed != nil {
+				t.Errorf("big body: the connection after the 503: %v", closed)
 			}
 			break
 		}

@@ -424,11 +424,15 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// that the server's own goroutine makes once the body is in, and
 		// that read failing cancels the request's context. So it is lifted
 		// as soon as the body ends (deadlineBody). A body that did not end
-		// keeps it: after the handler, net/http reads what is left of the
-		// body before it answers, and it must not wait for ever.
+		// keeps it: after the handler, what is left of the body is read
+		// before the answer goes (drainBody), and that must not wait for
+		// ever.
 		rc := http.NewResponseController(w)
-		if rc.SetReadDeadline(time.Now().Add(g.bodyTimeout)) == nil {
-			r.Body = &deadlineBody{ReadCloser: r.Body, rc: rc}
+		deadline := time.Now().Add(g.bodyTimeout)
+		if rc.SetReadDeadline(deadline) == nil {
+			db := &deadlineBody{ReadCloser: r.Body, rc: rc, deadline: deadline}
+			r.Body = db
+			defer db.drain()
 		}
 	}
 	if g.writeTimeout > 0 {
@@ -490,8 +494,9 @@ func (g *gateway) busy(w http.ResponseWriter, r *http.Request) {
 // which it lifts when the body has arrived whole.
 type deadlineBody struct {
 	io.ReadCloser
-	rc     *http.ResponseController
-	lifted bool
+	rc       *http.ResponseController
+	deadline time.Time
+	lifted   bool
 }
 
 func (b *deadlineBody) Read(p []byte) (int, error) {
@@ -501,6 +506,34 @@ func (b *deadlineBody) Read(p []byte) (int, error) {
 		_ = b.rc.SetReadDeadline(time.Time{})
 	}
 	return n, err
+}
+
+// Bounds of drain: as much as net/http reads of a body its handler left,
+// for as long as a client that is sending takes to send it.
+const (
+	maxDrain  = 256 << 10
+	drainWait = time.Second
+)
+
+// drain reads and discards what is left of a body the handler did not
+// read to its end (a request refused before its body was in: 503 when the
+// bodies' memory is full, 413), at most maxDrain bytes for at most
+// drainWait and not past the body deadline, before the answer goes.
+// net/http does as much for a client that keeps its connection, not for
+// one that asked to close it (or any HTTP/1.0 client): closed with bytes
+// it did not read, the connection is reset (RST), and a reset that
+// overtakes the answer (a loaded machine can delay its sending) destroys
+// it, or fails the client's write of its body, which Go's client then
+// reports instead of the answer. A stalled body's deadline passed already:
+// nothing is read.
+func (b *deadlineBody) drain() {
+	if b.lifted {
+		return
+	}
+	if d := time.Now().Add(drainWait); d.Before(b.deadline) {
+		_ = b.rc.SetReadDeadline(d)
+	}
+	io.CopyN(io.Discard, b, maxDrain)
 }
 
 // forward runs the reverse proxy for a request the middleware let through.
