@@ -5,6 +5,8 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+
+	"github.com/idemgo/idem/internal/httpsyntax"
 )
 
 // FuzzScope checks the keys of two requests: two different (method, path,
@@ -31,7 +33,7 @@ func FuzzScope(f *testing.F) {
 	withP := newTestMiddleware(f, WithPrincipal(func(r *http.Request) string { return r.Header.Get("X-Principal") }))
 	withoutP := newTestMiddleware(f)
 	f.Fuzz(func(t *testing.T, m1, p1, pr1, id1, m2, p2, pr2, id2 string) {
-		if !isToken(m1) || !isToken(m2) || id1 == "" || id2 == "" {
+		if !httpsyntax.IsToken(m1) || !httpsyntax.IsToken(m2) || id1 == "" || id2 == "" {
 			return
 		}
 		a := PrincipalPathKey(m1, p1, pr1, id1)

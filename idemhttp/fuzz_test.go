@@ -11,6 +11,7 @@ import (
 	"testing/iotest"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/httpsyntax"
 )
 
 func FuzzParseKey(f *testing.F) {
@@ -62,7 +63,7 @@ func FuzzFingerprint(f *testing.F) {
 		mws[canonical] = newTestMiddleware(f, WithMaxBodySize(4096), WithCanonicalJSON(canonical), WithFingerprintHeaders("X-Account"))
 	}
 	f.Fuzz(func(t *testing.T, method, path, query, hdr string, body []byte, canonical bool) {
-		if !isToken(method) || !strings.HasPrefix(path, "/") || !urlSafe(path+query) {
+		if !httpsyntax.IsToken(method) || !strings.HasPrefix(path, "/") || !urlSafe(path+query) {
 			return
 		}
 		m := mws[canonical]

@@ -189,14 +189,6 @@ func TestRetryAfterSeconds(t *testing.T) {
 	}
 }
 
-func TestIsToken(t *testing.T) {
-	for s, want := range map[string]bool{"POST": true, "Idempotency-Key": true, "x!#$%&'*+-.^_`|~9": true, "": false, "a b": false, "a:b": false, "é": false, "a\x00": false} {
-		if got := isToken(s); got != want {
-			t.Errorf("isToken(%q): got %v, want %v", s, got, want)
-		}
-	}
-}
-
 // TestCaptureWriter checks what the capturing writer records, directly.
 func TestCaptureWriter(t *testing.T) {
 	m := newTestMiddleware(t, WithMaxResponseSize(10))

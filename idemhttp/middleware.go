@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/httpsyntax"
 )
 
 // ErrHandlerPanicked is wrapped by Event.Err when the handler panicked; the
@@ -86,7 +87,7 @@ func New(exec *idem.Executor, opts ...Option) (*Middleware, error) {
 		}
 		o(m)
 	}
-	if !isToken(m.header) {
+	if !httpsyntax.IsToken(m.header) {
 		return nil, invalidf("invalid header name %q", m.header)
 	}
 	m.header = http.CanonicalHeaderKey(m.header)
@@ -94,12 +95,12 @@ func New(exec *idem.Executor, opts ...Option) (*Middleware, error) {
 		return nil, invalidf("no methods")
 	}
 	for _, meth := range m.methods {
-		if !isToken(meth) { // a method is a token, as a field name
+		if !httpsyntax.IsToken(meth) { // a method is a token, as a field name
 			return nil, invalidf("invalid method %q", meth)
 		}
 	}
 	for i, name := range m.fpHeaders {
-		if !isToken(name) {
+		if !httpsyntax.IsToken(name) {
 			return nil, invalidf("invalid fingerprint header name %q", name)
 		}
 		m.fpHeaders[i] = http.CanonicalHeaderKey(name)
@@ -768,21 +769,3 @@ func newBodyReader(b []byte) *bodyReader {
 }
 
 func (*bodyReader) Close() error { return nil }
-
-// isToken reports whether s is an RFC 9110 token, the syntax of field names
-// and methods.
-func isToken(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' {
-			continue
-		}
-		if !strings.ContainsRune("!#$%&'*+-.^_`|~", rune(c)) {
-			return false
-		}
-	}
-	return true
-}
