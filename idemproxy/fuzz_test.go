@@ -1,4 +1,4 @@
-package main
+package idemproxy
 
 import (
 	"bytes"
@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemhttp"
+	"github.com/idemgo/idem/internal/httpsyntax"
 	"github.com/idemgo/idem/memstore"
 )
 
@@ -58,41 +59,28 @@ func (u *fuzzUpstream) callsOf(iter string) int {
 	return u.calls[iter]
 }
 
-// newFuzzGateway wires a proxy handler as runProxy does (same executor and
-// middleware options, same gateway), on a fresh in-memory store, with the
-// scope header X-Scope.
-func newFuzzGateway(t testing.TB, target *url.URL, transport http.RoundTripper) *gateway {
+// newFuzzProxy returns a proxy configured as `idem proxy` configures one
+// (an Executor that reads stored responses whatever their size), on a
+// fresh in-memory store, with the scope header X-Scope.
+func newFuzzProxy(t testing.TB, target *url.URL, transport http.RoundTripper) *Proxy {
 	store, err := memstore.New()
 	if err != nil {
 		t.Fatal(err)
 	}
-	obs := newObserver()
-	lease := 10 * time.Second
-	exec, err := idem.New(obs.instrument(store), idem.WithLease(lease), idem.WithRetention(time.Hour), idem.WithMaxResultSize(readLimit))
+	exec, err := idem.New(store, idem.WithLease(10*time.Second), idem.WithRetention(time.Hour), idem.WithMaxResultSize(1<<30+1<<20))
 	if err != nil {
 		t.Fatal(err)
 	}
-	log := slog.New(slog.DiscardHandler)
-	methods := []string{http.MethodPost, http.MethodPatch}
-	mw, err := idemhttp.New(exec,
-		idemhttp.WithMethods(methods...),
-		idemhttp.WithKeyRequired(true),
-		idemhttp.WithMaxBodySize(fuzzMaxBody),
-		idemhttp.WithMaxResponseSize(fuzzMaxResponse),
-		idemhttp.WithLogger(log),
-		idemhttp.WithHook(obs.hook),
-		idemhttp.WithPolicy(proxyPolicy(idemhttp.DefaultPolicy)),
-		idemhttp.WithPrincipal(func(r *http.Request) string {
-			if v := r.Header["X-Scope"]; len(v) > 0 {
-				return v[0]
-			}
-			return ""
-		}),
-	)
-	if err != nil {
+	p := &Proxy{
+		Target: target, Executor: exec, Transport: transport,
+		MaxBodySize: fuzzMaxBody, MaxResponseSize: fuzzMaxResponse,
+		ScopeHeader: "X-Scope",
+		Logger:      slog.New(slog.DiscardHandler),
+	}
+	if err := p.Init(); err != nil {
 		t.Fatal(err)
 	}
-	return newGateway(target, transport, mw, methods, lease, obs, log)
+	return p
 }
 
 // fieldValue reports whether a server could deliver s as a header field
@@ -124,8 +112,8 @@ type fuzzResponse struct {
 
 var fuzzMethods = []string{http.MethodPost, http.MethodPatch, http.MethodPut, http.MethodGet, http.MethodDelete}
 
-// FuzzProxyRequest fuzzes the proxy's request path in process: the
-// gateway and middleware as `idem proxy` wires them, scoped by the X-Scope
+// FuzzProxyRequest fuzzes the proxy's request path in process: a Proxy
+// as `idem proxy` configures one, scoped by the X-Scope
 // header, in front of an upstream that numbers its executions. Method,
 // path, query, Idempotency-Key value, scope value and bodies come from the
 // fuzzer. It checks that the proxy never panics; never answers a 5xx other
@@ -177,7 +165,7 @@ func FuzzProxyRequest(f *testing.F) {
 		if int(m) < len(fuzzMethods) {
 			method = fuzzMethods[m]
 		}
-		if !validToken(method) || !queryOK(query) {
+		if !httpsyntax.IsToken(method) || !queryOK(query) {
 			return
 		}
 		if !strings.HasPrefix(path, "/") {
@@ -190,7 +178,7 @@ func FuzzProxyRequest(f *testing.F) {
 			return
 		}
 		iter := strconv.FormatInt(iters.Add(1), 10)
-		gw := newFuzzGateway(t, target, transport)
+		gw := newFuzzProxy(t, target, transport)
 
 		send := func(what, principal string, b []byte) fuzzResponse {
 			t.Helper()

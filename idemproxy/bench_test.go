@@ -1,4 +1,4 @@
-package main
+package idemproxy
 
 import (
 	"io"
@@ -12,7 +12,6 @@ import (
 	"testing"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/idemhttp"
 	"github.com/idemgo/idem/memstore"
 )
 
@@ -35,29 +34,29 @@ func (cannedUpstream) RoundTrip(r *http.Request) (*http.Response, error) {
 	}, nil
 }
 
-func newBenchGateway(b *testing.B) *gateway {
+func newBenchProxy(b *testing.B) *Proxy {
 	store, err := memstore.New()
 	if err != nil {
 		b.Fatal(err)
 	}
-	obs := newObserver()
-	exec, err := idem.New(obs.instrument(store))
-	if err != nil {
-		b.Fatal(err)
-	}
-	log := slog.New(slog.DiscardHandler)
-	mw, err := idemhttp.New(exec, idemhttp.WithHook(obs.hook), idemhttp.WithPolicy(proxyPolicy(idemhttp.DefaultPolicy)), idemhttp.WithLogger(log))
+	exec, err := idem.New(store)
 	if err != nil {
 		b.Fatal(err)
 	}
 	target, _ := url.Parse("http://upstream.test")
-	return newGateway(target, cannedUpstream{}, mw, []string{"POST", "PATCH"}, idem.DefaultLease, obs, log)
+	p := &Proxy{Target: target, Executor: exec, Transport: cannedUpstream{}, Logger: slog.New(slog.DiscardHandler),
+		Observer: func(*http.Request, Event) {}}
+	if err := p.Init(); err != nil {
+		b.Fatal(err)
+	}
+	return p
 }
 
-// BenchmarkGateway measures a new-key request through the whole handler
-// (exchange, middleware, reverse proxy) on memstore, without a network.
-func BenchmarkGateway(b *testing.B) {
-	g := newBenchGateway(b)
+// BenchmarkProxy measures a new-key request through a Proxy at its
+// defaults (exchange, middleware, reverse proxy, fence) on memstore,
+// without a network.
+func BenchmarkProxy(b *testing.B) {
+	p := newBenchProxy(b)
 	var seq atomic.Int64
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
@@ -65,7 +64,7 @@ func BenchmarkGateway(b *testing.B) {
 			r := httptest.NewRequest("POST", "/payments", strings.NewReader(`{"amount":100}`))
 			r.Header.Set("Idempotency-Key", strconv.FormatInt(seq.Add(1), 10))
 			w := httptest.NewRecorder()
-			g.ServeHTTP(w, r)
+			p.ServeHTTP(w, r)
 			if w.Code != 201 {
 				b.Fatalf("got %d", w.Code)
 			}
@@ -75,13 +74,13 @@ func BenchmarkGateway(b *testing.B) {
 
 // BenchmarkReverseProxy is the baseline: the bare httputil.ReverseProxy.
 func BenchmarkReverseProxy(b *testing.B) {
-	g := newBenchGateway(b)
+	p := newBenchProxy(b)
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			r := httptest.NewRequest("POST", "/payments", strings.NewReader(`{"amount":100}`))
 			w := httptest.NewRecorder()
-			g.rp.ServeHTTP(w, r)
+			p.gw.rp.ServeHTTP(w, r)
 		}
 	})
 }
