@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -61,6 +62,7 @@ type Option func(*config)
 type config struct {
 	tp    trace.TracerProvider
 	mp    metric.MeterProvider
+	prop  propagation.TextMapPropagator
 	attrs []attribute.KeyValue
 }
 
@@ -76,6 +78,13 @@ func WithTracerProvider(tp trace.TracerProvider) Option {
 // is called; a nil mp also means the global one.
 func WithMeterProvider(mp metric.MeterProvider) Option {
 	return func(c *config) { c.mp = mp }
+}
+
+// WithPropagator sets how a ProxyTracer reads and writes the trace
+// context of requests. The default is the global propagator,
+// otel.GetTextMapPropagator(), read when NewProxyTracer is called.
+func WithPropagator(p propagation.TextMapPropagator) Option {
+	return func(c *config) { c.prop = p }
 }
 
 // WithAttributes adds attrs to every span and measurement, for example the store's kind or
