@@ -42,7 +42,7 @@ no proxy uses it; Redis can be inspected while proxies run.`
 
 func (a *adminFlags) register(fs *flagSet, scope bool) {
 	a.fs = fs
-	a.store.register(fs)
+	fs.define(a.store.flags()...)
 	a.maxResponse = readLimit
 	if scope {
 		fs.String(&a.method, "method", "METHOD", "POST", "method of the request")
@@ -51,7 +51,7 @@ func (a *adminFlags) register(fs *flagSet, scope bool) {
 		fs.String(&a.scopeHeader, "scope-header", "NAME", "", "the proxy's --scope-header; when set, keys are scoped by --principal (even empty)")
 		fs.String(&a.digest, "digest", "DIGEST", "", "address the record by its digest instead of KEY and the scope flags")
 	}
-	fs.Var(sizeValue{&a.maxResponse}, "max-response", "SIZE", "largest stored response to decode; the default reads any the proxy stores, whatever its --max-response")
+	fs.define(flagDef{name: "max-response", placeholder: "SIZE", value: sizeValue[int64]{&a.maxResponse}, usage: "largest stored response to decode; the default reads any the proxy stores, whatever its --max-response"})
 }
 
 // storeKey returns the store key (digest) that args and the flags address.

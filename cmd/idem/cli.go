@@ -190,31 +190,48 @@ func envName(flagName string) string {
 	return "IDEM_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }
 
-func (f *flagSet) add(name, placeholder string) {
-	f.metas = append(f.metas, flagMeta{name: name, placeholder: placeholder})
+// flagDef is one row of a flag table: the flag's name, the placeholder of
+// its value in the help ("" for a boolean), the value it sets (holding the
+// default), its help, whether it holds a secret, and the idemproxy.Proxy
+// field it sets, if any (to name the flag in the field's errors).
+type flagDef struct {
+	name, placeholder string
+	value             flag.Value
+	usage             string
+	secret            flagSecret
+	field             string
+}
+
+// define defines the flags of a table.
+func (f *flagSet) define(defs ...flagDef) {
+	for _, d := range defs {
+		f.fs.Var(d.value, d.name, d.usage)
+		f.metas = append(f.metas, flagMeta{name: d.name, placeholder: d.placeholder, secret: d.secret})
+	}
 }
 
 func (f *flagSet) String(p *string, name, placeholder, def, usage string) {
-	f.fs.StringVar(p, name, def, usage)
-	f.add(name, placeholder)
+	*p = def
+	f.define(flagDef{name: name, placeholder: placeholder, value: stringValue{p}, usage: usage})
 }
 
-// URL is String for a flag that takes a URL (or a connection string):
-// its secrets are hidden in whatever the command prints.
-func (f *flagSet) URL(p *string, name, placeholder, def, usage string) {
-	f.String(p, name, placeholder, def, usage)
-	f.metas[len(f.metas)-1].secret = urlSecret
+func (f *flagSet) Bool(p *bool, name string, def bool, usage string) {
+	*p = def
+	f.define(flagDef{name: name, value: boolValue{p}, usage: usage})
 }
 
-// Password is String for a flag that takes a password: it is hidden in
-// whatever the command prints.
-func (f *flagSet) Password(p *string, name, placeholder, def, usage string) {
-	f.String(p, name, placeholder, def, usage)
-	f.metas[len(f.metas)-1].secret = fullSecret
+func (f *flagSet) Duration(p *time.Duration, name string, def time.Duration, usage string) {
+	*p = def
+	f.define(flagDef{name: name, placeholder: "DURATION", value: durationValue{p}, usage: usage})
 }
 
-// hider returns the hider of the values of the URL and Password flags,
-// once parsed; nil if none holds a secret.
+func (f *flagSet) Int(p *int, name, placeholder string, def int, usage string) {
+	*p = def
+	f.define(flagDef{name: name, placeholder: placeholder, value: intValue{p}, usage: usage})
+}
+
+// hider returns the hider of the values of the flags that hold secrets,
+// once parsed; nil if none holds one.
 func (f *flagSet) hider() *hider {
 	var urls, passwords []string
 	for _, m := range f.metas {
@@ -227,26 +244,6 @@ func (f *flagSet) hider() *hider {
 		}
 	}
 	return newHider(urls, passwords)
-}
-
-func (f *flagSet) Bool(p *bool, name string, def bool, usage string) {
-	f.fs.BoolVar(p, name, def, usage)
-	f.add(name, "")
-}
-
-func (f *flagSet) Duration(p *time.Duration, name string, def time.Duration, usage string) {
-	f.fs.DurationVar(p, name, def, usage)
-	f.add(name, "DURATION")
-}
-
-func (f *flagSet) Int(p *int, name, placeholder string, def int, usage string) {
-	f.fs.IntVar(p, name, def, usage)
-	f.add(name, placeholder)
-}
-
-func (f *flagSet) Var(v flag.Value, name, placeholder, usage string) {
-	f.fs.Var(v, name, usage)
-	f.add(name, placeholder)
 }
 
 // isSet reports whether the flag was given on the command line or in the
@@ -305,7 +302,32 @@ func (f *flagSet) flagError(err error) error {
 	if name, ok := strings.CutPrefix(msg, "flag needs an argument: "); ok {
 		return usagef("%s: flag -%s needs a value%s", f.cmd.name, strings.TrimLeft(name, "-"), hint)
 	}
+	if rest, ok := strings.CutPrefix(msg, "invalid value "); ok {
+		if value, flagReason, ok := strings.Cut(rest, " for flag -"); ok {
+			name, reason, _ := strings.Cut(flagReason, ": ")
+			return usagef("%s: invalid --%s %s: %s%s", f.cmd.name, name, value, reason, hint)
+		}
+	}
 	return usagef("%s: %s%s", f.cmd.name, msg, hint)
+}
+
+// check returns the usage error of format and args when bad holds, nil
+// otherwise: one row of a command's table of checks.
+func check(bad bool, format string, args ...any) error {
+	if bad {
+		return usagef(format, args...)
+	}
+	return nil
+}
+
+// firstError returns the first of errs that is not nil.
+func firstError(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // cause returns the error that err wraps, or err: the error a flag.Value

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -9,6 +10,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemhttp"
+	"github.com/idemgo/idem/idemproxy"
 )
 
 // TestBadInput starts the binary with bad flags, environment and
@@ -145,11 +150,12 @@ func TestFlagsFromEnv(t *testing.T) {
 	if err != nil || len(pos) != 0 {
 		t.Fatalf("parse: %v %q", err, pos)
 	}
-	if c.listen != "127.0.0.1:2" || c.requireKey {
-		t.Errorf("flags: got listen %q require-key %v, want the command line's 127.0.0.1:2 and false", c.listen, c.requireKey)
+	p := &c.proxy
+	if c.listen != "127.0.0.1:2" || !p.KeyOptional {
+		t.Errorf("flags: got listen %q require-key %v, want the command line's 127.0.0.1:2 and false", c.listen, !p.KeyOptional)
 	}
-	if c.upstream != "http://up:9000" || c.maxBody != 512<<10 || !slices.Equal(c.methods, []string{"POST", "PUT"}) || !c.failOpen || c.lease != 5*time.Second || c.scopeHeader != "Authorization" {
-		t.Errorf("env: got upstream %q max-body %d methods %q fail-open %v lease %v scope %q", c.upstream, c.maxBody, c.methods, c.failOpen, c.lease, c.scopeHeader)
+	if c.upstream != "http://up:9000" || p.MaxBodySize != 512<<10 || !slices.Equal(p.Methods, []string{"POST", "PUT"}) || !p.FailOpen || c.lease != 5*time.Second || p.ScopeHeader != "Authorization" {
+		t.Errorf("env: got upstream %q max-body %d methods %q fail-open %v lease %v scope %q", c.upstream, p.MaxBodySize, p.Methods, p.FailOpen, c.lease, p.ScopeHeader)
 	}
 	if c.tracing.endpoint != "http://collector:4318" || c.tracing.serviceName != "idem" {
 		t.Errorf("tracing: got otel-endpoint %q otel-service-name %q, want http://collector:4318 and idem", c.tracing.endpoint, c.tracing.serviceName)
@@ -164,6 +170,49 @@ func TestFlagsFromEnv(t *testing.T) {
 		if want := "IDEM_" + strings.ToUpper(strings.ReplaceAll(m.name, "-", "_")); envName(m.name) != want {
 			t.Errorf("envName(%q): got %q, want %q", m.name, envName(m.name), want)
 		}
+	}
+}
+
+// TestProxyFlagDefaults: the defaults of the flags that set fields of
+// idemproxy.Proxy are the defaults of the library (a zero Proxy's), so
+// that the binary and a program that embeds the proxy behave alike.
+func TestProxyFlagDefaults(t *testing.T) {
+	t.Parallel()
+	c := registerProxyFlags(newFlagSet(proxyCommand()))
+	p := &c.proxy
+	for _, tc := range []struct {
+		field    string
+		got, lib any
+	}{
+		{"Methods", p.Methods, []string{http.MethodPost, http.MethodPatch}},
+		{"KeyOptional", p.KeyOptional, false},
+		{"MaxBodySize", p.MaxBodySize, int64(idemhttp.DefaultMaxBodySize)},
+		{"MaxResponseSize", p.MaxResponseSize, idem.DefaultMaxResultSize},
+		{"MaxBodyMemory", p.MaxBodyMemory, int64(idemproxy.DefaultMaxBodyMemory)},
+		{"MaxConcurrent", p.MaxConcurrent, idemproxy.DefaultMaxConcurrent},
+		{"BodyTimeout", p.BodyTimeout, idemproxy.DefaultBodyTimeout},
+		{"UpstreamTimeout", p.UpstreamTimeout, idemproxy.DefaultUpstreamTimeout},
+		{"WriteTimeout", p.WriteTimeout, idemproxy.DefaultWriteTimeout},
+		{"FenceHeader", p.FenceHeader, idemproxy.DefaultFenceHeader},
+		{"DisableFence", p.DisableFence, false},
+		{"ProblemTypeBase", p.ProblemTypeBase, idemhttp.DefaultProblemTypeBase},
+		{"ScopeHeader", p.ScopeHeader, ""},
+		{"Wait", p.Wait, time.Duration(0)},
+		{"FailOpen", p.FailOpen, false},
+		{"StreamAll", p.StreamAll, false},
+	} {
+		if fmt.Sprint(tc.got) != fmt.Sprint(tc.lib) {
+			t.Errorf("%s: the flag's default is %v, the library's %v", tc.field, tc.got, tc.lib)
+		}
+	}
+	// The flags' 0 lifts a bound: the field's negative value.
+	fs := newFlagSet(proxyCommand())
+	c = registerProxyFlags(fs)
+	if _, err := fs.parse([]string{"--max-concurrent", "0", "--body-timeout", "0", "--write-timeout", "0", "--upstream-timeout", "0", "--fence-header="}, &env{getenv: noEnv}); err != nil {
+		t.Fatal(err)
+	}
+	if p := &c.proxy; p.MaxConcurrent >= 0 || p.BodyTimeout >= 0 || p.WriteTimeout >= 0 || p.UpstreamTimeout >= 0 || !p.DisableFence {
+		t.Errorf("0 flags: got %d %v %v %v fence off %v, want negative bounds and the fence off", p.MaxConcurrent, p.BodyTimeout, p.WriteTimeout, p.UpstreamTimeout, p.DisableFence)
 	}
 }
 

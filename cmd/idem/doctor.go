@@ -113,7 +113,7 @@ For the embedded store: the file opens (or is in use by a running proxy).`,
 		flags: func(fs *flagSet) func(context.Context, *env, []string) error {
 			var d doctorFlags
 			d.store.hybrid = true
-			d.store.register(fs)
+			fs.define(d.store.flags()...)
 			fs.Int(&d.waitReplicas, "wait-replicas", "N", 0, "the replicas the application waits for (redisstore.WithWait): FAIL when fewer are connected")
 			fs.Bool(&d.waitAOF, "wait-aof", false, "the application waits for the AOF fsync (redisstore.WithWaitAOF): FAIL below Redis 7.2, and when WAITAOF does not wait for the fsync; WARN with appendfsync everysec")
 			return func(ctx context.Context, e *env, args []string) error {

@@ -86,7 +86,7 @@ their retention. It runs until interrupted, or once with --once, and prints
 what it did.`,
 		flags: func(fs *flagSet) func(context.Context, *env, []string) error {
 			s := storeFlags{hybrid: true}
-			s.register(fs)
+			fs.define(s.flags()...)
 			var once bool
 			var interval, delay time.Duration
 			fs.Bool(&once, "once", false, "relay and sweep once, then exit")

@@ -9,50 +9,40 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"runtime"
 	"strings"
-	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemhttp"
+	"github.com/idemgo/idem/idemproxy"
 	"github.com/idemgo/idem/prometheusidem"
 )
 
-// proxyConfig is the configuration of `idem proxy`.
+// proxyConfig is the configuration of `idem proxy`: the idemproxy.Proxy
+// whose fields its flags set, and its other flags.
 type proxyConfig struct {
+	proxy           idemproxy.Proxy
 	listen          string
 	upstream        string
 	store           storeFlags
-	methods         []string
-	requireKey      bool
 	lease           time.Duration
 	retention       time.Duration
-	maxBody         int64
-	maxResponse     int64
-	scopeHeader     string
-	anonymousScope  bool
 	storePolicy     string
 	errorBody       string
-	typeBase        string
-	fenceHeader     string
-	wait            time.Duration
 	waitSet         bool // --wait was given
-	failOpen        bool
 	adminListen     string
 	logFormat       string
 	logLevel        string
-	upstreamTimeout time.Duration
-	bodyTimeout     time.Duration
-	maxConcurrent   int
-	maxBodyMemory   int64
 	shutdownTimeout time.Duration
-	writeTimeout    time.Duration
-	streamAll       bool
 	checkUpstream   bool
 	tracing         tracingFlags
+	defs            []flagDef // the flag table
 }
-
-const readyProbeKey = "idem-readyz-probe"
 
 func proxyCommand() *command {
 	return &command{
@@ -136,129 +126,62 @@ so it cannot forge a fence.`,
 }
 
 // registerProxyFlags defines the proxy's flags on fs and returns the
-// configuration they fill.
+// configuration they fill. The variables hold the defaults, which are
+// idemproxy's own where a flag sets a field of the Proxy.
 func registerProxyFlags(fs *flagSet) *proxyConfig {
-	// The defaults of the Var flags are the values they hold when defined.
 	c := &proxyConfig{
-		methods:         []string{http.MethodPost, http.MethodPatch},
+		listen:          "127.0.0.1:8080",
 		lease:           idem.DefaultLease,
 		retention:       idem.DefaultRetention,
-		maxBody:         idemhttp.DefaultMaxBodySize,
-		maxResponse:     idem.DefaultMaxResultSize,
-		upstreamTimeout: 30 * time.Second,
-		bodyTimeout:     defaultBodyTimeout,
-		maxBodyMemory:   defaultMaxBodyMemory,
+		storePolicy:     "default",
+		errorBody:       "problem",
+		logFormat:       "text",
+		logLevel:        "info",
 		shutdownTimeout: 30 * time.Second,
-		writeTimeout:    time.Minute,
+		checkUpstream:   true,
 	}
-	fs.String(&c.listen, "listen", "ADDR", "127.0.0.1:8080", "address the proxy serves on")
-	fs.URL(&c.upstream, "upstream", "URL", "", "URL of the API behind the proxy, e.g. http://127.0.0.1:9000; required")
-	c.store.register(fs)
-	fs.Var(listValue{p: &c.methods, upper: true}, "methods", "LIST", "request methods made idempotent; others pass through")
-	fs.Bool(&c.requireKey, "require-key", true, "answer 400 to a covered request without Idempotency-Key (=false: pass it through unprotected)")
-	fs.Var(durationValue{&c.lease}, "lease", "DURATION", "how long a request holds its key before another may take it over; extended while the upstream works")
-	fs.Var(durationValue{&c.retention}, "retention", "DURATION", "how long responses are kept and replayed")
-	fs.Var(sizeValue{&c.maxBody}, "max-body", "SIZE", "largest request body (larger: 413), e.g. 1MiB, 512KiB, 1048576")
-	fs.Var(sizeValue{&c.maxResponse}, "max-response", "SIZE", "largest response body stored (larger: sent once, then the key is FAILED and retries get 422); it limits storing only: responses stored under a larger value stay replayable")
-	fs.String(&c.scopeHeader, "scope-header", "NAME", "", "scope keys by the value of this request header (hashed), e.g. Authorization; a covered request without it gets 400")
-	fs.Bool(&c.anonymousScope, "allow-missing-scope", false, "with --scope-header, serve covered requests without the header in one shared scope (anonymous clients can then get each other's responses) instead of 400")
-	fs.String(&c.storePolicy, "store-policy", "NAME", "default", "which upstream answers are stored: default (all but 408, 409, 425, 429, 503), release-5xx (also retry every 5xx), only-2xx (retry every non-2xx: a retry after a 4xx or 5xx that followed a side effect repeats it)")
-	fs.String(&c.fenceHeader, "fence-header", "NAME", "Idempotency-Fence", "request header that tells the upstream the request's fencing token; a client's own is removed (empty: off)")
-	fs.String(&c.errorBody, "error-body", "SHAPE", "problem", "shape of error bodies: problem (RFC 9457 application/problem+json), stripe (Stripe's preset: {\"error\":{...}} with Stripe-Should-Retry, 400 for a key reused with other parameters, and --wait of --lease by default, for Stripe's SDKs), a JSON template, or @FILE holding one (placeholders {{type}} {{code}} {{title}} {{detail}} {{status}} {{retry}})")
-	fs.String(&c.typeBase, "problem-type-base", "URI", idemhttp.DefaultProblemTypeBase, "base of the type URIs of error bodies: each is the base followed by the kind's name (key-mismatch, in-progress, ...; see docs/problems.md), e.g. https://docs.example.com/errors#")
-	fs.Var(durationValue{&c.wait}, "wait", "DURATION", "how long a retry waits for the first request to finish before 409 (0: answer 409 at once; with --error-body stripe the default is --lease)")
-	c.store.registerWait(fs)
-	fs.Bool(&c.store.allowEviction, "allow-eviction", false, "start on a Redis whose maxmemory-policy is not noeviction (it may evict records: retried requests then run again)")
-	c.store.registerCheck(fs)
-	fs.Bool(&c.failOpen, "fail-open", false, "when the store is unreachable, forward requests unprotected instead of answering 503")
-	fs.Var(durationValue{&c.bodyTimeout}, "body-timeout", "DURATION", "how long a request's body may take to arrive, from its header (then 408, or a cut-off upstream request if not covered; 0: no limit)")
-	fs.Int(&c.maxConcurrent, "max-concurrent", "N", defaultMaxConcurrent, "requests handled at once; more get 503 with Retry-After (0: no limit)")
-	fs.Var(sizeValue{&c.maxBodyMemory}, "max-body-memory", "SIZE", "memory for the bodies of covered requests held at once, beyond the first 16KiB of each (a body that would go over it: 503 with Retry-After)")
-	fs.Var(durationValue{&c.upstreamTimeout}, "upstream-timeout", "DURATION", "how long to wait for the upstream's response header (0: no limit); then 504")
-	fs.Var(durationValue{&c.shutdownTimeout}, "shutdown-timeout", "DURATION", "how long a shutdown waits for requests in flight before it closes their connections")
-	fs.Var(durationValue{&c.writeTimeout}, "write-timeout", "DURATION", "how long a client may take to receive a response, from its first byte (0: no limit; text/event-stream responses have none)")
-	fs.Bool(&c.streamAll, "stream-all", false, "send every response as the upstream sends it, end included, and store it afterwards (a client may then be told a success that was not recorded)")
-	fs.String(&c.adminListen, "admin-listen", "ADDR", "", "address for /metrics, /healthz and /readyz (empty: off)")
-	fs.String(&c.logFormat, "log-format", "FORMAT", "text", "log format: text or json")
-	fs.String(&c.logLevel, "log-level", "LEVEL", "info", "log level: debug, info, warn or error")
-	fs.Bool(&c.checkUpstream, "check-upstream", true, "refuse to start when the upstream does not accept TCP connections")
-	c.tracing.register(fs)
+	p := &c.proxy
+	p.Methods = []string{http.MethodPost, http.MethodPatch}
+	p.MaxBodySize, p.MaxResponseSize, p.MaxBodyMemory = idemhttp.DefaultMaxBodySize, idem.DefaultMaxResultSize, idemproxy.DefaultMaxBodyMemory
+	p.ProblemTypeBase, p.FenceHeader = idemhttp.DefaultProblemTypeBase, idemproxy.DefaultFenceHeader
+	p.BodyTimeout, p.UpstreamTimeout, p.WriteTimeout = idemproxy.DefaultBodyTimeout, idemproxy.DefaultUpstreamTimeout, idemproxy.DefaultWriteTimeout
+	p.MaxConcurrent = idemproxy.DefaultMaxConcurrent
+	c.defs = append(append([]flagDef{
+		{name: "listen", placeholder: "ADDR", value: stringValue{&c.listen}, usage: "address the proxy serves on"},
+		{name: "upstream", placeholder: "URL", value: stringValue{&c.upstream}, secret: urlSecret, field: "Target", usage: "URL of the API behind the proxy, e.g. http://127.0.0.1:9000; required"},
+	}, c.store.flags()...), []flagDef{
+		{name: "methods", placeholder: "LIST", value: listValue{p: &p.Methods, upper: true}, field: "Methods", usage: "request methods made idempotent; others pass through"},
+		{name: "require-key", value: notValue{&p.KeyOptional}, usage: "answer 400 to a covered request without Idempotency-Key (=false: pass it through unprotected)"},
+		{name: "lease", placeholder: "DURATION", value: durationValue{&c.lease}, usage: "how long a request holds its key before another may take it over; extended while the upstream works"},
+		{name: "retention", placeholder: "DURATION", value: durationValue{&c.retention}, usage: "how long responses are kept and replayed"},
+		{name: "max-body", placeholder: "SIZE", value: sizeValue[int64]{&p.MaxBodySize}, field: "MaxBodySize", usage: "largest request body (larger: 413), e.g. 1MiB, 512KiB, 1048576"},
+		{name: "max-response", placeholder: "SIZE", value: sizeValue[int]{&p.MaxResponseSize}, field: "MaxResponseSize", usage: "largest response body stored (larger: sent once, then the key is FAILED and retries get 422); it limits storing only: responses stored under a larger value stay replayable"},
+		{name: "scope-header", placeholder: "NAME", value: stringValue{&p.ScopeHeader}, field: "ScopeHeader", usage: "scope keys by the value of this request header (hashed), e.g. Authorization; a covered request without it gets 400"},
+		{name: "allow-missing-scope", value: boolValue{&p.AllowMissingScope}, usage: "with --scope-header, serve covered requests without the header in one shared scope (anonymous clients can then get each other's responses) instead of 400"},
+		{name: "store-policy", placeholder: "NAME", value: stringValue{&c.storePolicy}, usage: "which upstream answers are stored: default (all but 408, 409, 425, 429, 503), release-5xx (also retry every 5xx), only-2xx (retry every non-2xx: a retry after a 4xx or 5xx that followed a side effect repeats it)"},
+		{name: "fence-header", placeholder: "NAME", value: fenceValue{&p.FenceHeader, &p.DisableFence}, field: "FenceHeader", usage: "request header that tells the upstream the request's fencing token; a client's own is removed (empty: off)"},
+		{name: "error-body", placeholder: "SHAPE", value: stringValue{&c.errorBody}, usage: "shape of error bodies: problem (RFC 9457 application/problem+json), stripe (Stripe's preset: {\"error\":{...}} with Stripe-Should-Retry, 400 for a key reused with other parameters, and --wait of --lease by default, for Stripe's SDKs), a JSON template, or @FILE holding one (placeholders {{type}} {{code}} {{title}} {{detail}} {{status}} {{retry}})"},
+		{name: "problem-type-base", placeholder: "URI", value: stringValue{&p.ProblemTypeBase}, field: "ProblemTypeBase", usage: "base of the type URIs of error bodies: each is the base followed by the kind's name (key-mismatch, in-progress, ...; see docs/problems.md), e.g. https://docs.example.com/errors#"},
+		{name: "wait", placeholder: "DURATION", value: durationValue{&p.Wait}, field: "Wait", usage: "how long a retry waits for the first request to finish before 409 (0: answer 409 at once; with --error-body stripe the default is --lease)"},
+	}...)
+	c.defs = append(append(append(c.defs, c.store.waitFlags()...), c.store.proxyFlags()...), []flagDef{
+		{name: "fail-open", value: boolValue{&p.FailOpen}, usage: "when the store is unreachable, forward requests unprotected instead of answering 503"},
+		{name: "body-timeout", placeholder: "DURATION", value: boundDuration{&p.BodyTimeout}, usage: "how long a request's body may take to arrive, from its header (then 408, or a cut-off upstream request if not covered; 0: no limit)"},
+		{name: "max-concurrent", placeholder: "N", value: boundInt{&p.MaxConcurrent}, usage: "requests handled at once; more get 503 with Retry-After (0: no limit)"},
+		{name: "max-body-memory", placeholder: "SIZE", value: sizeValue[int64]{&p.MaxBodyMemory}, usage: "memory for the bodies of covered requests held at once, beyond the first 16KiB of each (a body that would go over it: 503 with Retry-After)"},
+		{name: "upstream-timeout", placeholder: "DURATION", value: boundDuration{&p.UpstreamTimeout}, usage: "how long to wait for the upstream's response header (0: no limit); then 504"},
+		{name: "shutdown-timeout", placeholder: "DURATION", value: durationValue{&c.shutdownTimeout}, usage: "how long a shutdown waits for requests in flight before it closes their connections"},
+		{name: "write-timeout", placeholder: "DURATION", value: boundDuration{&p.WriteTimeout}, usage: "how long a client may take to receive a response, from its first byte (0: no limit; text/event-stream responses have none)"},
+		{name: "stream-all", value: boolValue{&p.StreamAll}, usage: "send every response as the upstream sends it, end included, and store it afterwards (a client may then be told a success that was not recorded)"},
+		{name: "admin-listen", placeholder: "ADDR", value: stringValue{&c.adminListen}, usage: "address for /metrics, /healthz and /readyz (empty: off)"},
+		{name: "log-format", placeholder: "FORMAT", value: stringValue{&c.logFormat}, usage: "log format: text or json"},
+		{name: "log-level", placeholder: "LEVEL", value: stringValue{&c.logLevel}, usage: "log level: debug, info, warn or error"},
+		{name: "check-upstream", value: boolValue{&c.checkUpstream}, usage: "refuse to start when the upstream does not accept TCP connections"},
+	}...)
+	c.defs = append(c.defs, c.tracing.flags()...)
+	fs.define(c.defs...)
 	return c
 }
-
-// validate checks the configuration without I/O and returns the upstream
-// URL.
-func (c *proxyConfig) validate() (*url.URL, error) {
-	if c.upstream == "" {
-		return nil, usagef("proxy: --upstream is required (the URL of the API behind the proxy, e.g. --upstream http://127.0.0.1:9000)")
-	}
-	u, err := url.Parse(c.upstream)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		if err == nil {
-			err = errors.New("want an http:// or https:// URL with a host")
-		}
-		return nil, urlFlagError("--upstream", c.upstream, err, "http")
-	}
-	if err := c.store.validate(); err != nil {
-		return nil, err
-	}
-	if _, _, err := net.SplitHostPort(c.listen); err != nil {
-		return nil, usagef("invalid --listen %q: want host:port", c.listen)
-	}
-	if c.adminListen != "" {
-		if _, _, err := net.SplitHostPort(c.adminListen); err != nil {
-			return nil, usagef("invalid --admin-listen %q: want host:port", c.adminListen)
-		}
-	}
-	switch {
-	case c.lease < time.Millisecond:
-		return nil, usagef("--lease %v is too short", c.lease)
-	case c.retention < c.lease:
-		return nil, usagef("--retention %v is shorter than --lease %v", c.retention, c.lease)
-	case c.maxResponse > maxResponseLimit:
-		return nil, usagef("--max-response %s is over the limit of 1GiB", formatSize(c.maxResponse))
-	case c.maxConcurrent < 0:
-		return nil, usagef("--max-concurrent %d is negative", c.maxConcurrent)
-	case c.shutdownTimeout <= 0:
-		return nil, usagef("--shutdown-timeout must be positive")
-	case c.writeTimeout < 0:
-		return nil, usagef("--write-timeout must not be negative")
-	case c.logFormat != "text" && c.logFormat != "json":
-		return nil, usagef("invalid --log-format %q: want text or json", c.logFormat)
-	}
-	if u, err := url.Parse(c.typeBase); err != nil || u.Scheme == "" {
-		return nil, usagef("invalid --problem-type-base %q: want an absolute URI, e.g. https://docs.example.com/errors#", c.typeBase)
-	}
-	if c.policy() == nil {
-		return nil, usagef("invalid --store-policy %q: want default, release-5xx or only-2xx", c.storePolicy)
-	}
-	if c.scopeHeader != "" && !validToken(c.scopeHeader) {
-		return nil, usagef("invalid --scope-header %q: not a header name", c.scopeHeader)
-	}
-	if c.fenceHeader != "" && !validToken(c.fenceHeader) {
-		return nil, usagef("invalid --fence-header %q: not a header name", c.fenceHeader)
-	}
-	for _, m := range c.methods {
-		if !validToken(m) {
-			return nil, usagef("invalid method %q in --methods", m)
-		}
-	}
-	if _, err := parseLevel(c.logLevel); err != nil {
-		return nil, err
-	}
-	if err := c.tracing.validate(); err != nil {
-		return nil, err
-	}
-	return u, nil
-}
-
-// Defaults of the resource bounds: with them, 1,000 slow uploads hold
-// the proxy under 150 MB (RELIABILITY.md, "slow uploads").
-const (
-	defaultBodyTimeout   = 30 * time.Second
-	defaultMaxConcurrent = 1024
-	defaultMaxBodyMemory = 32 << 20
-)
 
 // maxResponseLimit is the largest --max-response. Stored responses are
 // read with room for it and their head whatever --max-response says now
@@ -268,6 +191,63 @@ const (
 	maxResponseLimit = 1 << 30
 	readLimit        = maxResponseLimit + 1<<20
 )
+
+// validate checks the configuration without I/O, and sets the Proxy's
+// Target.
+func (c *proxyConfig) validate() error {
+	if c.upstream == "" {
+		return usagef("proxy: --upstream is required (the URL of the API behind the proxy, e.g. --upstream http://127.0.0.1:9000)")
+	}
+	u, err := url.Parse(c.upstream)
+	if err != nil {
+		return urlFlagError("--upstream", c.upstream, err, "http")
+	}
+	c.proxy.Target = u
+	if err := c.proxy.Check(); err != nil {
+		return c.fieldError(err)
+	}
+	_, levelErr := parseLevel(c.logLevel)
+	return firstError(
+		c.store.validate(),
+		checkAddr("--listen", c.listen),
+		checkAddr("--admin-listen", c.adminListen),
+		check(c.lease < time.Millisecond, "--lease %v is too short", c.lease),
+		check(c.retention < c.lease, "--retention %v is shorter than --lease %v", c.retention, c.lease),
+		check(c.proxy.MaxResponseSize > maxResponseLimit, "--max-response %s is over the limit of 1GiB", formatSize(int64(c.proxy.MaxResponseSize))),
+		check(c.shutdownTimeout <= 0, "--shutdown-timeout must be positive"),
+		check(c.logFormat != "text" && c.logFormat != "json", "invalid --log-format %q: want text or json", c.logFormat),
+		check(c.policy() == nil, "invalid --store-policy %q: want default, release-5xx or only-2xx", c.storePolicy),
+		check(c.proxy.ProblemTypeBase == "", "invalid --problem-type-base \"\": want an absolute URI, e.g. https://docs.example.com/errors#"),
+		levelErr,
+		c.tracing.validate(),
+	)
+}
+
+// checkAddr checks the host:port of an address flag ("" is off).
+func checkAddr(flag, addr string) error {
+	if _, _, err := net.SplitHostPort(addr); addr != "" && err != nil {
+		return usagef("invalid %s %q: want host:port", flag, addr)
+	}
+	return nil
+}
+
+// fieldError returns an error of the Proxy's Check or Init as the usage
+// error of the flag that sets the field.
+func (c *proxyConfig) fieldError(err error) error {
+	var fe *idemproxy.FieldError
+	if errors.As(err, &fe) {
+		for _, d := range c.defs {
+			switch {
+			case d.field != fe.Field:
+			case d.secret == urlSecret:
+				return urlFlagError("--"+d.name, d.value.String(), errors.New(fe.Reason), "http")
+			default:
+				return usagef("--%s: %s", d.name, fe.Reason)
+			}
+		}
+	}
+	return usagef("%v", err)
+}
 
 // errorHandler returns the ErrorHandler that --error-body asks for,
 // reading the template file of @FILE.
@@ -308,7 +288,17 @@ func (c *proxyConfig) waitFor() time.Duration {
 	if !c.waitSet && strings.TrimSpace(c.errorBody) == "stripe" {
 		return c.lease
 	}
-	return c.wait
+	return c.proxy.Wait
+}
+
+// storePolicies are the values of --store-policy.
+var storePolicies = []struct {
+	name   string
+	policy idemhttp.Policy
+}{
+	{"default", idemhttp.DefaultPolicy},
+	{"release-5xx", idemhttp.ReleaseServerErrors},
+	{"only-2xx", idemhttp.StoreSuccessOnly},
 }
 
 // policy returns the Policy that --store-policy names, nil if none.
@@ -319,20 +309,6 @@ func (c *proxyConfig) policy() idemhttp.Policy {
 		}
 	}
 	return nil
-}
-
-func validToken(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0 {
-			continue
-		}
-		return false
-	}
-	return true
 }
 
 func parseLevel(s string) (slog.Level, error) {
@@ -371,23 +347,10 @@ func checkReachable(ctx context.Context, u *url.URL) error {
 	return nil
 }
 
-func newTransport(timeout time.Duration) *http.Transport {
-	return &http.Transport{
-		Proxy:                 http.ProxyFromEnvironment,
-		DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		ForceAttemptHTTP2:     true,
-		MaxIdleConns:          1024,
-		MaxIdleConnsPerHost:   1024, // the default of 2 would open a connection per request under load
-		IdleConnTimeout:       90 * time.Second,
-		TLSHandshakeTimeout:   10 * time.Second,
-		ResponseHeaderTimeout: timeout,
-		ExpectContinueTimeout: time.Second,
-	}
-}
-
+// runProxy runs `idem proxy`: build, serve until ctx is done, drain. The
+// store and the tracing close in its defers, after the drain.
 func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
-	target, err := c.validate()
-	if err != nil {
+	if err := c.validate(); err != nil {
 		return err
 	}
 	errorHandler, err := c.errorHandler()
@@ -397,206 +360,194 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 	log := hidingLogger(newLogger(e, c.logFormat, c.logLevel), e.hider)
 	redisLog.l.Store(log)
 	if c.checkUpstream {
-		if err := checkReachable(ctx, target); err != nil {
+		if err := checkReachable(ctx, c.proxy.Target); err != nil {
 			return err
 		}
 	}
 	c.store.logger = log
-	opened, err := c.store.open(ctx, true)
+	st, err := c.store.open(ctx, true)
 	if err != nil {
 		return err
 	}
-	storeClosed := false
-	closeStore := func() {
-		if !storeClosed {
-			storeClosed = true
-			if err := opened.close(); err != nil {
-				log.Error("closing the store", "store", opened.describe, "error", err)
-			}
-		}
+	defer closeStore(st, log)
+	tr, err := c.tracing.start(ctx, log, e.getenv)
+	if err != nil {
+		return err
 	}
-	defer closeStore()
+	defer tr.shutdown(log)
+	s, err := c.build(st, tr, errorHandler, log)
+	if err != nil {
+		return err
+	}
+	if err := s.serve(ctx); err != nil {
+		return err
+	}
+	s.drain(c.shutdownTimeout)
+	return nil
+}
 
-	obs := newObserver()
-	store := opened.store
-	var tr *tracing
-	shutdownTracing := func() {}
-	if c.tracing.endpoint != "" {
-		tr, err = c.tracing.start(ctx, log, e.getenv)
-		if err != nil {
-			return err
-		}
-		tracingStopped := false
-		stopTracing := func() {
-			if !tracingStopped {
-				tracingStopped = true
-				if err := tr.shutdown(); err != nil {
-					log.Warn("tracing: flushing the last spans failed", "error", err)
-				}
-			}
-		}
-		defer stopTracing()
-		shutdownTracing = stopTracing
-		obs.traced = true
-		// Under the metrics decorator: the spans time the store alone.
-		// Both keep idem.Watcher.
-		store = tr.store(store)
+func closeStore(st *openedStore, log *slog.Logger) {
+	if err := st.close(); err != nil {
+		log.Error("closing the store", "store", st.describe, "error", err)
 	}
-	exec, err := idem.New(obs.instrument(store),
+}
+
+// proxyServer is a built proxy: its servers, listening.
+type proxyServer struct {
+	proxy   *idemproxy.Proxy
+	log     *slog.Logger
+	srv     *http.Server
+	ln      net.Listener
+	admin   *http.Server // nil without --admin-listen
+	adminLn net.Listener
+	started []any // the attributes of the start's log line
+}
+
+// build makes the Executor, the Proxy, its metrics and its servers, and
+// opens their listeners.
+func (c *proxyConfig) build(st *openedStore, tr *tracing, errorHandler idemhttp.ErrorHandler, log *slog.Logger) (*proxyServer, error) {
+	reg, execMetrics := newRegistry(st.store)
+	exec, err := idem.New(tr.store(st.store),
 		idem.WithLease(c.lease), idem.WithRetention(c.retention), idem.WithMaxResultSize(readLimit),
-		idem.WithObserver(obs.exec.Observe))
+		idem.WithObserver(execMetrics.Observe))
 	if err != nil {
-		return usagef("%v", err)
+		return nil, usagef("%v", err)
 	}
-	// The store's gauges (records by state, memory), where it counts them.
-	if sc, err := prometheusidem.NewStoreCollector(store); err == nil {
-		obs.reg.MustRegister(sc)
-	}
-	opts := []idemhttp.Option{
-		idemhttp.WithMethods(c.methods...),
-		idemhttp.WithKeyRequired(c.requireKey),
-		idemhttp.WithMaxBodySize(c.maxBody),
-		idemhttp.WithMaxResponseSize(int(c.maxResponse)),
-		idemhttp.WithMaxBufferedBodies(c.maxBodyMemory),
-		idemhttp.WithWait(c.waitFor()),
-		idemhttp.WithFailOpen(c.failOpen),
-		idemhttp.WithLogger(log),
-		idemhttp.WithHook(obs.hook),
-		idemhttp.WithPolicy(proxyPolicy(c.policy())),
-		idemhttp.WithErrorHandler(errorHandler),
-		idemhttp.WithProblemTypeBase(c.typeBase),
-		// ReverseProxy flushes every response of unknown length (chunked):
-		// only text/event-stream and bodies over --max-response stream;
-		// the rest is stored before it is sent.
-		idemhttp.WithStreamOnFlush(false),
-		idemhttp.WithStreamAll(c.streamAll),
-	}
-	if c.scopeHeader != "" {
-		name := http.CanonicalHeaderKey(c.scopeHeader)
-		opts = append(opts, idemhttp.WithPrincipal(func(r *http.Request) string {
-			if v := r.Header[name]; len(v) > 0 {
-				return v[0]
-			}
-			return ""
-		}), idemhttp.WithEmptyPrincipal(c.anonymousScope))
-	}
-	mw, err := idemhttp.New(exec, opts...)
+	p := &c.proxy
+	p.Executor, p.Logger, p.ErrorHandler, p.Policy, p.Wait = exec, log, errorHandler, c.policy(), c.waitFor()
+	metrics, err := prometheusidem.NewProxyMetrics(p.InFlight)
 	if err != nil {
-		return usagef("%v", err)
+		return nil, err
 	}
-	gw := newGateway(target, newTransport(c.upstreamTimeout), mw, c.methods, c.lease, obs, log)
-	gw.tracing = tr
-	gw.writeTimeout = c.writeTimeout
-	gw.bodyTimeout, gw.maxActive = c.bodyTimeout, int64(c.maxConcurrent)
-	if c.fenceHeader != "" {
-		gw.fenceHeader = http.CanonicalHeaderKey(c.fenceHeader)
+	reg.MustRegister(metrics)
+	p.Observer = metrics.Observe
+	handler := tr.handler(p)
+	if err := p.Init(); err != nil {
+		return nil, c.fieldError(err)
 	}
-
-	ln, err := net.Listen("tcp", c.listen)
-	if err != nil {
-		return fmt.Errorf("cannot listen on %s: %v", c.listen, cause(err))
-	}
-	srv := &http.Server{
-		Handler:           gw,
+	s := &proxyServer{proxy: p, log: log, srv: &http.Server{
+		Handler:           handler,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}}
+	if s.ln, err = net.Listen("tcp", c.listen); err != nil {
+		return nil, fmt.Errorf("cannot listen on %s: %v", c.listen, cause(err))
 	}
-	var draining atomic.Bool
-	var admin *http.Server
-	var adminLn net.Listener
+	s.started = []any{"listen", s.ln.Addr().String(), "upstream", redactURL(p.Target.String()), "store", st.describe,
+		"methods", strings.Join(p.Methods, ","), "lease", formatDuration(c.lease), "retention", formatDuration(c.retention)}
 	if c.adminListen != "" {
-		adminLn, err = net.Listen("tcp", c.adminListen)
-		if err != nil {
-			ln.Close()
-			return fmt.Errorf("cannot listen on %s (--admin-listen): %v", c.adminListen, cause(err))
+		if s.adminLn, err = net.Listen("tcp", c.adminListen); err != nil {
+			s.ln.Close()
+			return nil, fmt.Errorf("cannot listen on %s (--admin-listen): %v", c.adminListen, cause(err))
 		}
-		admin = &http.Server{Handler: adminHandler(obs, opened, &draining), ReadHeaderTimeout: 10 * time.Second}
-		go admin.Serve(adminLn)
-	}
-
-	attrs := []any{"listen", ln.Addr().String(), "upstream", redactURL(target.String()), "store", opened.describe,
-		"methods", strings.Join(c.methods, ","), "lease", formatDuration(c.lease), "retention", formatDuration(c.retention)}
-	if adminLn != nil {
-		attrs = append(attrs, "admin", adminLn.Addr().String())
+		s.admin = &http.Server{Handler: adminHandler(reg, p), ReadHeaderTimeout: 10 * time.Second}
+		s.started = append(s.started, "admin", s.adminLn.Addr().String())
 	}
 	if tr != nil {
 		u, _ := c.tracing.exportURL()
-		attrs = append(attrs, "otel_endpoint", redactURL(u))
+		s.started = append(s.started, "otel_endpoint", redactURL(u))
 	}
-	log.Info("idem proxy started", attrs...)
+	return s, nil
+}
 
+// newRegistry returns the registry of /metrics with the Executor's
+// outcomes (returned, for its observer), the store's gauges where it
+// counts its records, the Go runtime's and the process's, and the
+// binary's version.
+func newRegistry(store idem.Store) (*prometheus.Registry, *prometheusidem.Metrics) {
+	reg := prometheus.NewRegistry()
+	exec, err := prometheusidem.New(prometheusidem.WithScopeKinds("http"))
+	if err != nil {
+		panic(err) // the options are fixed
+	}
+	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_build_info", Help: "The idem binary's version."}, []string{"version", "goversion"})
+	build.WithLabelValues(version(), runtime.Version()).Set(1)
+	reg.MustRegister(exec, build, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if sc, err := prometheusidem.NewStoreCollector(store); err == nil {
+		reg.MustRegister(sc)
+	}
+	return reg, exec
+}
+
+// serve serves until ctx is done, or the server fails.
+func (s *proxyServer) serve(ctx context.Context) error {
+	if s.admin != nil {
+		go s.admin.Serve(s.adminLn)
+	}
+	s.log.Info("idem proxy started", s.started...)
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(ln) }()
+	go func() { serveErr <- s.srv.Serve(s.ln) }()
 	select {
 	case err := <-serveErr:
-		return fmt.Errorf("serving on %s: %v", c.listen, err)
+		return fmt.Errorf("serving on %s: %v", s.ln.Addr(), err)
 	case <-ctx.Done():
+		return nil
 	}
+}
 
-	log.Info("idem proxy shutting down: finishing requests in flight", "in_flight", obs.inFlight.Load(), "timeout", formatDuration(c.shutdownTimeout))
-	draining.Store(true)
-	sctx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
+// drain stops the servers: the requests in flight finish and their
+// responses are stored, for up to timeout; then the connections of those
+// still running (slow readers) are closed, and their handlers get another
+// timeout to store what the upstream answered.
+func (s *proxyServer) drain(timeout time.Duration) {
+	s.log.Info("idem proxy shutting down: finishing requests in flight", "in_flight", s.proxy.InFlight(), "timeout", formatDuration(timeout))
+	dctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	drained := make(chan error, 1)
+	go func() { drained <- s.proxy.Drain(dctx) }() // /readyz answers 503 from now on
+	sctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	clean := true
-	if err := srv.Shutdown(sctx); err != nil {
-		clean = false
+	err := s.srv.Shutdown(sctx)
+	if err != nil {
 		// Clients still being sent a response (slow readers) lose their
 		// connection. The handlers go on: a response held for storing was
 		// stored already; the rest of one being streamed is read from the
 		// upstream, and its key stored or failed, before the store closes.
-		log.Warn("requests still in flight after the shutdown timeout; closing their connections and storing what the upstream answered",
-			"in_flight", obs.inFlight.Load(), "error", err)
-		srv.Close()
-		if !gw.drain(c.shutdownTimeout) {
-			log.Error("requests still in flight after closing their connections; their keys stay in progress until their leases end",
-				"in_flight", obs.inFlight.Load())
+		s.log.Warn("requests still in flight after the shutdown timeout; closing their connections and storing what the upstream answered",
+			"in_flight", s.proxy.InFlight(), "error", err)
+		s.srv.Close()
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		select {
+		case <-drained:
+		case <-t.C:
+			s.log.Error("requests still in flight after closing their connections; their keys stay in progress until their leases end",
+				"in_flight", s.proxy.InFlight())
 		}
 	}
-	if admin != nil {
+	if s.admin != nil {
 		actx, acancel := context.WithTimeout(context.Background(), time.Second)
-		_ = admin.Shutdown(actx)
+		_ = s.admin.Shutdown(actx)
 		acancel()
 	}
-	shutdownTracing()
-	closeStore()
-	log.Info("idem proxy stopped", "clean", clean)
-	return nil
+	s.log.Info("idem proxy stopped", "clean", err == nil)
 }
 
 // adminHandler serves /metrics, /healthz (the process runs) and /readyz
-// (the store answers, its last check found it fit, and the proxy is not
-// shutting down).
-func adminHandler(obs *observer, opened *openedStore, draining *atomic.Bool) http.Handler {
-	store := opened.store
+// (idemproxy.Proxy.Ready: the store answers, its last check found it fit,
+// and the proxy is not shutting down).
+func adminHandler(reg *prometheus.Registry, p *idemproxy.Proxy) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", obs.handler())
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		if draining.Load() {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			fmt.Fprintln(w, "not ready: shutting down")
-			return
-		}
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
-		if _, err := store.Get(ctx, readyProbeKey); err != nil && !errors.Is(err, idem.ErrNotFound) {
+		switch err := p.Ready(ctx); {
+		case err == nil:
+			fmt.Fprintln(w, "ready")
+		case errors.Is(err, idemproxy.ErrDraining):
 			w.WriteHeader(http.StatusServiceUnavailable)
-			fmt.Fprintf(w, "not ready: store: %v\n", err)
-			return
+			fmt.Fprintln(w, "not ready: shutting down")
+		default:
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintf(w, "not ready: %v\n", storeError(err))
 		}
-		if opened.health != nil {
-			if err := opened.health(); err != nil {
-				w.WriteHeader(http.StatusServiceUnavailable)
-				fmt.Fprintf(w, "not ready: %v\n", storeError(err))
-				return
-			}
-		}
-		fmt.Fprintln(w, "ready")
 	})
 	return mux
 }

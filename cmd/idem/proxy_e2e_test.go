@@ -90,7 +90,6 @@ func TestProxyBasics(t *testing.T) {
 				`idem_requests_total{outcome="rejected"}`:      1,
 				`idem_passthrough_requests_total`:              2,
 				`idem_overhead_seconds_count`:                  3,
-				`idem_store_acquire_total{outcome="acquired"}`: 3,
 				// The Executor's outcomes, through prometheusidem.
 				`idem_operations_total{outcome="executed",scope_kind="http"}`:                 3,
 				`idem_operations_total{outcome="mismatch",scope_kind="http"}`:                 1,
@@ -241,7 +240,7 @@ func TestProxyUpstreamTimeout(t *testing.T) {
 		if got := p.metric(`idem_requests_total{outcome="abandoned"}`); got != 1 {
 			t.Errorf("abandoned: got %v, want 1", got)
 		}
-		if got := p.metric(`idem_takeovers_total`); got != 1 {
+		if got := p.metric(`idem_operation_takeovers_total{scope_kind="http"}`); got != 1 {
 			t.Errorf("takeovers: got %v, want 1", got)
 		}
 	})

@@ -63,73 +63,68 @@ const (
 	defaultWaitTimeout = 500 * time.Millisecond
 )
 
-func (s *storeFlags) register(fs *flagSet) {
-	fs.URL(&s.redisURL, "redis", "URL", "", "Redis server for the records, e.g. redis://:password@host:6379/0 (rediss:// for TLS); several proxies may share it")
-	fs.URL(&s.cluster, "redis-cluster", "ADDRS", "", "Redis Cluster for the records: host:port,host:port,... or a redis:// URL with addr= parameters")
-	fs.String(&s.sentinel, "redis-sentinel", "NAME@ADDRS", "", "Redis behind Sentinels: the primary's name and the Sentinels, e.g. mymaster@10.0.0.1:26379,10.0.0.2:26379,10.0.0.3:26379")
-	fs.String(&s.username, "redis-username", "USER", "", "ACL user for --redis-sentinel and --redis-cluster (with --redis, put it in the URL)")
-	fs.Password(&s.password, "redis-password", "PASSWORD", "", "password for --redis-sentinel and --redis-cluster (with --redis, put it in the URL); prefer the environment variable")
-	fs.Password(&s.sentinelPW, "redis-sentinel-password", "PASSWORD", "", "password of the Sentinels themselves (requirepass of redis-server --sentinel)")
-	fs.String(&s.prefix, "redis-prefix", "PREFIX", redisstore.DefaultPrefix, "prefix of the record keys in Redis")
-	fs.String(&s.data, "data", "DIR", defaultDataDir, "directory of the embedded store (files DIR/"+dataFile+" and DIR/"+dataFile+".log), used when no Redis is given")
-	fs.URL(&s.postgres, "postgres", "URL", "", "PostgreSQL for the records (pgstore), e.g. postgres://user:password@host:5432/db; its tables go in the first schema of the search_path")
+// flags returns the flags that choose the store, for every command that
+// opens one.
+func (s *storeFlags) flags() []flagDef {
+	s.prefix, s.data = redisstore.DefaultPrefix, defaultDataDir
+	return []flagDef{
+		{name: "redis", placeholder: "URL", value: stringValue{&s.redisURL}, secret: urlSecret, usage: "Redis server for the records, e.g. redis://:password@host:6379/0 (rediss:// for TLS); several proxies may share it"},
+		{name: "redis-cluster", placeholder: "ADDRS", value: stringValue{&s.cluster}, secret: urlSecret, usage: "Redis Cluster for the records: host:port,host:port,... or a redis:// URL with addr= parameters"},
+		{name: "redis-sentinel", placeholder: "NAME@ADDRS", value: stringValue{&s.sentinel}, usage: "Redis behind Sentinels: the primary's name and the Sentinels, e.g. mymaster@10.0.0.1:26379,10.0.0.2:26379,10.0.0.3:26379"},
+		{name: "redis-username", placeholder: "USER", value: stringValue{&s.username}, usage: "ACL user for --redis-sentinel and --redis-cluster (with --redis, put it in the URL)"},
+		{name: "redis-password", placeholder: "PASSWORD", value: stringValue{&s.password}, secret: fullSecret, usage: "password for --redis-sentinel and --redis-cluster (with --redis, put it in the URL); prefer the environment variable"},
+		{name: "redis-sentinel-password", placeholder: "PASSWORD", value: stringValue{&s.sentinelPW}, secret: fullSecret, usage: "password of the Sentinels themselves (requirepass of redis-server --sentinel)"},
+		{name: "redis-prefix", placeholder: "PREFIX", value: stringValue{&s.prefix}, usage: "prefix of the record keys in Redis"},
+		{name: "data", placeholder: "DIR", value: stringValue{&s.data}, usage: "directory of the embedded store (files DIR/" + dataFile + " and DIR/" + dataFile + ".log), used when no Redis is given"},
+		{name: "postgres", placeholder: "URL", value: stringValue{&s.postgres}, secret: urlSecret, usage: "PostgreSQL for the records (pgstore), e.g. postgres://user:password@host:5432/db; its tables go in the first schema of the search_path"},
+	}
 }
 
-// registerWait registers --wait-replicas and --wait-replicas-timeout (the
-// proxy's; doctor has a --wait-replicas of its own, which checks).
-func (s *storeFlags) registerWait(fs *flagSet) {
+// waitFlags are --wait-replicas and --wait-replicas-timeout (the proxy's;
+// doctor has a --wait-replicas of its own, which checks).
+func (s *storeFlags) waitFlags() []flagDef {
 	s.waitTimeout = defaultWaitTimeout
-	fs.Int(&s.waitReplicas, "wait-replicas", "N", 0, "after each acquire and complete, wait until N Redis replicas have the write (WAIT); when fewer confirm within --wait-replicas-timeout, the request gets 503 and is not reported done (0: do not wait)")
-	fs.Var(durationValue{&s.waitTimeout}, "wait-replicas-timeout", "DURATION", "how long --wait-replicas waits for the replicas")
+	return []flagDef{
+		{name: "wait-replicas", placeholder: "N", value: intValue{&s.waitReplicas}, usage: "after each acquire and complete, wait until N Redis replicas have the write (WAIT); when fewer confirm within --wait-replicas-timeout, the request gets 503 and is not reported done (0: do not wait)"},
+		{name: "wait-replicas-timeout", placeholder: "DURATION", value: durationValue{&s.waitTimeout}, usage: "how long --wait-replicas waits for the replicas"},
+	}
 }
 
 // defaultCheckInterval is --redis-check-interval's default.
 const defaultCheckInterval = 10 * time.Second
 
-// registerCheck registers --redis-check-interval (the proxy's).
-func (s *storeFlags) registerCheck(fs *flagSet) {
+// proxyFlags are the proxy's other store flags.
+func (s *storeFlags) proxyFlags() []flagDef {
 	s.checkInterval = defaultCheckInterval
-	fs.Var(durationValue{&s.checkInterval}, "redis-check-interval", "DURATION", "how often the proxy checks its Redis servers again while it runs, as at start (maxmemory-policy noeviction unless --allow-eviction, the version); while one fails, /readyz answers 503 and each check logs an error that names the fix (0: at start only)")
+	return []flagDef{
+		{name: "allow-eviction", value: boolValue{&s.allowEviction}, usage: "start on a Redis whose maxmemory-policy is not noeviction (it may evict records: retried requests then run again)"},
+		{name: "redis-check-interval", placeholder: "DURATION", value: durationValue{&s.checkInterval}, usage: "how often the proxy checks its Redis servers again while it runs, as at start (maxmemory-policy noeviction unless --allow-eviction, the version); while one fails, /readyz answers 503 and each check logs an error that names the fix (0: at start only)"},
+	}
 }
 
 // validate checks the flags without I/O.
 func (s *storeFlags) validate() error {
-	if s.checkInterval < 0 {
-		return usagef("--redis-check-interval %v is negative", s.checkInterval)
-	}
-	if s.waitReplicas < 0 {
-		return usagef("--wait-replicas %d is negative", s.waitReplicas)
-	}
-	if s.waitReplicas > 0 && !s.redis() {
-		return usagef("--wait-replicas needs a Redis store (--redis, --redis-cluster or --redis-sentinel)")
-	}
-	if s.waitReplicas > 0 && s.waitTimeout <= 0 {
-		return usagef("--wait-replicas-timeout %v must be positive", s.waitTimeout)
-	}
-	given := 0
-	for _, v := range []string{s.redisURL, s.cluster, s.sentinel} {
-		if v != "" {
-			given++
-		}
-	}
-	if given > 1 {
-		return usagef("--redis, --redis-cluster and --redis-sentinel exclude each other; give one")
-	}
-	if s.redisURL != "" && (s.username != "" || s.password != "") {
-		return usagef("--redis-username and --redis-password go with --redis-sentinel or --redis-cluster; with --redis, put them in the URL (redis://user:password@host:port)")
-	}
-	if s.sentinelPW != "" && s.sentinel == "" {
-		return usagef("--redis-sentinel-password needs --redis-sentinel")
-	}
+	return firstError(
+		check(s.waitReplicas > 0 && !s.redis(), "--wait-replicas needs a Redis store (--redis, --redis-cluster or --redis-sentinel)"),
+		check(s.waitReplicas > 0 && s.waitTimeout <= 0, "--wait-replicas-timeout %v must be positive", s.waitTimeout),
+		check(countSet(s.redisURL, s.cluster, s.sentinel) > 1, "--redis, --redis-cluster and --redis-sentinel exclude each other; give one"),
+		check(s.redisURL != "" && (s.username != "" || s.password != ""), "--redis-username and --redis-password go with --redis-sentinel or --redis-cluster; with --redis, put them in the URL (redis://user:password@host:port)"),
+		check(s.sentinelPW != "" && s.sentinel == "", "--redis-sentinel-password needs --redis-sentinel"),
+		check(s.postgres != "" && !s.hybrid && s.redis(), "--postgres and --redis exclude each other; give one store"),
+		check(strings.ContainsAny(s.prefix, "{}"), "invalid --redis-prefix %q: it must not contain { or }", s.prefix),
+		check(!s.redis() && s.data == "", "--data is empty; give a directory for the embedded store"),
+		s.validateURLs(),
+	)
+}
+
+// validateURLs parses the flags that hold URLs or addresses.
+func (s *storeFlags) validateURLs() error {
 	if s.sentinel != "" {
 		if _, err := s.sentinelOptions(); err != nil {
 			return err
 		}
 	}
 	if s.postgres != "" {
-		if !s.hybrid && s.redis() {
-			return usagef("--postgres and --redis exclude each other; give one store")
-		}
 		if _, err := pgxpool.ParseConfig(s.postgres); err != nil {
 			return urlFlagError("--postgres", s.postgres, err, "postgres")
 		}
@@ -144,13 +139,18 @@ func (s *storeFlags) validate() error {
 			return err
 		}
 	}
-	if strings.ContainsAny(s.prefix, "{}") {
-		return usagef("invalid --redis-prefix %q: it must not contain { or }", s.prefix)
-	}
-	if !s.redis() && s.data == "" {
-		return usagef("--data is empty; give a directory for the embedded store")
-	}
 	return nil
+}
+
+// countSet returns how many of vs are not empty.
+func countSet(vs ...string) int {
+	n := 0
+	for _, v := range vs {
+		if v != "" {
+			n++
+		}
+	}
+	return n
 }
 
 func (s *storeFlags) clusterOptions() (*redis.ClusterOptions, error) {

@@ -8,20 +8,21 @@ import (
 	"net/url"
 	"time"
 
-	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/otelidem"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/cmd/idem/internal/otlp"
+	"github.com/idemgo/idem/idemproxy"
+	"github.com/idemgo/idem/otelidem"
 )
 
 // tracingFlags turn on OpenTelemetry tracing: a server span per proxied
-// request and a client span per store call (otelidem), exported over
-// OTLP/HTTP. Off by default.
+// request (otelidem.ProxyTracer) and a client span per store call
+// (otelidem.Store), exported over OTLP/HTTP. Off by default.
 type tracingFlags struct {
 	endpoint    string
 	serviceName string
@@ -34,9 +35,13 @@ const tracesPath = "/v1/traces"
 // the proxy exits.
 const tracingShutdownTimeout = 5 * time.Second
 
-func (t *tracingFlags) register(fs *flagSet) {
-	fs.URL(&t.endpoint, "otel-endpoint", "URL", "", "send OpenTelemetry traces over OTLP/HTTP to this collector, e.g. http://127.0.0.1:4318 (spans go to "+tracesPath+" unless the URL has a path; empty: tracing off)")
-	fs.String(&t.serviceName, "otel-service-name", "NAME", "idem", "service.name of the traces sent to --otel-endpoint")
+func (t *tracingFlags) flags() []flagDef {
+	t.serviceName = "idem"
+	return []flagDef{
+		{name: "otel-endpoint", placeholder: "URL", value: stringValue{&t.endpoint}, secret: urlSecret,
+			usage: "send OpenTelemetry traces over OTLP/HTTP to this collector, e.g. http://127.0.0.1:4318 (spans go to " + tracesPath + " unless the URL has a path; empty: tracing off)"},
+		{name: "otel-service-name", placeholder: "NAME", value: stringValue{&t.serviceName}, usage: "service.name of the traces sent to --otel-endpoint"},
+	}
 }
 
 // validate checks the flags without I/O.
@@ -69,22 +74,25 @@ func (t *tracingFlags) exportURL() (string, error) {
 	return u.String(), nil
 }
 
-// tracing is the proxy's tracing when --otel-endpoint is set.
+// tracing is the proxy's tracing when --otel-endpoint is set; its methods
+// do nothing on nil (tracing off).
 type tracing struct {
-	tp     *sdktrace.TracerProvider
-	tracer trace.Tracer
-	prop   propagation.TextMapPropagator
+	tp    *sdktrace.TracerProvider
+	proxy *otelidem.ProxyTracer
 }
 
-// startTracing sets up the exporter and the tracer provider. Nothing is
-// sent until the first batch of spans: an unreachable collector is
-// reported in the log, and the proxy serves on.
+// start sets up the exporter and the tracer provider, or returns nil when
+// tracing is off. Nothing is sent until the first batch of spans: an
+// unreachable collector is reported in the log, and the proxy serves on.
 func (t *tracingFlags) start(ctx context.Context, log *slog.Logger, getenv func(string) string) (*tracing, error) {
+	if t.endpoint == "" {
+		return nil, nil
+	}
 	u, err := t.exportURL()
 	if err != nil {
 		return nil, err
 	}
-	exp, err := newOTLPExporter(u, getenv)
+	exp, err := otlp.New(u, getenv, "idem/"+version())
 	if err != nil {
 		return nil, usagef("--otel-endpoint: %v", err)
 	}
@@ -103,89 +111,45 @@ func (t *tracingFlags) start(ctx context.Context, log *slog.Logger, getenv func(
 		log.Warn("tracing: exporting spans failed", "endpoint", redactURL(u), "error", err)
 	}))
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
-	prop := propagation.TraceContext{}
 	otel.SetTracerProvider(tp)
-	otel.SetTextMapPropagator(prop)
-	return &tracing{tp: tp, tracer: tp.Tracer("github.com/idemgo/idem/cmd/idem"), prop: prop}, nil
+	otel.SetTextMapPropagator(propagation.TraceContext{})
+	return &tracing{tp: tp, proxy: otelidem.NewProxyTracer(otelidem.WithTracerProvider(tp))}, nil
 }
 
 // store returns s with a span per call.
 func (tr *tracing) store(s idem.Store) idem.Store {
+	if tr == nil {
+		return s
+	}
 	return otelidem.Store(s, otelidem.WithTracerProvider(tr.tp))
 }
 
+// handler wires p to the tracer (the upstream gets the request's trace
+// context, its span the outcome) and returns p inside the server spans.
+func (tr *tracing) handler(p *idemproxy.Proxy) http.Handler {
+	if tr == nil {
+		return p
+	}
+	p.Rewrite = tr.proxy.Rewrite
+	if observe := p.Observer; observe != nil {
+		p.Observer = func(r *http.Request, ev idemproxy.Event) {
+			observe(r, ev)
+			tr.proxy.Observe(r, ev)
+		}
+	} else {
+		p.Observer = tr.proxy.Observe
+	}
+	return tr.proxy.Handler(p)
+}
+
 // shutdown flushes the spans still buffered and stops the exporter.
-func (tr *tracing) shutdown() error {
+func (tr *tracing) shutdown(log *slog.Logger) {
+	if tr == nil {
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), tracingShutdownTimeout)
 	defer cancel()
-	return tr.tp.Shutdown(ctx)
-}
-
-// Attributes of the proxy's server spans.
-const (
-	attrMethod  = attribute.Key("http.request.method")
-	attrPath    = attribute.Key("url.path")
-	attrStatus  = attribute.Key("http.response.status_code")
-	attrOutcome = attribute.Key("idem.outcome")
-)
-
-// startSpan starts the server span of a request, as a child of the
-// client's span if the request carries a W3C traceparent. The returned
-// writer records the status for end.
-func (tr *tracing) startSpan(w http.ResponseWriter, r *http.Request) (*statusWriter, *http.Request, trace.Span) {
-	ctx := tr.prop.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
-	ctx, span := tr.tracer.Start(ctx, "idem.proxy "+r.Method,
-		trace.WithSpanKind(trace.SpanKindServer),
-		trace.WithAttributes(attrMethod.String(r.Method), attrPath.String(r.URL.Path)))
-	return &statusWriter{ResponseWriter: w}, r.WithContext(ctx), span
-}
-
-// endSpan ends a request's server span. aborted says the response was cut
-// off (the handler panicked).
-func endSpan(span trace.Span, sw *statusWriter, aborted bool) {
-	status := sw.status
-	if status == 0 && !aborted {
-		status = http.StatusOK // nothing written: net/http sends 200
-	}
-	if status != 0 {
-		span.SetAttributes(attrStatus.Int(status))
-	}
-	switch {
-	case aborted:
-		span.SetStatus(codes.Error, "response aborted")
-	case status >= 500:
-		span.SetStatus(codes.Error, http.StatusText(status))
-	}
-	span.End()
-}
-
-// setOutcome records on the request's span what the idempotency layer did.
-func setOutcome(ctx context.Context, outcome string) {
-	if span := trace.SpanFromContext(ctx); span.IsRecording() {
-		span.SetAttributes(attrOutcome.String(outcome))
+	if err := tr.tp.Shutdown(ctx); err != nil {
+		log.Warn("tracing: flushing the last spans failed", "error", err)
 	}
 }
-
-// statusWriter records the status of a response. It keeps Unwrap, so that
-// http.ResponseController (flushes, the hijack of a protocol upgrade)
-// reaches the server's writer.
-type statusWriter struct {
-	http.ResponseWriter
-	status int
-}
-
-func (s *statusWriter) WriteHeader(code int) {
-	if s.status == 0 && code >= 200 {
-		s.status = code
-	}
-	s.ResponseWriter.WriteHeader(code)
-}
-
-func (s *statusWriter) Write(p []byte) (int, error) {
-	if s.status == 0 {
-		s.status = http.StatusOK
-	}
-	return s.ResponseWriter.Write(p)
-}
-
-func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }

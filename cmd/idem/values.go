@@ -7,6 +7,69 @@ import (
 	"time"
 )
 
+// The flag.Values of the flag tables. Each points at the variable it
+// sets: a field of idemproxy.Proxy, of the store's options, or of a
+// command's configuration. The value the variable holds when the flag is
+// defined is the flag's default.
+
+// stringValue sets a string.
+type stringValue struct{ p *string }
+
+func (v stringValue) String() string {
+	if v.p == nil {
+		return ""
+	}
+	return *v.p
+}
+
+func (v stringValue) Set(s string) error { *v.p = s; return nil }
+
+// boolValue sets a bool (a flag given without a value sets true).
+type boolValue struct{ p *bool }
+
+func (v boolValue) String() string     { return strconv.FormatBool(v.p != nil && *v.p) }
+func (v boolValue) IsBoolFlag() bool   { return true }
+func (v boolValue) Set(s string) error { return setBool(v.p, s, false) }
+
+// notValue sets the negation of a bool: --require-key=false sets
+// idemproxy.Proxy.KeyOptional.
+type notValue struct{ p *bool }
+
+func (v notValue) String() string     { return strconv.FormatBool(v.p == nil || !*v.p) }
+func (v notValue) IsBoolFlag() bool   { return true }
+func (v notValue) Set(s string) error { return setBool(v.p, s, true) }
+
+func setBool(p *bool, s string, negate bool) error {
+	b, err := strconv.ParseBool(s)
+	if err != nil {
+		return fmt.Errorf("not a boolean (true or false): %q", s)
+	}
+	*p = b != negate
+	return nil
+}
+
+// intValue sets an int that must not be negative.
+type intValue struct{ p *int }
+
+func (v intValue) String() string {
+	if v.p == nil {
+		return ""
+	}
+	return strconv.Itoa(*v.p)
+}
+
+func (v intValue) Set(s string) error {
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return fmt.Errorf("not an integer: %q", s)
+	}
+	if n < 0 {
+		return fmt.Errorf("%d is negative", n)
+	}
+	*v.p = n
+	return nil
+}
+
 // durationValue is a flag.Value for a time.Duration that reports why a
 // value is invalid (the flag package says only "parse error").
 type durationValue struct{ p *time.Duration }
@@ -43,9 +106,48 @@ func (v durationValue) Set(s string) error {
 	return nil
 }
 
+// boundDuration and boundInt set a bound of idemproxy.Proxy, whose zero
+// is the default and a negative value no bound: the flag's 0 means no
+// bound.
+type (
+	boundDuration struct{ p *time.Duration }
+	boundInt      struct{ p *int }
+)
+
+func (v boundDuration) String() string { return durationValue{v.p}.String() }
+func (v boundInt) String() string      { return intValue{v.p}.String() }
+
+func (v boundDuration) Set(s string) error { return setBound(v.p, durationValue{v.p}.Set(s)) }
+func (v boundInt) Set(s string) error      { return setBound(v.p, intValue{v.p}.Set(s)) }
+
+func setBound[T time.Duration | int](p *T, err error) error {
+	if err == nil && *p == 0 {
+		*p = -1
+	}
+	return err
+}
+
+// fenceValue sets idemproxy.Proxy.FenceHeader, or DisableFence for "".
+type fenceValue struct {
+	name *string
+	off  *bool
+}
+
+func (v fenceValue) String() string {
+	if v.name == nil || *v.off {
+		return ""
+	}
+	return *v.name
+}
+
+func (v fenceValue) Set(s string) error {
+	*v.name, *v.off = s, s == ""
+	return nil
+}
+
 // sizeValue is a flag.Value for a size in bytes: 1048576, 512KiB, 1MiB,
 // 2GiB, or with decimal units 1KB, 1MB, 1GB.
-type sizeValue struct{ p *int64 }
+type sizeValue[T int | int64] struct{ p *T }
 
 var sizeUnits = []struct {
 	suffix string
@@ -57,19 +159,22 @@ var sizeUnits = []struct {
 	{"b", 1},
 }
 
-func (v sizeValue) String() string {
+func (v sizeValue[T]) String() string {
 	if v.p == nil {
 		return ""
 	}
-	return formatSize(*v.p)
+	return formatSize(int64(*v.p))
 }
 
-func (v sizeValue) Set(s string) error {
+func (v sizeValue[T]) Set(s string) error {
 	n, err := parseSize(s)
 	if err != nil {
 		return err
 	}
-	*v.p = n
+	if int64(T(n)) != n {
+		return fmt.Errorf("size %q is too large", s)
+	}
+	*v.p = T(n)
 	return nil
 }
 

@@ -1,4 +1,17 @@
-package main
+// Package otlp sends OpenTelemetry spans to an OTLP/HTTP collector as
+// protobuf, for the idem binary's tracing (idem proxy --otel-endpoint).
+//
+// It exists rather than OpenTelemetry's own otlptracehttp exporter because
+// that one pulls in gRPC and grpc-gateway (through the generated collector
+// service), which the proxy never uses: they made the binary about twice
+// as big and its first build much slower. It reads the standard
+// variables: OTEL_EXPORTER_OTLP_[TRACES_]HEADERS, _TIMEOUT (ms, default
+// 10000), _COMPRESSION (gzip or none), _CERTIFICATE, _CLIENT_CERTIFICATE
+// and _CLIENT_KEY. An export that fails with 429, 502, 503, 504 or a
+// transport error is repeated with backoff (honouring Retry-After) until
+// its timeout; spans that cannot be sent are dropped and reported through
+// the SDK's error handler.
+package otlp
 
 import (
 	"bytes"
@@ -28,18 +41,9 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// otlpExporter sends spans to an OTLP/HTTP collector as protobuf. The
-// proxy has its own exporter, rather than OpenTelemetry's otlptracehttp,
-// because that one pulls in gRPC and grpc-gateway (through the generated
-// collector service), which the proxy never uses: they made the binary
-// about twice as big and its first build much slower. It reads the
-// standard variables: OTEL_EXPORTER_OTLP_[TRACES_]HEADERS, _TIMEOUT (ms,
-// default 10000), _COMPRESSION (gzip or none), _CERTIFICATE,
-// _CLIENT_CERTIFICATE and _CLIENT_KEY. An export that fails with 429, 502,
-// 503, 504 or a transport error is repeated with backoff (honouring
-// Retry-After) until its timeout; spans that cannot be sent are dropped
-// and reported through the SDK's error handler.
-type otlpExporter struct {
+// Exporter is an sdktrace.SpanExporter that posts spans to a collector
+// (see the package documentation). It is safe for concurrent use.
+type Exporter struct {
 	url     string
 	client  *http.Client
 	headers http.Header
@@ -48,7 +52,7 @@ type otlpExporter struct {
 	stopped atomic.Bool
 }
 
-var _ sdktrace.SpanExporter = (*otlpExporter)(nil)
+var _ sdktrace.SpanExporter = (*Exporter)(nil)
 
 // otlpEnv returns the value of OTEL_EXPORTER_OTLP_TRACES_<name>, or else of
 // OTEL_EXPORTER_OTLP_<name>.
@@ -61,12 +65,13 @@ func otlpEnv(getenv func(string) string, name string) (string, string) {
 	return "", ""
 }
 
-// newOTLPExporter returns an exporter posting to u, configured from the
-// environment.
-func newOTLPExporter(u string, getenv func(string) string) (*otlpExporter, error) {
-	e := &otlpExporter{url: u, headers: make(http.Header), timeout: 10 * time.Second}
+// New returns an exporter posting to u, configured from the environment
+// that getenv reads; userAgent is its User-Agent. It returns an error
+// naming the variable whose value it cannot use.
+func New(u string, getenv func(string) string, userAgent string) (*Exporter, error) {
+	e := &Exporter{url: u, headers: make(http.Header), timeout: 10 * time.Second}
 	e.headers.Set("Content-Type", "application/x-protobuf")
-	e.headers.Set("User-Agent", "idem/"+version())
+	e.headers.Set("User-Agent", userAgent)
 	if s, name := otlpEnv(getenv, "HEADERS"); s != "" {
 		for kv := range strings.SplitSeq(s, ",") {
 			k, v, ok := strings.Cut(kv, "=")
@@ -146,7 +151,7 @@ func otlpTLS(getenv func(string) string) (*tls.Config, error) {
 
 // ExportSpans sends spans in one request, repeated while the collector
 // asks for it or cannot be reached, until the export's timeout.
-func (e *otlpExporter) ExportSpans(ctx context.Context, spans []sdktrace.ReadOnlySpan) error {
+func (e *Exporter) ExportSpans(ctx context.Context, spans []sdktrace.ReadOnlySpan) error {
 	if e.stopped.Load() || len(spans) == 0 {
 		return nil
 	}
@@ -185,7 +190,7 @@ func (e *otlpExporter) ExportSpans(ctx context.Context, spans []sdktrace.ReadOnl
 
 // post sends one request. A failure that may pass returns wait ≥ 0: the
 // delay the collector asked for, or 0.
-func (e *otlpExporter) post(ctx context.Context, body []byte) (wait time.Duration, err error) {
+func (e *Exporter) post(ctx context.Context, body []byte) (wait time.Duration, err error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.url, bytes.NewReader(body))
 	if err != nil {
 		return -1, err
@@ -216,7 +221,7 @@ func (e *otlpExporter) post(ctx context.Context, body []byte) (wait time.Duratio
 }
 
 // Shutdown stops the exporter; later exports do nothing.
-func (e *otlpExporter) Shutdown(context.Context) error {
+func (e *Exporter) Shutdown(context.Context) error {
 	e.stopped.Store(true)
 	e.client.CloseIdleConnections()
 	return nil

@@ -1,4 +1,4 @@
-package main
+package otlp
 
 import (
 	"compress/gzip"
@@ -9,11 +9,13 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 	collectorpb "go.opentelemetry.io/proto/slim/otlp/collector/trace/v1"
+	commonpb "go.opentelemetry.io/proto/slim/otlp/common/v1"
 	tracepb "go.opentelemetry.io/proto/slim/otlp/trace/v1"
 	"google.golang.org/protobuf/proto"
 )
@@ -53,7 +55,7 @@ func TestOTLPExporter(t *testing.T) {
 		"OTEL_EXPORTER_OTLP_HEADERS":            "Authorization=Bearer%20a%20b",
 		"OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": "gzip",
 	}
-	exp, err := newOTLPExporter(srv.URL+"/v1/traces", func(k string) string { return env[k] })
+	exp, err := New(srv.URL+"/v1/traces", func(k string) string { return env[k] }, "idem/test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +65,7 @@ func TestOTLPExporter(t *testing.T) {
 	tr := tp.Tracer("test")
 	ctx, parent := tr.Start(context.Background(), "parent", trace.WithSpanKind(trace.SpanKindServer))
 	_, child := tr.Start(ctx, "child", trace.WithSpanKind(trace.SpanKindClient))
-	child.SetAttributes(attrOutcome.String("acquired"), attrStatus.Int(201))
+	child.SetAttributes(attribute.String("idem.outcome", "acquired"), attribute.Int("http.response.status_code", 201))
 	child.SetStatus(codes.Error, "boom")
 	child.End()
 	parent.End()
@@ -119,8 +121,18 @@ func TestOTLPExporterConfig(t *testing.T) {
 		{"OTEL_EXPORTER_OTLP_CERTIFICATE": "/nonexistent/ca.pem"},
 		{"OTEL_EXPORTER_OTLP_CLIENT_KEY": "/nonexistent/key.pem"},
 	} {
-		if _, err := newOTLPExporter("http://127.0.0.1:4318/v1/traces", func(k string) string { return env[k] }); err == nil {
+		if _, err := New("http://127.0.0.1:4318/v1/traces", func(k string) string { return env[k] }, "idem/test"); err == nil {
 			t.Errorf("%v: got no error, want one", env)
 		}
 	}
+}
+
+// spanAttr returns the value of the attribute key of s, nil if it has none.
+func spanAttr(s *tracepb.Span, key string) *commonpb.AnyValue {
+	for _, kv := range s.Attributes {
+		if kv.Key == key {
+			return kv.GetValue()
+		}
+	}
+	return nil
 }
