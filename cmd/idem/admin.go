@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -13,6 +14,8 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/cmd/idem/internal/cli"
+	"github.com/idemgo/idem/cmd/idem/internal/size"
 	"github.com/idemgo/idem/idemhttp"
 )
 
@@ -26,7 +29,7 @@ type adminFlags struct {
 	scopeHeader string
 	digest      string
 	maxResponse int64
-	fs          *flagSet
+	fs          *cli.Set
 }
 
 const adminScopeDoc = `
@@ -40,9 +43,9 @@ by the proxy and printed by ls, with --digest.
 The store flags are the proxy's. The embedded store can only be opened while
 no proxy uses it; Redis can be inspected while proxies run.`
 
-func (a *adminFlags) register(fs *flagSet, scope bool) {
+func (a *adminFlags) register(fs *cli.Set, scope bool) {
 	a.fs = fs
-	fs.define(a.store.flags()...)
+	fs.Define(a.store.flags()...)
 	a.maxResponse = readLimit
 	if scope {
 		fs.String(&a.method, "method", "METHOD", "POST", "method of the request")
@@ -51,36 +54,36 @@ func (a *adminFlags) register(fs *flagSet, scope bool) {
 		fs.String(&a.scopeHeader, "scope-header", "NAME", "", "the proxy's --scope-header; when set, keys are scoped by --principal (even empty)")
 		fs.String(&a.digest, "digest", "DIGEST", "", "address the record by its digest instead of KEY and the scope flags")
 	}
-	fs.define(flagDef{name: "max-response", placeholder: "SIZE", value: sizeValue[int64]{&a.maxResponse}, usage: "largest stored response to decode; the default reads any the proxy stores, whatever its --max-response"})
+	fs.Define(cli.Def{Name: "max-response", Placeholder: "SIZE", Value: cli.Size(&a.maxResponse), Usage: "largest stored response to decode; the default reads any the proxy stores, whatever its --max-response"})
 }
 
 // storeKey returns the store key (digest) that args and the flags address.
 func (a *adminFlags) storeKey(cmd string, args []string) (string, error) {
 	if a.digest != "" {
 		if len(args) > 0 {
-			return "", usagef("%s: give KEY or --digest, not both", cmd)
+			return "", cli.Usagef("%s: give KEY or --digest, not both", cmd)
 		}
 		if err := idem.ValidateStoreKey(a.digest); err != nil {
-			return "", usagef("%s: invalid --digest: %v", cmd, err)
+			return "", cli.Usagef("%s: invalid --digest: %v", cmd, err)
 		}
 		return a.digest, nil
 	}
 	switch len(args) {
 	case 0:
-		return "", usagef("%s: missing KEY (the Idempotency-Key value), or give --digest", cmd)
+		return "", cli.Usagef("%s: missing KEY (the Idempotency-Key value), or give --digest", cmd)
 	case 1:
 	default:
-		return "", usagef("%s: one KEY at a time; got %d arguments", cmd, len(args))
+		return "", cli.Usagef("%s: one KEY at a time; got %d arguments", cmd, len(args))
 	}
 	id, err := idemhttp.ParseKey(args[0])
 	if err != nil {
-		return "", usagef("%s: %v", cmd, err)
+		return "", cli.Usagef("%s: %v", cmd, err)
 	}
 	method := strings.ToUpper(a.method)
 	if !strings.HasPrefix(a.path, "/") {
-		return "", usagef("%s: --path %q must start with /", cmd, a.path)
+		return "", cli.Usagef("%s: --path %q must start with /", cmd, a.path)
 	}
-	if a.scopeHeader != "" || a.fs.isSet("principal") {
+	if a.scopeHeader != "" || a.fs.IsSet("principal") {
 		return idemhttp.PrincipalPathKey(method, a.path, a.principal, id).Digest(), nil
 	}
 	return idemhttp.PathKey(method, a.path, id).Digest(), nil
@@ -94,7 +97,7 @@ func (a *adminFlags) notFound(key string, st *openedStore, what string) error {
 		return fmt.Errorf("no record for digest %s in the %s%s", key, st.describe, what)
 	}
 	scope := strings.ToUpper(a.method) + " " + a.path
-	if a.scopeHeader != "" || a.fs.isSet("principal") {
+	if a.scopeHeader != "" || a.fs.IsSet("principal") {
 		scope += " with that --principal"
 	}
 	return fmt.Errorf("no record for this key in scope %s (digest %s) in the %s%s; a key's record belongs to the request's method and path: "+
@@ -107,7 +110,7 @@ func (a *adminFlags) open(ctx context.Context) (*openedStore, *idem.Executor, er
 		return nil, nil, err
 	}
 	if a.maxResponse > readLimit {
-		return nil, nil, usagef("--max-response %s is over the limit of %s", formatSize(a.maxResponse), formatSize(readLimit))
+		return nil, nil, cli.Usagef("--max-response %s is over the limit of %s", size.Format(a.maxResponse), size.Format(readLimit))
 	}
 	a.store.allowEviction = true // reading and deleting records evicts nothing
 	st, err := a.store.open(ctx, false)
@@ -172,7 +175,7 @@ func getCommand() *command {
 Shows the record of KEY: its state, fence, attempts, the lease left on an
 in-progress record, when it expires, and the stored response's status and
 size. The body is shown only with --show-body.` + adminScopeDoc,
-		flags: func(fs *flagSet) func(context.Context, *env, []string) error {
+		flags: func(fs *cli.Set) func(context.Context, *env, []string) error {
 			var a adminFlags
 			var showBody bool
 			a.register(fs, true)
@@ -200,16 +203,9 @@ size. The body is shown only with --show-body.` + adminScopeDoc,
 	}
 }
 
-func printRecord(w io.Writer, st *openedStore, exec *idem.Executor, key string, rec idem.Record, showBody bool) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	line := func(k, format string, args ...any) { fmt.Fprintf(tw, "%s\t%s\n", k, fmt.Sprintf(format, args...)) }
-	line("digest", "%s", key)
-	if st.redisKey != nil {
-		line("redis key", "%s", st.redisKey(key))
-	}
-	line("state", "%s", rec.State)
-	line("fence", "%d", rec.Fence)
-	line("attempts", "%d", rec.Attempts)
+// printTimes prints when rec was created, the lease it has left and when
+// it expires, as far as they are known.
+func printTimes(line func(k, format string, args ...any), rec idem.Record) {
 	if !rec.Created.IsZero() {
 		line("created", "%s (%s ago)", rec.Created.UTC().Format(time.RFC3339), age(rec.Now.Sub(rec.Created)))
 	}
@@ -223,6 +219,21 @@ func printRecord(w io.Writer, st *openedStore, exec *idem.Executor, key string, 
 	if !rec.ExpiresAt.IsZero() {
 		line("expires in", "%s", age(rec.ExpiresAt.Sub(rec.Now)))
 	}
+}
+
+// printRecord prints the record of key, and the stored response if
+// showBody.
+func printRecord(w io.Writer, st *openedStore, exec *idem.Executor, key string, rec idem.Record, showBody bool) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	line := func(k, format string, args ...any) { fmt.Fprintf(tw, "%s\t%s\n", k, fmt.Sprintf(format, args...)) }
+	line("digest", "%s", key)
+	if st.redisKey != nil {
+		line("redis key", "%s", st.redisKey(key))
+	}
+	line("state", "%s", rec.State)
+	line("fence", "%d", rec.Fence)
+	line("attempts", "%d", rec.Attempts)
+	printTimes(line, rec)
 	s := decodeStored(exec, key, rec)
 	switch {
 	case s.err != nil:
@@ -239,24 +250,25 @@ func printRecord(w io.Writer, st *openedStore, exec *idem.Executor, key string, 
 		return err
 	}
 	if showBody && s.resp != nil {
-		fmt.Fprintf(w, "\nHTTP %d %s\n", s.status, http.StatusText(s.status))
-		names := make([]string, 0, len(s.resp.Header))
-		for k := range s.resp.Header {
-			names = append(names, k)
-		}
-		slices.Sort(names)
-		for _, k := range names {
-			for _, v := range s.resp.Header[k] {
-				fmt.Fprintf(w, "%s: %s\n", k, v)
-			}
-		}
-		fmt.Fprintln(w)
-		w.Write(s.resp.Body)
-		if n := len(s.resp.Body); n > 0 && s.resp.Body[n-1] != '\n' {
-			fmt.Fprintln(w)
-		}
+		printResponse(w, s.resp)
 	}
 	return nil
+}
+
+// printResponse prints a stored response: its status line, its header
+// fields in order and its body.
+func printResponse(w io.Writer, resp *idemhttp.StoredResponse) {
+	fmt.Fprintf(w, "\nHTTP %d %s\n", resp.Status, http.StatusText(resp.Status))
+	for _, k := range slices.Sorted(maps.Keys(resp.Header)) {
+		for _, v := range resp.Header[k] {
+			fmt.Fprintf(w, "%s: %s\n", k, v)
+		}
+	}
+	fmt.Fprintln(w)
+	w.Write(resp.Body)
+	if n := len(resp.Body); n > 0 && resp.Body[n-1] != '\n' {
+		fmt.Fprintln(w)
+	}
 }
 
 func lsCommand() *command {
@@ -273,17 +285,17 @@ rm --digest.
 
 The store flags are the proxy's. The embedded store can only be opened while
 no proxy uses it; Redis can be listed while proxies run.`,
-		flags: func(fs *flagSet) func(context.Context, *env, []string) error {
+		flags: func(fs *cli.Set) func(context.Context, *env, []string) error {
 			var a adminFlags
 			limit := 100
 			a.register(fs, false)
 			fs.Int(&limit, "limit", "N", 100, "list at most N records")
 			return func(ctx context.Context, e *env, args []string) error {
 				if len(args) > 0 {
-					return usagef("ls: unexpected argument %q", args[0])
+					return cli.Usagef("ls: unexpected argument %q", args[0])
 				}
 				if limit <= 0 {
-					return usagef("ls: --limit must be positive")
+					return cli.Usagef("ls: --limit must be positive")
 				}
 				st, exec, err := a.open(ctx)
 				if err != nil {
@@ -343,7 +355,7 @@ Deletes the record of KEY whatever its state, so that the next request with
 the key runs again. A request still running with the key can no longer store
 its response. Use it to repair a key stuck in progress or FAILED. When there
 is no such record, rm says where it looked and exits with status 1.` + adminScopeDoc,
-		flags: func(fs *flagSet) func(context.Context, *env, []string) error {
+		flags: func(fs *cli.Set) func(context.Context, *env, []string) error {
 			var a adminFlags
 			a.register(fs, true)
 			return func(ctx context.Context, e *env, args []string) error {

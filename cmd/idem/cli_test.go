@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/cmd/idem/internal/cli"
 	"github.com/idemgo/idem/idemhttp"
 	"github.com/idemgo/idem/idemproxy"
 )
@@ -146,7 +147,7 @@ func TestFlagsFromEnv(t *testing.T) {
 	}
 	fs := newFlagSet(proxyCommand())
 	c := registerProxyFlags(fs)
-	pos, err := fs.parse([]string{"--listen", "127.0.0.1:2", "--require-key=false"}, &env{getenv: func(k string) string { return vars[k] }})
+	pos, err := fs.Parse([]string{"--listen", "127.0.0.1:2", "--require-key=false"}, func(k string) string { return vars[k] })
 	if err != nil || len(pos) != 0 {
 		t.Fatalf("parse: %v %q", err, pos)
 	}
@@ -166,9 +167,9 @@ func TestFlagsFromEnv(t *testing.T) {
 	if c.retention != 24*time.Hour || c.shutdownTimeout != 30*time.Second {
 		t.Errorf("defaults: got retention %v shutdown-timeout %v", c.retention, c.shutdownTimeout)
 	}
-	for _, m := range fs.metas {
-		if want := "IDEM_" + strings.ToUpper(strings.ReplaceAll(m.name, "-", "_")); envName(m.name) != want {
-			t.Errorf("envName(%q): got %q, want %q", m.name, envName(m.name), want)
+	for _, name := range fs.Names() {
+		if want := "IDEM_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_")); cli.EnvName(name) != want {
+			t.Errorf("cli.EnvName(%q): got %q, want %q", name, cli.EnvName(name), want)
 		}
 	}
 }
@@ -208,33 +209,11 @@ func TestProxyFlagDefaults(t *testing.T) {
 	// The flags' 0 lifts a bound: the field's negative value.
 	fs := newFlagSet(proxyCommand())
 	c = registerProxyFlags(fs)
-	if _, err := fs.parse([]string{"--max-concurrent", "0", "--body-timeout", "0", "--write-timeout", "0", "--upstream-timeout", "0", "--fence-header="}, &env{getenv: noEnv}); err != nil {
+	if _, err := fs.Parse([]string{"--max-concurrent", "0", "--body-timeout", "0", "--write-timeout", "0", "--upstream-timeout", "0", "--fence-header="}, noEnv); err != nil {
 		t.Fatal(err)
 	}
 	if p := &c.proxy; p.MaxConcurrent >= 0 || p.BodyTimeout >= 0 || p.WriteTimeout >= 0 || p.UpstreamTimeout >= 0 || !p.DisableFence {
 		t.Errorf("0 flags: got %d %v %v %v fence off %v, want negative bounds and the fence off", p.MaxConcurrent, p.BodyTimeout, p.WriteTimeout, p.UpstreamTimeout, p.DisableFence)
-	}
-}
-
-func TestParseSize(t *testing.T) {
-	t.Parallel()
-	for in, want := range map[string]int64{
-		"1048576": 1 << 20, "1MiB": 1 << 20, "512KiB": 512 << 10, "512kib": 512 << 10, "2GiB": 2 << 30,
-		"1MB": 1000000, "1KB": 1000, "100B": 100, "1m": 1 << 20, " 4 KiB ": 4 << 10,
-	} {
-		if got, err := parseSize(in); err != nil || got != want {
-			t.Errorf("parseSize(%q): got %d, %v, want %d", in, got, err, want)
-		}
-	}
-	for _, in := range []string{"", "0", "-1", "1XB", "MiB", "1.5MiB", "99999999999GiB"} {
-		if _, err := parseSize(in); err == nil {
-			t.Errorf("parseSize(%q): got no error", in)
-		}
-	}
-	for n, want := range map[int64]string{1 << 20: "1MiB", 512 << 10: "512KiB", 1000: "1000", 3 << 30: "3GiB"} {
-		if got := formatSize(n); got != want {
-			t.Errorf("formatSize(%d): got %q, want %q", n, got, want)
-		}
 	}
 }
 

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/idemgo/idem/cmd/idem/internal/cli"
 )
 
 func upstreamDemoCommand() *command {
@@ -31,16 +33,16 @@ timeouts.
 
 Run the curl command twice: the second answer is the first one again, with
 Idempotent-Replayed: true, and the demo logged one execution.`,
-		flags: func(fs *flagSet) func(context.Context, *env, []string) error {
+		flags: func(fs *cli.Set) func(context.Context, *env, []string) error {
 			listen := "127.0.0.1:9000"
 			fs.String(&listen, "listen", "ADDR", listen, "address the toy API serves on")
 			return func(ctx context.Context, e *env, args []string) error {
 				if len(args) > 0 {
-					return usagef("upstream-demo: unexpected argument %q", args[0])
+					return cli.Usagef("upstream-demo: unexpected argument %q", args[0])
 				}
 				ln, err := net.Listen("tcp", listen)
 				if err != nil {
-					return fmt.Errorf("cannot listen on %s: %v", listen, cause(err))
+					return fmt.Errorf("cannot listen on %s: %v", listen, cli.Cause(err))
 				}
 				log := slog.New(slog.NewTextHandler(e.stderr, nil))
 				srv := &http.Server{Handler: newDemoAPI(log), ReadHeaderTimeout: 10 * time.Second}

@@ -18,6 +18,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/cmd/idem/internal/cli"
+	"github.com/idemgo/idem/cmd/idem/internal/redact"
+	"github.com/idemgo/idem/cmd/idem/internal/size"
 	"github.com/idemgo/idem/idemhttp"
 	"github.com/idemgo/idem/idemproxy"
 	"github.com/idemgo/idem/prometheusidem"
@@ -41,7 +44,7 @@ type proxyConfig struct {
 	shutdownTimeout time.Duration
 	checkUpstream   bool
 	tracing         tracingFlags
-	defs            []flagDef // the flag table
+	defs            []cli.Def // the flag table
 }
 
 func proxyCommand() *command {
@@ -112,13 +115,13 @@ one. An upstream whose side effect stores the fence and refuses a write with
 a smaller or equal one (UPDATE ... WHERE fence < $1) applies each request's
 effect once even then. A client's own field of that name is always removed,
 so it cannot forge a fence.`,
-		flags: func(fs *flagSet) func(context.Context, *env, []string) error {
+		flags: func(fs *cli.Set) func(context.Context, *env, []string) error {
 			c := registerProxyFlags(fs)
 			return func(ctx context.Context, e *env, args []string) error {
 				if len(args) > 0 {
-					return usagef("proxy: unexpected argument %q (boolean flags take the form --fail-open=true)", args[0])
+					return cli.Usagef("proxy: unexpected argument %q (boolean flags take the form --fail-open=true)", args[0])
 				}
-				c.waitSet = fs.isSet("wait")
+				c.waitSet = fs.IsSet("wait")
 				return runProxy(ctx, e, c)
 			}
 		},
@@ -128,7 +131,7 @@ so it cannot forge a fence.`,
 // registerProxyFlags defines the proxy's flags on fs and returns the
 // configuration they fill. The variables hold the defaults, which are
 // idemproxy's own where a flag sets a field of the Proxy.
-func registerProxyFlags(fs *flagSet) *proxyConfig {
+func registerProxyFlags(fs *cli.Set) *proxyConfig {
 	c := &proxyConfig{
 		listen:          "127.0.0.1:8080",
 		lease:           idem.DefaultLease,
@@ -146,40 +149,40 @@ func registerProxyFlags(fs *flagSet) *proxyConfig {
 	p.ProblemTypeBase, p.FenceHeader = idemhttp.DefaultProblemTypeBase, idemproxy.DefaultFenceHeader
 	p.BodyTimeout, p.UpstreamTimeout, p.WriteTimeout = idemproxy.DefaultBodyTimeout, idemproxy.DefaultUpstreamTimeout, idemproxy.DefaultWriteTimeout
 	p.MaxConcurrent = idemproxy.DefaultMaxConcurrent
-	c.defs = append(append([]flagDef{
-		{name: "listen", placeholder: "ADDR", value: stringValue{&c.listen}, usage: "address the proxy serves on"},
-		{name: "upstream", placeholder: "URL", value: stringValue{&c.upstream}, secret: urlSecret, field: "Target", usage: "URL of the API behind the proxy, e.g. http://127.0.0.1:9000; required"},
-	}, c.store.flags()...), []flagDef{
-		{name: "methods", placeholder: "LIST", value: listValue{p: &p.Methods, upper: true}, field: "Methods", usage: "request methods made idempotent; others pass through"},
-		{name: "require-key", value: notValue{&p.KeyOptional}, usage: "answer 400 to a covered request without Idempotency-Key (=false: pass it through unprotected)"},
-		{name: "lease", placeholder: "DURATION", value: durationValue{&c.lease}, usage: "how long a request holds its key before another may take it over; extended while the upstream works"},
-		{name: "retention", placeholder: "DURATION", value: durationValue{&c.retention}, usage: "how long responses are kept and replayed"},
-		{name: "max-body", placeholder: "SIZE", value: sizeValue[int64]{&p.MaxBodySize}, field: "MaxBodySize", usage: "largest request body (larger: 413), e.g. 1MiB, 512KiB, 1048576"},
-		{name: "max-response", placeholder: "SIZE", value: sizeValue[int]{&p.MaxResponseSize}, field: "MaxResponseSize", usage: "largest response body stored (larger: sent once, then the key is FAILED and retries get 422); it limits storing only: responses stored under a larger value stay replayable"},
-		{name: "scope-header", placeholder: "NAME", value: stringValue{&p.ScopeHeader}, field: "ScopeHeader", usage: "scope keys by the value of this request header (hashed), e.g. Authorization; a covered request without it gets 400"},
-		{name: "allow-missing-scope", value: boolValue{&p.AllowMissingScope}, usage: "with --scope-header, serve covered requests without the header in one shared scope (anonymous clients can then get each other's responses) instead of 400"},
-		{name: "store-policy", placeholder: "NAME", value: stringValue{&c.storePolicy}, usage: "which upstream answers are stored: default (all but 408, 409, 425, 429, 503), release-5xx (also retry every 5xx), only-2xx (retry every non-2xx: a retry after a 4xx or 5xx that followed a side effect repeats it)"},
-		{name: "fence-header", placeholder: "NAME", value: fenceValue{&p.FenceHeader, &p.DisableFence}, field: "FenceHeader", usage: "request header that tells the upstream the request's fencing token; a client's own is removed (empty: off)"},
-		{name: "error-body", placeholder: "SHAPE", value: stringValue{&c.errorBody}, usage: "shape of error bodies: problem (RFC 9457 application/problem+json), stripe (Stripe's preset: {\"error\":{...}} with Stripe-Should-Retry, 400 for a key reused with other parameters, and --wait of --lease by default, for Stripe's SDKs), a JSON template, or @FILE holding one (placeholders {{type}} {{code}} {{title}} {{detail}} {{status}} {{retry}})"},
-		{name: "problem-type-base", placeholder: "URI", value: stringValue{&p.ProblemTypeBase}, field: "ProblemTypeBase", usage: "base of the type URIs of error bodies: each is the base followed by the kind's name (key-mismatch, in-progress, ...; see docs/problems.md), e.g. https://docs.example.com/errors#"},
-		{name: "wait", placeholder: "DURATION", value: durationValue{&p.Wait}, field: "Wait", usage: "how long a retry waits for the first request to finish before 409 (0: answer 409 at once; with --error-body stripe the default is --lease)"},
+	c.defs = append(append([]cli.Def{
+		{Name: "listen", Placeholder: "ADDR", Value: cli.String(&c.listen), Usage: "address the proxy serves on"},
+		{Name: "upstream", Placeholder: "URL", Value: cli.String(&c.upstream), Secret: cli.URLSecret, Field: "Target", Usage: "URL of the API behind the proxy, e.g. http://127.0.0.1:9000; required"},
+	}, c.store.flags()...), []cli.Def{
+		{Name: "methods", Placeholder: "LIST", Value: cli.List(&p.Methods, true), Field: "Methods", Usage: "request methods made idempotent; others pass through"},
+		{Name: "require-key", Value: cli.Not(&p.KeyOptional), Usage: "answer 400 to a covered request without Idempotency-Key (=false: pass it through unprotected)"},
+		{Name: "lease", Placeholder: "DURATION", Value: cli.Duration(&c.lease), Usage: "how long a request holds its key before another may take it over; extended while the upstream works"},
+		{Name: "retention", Placeholder: "DURATION", Value: cli.Duration(&c.retention), Usage: "how long responses are kept and replayed"},
+		{Name: "max-body", Placeholder: "SIZE", Value: cli.Size(&p.MaxBodySize), Field: "MaxBodySize", Usage: "largest request body (larger: 413), e.g. 1MiB, 512KiB, 1048576"},
+		{Name: "max-response", Placeholder: "SIZE", Value: cli.Size(&p.MaxResponseSize), Field: "MaxResponseSize", Usage: "largest response body stored (larger: sent once, then the key is FAILED and retries get 422); it limits storing only: responses stored under a larger value stay replayable"},
+		{Name: "scope-header", Placeholder: "NAME", Value: cli.String(&p.ScopeHeader), Field: "ScopeHeader", Usage: "scope keys by the value of this request header (hashed), e.g. Authorization; a covered request without it gets 400"},
+		{Name: "allow-missing-scope", Value: cli.Bool(&p.AllowMissingScope), Usage: "with --scope-header, serve covered requests without the header in one shared scope (anonymous clients can then get each other's responses) instead of 400"},
+		{Name: "store-policy", Placeholder: "NAME", Value: cli.String(&c.storePolicy), Usage: "which upstream answers are stored: default (all but 408, 409, 425, 429, 503), release-5xx (also retry every 5xx), only-2xx (retry every non-2xx: a retry after a 4xx or 5xx that followed a side effect repeats it)"},
+		{Name: "fence-header", Placeholder: "NAME", Value: cli.OrOff(&p.FenceHeader, &p.DisableFence), Field: "FenceHeader", Usage: "request header that tells the upstream the request's fencing token; a client's own is removed (empty: off)"},
+		{Name: "error-body", Placeholder: "SHAPE", Value: cli.String(&c.errorBody), Usage: "shape of error bodies: problem (RFC 9457 application/problem+json), stripe (Stripe's preset: {\"error\":{...}} with Stripe-Should-Retry, 400 for a key reused with other parameters, and --wait of --lease by default, for Stripe's SDKs), a JSON template, or @FILE holding one (placeholders {{type}} {{code}} {{title}} {{detail}} {{status}} {{retry}})"},
+		{Name: "problem-type-base", Placeholder: "URI", Value: cli.String(&p.ProblemTypeBase), Field: "ProblemTypeBase", Usage: "base of the type URIs of error bodies: each is the base followed by the kind's name (key-mismatch, in-progress, ...; see docs/problems.md), e.g. https://docs.example.com/errors#"},
+		{Name: "wait", Placeholder: "DURATION", Value: cli.Duration(&p.Wait), Field: "Wait", Usage: "how long a retry waits for the first request to finish before 409 (0: answer 409 at once; with --error-body stripe the default is --lease)"},
 	}...)
-	c.defs = append(append(append(c.defs, c.store.waitFlags()...), c.store.proxyFlags()...), []flagDef{
-		{name: "fail-open", value: boolValue{&p.FailOpen}, usage: "when the store is unreachable, forward requests unprotected instead of answering 503"},
-		{name: "body-timeout", placeholder: "DURATION", value: boundDuration{&p.BodyTimeout}, usage: "how long a request's body may take to arrive, from its header (then 408, or a cut-off upstream request if not covered; 0: no limit)"},
-		{name: "max-concurrent", placeholder: "N", value: boundInt{&p.MaxConcurrent}, usage: "requests handled at once; more get 503 with Retry-After (0: no limit)"},
-		{name: "max-body-memory", placeholder: "SIZE", value: sizeValue[int64]{&p.MaxBodyMemory}, usage: "memory for the bodies of covered requests held at once, beyond the first 16KiB of each (a body that would go over it: 503 with Retry-After)"},
-		{name: "upstream-timeout", placeholder: "DURATION", value: boundDuration{&p.UpstreamTimeout}, usage: "how long to wait for the upstream's response header (0: no limit); then 504"},
-		{name: "shutdown-timeout", placeholder: "DURATION", value: durationValue{&c.shutdownTimeout}, usage: "how long a shutdown waits for requests in flight before it closes their connections"},
-		{name: "write-timeout", placeholder: "DURATION", value: boundDuration{&p.WriteTimeout}, usage: "how long a client may take to receive a response, from its first byte (0: no limit; text/event-stream responses have none)"},
-		{name: "stream-all", value: boolValue{&p.StreamAll}, usage: "send every response as the upstream sends it, end included, and store it afterwards (a client may then be told a success that was not recorded)"},
-		{name: "admin-listen", placeholder: "ADDR", value: stringValue{&c.adminListen}, usage: "address for /metrics, /healthz and /readyz (empty: off)"},
-		{name: "log-format", placeholder: "FORMAT", value: stringValue{&c.logFormat}, usage: "log format: text or json"},
-		{name: "log-level", placeholder: "LEVEL", value: stringValue{&c.logLevel}, usage: "log level: debug, info, warn or error"},
-		{name: "check-upstream", value: boolValue{&c.checkUpstream}, usage: "refuse to start when the upstream does not accept TCP connections"},
+	c.defs = append(append(append(c.defs, c.store.waitFlags()...), c.store.proxyFlags()...), []cli.Def{
+		{Name: "fail-open", Value: cli.Bool(&p.FailOpen), Usage: "when the store is unreachable, forward requests unprotected instead of answering 503"},
+		{Name: "body-timeout", Placeholder: "DURATION", Value: cli.Bound(&p.BodyTimeout), Usage: "how long a request's body may take to arrive, from its header (then 408, or a cut-off upstream request if not covered; 0: no limit)"},
+		{Name: "max-concurrent", Placeholder: "N", Value: cli.BoundInt(&p.MaxConcurrent), Usage: "requests handled at once; more get 503 with Retry-After (0: no limit)"},
+		{Name: "max-body-memory", Placeholder: "SIZE", Value: cli.Size(&p.MaxBodyMemory), Usage: "memory for the bodies of covered requests held at once, beyond the first 16KiB of each (a body that would go over it: 503 with Retry-After)"},
+		{Name: "upstream-timeout", Placeholder: "DURATION", Value: cli.Bound(&p.UpstreamTimeout), Usage: "how long to wait for the upstream's response header (0: no limit); then 504"},
+		{Name: "shutdown-timeout", Placeholder: "DURATION", Value: cli.Duration(&c.shutdownTimeout), Usage: "how long a shutdown waits for requests in flight before it closes their connections"},
+		{Name: "write-timeout", Placeholder: "DURATION", Value: cli.Bound(&p.WriteTimeout), Usage: "how long a client may take to receive a response, from its first byte (0: no limit; text/event-stream responses have none)"},
+		{Name: "stream-all", Value: cli.Bool(&p.StreamAll), Usage: "send every response as the upstream sends it, end included, and store it afterwards (a client may then be told a success that was not recorded)"},
+		{Name: "admin-listen", Placeholder: "ADDR", Value: cli.String(&c.adminListen), Usage: "address for /metrics, /healthz and /readyz (empty: off)"},
+		{Name: "log-format", Placeholder: "FORMAT", Value: cli.String(&c.logFormat), Usage: "log format: text or json"},
+		{Name: "log-level", Placeholder: "LEVEL", Value: cli.String(&c.logLevel), Usage: "log level: debug, info, warn or error"},
+		{Name: "check-upstream", Value: cli.Bool(&c.checkUpstream), Usage: "refuse to start when the upstream does not accept TCP connections"},
 	}...)
 	c.defs = append(c.defs, c.tracing.flags()...)
-	fs.define(c.defs...)
+	fs.Define(c.defs...)
 	return c
 }
 
@@ -196,7 +199,7 @@ const (
 // Target.
 func (c *proxyConfig) validate() error {
 	if c.upstream == "" {
-		return usagef("proxy: --upstream is required (the URL of the API behind the proxy, e.g. --upstream http://127.0.0.1:9000)")
+		return cli.Usagef("proxy: --upstream is required (the URL of the API behind the proxy, e.g. --upstream http://127.0.0.1:9000)")
 	}
 	u, err := url.Parse(c.upstream)
 	if err != nil {
@@ -207,17 +210,17 @@ func (c *proxyConfig) validate() error {
 		return c.fieldError(err)
 	}
 	_, levelErr := parseLevel(c.logLevel)
-	return firstError(
+	return cli.FirstError(
 		c.store.validate(),
 		checkAddr("--listen", c.listen),
 		checkAddr("--admin-listen", c.adminListen),
-		check(c.lease < time.Millisecond, "--lease %v is too short", c.lease),
-		check(c.retention < c.lease, "--retention %v is shorter than --lease %v", c.retention, c.lease),
-		check(c.proxy.MaxResponseSize > maxResponseLimit, "--max-response %s is over the limit of 1GiB", formatSize(int64(c.proxy.MaxResponseSize))),
-		check(c.shutdownTimeout <= 0, "--shutdown-timeout must be positive"),
-		check(c.logFormat != "text" && c.logFormat != "json", "invalid --log-format %q: want text or json", c.logFormat),
-		check(c.policy() == nil, "invalid --store-policy %q: want default, release-5xx or only-2xx", c.storePolicy),
-		check(c.proxy.ProblemTypeBase == "", "invalid --problem-type-base \"\": want an absolute URI, e.g. https://docs.example.com/errors#"),
+		cli.Check(c.lease < time.Millisecond, "--lease %v is too short", c.lease),
+		cli.Check(c.retention < c.lease, "--retention %v is shorter than --lease %v", c.retention, c.lease),
+		cli.Check(c.proxy.MaxResponseSize > maxResponseLimit, "--max-response %s is over the limit of 1GiB", size.Format(int64(c.proxy.MaxResponseSize))),
+		cli.Check(c.shutdownTimeout <= 0, "--shutdown-timeout must be positive"),
+		cli.Check(c.logFormat != "text" && c.logFormat != "json", "invalid --log-format %q: want text or json", c.logFormat),
+		cli.Check(c.policy() == nil, "invalid --store-policy %q: want default, release-5xx or only-2xx", c.storePolicy),
+		cli.Check(c.proxy.ProblemTypeBase == "", "invalid --problem-type-base \"\": want an absolute URI, e.g. https://docs.example.com/errors#"),
 		levelErr,
 		c.tracing.validate(),
 	)
@@ -226,7 +229,7 @@ func (c *proxyConfig) validate() error {
 // checkAddr checks the host:port of an address flag ("" is off).
 func checkAddr(flag, addr string) error {
 	if _, _, err := net.SplitHostPort(addr); addr != "" && err != nil {
-		return usagef("invalid %s %q: want host:port", flag, addr)
+		return cli.Usagef("invalid %s %q: want host:port", flag, addr)
 	}
 	return nil
 }
@@ -238,15 +241,15 @@ func (c *proxyConfig) fieldError(err error) error {
 	if errors.As(err, &fe) {
 		for _, d := range c.defs {
 			switch {
-			case d.field != fe.Field:
-			case d.secret == urlSecret:
-				return urlFlagError("--"+d.name, d.value.String(), errors.New(fe.Reason), "http")
+			case d.Field != fe.Field:
+			case d.Secret == cli.URLSecret:
+				return urlFlagError("--"+d.Name, d.Value.String(), errors.New(fe.Reason), "http")
 			default:
-				return usagef("--%s: %s", d.name, fe.Reason)
+				return cli.Usagef("--%s: %s", d.Name, fe.Reason)
 			}
 		}
 	}
-	return usagef("%v", err)
+	return cli.Usagef("%v", err)
 }
 
 // errorHandler returns the ErrorHandler that --error-body asks for,
@@ -261,21 +264,21 @@ func (c *proxyConfig) errorHandler() (idemhttp.ErrorHandler, error) {
 	case strings.HasPrefix(v, "@"):
 		tmpl, err := os.ReadFile(v[1:])
 		if err != nil {
-			return nil, usagef("--error-body: cannot read the template: %v", err)
+			return nil, cli.Usagef("--error-body: cannot read the template: %v", err)
 		}
 		h, err := idemhttp.TemplateErrorHandler(tmpl)
 		if err != nil {
-			return nil, usagef("--error-body: invalid template in %s: %v", v[1:], err)
+			return nil, cli.Usagef("--error-body: invalid template in %s: %v", v[1:], err)
 		}
 		return h, nil
 	case strings.HasPrefix(v, "{") || strings.HasPrefix(v, "["):
 		h, err := idemhttp.TemplateErrorHandler([]byte(v))
 		if err != nil {
-			return nil, usagef("--error-body: invalid template: %v", err)
+			return nil, cli.Usagef("--error-body: invalid template: %v", err)
 		}
 		return h, nil
 	}
-	return nil, usagef("invalid --error-body %q: want problem, stripe, a JSON template or @FILE", c.errorBody)
+	return nil, cli.Usagef("invalid --error-body %q: want problem, stripe, a JSON template or @FILE", c.errorBody)
 }
 
 // waitFor returns how long a retry waits for the first request (--wait).
@@ -314,7 +317,7 @@ func (c *proxyConfig) policy() idemhttp.Policy {
 func parseLevel(s string) (slog.Level, error) {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(s)); err != nil {
-		return 0, usagef("invalid --log-level %q: want debug, info, warn or error", s)
+		return 0, cli.Usagef("invalid --log-level %q: want debug, info, warn or error", s)
 	}
 	return l, nil
 }
@@ -341,7 +344,7 @@ func checkReachable(ctx context.Context, u *url.URL) error {
 	d := net.Dialer{Timeout: connectTimeout}
 	conn, err := d.DialContext(ctx, "tcp", host)
 	if err != nil {
-		return fmt.Errorf("upstream %s is not reachable: %v (start it first, or pass --check-upstream=false)", redactURL(u.String()), cause(err))
+		return fmt.Errorf("upstream %s is not reachable: %v (start it first, or pass --check-upstream=false)", redact.URL(u.String()), cli.Cause(err))
 	}
 	conn.Close()
 	return nil
@@ -357,7 +360,7 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 	if err != nil {
 		return err
 	}
-	log := hidingLogger(newLogger(e, c.logFormat, c.logLevel), e.hider)
+	log := redact.Logger(newLogger(e, c.logFormat, c.logLevel), e.hider)
 	redisLog.l.Store(log)
 	if c.checkUpstream {
 		if err := checkReachable(ctx, c.proxy.Target); err != nil {
@@ -411,7 +414,7 @@ func (c *proxyConfig) build(st *openedStore, tr *tracing, errorHandler idemhttp.
 		idem.WithLease(c.lease), idem.WithRetention(c.retention), idem.WithMaxResultSize(readLimit),
 		idem.WithObserver(execMetrics.Observe))
 	if err != nil {
-		return nil, usagef("%v", err)
+		return nil, cli.Usagef("%v", err)
 	}
 	p := &c.proxy
 	p.Executor, p.Logger, p.ErrorHandler, p.Policy, p.Wait = exec, log, errorHandler, c.policy(), c.waitFor()
@@ -432,21 +435,21 @@ func (c *proxyConfig) build(st *openedStore, tr *tracing, errorHandler idemhttp.
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}}
 	if s.ln, err = net.Listen("tcp", c.listen); err != nil {
-		return nil, fmt.Errorf("cannot listen on %s: %v", c.listen, cause(err))
+		return nil, fmt.Errorf("cannot listen on %s: %v", c.listen, cli.Cause(err))
 	}
-	s.started = []any{"listen", s.ln.Addr().String(), "upstream", redactURL(p.Target.String()), "store", st.describe,
-		"methods", strings.Join(p.Methods, ","), "lease", formatDuration(c.lease), "retention", formatDuration(c.retention)}
+	s.started = []any{"listen", s.ln.Addr().String(), "upstream", redact.URL(p.Target.String()), "store", st.describe,
+		"methods", strings.Join(p.Methods, ","), "lease", cli.FormatDuration(c.lease), "retention", cli.FormatDuration(c.retention)}
 	if c.adminListen != "" {
 		if s.adminLn, err = net.Listen("tcp", c.adminListen); err != nil {
 			s.ln.Close()
-			return nil, fmt.Errorf("cannot listen on %s (--admin-listen): %v", c.adminListen, cause(err))
+			return nil, fmt.Errorf("cannot listen on %s (--admin-listen): %v", c.adminListen, cli.Cause(err))
 		}
 		s.admin = &http.Server{Handler: adminHandler(reg, p), ReadHeaderTimeout: 10 * time.Second}
 		s.started = append(s.started, "admin", s.adminLn.Addr().String())
 	}
 	if tr != nil {
 		u, _ := c.tracing.exportURL()
-		s.started = append(s.started, "otel_endpoint", redactURL(u))
+		s.started = append(s.started, "otel_endpoint", redact.URL(u))
 	}
 	return s, nil
 }
@@ -491,7 +494,7 @@ func (s *proxyServer) serve(ctx context.Context) error {
 // still running (slow readers) are closed, and their handlers get another
 // timeout to store what the upstream answered.
 func (s *proxyServer) drain(timeout time.Duration) {
-	s.log.Info("idem proxy shutting down: finishing requests in flight", "in_flight", s.proxy.InFlight(), "timeout", formatDuration(timeout))
+	s.log.Info("idem proxy shutting down: finishing requests in flight", "in_flight", s.proxy.InFlight(), "timeout", cli.FormatDuration(timeout))
 	dctx, stop := context.WithCancel(context.Background())
 	defer stop()
 	drained := make(chan error, 1)

@@ -85,11 +85,11 @@ func TestProxyBasics(t *testing.T) {
 
 		t.Run("metrics", func(t *testing.T) {
 			for name, want := range map[string]float64{
-				`idem_requests_total{outcome="executed"}`:      3,
-				`idem_requests_total{outcome="mismatch"}`:      1,
-				`idem_requests_total{outcome="rejected"}`:      1,
-				`idem_passthrough_requests_total`:              2,
-				`idem_overhead_seconds_count`:                  3,
+				`idem_requests_total{outcome="executed"}`: 3,
+				`idem_requests_total{outcome="mismatch"}`: 1,
+				`idem_requests_total{outcome="rejected"}`: 1,
+				`idem_passthrough_requests_total`:         2,
+				`idem_overhead_seconds_count`:             3,
 				// The Executor's outcomes, through prometheusidem.
 				`idem_operations_total{outcome="executed",scope_kind="http"}`:                 3,
 				`idem_operations_total{outcome="mismatch",scope_kind="http"}`:                 1,

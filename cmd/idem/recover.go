@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/idemgo/idem/boltstore"
+	"github.com/idemgo/idem/cmd/idem/internal/cli"
 )
 
 func recoverCommand() *command {
@@ -38,19 +39,19 @@ applies the log) and says that nothing was lost. Damage that reaches the end of 
 a write that a crash tore (never acknowledged) and ends the log on start,
 as such a write does. Stop the proxy first. A damaged idem.db itself cannot
 be repaired this way: move it aside, or restore it from a backup.`,
-		flags: func(fs *flagSet) func(context.Context, *env, []string) error {
+		flags: func(fs *cli.Set) func(context.Context, *env, []string) error {
 			var data string
 			fs.String(&data, "data", "DIR", defaultDataDir, "directory of the embedded store (files DIR/"+dataFile+" and DIR/"+dataFile+".log.*)")
 			return func(_ context.Context, e *env, args []string) error {
 				if len(args) > 0 {
-					return usagef("recover: unexpected argument %q", args[0])
+					return cli.Usagef("recover: unexpected argument %q", args[0])
 				}
 				if data == "" {
-					return usagef("--data is empty; give the directory of the embedded store")
+					return cli.Usagef("--data is empty; give the directory of the embedded store")
 				}
 				path := filepath.Join(data, dataFile)
 				if _, err := os.Stat(path); err != nil {
-					return fmt.Errorf("no embedded store at %s (%v); give --data", path, cause(err))
+					return fmt.Errorf("no embedded store at %s (%v); give --data", path, cli.Cause(err))
 				}
 				rec, err := boltstore.Recover(path)
 				switch {

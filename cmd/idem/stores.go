@@ -19,6 +19,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/boltstore"
+	"github.com/idemgo/idem/cmd/idem/internal/cli"
 	"github.com/idemgo/idem/redisstore"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
@@ -65,28 +66,28 @@ const (
 
 // flags returns the flags that choose the store, for every command that
 // opens one.
-func (s *storeFlags) flags() []flagDef {
+func (s *storeFlags) flags() []cli.Def {
 	s.prefix, s.data = redisstore.DefaultPrefix, defaultDataDir
-	return []flagDef{
-		{name: "redis", placeholder: "URL", value: stringValue{&s.redisURL}, secret: urlSecret, usage: "Redis server for the records, e.g. redis://:password@host:6379/0 (rediss:// for TLS); several proxies may share it"},
-		{name: "redis-cluster", placeholder: "ADDRS", value: stringValue{&s.cluster}, secret: urlSecret, usage: "Redis Cluster for the records: host:port,host:port,... or a redis:// URL with addr= parameters"},
-		{name: "redis-sentinel", placeholder: "NAME@ADDRS", value: stringValue{&s.sentinel}, usage: "Redis behind Sentinels: the primary's name and the Sentinels, e.g. mymaster@10.0.0.1:26379,10.0.0.2:26379,10.0.0.3:26379"},
-		{name: "redis-username", placeholder: "USER", value: stringValue{&s.username}, usage: "ACL user for --redis-sentinel and --redis-cluster (with --redis, put it in the URL)"},
-		{name: "redis-password", placeholder: "PASSWORD", value: stringValue{&s.password}, secret: fullSecret, usage: "password for --redis-sentinel and --redis-cluster (with --redis, put it in the URL); prefer the environment variable"},
-		{name: "redis-sentinel-password", placeholder: "PASSWORD", value: stringValue{&s.sentinelPW}, secret: fullSecret, usage: "password of the Sentinels themselves (requirepass of redis-server --sentinel)"},
-		{name: "redis-prefix", placeholder: "PREFIX", value: stringValue{&s.prefix}, usage: "prefix of the record keys in Redis"},
-		{name: "data", placeholder: "DIR", value: stringValue{&s.data}, usage: "directory of the embedded store (files DIR/" + dataFile + " and DIR/" + dataFile + ".log), used when no Redis is given"},
-		{name: "postgres", placeholder: "URL", value: stringValue{&s.postgres}, secret: urlSecret, usage: "PostgreSQL for the records (pgstore), e.g. postgres://user:password@host:5432/db; its tables go in the first schema of the search_path"},
+	return []cli.Def{
+		{Name: "redis", Placeholder: "URL", Value: cli.String(&s.redisURL), Secret: cli.URLSecret, Usage: "Redis server for the records, e.g. redis://:password@host:6379/0 (rediss:// for TLS); several proxies may share it"},
+		{Name: "redis-cluster", Placeholder: "ADDRS", Value: cli.String(&s.cluster), Secret: cli.URLSecret, Usage: "Redis Cluster for the records: host:port,host:port,... or a redis:// URL with addr= parameters"},
+		{Name: "redis-sentinel", Placeholder: "NAME@ADDRS", Value: cli.String(&s.sentinel), Usage: "Redis behind Sentinels: the primary's name and the Sentinels, e.g. mymaster@10.0.0.1:26379,10.0.0.2:26379,10.0.0.3:26379"},
+		{Name: "redis-username", Placeholder: "USER", Value: cli.String(&s.username), Usage: "ACL user for --redis-sentinel and --redis-cluster (with --redis, put it in the URL)"},
+		{Name: "redis-password", Placeholder: "PASSWORD", Value: cli.String(&s.password), Secret: cli.FullSecret, Usage: "password for --redis-sentinel and --redis-cluster (with --redis, put it in the URL); prefer the environment variable"},
+		{Name: "redis-sentinel-password", Placeholder: "PASSWORD", Value: cli.String(&s.sentinelPW), Secret: cli.FullSecret, Usage: "password of the Sentinels themselves (requirepass of redis-server --sentinel)"},
+		{Name: "redis-prefix", Placeholder: "PREFIX", Value: cli.String(&s.prefix), Usage: "prefix of the record keys in Redis"},
+		{Name: "data", Placeholder: "DIR", Value: cli.String(&s.data), Usage: "directory of the embedded store (files DIR/" + dataFile + " and DIR/" + dataFile + ".log), used when no Redis is given"},
+		{Name: "postgres", Placeholder: "URL", Value: cli.String(&s.postgres), Secret: cli.URLSecret, Usage: "PostgreSQL for the records (pgstore), e.g. postgres://user:password@host:5432/db; its tables go in the first schema of the search_path"},
 	}
 }
 
 // waitFlags are --wait-replicas and --wait-replicas-timeout (the proxy's;
 // doctor has a --wait-replicas of its own, which checks).
-func (s *storeFlags) waitFlags() []flagDef {
+func (s *storeFlags) waitFlags() []cli.Def {
 	s.waitTimeout = defaultWaitTimeout
-	return []flagDef{
-		{name: "wait-replicas", placeholder: "N", value: intValue{&s.waitReplicas}, usage: "after each acquire and complete, wait until N Redis replicas have the write (WAIT); when fewer confirm within --wait-replicas-timeout, the request gets 503 and is not reported done (0: do not wait)"},
-		{name: "wait-replicas-timeout", placeholder: "DURATION", value: durationValue{&s.waitTimeout}, usage: "how long --wait-replicas waits for the replicas"},
+	return []cli.Def{
+		{Name: "wait-replicas", Placeholder: "N", Value: cli.Int(&s.waitReplicas), Usage: "after each acquire and complete, wait until N Redis replicas have the write (WAIT); when fewer confirm within --wait-replicas-timeout, the request gets 503 and is not reported done (0: do not wait)"},
+		{Name: "wait-replicas-timeout", Placeholder: "DURATION", Value: cli.Duration(&s.waitTimeout), Usage: "how long --wait-replicas waits for the replicas"},
 	}
 }
 
@@ -94,25 +95,25 @@ func (s *storeFlags) waitFlags() []flagDef {
 const defaultCheckInterval = 10 * time.Second
 
 // proxyFlags are the proxy's other store flags.
-func (s *storeFlags) proxyFlags() []flagDef {
+func (s *storeFlags) proxyFlags() []cli.Def {
 	s.checkInterval = defaultCheckInterval
-	return []flagDef{
-		{name: "allow-eviction", value: boolValue{&s.allowEviction}, usage: "start on a Redis whose maxmemory-policy is not noeviction (it may evict records: retried requests then run again)"},
-		{name: "redis-check-interval", placeholder: "DURATION", value: durationValue{&s.checkInterval}, usage: "how often the proxy checks its Redis servers again while it runs, as at start (maxmemory-policy noeviction unless --allow-eviction, the version); while one fails, /readyz answers 503 and each check logs an error that names the fix (0: at start only)"},
+	return []cli.Def{
+		{Name: "allow-eviction", Value: cli.Bool(&s.allowEviction), Usage: "start on a Redis whose maxmemory-policy is not noeviction (it may evict records: retried requests then run again)"},
+		{Name: "redis-check-interval", Placeholder: "DURATION", Value: cli.Duration(&s.checkInterval), Usage: "how often the proxy checks its Redis servers again while it runs, as at start (maxmemory-policy noeviction unless --allow-eviction, the version); while one fails, /readyz answers 503 and each check logs an error that names the fix (0: at start only)"},
 	}
 }
 
 // validate checks the flags without I/O.
 func (s *storeFlags) validate() error {
-	return firstError(
-		check(s.waitReplicas > 0 && !s.redis(), "--wait-replicas needs a Redis store (--redis, --redis-cluster or --redis-sentinel)"),
-		check(s.waitReplicas > 0 && s.waitTimeout <= 0, "--wait-replicas-timeout %v must be positive", s.waitTimeout),
-		check(countSet(s.redisURL, s.cluster, s.sentinel) > 1, "--redis, --redis-cluster and --redis-sentinel exclude each other; give one"),
-		check(s.redisURL != "" && (s.username != "" || s.password != ""), "--redis-username and --redis-password go with --redis-sentinel or --redis-cluster; with --redis, put them in the URL (redis://user:password@host:port)"),
-		check(s.sentinelPW != "" && s.sentinel == "", "--redis-sentinel-password needs --redis-sentinel"),
-		check(s.postgres != "" && !s.hybrid && s.redis(), "--postgres and --redis exclude each other; give one store"),
-		check(strings.ContainsAny(s.prefix, "{}"), "invalid --redis-prefix %q: it must not contain { or }", s.prefix),
-		check(!s.redis() && s.data == "", "--data is empty; give a directory for the embedded store"),
+	return cli.FirstError(
+		cli.Check(s.waitReplicas > 0 && !s.redis(), "--wait-replicas needs a Redis store (--redis, --redis-cluster or --redis-sentinel)"),
+		cli.Check(s.waitReplicas > 0 && s.waitTimeout <= 0, "--wait-replicas-timeout %v must be positive", s.waitTimeout),
+		cli.Check(countSet(s.redisURL, s.cluster, s.sentinel) > 1, "--redis, --redis-cluster and --redis-sentinel exclude each other; give one"),
+		cli.Check(s.redisURL != "" && (s.username != "" || s.password != ""), "--redis-username and --redis-password go with --redis-sentinel or --redis-cluster; with --redis, put them in the URL (redis://user:password@host:port)"),
+		cli.Check(s.sentinelPW != "" && s.sentinel == "", "--redis-sentinel-password needs --redis-sentinel"),
+		cli.Check(s.postgres != "" && !s.hybrid && s.redis(), "--postgres and --redis exclude each other; give one store"),
+		cli.Check(strings.ContainsAny(s.prefix, "{}"), "invalid --redis-prefix %q: it must not contain { or }", s.prefix),
+		cli.Check(!s.redis() && s.data == "", "--data is empty; give a directory for the embedded store"),
 		s.validateURLs(),
 	)
 }
@@ -173,7 +174,7 @@ func (s *storeFlags) clusterOptions() (*redis.ClusterOptions, error) {
 func (s *storeFlags) sentinelOptions() (*redis.FailoverOptions, error) {
 	name, list, ok := strings.Cut(s.sentinel, "@")
 	if !ok || strings.TrimSpace(name) == "" {
-		return nil, usagef("invalid --redis-sentinel %q: want NAME@HOST:PORT,... (the primary's name as the Sentinels know it, then the Sentinels)", s.sentinel)
+		return nil, cli.Usagef("invalid --redis-sentinel %q: want NAME@HOST:PORT,... (the primary's name as the Sentinels know it, then the Sentinels)", s.sentinel)
 	}
 	addrs, err := parseAddrs("--redis-sentinel", list)
 	if err != nil {
@@ -197,12 +198,12 @@ func parseAddrs(flag, list string) ([]string, error) {
 			continue
 		}
 		if _, port, ok := strings.Cut(a, ":"); !ok || port == "" {
-			return nil, usagef("invalid %s address %q: want host:port", flag, a)
+			return nil, cli.Usagef("invalid %s address %q: want host:port", flag, a)
 		}
 		addrs = append(addrs, a)
 	}
 	if len(addrs) == 0 {
-		return nil, usagef("%s has no address", flag)
+		return nil, cli.Usagef("%s has no address", flag)
 	}
 	return addrs, nil
 }
@@ -392,7 +393,7 @@ func storeError(err error) error {
 	case errors.As(err, &ve):
 		return fmt.Errorf("redis %s runs Redis %s; idem needs Redis %s or later, or Valkey: upgrade the server", ve.Addr, ve.Version, ve.Need)
 	case errors.Is(err, idem.ErrInvalid):
-		return usagef("%v", err)
+		return cli.Usagef("%v", err)
 	}
 	return err
 }
@@ -404,10 +405,10 @@ func (s *storeFlags) openBolt(create bool) (*openedStore, error) {
 	path := s.dataPath()
 	if create {
 		if err := os.MkdirAll(s.data, 0o700); err != nil {
-			return nil, fmt.Errorf("cannot use data directory %s: %v", s.data, cause(err))
+			return nil, fmt.Errorf("cannot use data directory %s: %v", s.data, cli.Cause(err))
 		}
 	} else if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("no embedded store at %s (%v); give --data, or --redis for a Redis store", path, cause(err))
+		return nil, fmt.Errorf("no embedded store at %s (%v); give --data, or --redis for a Redis store", path, cli.Cause(err))
 	} else if err != nil {
 		return nil, openBoltError(path, err)
 	}

@@ -15,7 +15,9 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/cmd/idem/internal/cli"
 	"github.com/idemgo/idem/cmd/idem/internal/otlp"
+	"github.com/idemgo/idem/cmd/idem/internal/redact"
 	"github.com/idemgo/idem/idemproxy"
 	"github.com/idemgo/idem/otelidem"
 )
@@ -35,12 +37,12 @@ const tracesPath = "/v1/traces"
 // the proxy exits.
 const tracingShutdownTimeout = 5 * time.Second
 
-func (t *tracingFlags) flags() []flagDef {
+func (t *tracingFlags) flags() []cli.Def {
 	t.serviceName = "idem"
-	return []flagDef{
-		{name: "otel-endpoint", placeholder: "URL", value: stringValue{&t.endpoint}, secret: urlSecret,
-			usage: "send OpenTelemetry traces over OTLP/HTTP to this collector, e.g. http://127.0.0.1:4318 (spans go to " + tracesPath + " unless the URL has a path; empty: tracing off)"},
-		{name: "otel-service-name", placeholder: "NAME", value: stringValue{&t.serviceName}, usage: "service.name of the traces sent to --otel-endpoint"},
+	return []cli.Def{
+		{Name: "otel-endpoint", Placeholder: "URL", Value: cli.String(&t.endpoint), Secret: cli.URLSecret,
+			Usage: "send OpenTelemetry traces over OTLP/HTTP to this collector, e.g. http://127.0.0.1:4318 (spans go to " + tracesPath + " unless the URL has a path; empty: tracing off)"},
+		{Name: "otel-service-name", Placeholder: "NAME", Value: cli.String(&t.serviceName), Usage: "service.name of the traces sent to --otel-endpoint"},
 	}
 }
 
@@ -53,7 +55,7 @@ func (t *tracingFlags) validate() error {
 		return err
 	}
 	if t.serviceName == "" {
-		return usagef("--otel-service-name is empty; give a name for the traces")
+		return cli.Usagef("--otel-service-name is empty; give a name for the traces")
 	}
 	return nil
 }
@@ -94,7 +96,7 @@ func (t *tracingFlags) start(ctx context.Context, log *slog.Logger, getenv func(
 	}
 	exp, err := otlp.New(u, getenv, "idem/"+version())
 	if err != nil {
-		return nil, usagef("--otel-endpoint: %v", err)
+		return nil, cli.Usagef("--otel-endpoint: %v", err)
 	}
 	res, err := resource.New(ctx,
 		resource.WithTelemetrySDK(),
@@ -103,12 +105,12 @@ func (t *tracingFlags) start(ctx context.Context, log *slog.Logger, getenv func(
 			attribute.String("service.version", version()),
 		))
 	if err != nil {
-		return nil, usagef("--otel-service-name: %v", err)
+		return nil, cli.Usagef("--otel-service-name: %v", err)
 	}
 	// Export failures would otherwise be printed by OTel's own logger, out
 	// of the proxy's log format.
 	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
-		log.Warn("tracing: exporting spans failed", "endpoint", redactURL(u), "error", err)
+		log.Warn("tracing: exporting spans failed", "endpoint", redact.URL(u), "error", err)
 	}))
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
 	otel.SetTracerProvider(tp)

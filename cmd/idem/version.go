@@ -6,6 +6,8 @@ import (
 	"runtime"
 	"runtime/debug"
 	"strings"
+
+	"github.com/idemgo/idem/cmd/idem/internal/cli"
 )
 
 // Set at link time by make release:
@@ -74,10 +76,10 @@ func versionCommand() *command {
 	return &command{
 		name:    "version",
 		summary: "print the version",
-		flags: func(fs *flagSet) func(context.Context, *env, []string) error {
+		flags: func(fs *cli.Set) func(context.Context, *env, []string) error {
 			return func(_ context.Context, e *env, args []string) error {
 				if len(args) > 0 {
-					return usagef("version: unexpected argument %q", args[0])
+					return cli.Usagef("version: unexpected argument %q", args[0])
 				}
 				fmt.Fprintln(e.stdout, versionLine())
 				return nil

@@ -1,4 +1,15 @@
-package main
+// Package redact hides the secrets of the URLs and passwords given to the
+// idem binary in whatever it prints.
+//
+// Every message and log line that may show a URL given on the command line
+// (--redis, --redis-cluster, --postgres, --upstream, --otel-endpoint, and
+// any flag added later that takes one) shows it through URL. Beyond that,
+// the flags that take a URL or a password are registered as such, and
+// what a command prints passes through a Hider made of their values: the
+// error of every command, doctor's lines, relay's, and the proxy's log. An
+// error of a client library that quotes the URL, or the password alone,
+// decoded or not, is covered that way.
+package redact
 
 import (
 	"context"
@@ -9,18 +20,8 @@ import (
 	"strings"
 )
 
-// Every message and log line that may show a URL given on the command line
-// (--redis, --redis-cluster, --postgres, --upstream, --otel-endpoint, and
-// any flag added later that takes one) shows it through redactURL. Beyond
-// that, the flags that take a URL or a password are registered as such
-// (flagSet.URL, flagSet.Password), and what a command prints passes
-// through a hider made of their values: the error of every command (run),
-// doctor's lines, relay's, and the proxy's log. An error of a client
-// library that quotes the URL, or the password alone, decoded or not, is
-// covered that way.
-
-// redactedSecret stands for a hidden secret.
-const redactedSecret = "xxxxx"
+// Secret stands for a hidden secret.
+const Secret = "xxxxx"
 
 // secretWords are the parts of a query parameter's or a connection
 // keyword's name that mark its value as a secret (password, sslpassword,
@@ -53,49 +54,57 @@ type textPart struct{ start, end int }
 // password=pw) gets the values of such keywords. It reads the text, so it
 // works on strings that do not parse as a URL too.
 func secretSpans(s string) []textPart {
-	if !strings.Contains(s, "://") && isKeywordValue(s) {
+	if !strings.Contains(s, "://") && IsKeywordValue(s) {
 		return keywordSpans(s)
-	}
-	var out []textPart
-	add := func(start, end int) {
-		if end > start {
-			out = append(out, textPart{start, end})
-		}
 	}
 	start := 0
 	if i := strings.Index(s, "://"); i >= 0 {
 		start = i + 3
 	}
-	rest := s[start:]
-	authEnd := len(rest)
-	if i := strings.IndexAny(rest, "/?#"); i >= 0 {
-		authEnd = i
+	authEnd := len(s)
+	if i := strings.IndexAny(s[start:], "/?#"); i >= 0 {
+		authEnd = start + i
 	}
-	// The user information is what precedes the last @ of the authority.
-	if at := strings.LastIndexByte(rest[:authEnd], '@'); at > 0 {
-		info := rest[:at]
-		if i := strings.IndexByte(info, ':'); i >= 0 {
-			add(start+i+1, start+at)
-		} else if !isPostgres(s) {
-			add(start, start+at)
-		}
+	var out []textPart
+	if p, ok := userSecret(s, start, authEnd); ok {
+		out = append(out, p)
 	}
+	return append(out, querySecrets(s, authEnd)...)
+}
+
+// userSecret returns the secret of the user information of the authority
+// s[start:end], which is what precedes its last @.
+func userSecret(s string, start, end int) (textPart, bool) {
+	at := strings.LastIndexByte(s[start:end], '@')
+	if at <= 0 {
+		return textPart{}, false
+	}
+	if i := strings.IndexByte(s[start:start+at], ':'); i >= 0 {
+		return textPart{start + i + 1, start + at}, i+1 < at
+	}
+	return textPart{start, start + at}, !isPostgres(s)
+}
+
+// querySecrets returns the values of the secret parameters of the query of
+// s, if it has one after from.
+func querySecrets(s string, from int) []textPart {
 	q := strings.IndexByte(s, '?')
-	if q < 0 || q < start+authEnd {
-		return out
+	if q < 0 || q < from {
+		return nil
 	}
 	end := len(s)
 	if i := strings.IndexByte(s[q:], '#'); i >= 0 {
 		end = q + i
 	}
+	var out []textPart
 	for pos := q + 1; pos < end; {
 		next := strings.IndexByte(s[pos:end], '&')
 		if next < 0 {
 			next = end - pos
 		}
 		name, _, hasValue := strings.Cut(s[pos:pos+next], "=")
-		if hasValue && secretName(name) {
-			add(pos+len(name)+1, pos+next)
+		if hasValue && secretName(name) && pos+len(name)+1 < pos+next {
+			out = append(out, textPart{pos + len(name) + 1, pos + next})
 		}
 		pos += next + 1
 	}
@@ -109,9 +118,9 @@ func isPostgres(s string) bool {
 	return scheme == "postgres" || scheme == "postgresql"
 }
 
-// isKeywordValue reports whether s reads as a Postgres keyword/value
+// IsKeywordValue reports whether s reads as a Postgres keyword/value
 // connection string: its first word is keyword=value.
-func isKeywordValue(s string) bool {
+func IsKeywordValue(s string) bool {
 	word, _, _ := strings.Cut(strings.TrimSpace(s), " ")
 	k, _, ok := strings.Cut(word, "=")
 	return ok && k != "" && !strings.ContainsAny(k, "/:@?")
@@ -123,58 +132,59 @@ func isKeywordValue(s string) bool {
 // what is inside the quotes.
 func keywordSpans(s string) []textPart {
 	var out []textPart
-	i := 0
-	skip := func() {
-		for i < len(s) && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r') {
-			i++
-		}
-	}
-	for {
-		skip()
-		if i >= len(s) {
-			return out
-		}
+	for i := skipSpace(s, 0); i < len(s); i = skipSpace(s, i) {
 		k := i
 		for i < len(s) && s[i] != '=' && s[i] != ' ' {
 			i++
 		}
 		name := s[k:i]
-		skip()
-		if i >= len(s) || s[i] != '=' {
+		if i = skipSpace(s, i); i >= len(s) || s[i] != '=' {
 			continue // not keyword=value: a word to step over
 		}
-		i++
-		skip()
 		var v textPart
-		if i < len(s) && s[i] == '\'' {
-			i++
-			v.start = i
-			for i < len(s) && s[i] != '\'' {
-				if s[i] == '\\' {
-					i++
-				}
-				i++
-			}
-			v.end = min(i, len(s))
-			i++
-		} else {
-			v.start = i
-			for i < len(s) && s[i] != ' ' && s[i] != '\t' && s[i] != '\n' {
-				i++
-			}
-			v.end = i
-		}
+		v, i = keywordValue(s, skipSpace(s, i+1))
 		if secretName(name) && v.end > v.start {
 			out = append(out, v)
 		}
 	}
+	return out
 }
 
-// redactURL returns the URL (or connection string) s with each secret
+// keywordValue returns the value that starts at s[i], bare or quoted, and
+// the index after it.
+func keywordValue(s string, i int) (textPart, int) {
+	if i < len(s) && s[i] == '\'' {
+		v := textPart{start: i + 1}
+		for i++; i < len(s) && s[i] != '\''; i++ {
+			if s[i] == '\\' {
+				i++
+			}
+		}
+		v.end = min(i, len(s))
+		return v, i + 1
+	}
+	v := textPart{start: i}
+	for i < len(s) && s[i] != ' ' && s[i] != '\t' && s[i] != '\n' {
+		i++
+	}
+	v.end = i
+	return v, i
+}
+
+// skipSpace returns the index of the first byte of s from i that is not a
+// space.
+func skipSpace(s string, i int) int {
+	for i < len(s) && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// URL returns the URL (or connection string) s with each secret
 // secretSpans finds replaced by xxxxx: redis://user:xxxxx@host,
 // https://xxxxx@host, postgres://u@h/db?password=xxxxx,
 // host=h password=xxxxx.
-func redactURL(s string) string {
+func URL(s string) string {
 	spans := secretSpans(s)
 	if len(spans) == 0 {
 		return s
@@ -183,21 +193,22 @@ func redactURL(s string) string {
 	last := 0
 	for _, sp := range spans {
 		b.WriteString(s[last:sp.start])
-		b.WriteString(redactedSecret)
+		b.WriteString(Secret)
 		last = sp.end
 	}
 	b.WriteString(s[last:])
 	return b.String()
 }
 
-// hider hides, in any text, the secrets of the URLs and passwords given on
-// the command line. The zero value and nil hide nothing.
-type hider struct{ r *strings.Replacer }
+// Hider hides, in any text, the secrets of the URLs and passwords given on
+// the command line. The zero value and nil hide nothing. It is safe for
+// concurrent use.
+type Hider struct{ r *strings.Replacer }
 
-// newHider returns the hider of urls (each hidden as redactURL shows it,
+// NewHider returns the hider of urls (each hidden as URL shows it,
 // as given and as %q quotes it, and each of its secrets wherever it
 // appears, as given and decoded) and passwords (wherever they appear).
-func newHider(urls, passwords []string) *hider {
+func NewHider(urls, passwords []string) *Hider {
 	var pairs []string
 	seen := make(map[string]bool)
 	add := func(old, new string) {
@@ -215,7 +226,7 @@ func newHider(urls, passwords []string) *hider {
 		if len(spans) == 0 {
 			continue
 		}
-		red := redactURL(raw)
+		red := URL(raw)
 		add(raw, red)
 		add(quoted(raw), quoted(red))
 		for _, sp := range spans {
@@ -224,59 +235,48 @@ func newHider(urls, passwords []string) *hider {
 	}
 	secrets = append(secrets, passwords...)
 	for _, sec := range secrets {
-		add(sec, redactedSecret)
-		add(quoted(sec), redactedSecret)
+		add(sec, Secret)
+		add(quoted(sec), Secret)
 		if u, err := url.QueryUnescape(sec); err == nil {
-			add(u, redactedSecret)
-			add(quoted(u), redactedSecret)
+			add(u, Secret)
+			add(quoted(u), Secret)
 		}
 		if u, err := url.PathUnescape(sec); err == nil {
-			add(u, redactedSecret)
+			add(u, Secret)
 		}
 		if strings.Contains(sec, `\`) { // a quoted keyword value: \' and \\
-			add(strings.NewReplacer(`\'`, `'`, `\\`, `\`).Replace(sec), redactedSecret)
+			add(strings.NewReplacer(`\'`, `'`, `\\`, `\`).Replace(sec), Secret)
 		}
 	}
 	if len(pairs) == 0 {
 		return nil
 	}
-	return &hider{r: strings.NewReplacer(pairs...)}
+	return &Hider{r: strings.NewReplacer(pairs...)}
 }
 
-// hide returns s with the secrets hidden.
-func (h *hider) hide(s string) string {
+// Hide returns s with the secrets hidden.
+func (h *Hider) Hide(s string) string {
 	if h == nil || h.r == nil {
 		return s
 	}
 	return h.r.Replace(s)
 }
 
-// scrub returns msg with the secrets of the URLs raws hidden (a hider of
+// Scrub returns msg with the secrets of the URLs raws hidden (a Hider of
 // raws, for one message).
-func scrub(msg string, raws ...string) string { return newHider(raws, nil).hide(msg) }
-
-// urlFlagError is the usage error of a URL flag whose value err rejects:
-// the value and the error without its secrets, and a hint when the value
-// lacks a scheme (a bare host:port), which the URL parsers read oddly; a
-// Postgres keyword/value string needs none.
-func urlFlagError(flag, raw string, err error, scheme string) error {
-	hint := ""
-	if !strings.Contains(raw, "://") && !(scheme == "postgres" && isKeywordValue(raw)) {
-		hint = "; add the scheme: " + flag + " " + scheme + "://" + redactURL(raw)
-	}
-	return usagef("invalid %s URL %q: %s%s", flag, redactURL(raw), scrub(err.Error(), raw), hint)
-}
+func Scrub(msg string, raws ...string) string { return NewHider(raws, nil).Hide(msg) }
 
 // hidingHandler is a slog.Handler that hides secrets in the message and
 // in the string and error values of the attributes before h sees them.
 type hidingHandler struct {
 	h  slog.Handler
-	hd *hider
+	hd *Hider
 }
 
-// hidingLogger returns l, or l through a hidingHandler when hd hides
+// Logger returns l, or l through a handler that hides the secrets of hd
+// in messages and in the strings and errors of attributes, when hd hides
 // something.
-func hidingLogger(l *slog.Logger, hd *hider) *slog.Logger {
+func Logger(l *slog.Logger, hd *Hider) *slog.Logger {
 	if hd == nil {
 		return l
 	}
@@ -286,7 +286,7 @@ func hidingLogger(l *slog.Logger, hd *hider) *slog.Logger {
 func (h *hidingHandler) Enabled(ctx context.Context, l slog.Level) bool { return h.h.Enabled(ctx, l) }
 
 func (h *hidingHandler) Handle(ctx context.Context, r slog.Record) error {
-	out := slog.NewRecord(r.Time, r.Level, h.hd.hide(r.Message), r.PC)
+	out := slog.NewRecord(r.Time, r.Level, h.hd.Hide(r.Message), r.PC)
 	r.Attrs(func(a slog.Attr) bool {
 		out.AddAttrs(h.attr(a))
 		return true
@@ -312,7 +312,7 @@ func (h *hidingHandler) attr(a slog.Attr) slog.Attr {
 	v := a.Value.Resolve()
 	switch v.Kind() {
 	case slog.KindString:
-		return slog.String(a.Key, h.hd.hide(v.String()))
+		return slog.String(a.Key, h.hd.Hide(v.String()))
 	case slog.KindGroup:
 		g := v.Group()
 		hidden := make([]slog.Attr, len(g))
@@ -323,9 +323,9 @@ func (h *hidingHandler) attr(a slog.Attr) slog.Attr {
 	case slog.KindAny:
 		switch x := v.Any().(type) {
 		case error:
-			return slog.String(a.Key, h.hd.hide(x.Error()))
+			return slog.String(a.Key, h.hd.Hide(x.Error()))
 		case fmt.Stringer:
-			return slog.String(a.Key, h.hd.hide(x.String()))
+			return slog.String(a.Key, h.hd.Hide(x.String()))
 		}
 	}
 	return slog.Attr{Key: a.Key, Value: v}

@@ -1,16 +1,54 @@
-package main
+package cli
 
 import (
+	"flag"
 	"fmt"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/idemgo/idem/cmd/idem/internal/size"
 )
 
 // The flag.Values of the flag tables. Each points at the variable it
 // sets: a field of idemproxy.Proxy, of the store's options, or of a
 // command's configuration. The value the variable holds when the flag is
 // defined is the flag's default.
+
+// String returns the value of a flag that sets *p.
+func String(p *string) flag.Value { return stringValue{p} }
+
+// Bool returns the value of a boolean flag that sets *p.
+func Bool(p *bool) flag.Value { return boolValue{p} }
+
+// Not returns the value of a boolean flag that sets *p to its negation
+// (--require-key=false sets idemproxy.Proxy.KeyOptional).
+func Not(p *bool) flag.Value { return notValue{p} }
+
+// Int returns the value of a flag that sets *p, not negative.
+func Int(p *int) flag.Value { return intValue{p} }
+
+// Duration returns the value of a flag that sets *p, not negative.
+func Duration(p *time.Duration) flag.Value { return durationValue{p} }
+
+// Bound and BoundInt return the value of a flag that sets a bound of
+// idemproxy.Proxy, whose zero is the default and a negative value no
+// bound: the flag's 0 means no bound.
+func Bound(p *time.Duration) flag.Value { return boundDuration{p} }
+
+// BoundInt is Bound for an int.
+func BoundInt(p *int) flag.Value { return boundInt{p} }
+
+// OrOff returns the value of a flag that sets *name, or *off for "".
+func OrOff(name *string, off *bool) flag.Value { return offValue{name, off} }
+
+// Size returns the value of a flag that sets a size in bytes (see
+// size.Parse).
+func Size[T int | int64](p *T) flag.Value { return sizeValue[T]{p} }
+
+// List returns the value of a flag that sets a comma-separated list,
+// upper-cased if upper.
+func List(p *[]string, upper bool) flag.Value { return listValue{p, upper} }
 
 // stringValue sets a string.
 type stringValue struct{ p *string }
@@ -78,12 +116,12 @@ func (v durationValue) String() string {
 	if v.p == nil {
 		return ""
 	}
-	return formatDuration(*v.p)
+	return FormatDuration(*v.p)
 }
 
-// formatDuration renders d as time.Duration does, without zero minutes and
+// FormatDuration renders d as time.Duration does, without zero minutes and
 // seconds: 24h, 30m, 1h30m, 2.5s.
-func formatDuration(d time.Duration) string {
+func FormatDuration(d time.Duration) string {
 	s := d.String()
 	if d != 0 && d%time.Minute == 0 {
 		s = strings.TrimSuffix(s, "0s")
@@ -127,20 +165,19 @@ func setBound[T time.Duration | int](p *T, err error) error {
 	return err
 }
 
-// fenceValue sets idemproxy.Proxy.FenceHeader, or DisableFence for "".
-type fenceValue struct {
+type offValue struct {
 	name *string
 	off  *bool
 }
 
-func (v fenceValue) String() string {
+func (v offValue) String() string {
 	if v.name == nil || *v.off {
 		return ""
 	}
 	return *v.name
 }
 
-func (v fenceValue) Set(s string) error {
+func (v offValue) Set(s string) error {
 	*v.name, *v.off = s, s == ""
 	return nil
 }
@@ -149,25 +186,15 @@ func (v fenceValue) Set(s string) error {
 // 2GiB, or with decimal units 1KB, 1MB, 1GB.
 type sizeValue[T int | int64] struct{ p *T }
 
-var sizeUnits = []struct {
-	suffix string
-	mult   int64
-}{
-	{"kib", 1 << 10}, {"mib", 1 << 20}, {"gib", 1 << 30},
-	{"kb", 1000}, {"mb", 1000 * 1000}, {"gb", 1000 * 1000 * 1000},
-	{"k", 1 << 10}, {"m", 1 << 20}, {"g", 1 << 30},
-	{"b", 1},
-}
-
 func (v sizeValue[T]) String() string {
 	if v.p == nil {
 		return ""
 	}
-	return formatSize(int64(*v.p))
+	return size.Format(int64(*v.p))
 }
 
 func (v sizeValue[T]) Set(s string) error {
-	n, err := parseSize(s)
+	n, err := size.Parse(s)
 	if err != nil {
 		return err
 	}
@@ -176,38 +203,6 @@ func (v sizeValue[T]) Set(s string) error {
 	}
 	*v.p = T(n)
 	return nil
-}
-
-func parseSize(s string) (int64, error) {
-	t := strings.ToLower(strings.TrimSpace(s))
-	mult := int64(1)
-	for _, u := range sizeUnits {
-		if num, ok := strings.CutSuffix(t, u.suffix); ok {
-			t, mult = strings.TrimSpace(num), u.mult
-			break
-		}
-	}
-	n, err := strconv.ParseInt(t, 10, 64)
-	if err != nil || n <= 0 {
-		return 0, fmt.Errorf("not a positive size (examples: 1048576, 512KiB, 1MiB): %q", s)
-	}
-	if n > (1<<62)/mult {
-		return 0, fmt.Errorf("size %q is too large", s)
-	}
-	return n * mult, nil
-}
-
-// formatSize renders n in the largest binary unit that divides it.
-func formatSize(n int64) string {
-	switch {
-	case n > 0 && n%(1<<30) == 0:
-		return strconv.FormatInt(n>>30, 10) + "GiB"
-	case n > 0 && n%(1<<20) == 0:
-		return strconv.FormatInt(n>>20, 10) + "MiB"
-	case n > 0 && n%(1<<10) == 0:
-		return strconv.FormatInt(n>>10, 10) + "KiB"
-	}
-	return strconv.FormatInt(n, 10)
 }
 
 // listValue is a flag.Value for a comma-separated list.
