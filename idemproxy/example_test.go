@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/boltstore"
 	"github.com/idemgo/idem/idemproxy"
 	"github.com/idemgo/idem/memstore"
 )
@@ -53,4 +54,20 @@ func Example() {
 	// Output:
 	// 201  charge 1
 	// 201 true charge 1
+}
+
+// A program that serves the proxy on 127.0.0.1:8080 in front of an API on
+// 127.0.0.1:9000, with its records in a durable file, as `idem proxy`
+// does by default.
+func Example_listen() {
+	store, err := boltstore.Open("idem.db")
+	if err != nil {
+		log.Fatal(err)
+	}
+	exec, err := idem.New(store)
+	if err != nil {
+		log.Fatal(err)
+	}
+	upstream, _ := url.Parse("http://127.0.0.1:9000")
+	log.Fatal(http.ListenAndServe("127.0.0.1:8080", &idemproxy.Proxy{Target: upstream, Executor: exec}))
 }

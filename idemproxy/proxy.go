@@ -84,7 +84,7 @@ type Proxy struct {
 	// Methods are the request methods made idempotent, compared ignoring
 	// case; requests with other methods pass through, and if they carry
 	// an Idempotency-Key their response gets Idempotency-Key-Ignored:
-	// true. nil: POST and PATCH.
+	// true. Empty: POST and PATCH.
 	Methods []string
 
 	// KeyOptional passes a covered request without an Idempotency-Key
@@ -302,7 +302,7 @@ func (p *Proxy) build() (*gateway, error) {
 		g.fenceHeader = http.CanonicalHeaderKey(orString(p.FenceHeader, DefaultFenceHeader))
 	}
 	methods := p.Methods
-	if methods == nil {
+	if len(methods) == 0 {
 		methods = []string{http.MethodPost, http.MethodPatch}
 	}
 	for _, m := range methods {

@@ -26,4 +26,12 @@
 //
 //	m, err := otelidem.NewMetrics(otelidem.WithMeterProvider(mp))
 //	exec, err := idem.New(store, idem.WithObserver(m.Observe))
+//
+// ProxyTracer traces an idemproxy.Proxy: a server span per request
+// ("idem.proxy POST") with what the proxy did (idem.outcome), a child of
+// the client's trace context, and the parent of the upstream's:
+//
+//	t := otelidem.NewProxyTracer(otelidem.WithTracerProvider(tp))
+//	p := &idemproxy.Proxy{Target: u, Executor: exec, Rewrite: t.Rewrite, Observer: t.Observe}
+//	srv := &http.Server{Handler: t.Handler(p)}
 package otelidem

@@ -17,6 +17,15 @@
 // records by state, the oldest IN_PROGRESS record, and Redis memory
 // against maxmemory (see NewStoreCollector).
 //
+// ProxyMetrics records what an idemproxy.Proxy does with its requests
+// (outcomes, times, the upstream's failures, requests in flight), the
+// series of `idem proxy`'s /metrics:
+//
+//	pm, err := prometheusidem.NewProxyMetrics(p.InFlight)
+//	if err != nil { … }
+//	prometheus.MustRegister(pm)
+//	p.Observer = pm.Observe
+//
 // The histograms' buckets start at 50µs (DefaultBuckets). Series carry the
 // scope's kind (idem.Observation.ScopeKind), never a key; the number of
 // kinds is bounded (WithMaxScopeKinds).
