@@ -11,9 +11,10 @@ import (
 	"sync/atomic"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/boltstore"
 	"github.com/idemgo/idem/idemproxy"
 	"github.com/idemgo/idem/memstore"
+	"github.com/idemgo/idem/redisstore"
+	"github.com/redis/go-redis/v9"
 )
 
 // A Go program embeds the idempotent proxy in front of an API that is not
@@ -57,10 +58,10 @@ func Example() {
 }
 
 // A program that serves the proxy on 127.0.0.1:8080 in front of an API on
-// 127.0.0.1:9000, with its records in a durable file, as `idem proxy`
-// does by default.
+// 127.0.0.1:9000, with its records in Redis, which several such proxies
+// may share.
 func Example_listen() {
-	store, err := boltstore.Open("idem.db")
+	store, err := redisstore.New(redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"}))
 	if err != nil {
 		log.Fatal(err)
 	}
