@@ -75,8 +75,8 @@ type Event struct {
 	Kind Kind
 	// Event is the idempotency layer's report of a KindCovered request:
 	// its Outcome, Status, Duration and Err (see idemhttp.Event). For
-	// KindPassthrough, Status and Duration are set (Status 0 when the
-	// response was cut off); for KindBusy, Status.
+	// KindPassthrough, Status and Duration are set (Status 0 when nothing
+	// was written); for KindBusy, Status.
 	idemhttp.Event
 	// Upstream is the time of the upstream call of a covered request, its
 	// response body included; 0 when the upstream was not called.
