@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -350,18 +352,63 @@ func TestProxyInProcess(t *testing.T) {
 	}
 }
 
-// TestVersionStamped: the version, commit and date that make release sets
-// at link time are what `idem version` prints.
+// TestVersionStamped: the version, commit, date and dirty flag that make
+// sets at link time are what `idem version` prints, as a line and with
+// --json as one JSON object.
 func TestVersionStamped(t *testing.T) {
-	old := [3]string{buildVersion, buildCommit, buildDate}
-	t.Cleanup(func() { buildVersion, buildCommit, buildDate = old[0], old[1], old[2] })
-	buildVersion, buildCommit, buildDate = "v1.2.3", "0123456789abcdef0123", "2026-01-02T03:04:05Z"
-	var out, errOut strings.Builder
-	if code := run(t.Context(), []string{"version"}, &out, &errOut, noEnv); code != 0 {
-		t.Fatalf("version: exit %d, %s", code, errOut.String())
+	old := [4]string{buildVersion, buildCommit, buildDate, buildDirty}
+	t.Cleanup(func() { buildVersion, buildCommit, buildDate, buildDirty = old[0], old[1], old[2], old[3] })
+	for _, tc := range []struct {
+		name, version, dirty string
+		wantLine             string
+		wantDirty            bool
+	}{
+		{"clean", "v1.2.3", "false", "idem v1.2.3 (commit 0123456789ab, built 2026-01-02T03:04:05Z, ", false},
+		{"dirty from describe", "v1.2.3-dirty", "true", "idem v1.2.3-dirty (commit 0123456789ab, built 2026-01-02T03:04:05Z, ", true},
+		{"dirty, version given", "v1.2.3", "true", "idem v1.2.3 (commit 0123456789ab, dirty, built 2026-01-02T03:04:05Z, ", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			buildVersion, buildCommit, buildDate, buildDirty = tc.version, "0123456789abcdef0123", "2026-01-02T03:04:05Z", tc.dirty
+			var out, errOut strings.Builder
+			if code := run(t.Context(), []string{"version"}, &out, &errOut, noEnv); code != 0 {
+				t.Fatalf("version: exit %d, %s", code, errOut.String())
+			}
+			if !strings.HasPrefix(out.String(), tc.wantLine) {
+				t.Errorf("version: got %q, want it to start with %q", out.String(), tc.wantLine)
+			}
+			out.Reset()
+			if code := run(t.Context(), []string{"version", "--json"}, &out, &errOut, noEnv); code != 0 {
+				t.Fatalf("version --json: exit %d, %s", code, errOut.String())
+			}
+			var got buildInfo
+			if err := json.Unmarshal([]byte(out.String()), &got); err != nil {
+				t.Fatalf("version --json: %v in %q", err, out.String())
+			}
+			want := buildInfo{Version: tc.version, Commit: "0123456789abcdef0123", Dirty: tc.wantDirty,
+				Date: "2026-01-02T03:04:05Z", Go: runtime.Version(), Platform: runtime.GOOS + "/" + runtime.GOARCH}
+			if got != want {
+				t.Errorf("version --json: got %+v, want %+v", got, want)
+			}
+		})
 	}
-	want := "idem v1.2.3 (commit 0123456789ab, built 2026-01-02T03:04:05Z, "
-	if !strings.HasPrefix(out.String(), want) {
-		t.Errorf("version: got %q, want it to start with %q", out.String(), want)
+}
+
+// TestVersionUnstamped: a binary built without the link-time values takes
+// its version from what the toolchain recorded.
+func TestVersionUnstamped(t *testing.T) {
+	for _, tc := range []struct {
+		main, rev string
+		modified  bool
+		want      string
+	}{
+		{"v0.3.0", "0123456789abcdef", false, "v0.3.0"},
+		{"(devel)", "0123456789abcdef", false, "devel-0123456789ab"},
+		{"(devel)", "0123456789abcdef", true, "devel-0123456789ab+dirty"},
+		{"(devel)", "", false, "devel"},
+		{"", "", false, "devel"},
+	} {
+		if got := toolchainVersion(tc.main, tc.rev, tc.modified); got != tc.want {
+			t.Errorf("toolchainVersion(%q, %q, %v): got %q, want %q", tc.main, tc.rev, tc.modified, got, tc.want)
+		}
 	}
 }
