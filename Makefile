@@ -20,12 +20,56 @@ MODULES  := $(shell find . -name go.mod -not -path './.cache/*' -not -path './bi
 MODVERSION ?= $(shell sed -n 's|^[[:space:]]*github.com/idemgo/idem \(v[^ ]*\) =>.*|\1|p' go.work)
 MODPROXY   := $(GO) run -C internal/modproxy .
 
-.PHONY: test vet race modules tidy build release fuzz soak chaos chaos-long chaos-report bench bench-streams bench-functions bench-http bench-proxy bench-postgres check-redis check-brokers check-postgres demo
+# The stamp of every build from a git checkout (make build, image, release):
+# VERSION is the nearest tag (git describe: v1.2.3, v1.2.3-4-g0123abc past
+# it) or the abbreviated commit when no tag is reachable, with -dirty when
+# tracked files have changes; COMMIT the full commit; DATE the commit's
+# date (so that the same commit gives the same binaries); DIRTY true or
+# false. `idem version [--json]` prints them. Outside a checkout: devel.
+ifeq ($(origin VERSION),undefined)
+VERSION := $(shell git describe --tags --match 'v*' --always --dirty 2>/dev/null || echo devel)
+endif
+ifeq ($(origin COMMIT),undefined)
+COMMIT := $(shell git rev-parse HEAD 2>/dev/null)
+endif
+ifeq ($(origin DATE),undefined)
+DATE := $(shell TZ=UTC git log -1 --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ 2>/dev/null)
+endif
+ifeq ($(origin DIRTY),undefined)
+DIRTY := $(if $(filter %-dirty,$(VERSION)),true,false)
+endif
+STAMP := -X main.buildVersion=$(VERSION) -X main.buildCommit=$(COMMIT) -X main.buildDate=$(DATE) -X main.buildDirty=$(DIRTY)
+
+# Tools compiled from the Go module proxy into .cache/tools, once per
+# version (the first time takes minutes: helm pulls in the Kubernetes
+# client libraries), and the documents the chart is checked against: the
+# OpenAPI document of a Kubernetes release (in the k8s.io/kubernetes
+# module) and the ServiceMonitor CRD (in the Prometheus Operator's).
+TOOLS               := $(CURDIR)/.cache/tools
+HELM_VERSION        ?= v3.22.0
+KUBECONFORM_VERSION ?= v0.8.0
+CYCLONEDX_VERSION   ?= v1.10.0
+K8S_VERSION         ?= v1.37.2
+PROMOP_VERSION      ?= v0.85.0
+HELM                := $(TOOLS)/helm-$(HELM_VERSION)
+KUBECONFORM         := $(TOOLS)/kubeconform-$(KUBECONFORM_VERSION)
+CYCLONEDX           := $(TOOLS)/cyclonedx-gomod-$(CYCLONEDX_VERSION)
+# go install/mod download of one version, outside any module.
+GOTOOL = cd / && GOWORK=off GOFLAGS=-mod=mod
+# The directory of a module version in the module cache, downloaded if
+# missing: $(call moddir,path@version).
+moddir = $$($(GOTOOL) $(GO) mod download -json $(1) | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$$/\1/p')
+CHART_ENV = IDEM_HELM=$(HELM) IDEM_KUBECONFORM=$(KUBECONFORM) \
+  IDEM_K8S_OPENAPI="$(call moddir,k8s.io/kubernetes@$(K8S_VERSION))/api/openapi-spec/swagger.json" \
+  IDEM_SERVICEMONITOR_CRD="$(call moddir,github.com/prometheus-operator/prometheus-operator@$(PROMOP_VERSION))/jsonnet/prometheus-operator/servicemonitors-crd.json"
+
+.PHONY: test vet race modules tidy build release image image-test chart-test stamp-test deploy-test manifests fuzz soak chaos chaos-long chaos-report bench bench-streams bench-functions bench-http bench-proxy bench-postgres check-redis check-brokers check-postgres demo
 
 ## test: formatting, vet, the race-enabled tests of every module, each
-## module built on its own (make modules) and the short variant of the
-## reliability suite (make chaos).
-test: check-redis check-brokers check-postgres vet race modules chaos
+## module built on its own (make modules), the short variant of the
+## reliability suite (make chaos) and the checks of what ships beside the
+## code: the image, the chart and the stamped version (make deploy-test).
+test: check-redis check-brokers check-postgres vet race modules chaos deploy-test
 
 check-redis:
 	@command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 || { \
@@ -61,7 +105,7 @@ vet:
 	GOARCH=386 $(GO) build ./...
 
 race:
-	@for m in $(filter-out ./chaos ./internal/modproxy,$(MODULES)); do (cd $$m && $(GO) test -race -count=1 -timeout 15m ./...) || exit 1; done
+	@for m in $(filter-out ./chaos ./internal/modproxy ./internal/deploytest,$(MODULES)); do (cd $$m && $(GO) test -race -count=1 -timeout 15m ./...) || exit 1; done
 
 ## modules: every module as its users get it. A local module proxy serves
 ## the tree as if each module were tagged at MODVERSION; in an empty GOPATH,
@@ -170,32 +214,85 @@ bench-proxy: check-redis
 bench-postgres: check-redis check-postgres
 	cd postgres && $(GO) run ./internal/pgbench
 
-## build: bin/idem from the working tree.
+## build: bin/idem (BUILD_OUT) from the working tree, stamped (see STAMP).
+BUILD_OUT ?= $(CURDIR)/bin/idem
 build:
-	cd cmd/idem && $(GO) build -o ../../bin/idem .
+	cd cmd/idem && $(GO) build -ldflags "$(STAMP)" -o $(BUILD_OUT) .
 
 ## release: idem for every platform in dist/: idem_<version>_<os>_<arch>.tar.gz
-## (.zip for Windows) with the README and LICENSE, and SHA256SUMS. Static
-## (CGO_ENABLED=0), -trimpath, stamped with VERSION, COMMIT and DATE (the
-## commit's date, so that the same commit gives the same binaries).
-VERSION   ?= $(shell git describe --tags --match 'v*' --always --dirty 2>/dev/null || echo devel)
-COMMIT    ?= $(shell git rev-parse HEAD 2>/dev/null)
-DATE      ?= $(shell TZ=UTC git log -1 --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ 2>/dev/null)
-PLATFORMS ?= linux/amd64 linux/arm64 darwin/amd64 darwin/arm64 windows/amd64
-release:
-	@rm -rf dist && mkdir -p dist
-	@set -e; for p in $(PLATFORMS); do \
-	  os=$${p%/*}; arch=$${p#*/}; name=idem_$(VERSION)_$${os}_$${arch}; ext=; [ $$os = windows ] && ext=.exe; \
-	  echo "building $$name"; mkdir -p dist/$$name; \
-	  (cd cmd/idem && CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath -buildvcs=false \
-	    -ldflags "-s -w -X main.buildVersion=$(VERSION) -X main.buildCommit=$(COMMIT) -X main.buildDate=$(DATE)" \
-	    -o ../../dist/$$name/idem$$ext .); \
-	  cp README.md LICENSE dist/$$name/; touch -d '$(DATE)' dist/$$name/*; \
-	  if [ $$os = windows ]; then (cd dist && TZ=UTC zip -qrX $$name.zip $$name); \
-	  else tar -C dist --sort=name --owner=0 --group=0 --numeric-owner --mtime='$(DATE)' -cf - $$name | gzip -n > dist/$$name.tar.gz; fi; \
-	  rm -r dist/$$name; \
-	done
-	@cd dist && sha256sum idem_* > SHA256SUMS && cat SHA256SUMS
+## (.zip for Windows) with the LICENSE, the README, CHANGELOG.md and
+## INSTALL.md, SHA256SUMS, and a CycloneDX SBOM per binary
+## (idem_<version>_<os>_<arch>.cdx.json, from the modules the binary was
+## built with). Static (CGO_ENABLED=0), -trimpath, stamped (see STAMP).
+## RELEASE_JOBS platforms are built at once (default: one per core);
+## each step prints a line.
+PLATFORMS    ?= linux/amd64 linux/arm64 darwin/amd64 darwin/arm64 windows/amd64
+RELEASE_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+release: $(CYCLONEDX)
+	@GO="$(GO)" VERSION="$(VERSION)" COMMIT="$(COMMIT)" DATE="$(DATE)" STAMP="$(STAMP)" \
+	  PLATFORMS="$(PLATFORMS)" JOBS="$(RELEASE_JOBS)" CYCLONEDX="$(CYCLONEDX)" \
+	  bash internal/release/release.sh
+
+## image: the container image idem:<VERSION> (IMAGE=name:tag for another
+## name), built offline with buildah (or podman): FROM scratch, the static
+## binary for this machine's architecture and its CA certificates, user
+## 65532, /data a volume (deploy/image). IMAGE_TOOL_FLAGS passes global
+## flags, e.g. --root DIR --storage-driver vfs. With Docker instead: docker
+## build -t idem . (the Dockerfile downloads golang and builds the same).
+IMAGE ?= idem:$(VERSION)
+image:
+	@mkdir -p bin/image
+	cd cmd/idem && CGO_ENABLED=0 GOOS=linux $(GO) build -trimpath -ldflags "-s -w $(STAMP)" -o ../../bin/image/idem .
+	IDEM_BIN=bin/image/idem IMAGE="$(IMAGE)" VERSION="$(VERSION)" COMMIT="$(COMMIT)" DATE="$(DATE)" \
+	  IMAGE_TOOL_FLAGS="$(IMAGE_TOOL_FLAGS)" bash deploy/image/build.sh
+	@echo "built $(IMAGE); run it with: podman run --rm $(IMAGE) version"
+
+## deploy-test: image-test, chart-test and stamp-test (part of make test).
+deploy-test: image-test chart-test stamp-test
+
+## image-test: builds the image into a storage of its own and runs it with
+## podman: idem version, the proxy answering through it in front of an
+## upstream on this machine, as user 65532 on a read-only root filesystem
+## with its store in the volume (internal/deploytest). Needs buildah,
+## podman and runc.
+image-test:
+	@for t in buildah podman runc; do command -v $$t >/dev/null 2>&1 || { \
+	  echo "make image-test needs buildah, podman and runc: sudo apt-get install -y buildah podman runc"; exit 1; }; done
+	@mkdir -p bin/image
+	cd cmd/idem && CGO_ENABLED=0 GOOS=linux $(GO) build -trimpath -ldflags "-s -w $(STAMP)" -o ../../bin/image/idem .
+	cd internal/deploytest && IDEM_IMAGE_BIN=$(CURDIR)/bin/image/idem IDEM_IMAGE_VERSION="$(VERSION)" IDEM_IMAGE_COMMIT="$(COMMIT)" \
+	  $(GO) test -count=1 -timeout 5m -run 'TestImage' ./...
+
+## chart-test: helm lint and helm template of deploy/helm/idem with its
+## default values and its value sets (ci/), each object checked and
+## validated by kubeconform against the schemas of Kubernetes $(K8S_VERSION)
+## and of the ServiceMonitor CRD; deploy/kubernetes must be the chart's
+## rendering (make manifests).
+chart-test: $(HELM) $(KUBECONFORM)
+	cd internal/deploytest && $(CHART_ENV) \
+	  $(GO) test -count=1 -timeout 5m -run 'TestChart|TestKubeconform|TestManifests|TestSchemas' ./...
+
+## manifests: rewrite deploy/kubernetes from the chart.
+manifests: $(HELM) $(KUBECONFORM)
+	cd internal/deploytest && $(CHART_ENV) \
+	  $(GO) test -count=1 -run 'TestManifests' ./... -update
+
+## stamp-test: make build stamps bin/idem with what git says of the checkout.
+stamp-test:
+	cd internal/deploytest && $(GO) test -count=1 -timeout 5m -run 'TestStamp' ./...
+
+$(HELM):
+	@mkdir -p $(TOOLS)
+	@echo "compiling helm $(HELM_VERSION) from the Go module proxy into .cache/tools (once; minutes)"
+	@$(GOTOOL) GOBIN=$(TOOLS) $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION) && mv $(TOOLS)/helm $@
+$(KUBECONFORM):
+	@mkdir -p $(TOOLS)
+	@echo "compiling kubeconform $(KUBECONFORM_VERSION) from the Go module proxy into .cache/tools (once)"
+	@$(GOTOOL) GOBIN=$(TOOLS) $(GO) install github.com/yannh/kubeconform/cmd/kubeconform@$(KUBECONFORM_VERSION) && mv $(TOOLS)/kubeconform $@
+$(CYCLONEDX):
+	@mkdir -p $(TOOLS)
+	@echo "compiling cyclonedx-gomod $(CYCLONEDX_VERSION) from the Go module proxy into .cache/tools (once)"
+	@$(GOTOOL) GOBIN=$(TOOLS) $(GO) install github.com/CycloneDX/cyclonedx-gomod/cmd/cyclonedx-gomod@$(CYCLONEDX_VERSION) && mv $(TOOLS)/cyclonedx-gomod $@
 
 ## demo: the proxy on its embedded store in front of a toy API (no Redis),
 ## on DEMO_PORT (the proxy) and DEMO_UPSTREAM_PORT (the toy API). Then, in
