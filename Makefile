@@ -63,7 +63,7 @@ CHART_ENV = IDEM_HELM=$(HELM) IDEM_KUBECONFORM=$(KUBECONFORM) \
   IDEM_K8S_OPENAPI="$(call moddir,k8s.io/kubernetes@$(K8S_VERSION))/api/openapi-spec/swagger.json" \
   IDEM_SERVICEMONITOR_CRD="$(call moddir,github.com/prometheus-operator/prometheus-operator@$(PROMOP_VERSION))/jsonnet/prometheus-operator/servicemonitors-crd.json"
 
-.PHONY: test vet race modules tidy build release image image-test chart-test stamp-test deploy-test manifests fuzz soak chaos chaos-long chaos-report bench bench-streams bench-functions bench-http bench-proxy bench-postgres check-redis check-brokers check-postgres demo
+.PHONY: test vet race modules tidy build release image image-test chart-test stamp-test deploy-test manifests fuzz soak chaos chaos-long chaos-report bench bench-streams bench-functions bench-http bench-proxy bench-resources bench-postgres check-redis check-brokers check-postgres demo
 
 ## test: formatting, vet, the race-enabled tests of every module, each
 ## module built on its own (make modules), the short variant of the
@@ -205,6 +205,14 @@ bench-http: check-redis
 bench-proxy: check-redis
 	@command -v wrk >/dev/null 2>&1 || { echo "wrk is needed: sudo apt-get install -y wrk"; exit 1; }
 	bash internal/httpbench/proxy/run.sh
+
+## bench-resources: the proxy's CPU per 1,000 requests and its resident
+## memory at the default limits under wrk, on Redis and the embedded store
+## (RUNS=5 runs of DURATION=10s at CONNS="64 256 1024"; medians), the
+## figures behind the chart's requests and limits (docs/deploy.md).
+bench-resources: check-redis
+	@command -v wrk >/dev/null 2>&1 || { echo "wrk is needed: sudo apt-get install -y wrk"; exit 1; }
+	bash internal/httpbench/proxy/resources.sh
 
 ## bench-postgres: the commit gate side by side in one run: a bare
 ## transaction, the gate's Postgres part alone (on memstore), its Redis
