@@ -43,13 +43,15 @@ STAMP := -X main.buildVersion=$(VERSION) -X main.buildCommit=$(COMMIT) -X main.b
 # Tools compiled from the Go module proxy into .cache/tools, once per
 # version (the first time takes minutes: helm pulls in the Kubernetes
 # client libraries), and the documents the chart is checked against: the
-# OpenAPI document of a Kubernetes release (in the k8s.io/kubernetes
-# module) and the ServiceMonitor CRD (in the Prometheus Operator's).
+# OpenAPI documents of Kubernetes releases (in the k8s.io/kubernetes
+# module, about 20 MB each, fetched once into the module cache) and the
+# ServiceMonitor CRD (in the Prometheus Operator's).
 TOOLS               := $(CURDIR)/.cache/tools
 HELM_VERSION        ?= v3.22.0
 KUBECONFORM_VERSION ?= v0.8.0
 CYCLONEDX_VERSION   ?= v1.10.0
-K8S_VERSION         ?= v1.37.2
+# The oldest release the chart supports (its preStop sleep) and the newest.
+K8S_VERSIONS        ?= v1.30.14 v1.37.2
 PROMOP_VERSION      ?= v0.85.0
 HELM                := $(TOOLS)/helm-$(HELM_VERSION)
 KUBECONFORM         := $(TOOLS)/kubeconform-$(KUBECONFORM_VERSION)
@@ -60,7 +62,7 @@ GOTOOL = cd / && GOWORK=off GOFLAGS=-mod=mod
 # missing: $(call moddir,path@version).
 moddir = $$($(GOTOOL) $(GO) mod download -json $(1) | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$$/\1/p')
 CHART_ENV = IDEM_HELM=$(HELM) IDEM_KUBECONFORM=$(KUBECONFORM) \
-  IDEM_K8S_OPENAPI="$(call moddir,k8s.io/kubernetes@$(K8S_VERSION))/api/openapi-spec/swagger.json" \
+  IDEM_K8S_OPENAPI="$(foreach v,$(K8S_VERSIONS),$(call moddir,k8s.io/kubernetes@$(v))/api/openapi-spec/swagger.json:)" \
   IDEM_SERVICEMONITOR_CRD="$(call moddir,github.com/prometheus-operator/prometheus-operator@$(PROMOP_VERSION))/jsonnet/prometheus-operator/servicemonitors-crd.json"
 
 .PHONY: test vet race modules tidy build release image image-test chart-test stamp-test deploy-test manifests fuzz soak chaos chaos-long chaos-report bench bench-streams bench-functions bench-http bench-proxy bench-resources bench-postgres check-redis check-brokers check-postgres demo
@@ -273,7 +275,7 @@ image-test:
 
 ## chart-test: helm lint and helm template of deploy/helm/idem with its
 ## default values and its value sets (ci/), each object checked and
-## validated by kubeconform against the schemas of Kubernetes $(K8S_VERSION)
+## validated by kubeconform against the schemas of each of K8S_VERSIONS
 ## and of the ServiceMonitor CRD; deploy/kubernetes must be the chart's
 ## rendering (make manifests).
 chart-test: $(HELM) $(KUBECONFORM)

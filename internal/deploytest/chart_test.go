@@ -309,8 +309,8 @@ func checkProxyContainer(t *testing.T, c container, upstream string) {
 
 // TestChart renders the chart with its default values and the value sets
 // of its ci/ directory, checks what each must hold, and validates every
-// object against the Kubernetes schemas (and the ServiceMonitor CRD's)
-// with kubeconform.
+// object against the schemas of each Kubernetes release the Makefile names
+// (and the ServiceMonitor CRD's) with kubeconform.
 func TestChart(t *testing.T) {
 	helm := tool(t, "IDEM_HELM", "chart-test")
 	lintArgs := [][]string{{"--set", "proxy.upstream=http://api:8080"}}
@@ -503,38 +503,63 @@ func TestKubeconformRejects(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			res := runKubeconform(t, schemas, out)
-			var invalid []string
-			for _, r := range res.Resources {
-				if r.Status == "statusInvalid" {
-					invalid = append(invalid, r.Msg)
+			for _, set := range schemas {
+				res := runKubeconform(t, set.dir, out)
+				var invalid []string
+				for _, r := range res.Resources {
+					if r.Status == "statusInvalid" {
+						invalid = append(invalid, r.Msg)
+					}
 				}
-			}
-			if len(invalid) != 1 || !strings.Contains(invalid[0], tc.want) {
-				t.Errorf("invalid objects: got %q, want one saying %q", invalid, tc.want)
+				if len(invalid) != 1 || !strings.Contains(invalid[0], tc.want) {
+					t.Errorf("Kubernetes %s: invalid objects: got %q, want one saying %q", set.release, invalid, tc.want)
+				}
 			}
 		})
 	}
 }
 
-// kubeSchemas converts the Kubernetes OpenAPI document and the
-// ServiceMonitor CRD the Makefile names into a schema directory for
-// kubeconform.
-func kubeSchemas(t *testing.T) string {
+// schemaSet is the schema directory of one Kubernetes release.
+type schemaSet struct {
+	release string // v1.37.2
+	dir     string
+}
+
+// kubeSchemas converts the OpenAPI documents of the Kubernetes releases
+// the Makefile names (IDEM_K8S_OPENAPI, a list of paths separated by
+// colons) and the ServiceMonitor CRD (IDEM_SERVICEMONITOR_CRD) into a
+// schema directory per release for kubeconform.
+func kubeSchemas(t *testing.T) []schemaSet {
 	t.Helper()
-	openapi := tool(t, "IDEM_K8S_OPENAPI", "chart-test")
 	crd := tool(t, "IDEM_SERVICEMONITOR_CRD", "chart-test")
-	dir := t.TempDir()
-	got, err := WriteSchemas(dir, openapi, crd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, want := range []string{"deployment-apps-v1", "service-v1", "poddisruptionbudget-policy-v1", "persistentvolumeclaim-v1", "servicemonitor-monitoring-v1"} {
-		if !slices.Contains(got, want) {
-			t.Fatalf("schemas: no %s among %d", want, len(got))
+	var sets []schemaSet
+	for _, openapi := range strings.Split(tool(t, "IDEM_K8S_OPENAPI", "chart-test"), ":") {
+		openapi = strings.TrimSpace(openapi)
+		if openapi == "" {
+			continue
 		}
+		// .../k8s.io/kubernetes@v1.37.2/api/openapi-spec/swagger.json
+		_, release, ok := strings.Cut(openapi, "kubernetes@")
+		release, _, _ = strings.Cut(release, "/")
+		if !ok || release == "" {
+			t.Fatalf("IDEM_K8S_OPENAPI: %s is not in a k8s.io/kubernetes module", openapi)
+		}
+		dir := t.TempDir()
+		got, err := WriteSchemas(dir, openapi, crd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range []string{"deployment-apps-v1", "service-v1", "poddisruptionbudget-policy-v1", "persistentvolumeclaim-v1", "servicemonitor-monitoring-v1"} {
+			if !slices.Contains(got, want) {
+				t.Fatalf("schemas of %s: no %s among %d", release, want, len(got))
+			}
+		}
+		sets = append(sets, schemaSet{release, dir})
 	}
-	return dir
+	if len(sets) == 0 {
+		t.Fatal("IDEM_K8S_OPENAPI names no OpenAPI document")
+	}
+	return sets
 }
 
 type kubeconformResult struct {
@@ -560,17 +585,20 @@ func runKubeconform(t *testing.T, schemas, manifests string) kubeconformResult {
 	return res
 }
 
-// kubeconform validates manifests, which hold n objects: each must be
-// found valid (an object without a schema is an error, not a skip).
-func kubeconform(t *testing.T, schemas, manifests string, n int) {
+// kubeconform validates manifests, which hold n objects, against each
+// Kubernetes release: each object must be found valid (one without a
+// schema is an error, not a skip).
+func kubeconform(t *testing.T, sets []schemaSet, manifests string, n int) {
 	t.Helper()
-	res := runKubeconform(t, schemas, manifests)
-	if len(res.Resources) != n {
-		t.Errorf("kubeconform: got %d results, want %d", len(res.Resources), n)
-	}
-	for _, r := range res.Resources {
-		if r.Status != "statusValid" {
-			t.Errorf("kubeconform: %s %s: %s %s", r.Kind, r.Name, r.Status, r.Msg)
+	for _, set := range sets {
+		res := runKubeconform(t, set.dir, manifests)
+		if len(res.Resources) != n {
+			t.Errorf("kubeconform, Kubernetes %s: got %d results, want %d", set.release, len(res.Resources), n)
+		}
+		for _, r := range res.Resources {
+			if r.Status != "statusValid" {
+				t.Errorf("kubeconform, Kubernetes %s: %s %s: %s %s", set.release, r.Kind, r.Name, r.Status, r.Msg)
+			}
 		}
 	}
 }
