@@ -1,0 +1,70 @@
+// Package pgoutbox is a transactional outbox on PostgreSQL: a message is
+// written in the caller's transaction and sent to a broker if and only if
+// that transaction commits, at least once, with its idempotency key, so
+// that an idem consumer downstream processes it exactly once in effect.
+//
+// Inside a commit gate's operation (package pggate) the message commits
+// with the effect and the completion row, once per idempotency key
+// whatever the store says; a retry that conflicts rolls its message back
+// with its effect:
+//
+//	res, err := gate.Do(ctx, idem.Key{Scope: "checkout", ID: orderID}, fp,
+//		func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+//			if _, err := tx.Exec(ctx, `INSERT INTO orders ...`); err != nil {
+//				return nil, err
+//			}
+//			return []byte(`{"status":"paid"}`), pgoutbox.Publish(ctx, tx,
+//				"orders", "order-paid:"+orderID, event, map[string]string{"type": "order.paid"})
+//		})
+//
+// A Relay sends the rows (Run, or `idem relay --outbox URL` as a process)
+// and marks them sent once the broker confirmed them; its janitor deletes
+// sent rows after the retention (WithRetention, Sweep).
+//
+// # Keys
+//
+// The key is the message's idempotency key: a consumer processes one
+// message per key (and scope). Derive it from what the message stands for
+// (the request's key and the event's name: "order-42:paid"), never from
+// something that several messages share (a customer, an account). Each
+// sender puts the key where that broker's idem consumer adapter reads it
+// by default, so the adapters and `idem consume` need no configuration:
+//
+//	broker          sender (module)                      the key                                          confirmed when
+//	Kafka           kafka.NewSender (consumer/kafka)     header Idempotency-Key, and the record key        the produce request is acknowledged (ProduceSync)
+//	RabbitMQ        rabbitmq.NewSender (consumer/rabbitmq) property message-id, and header Idempotency-Key  the publisher confirm (mandatory: an unroutable message is an error)
+//	NATS JetStream  natsconsumer.NewSender (consumer/nats) header Nats-Msg-Id, and header Idempotency-Key    the stream's PubAck
+//	SQS             sqsconsumer.NewSender (consumer/sqs) message attribute idempotency-key                 the SendMessage reply
+//	Redis Streams   redisstream.NewSender (consumer/redisstream, root module) field key; the payload in field payload, each header in a field of its name   the XADD reply
+//
+// The senders live in the modules that already hold each broker's client,
+// and implement Sender without importing this package, so that a broker's
+// module never depends on pgx and this module never on a broker's client.
+// The header names a sender writes itself (KeyHeader, Nats-Msg-Id, key,
+// payload) are refused as Publish's headers.
+//
+// # Delivery and order
+//
+// At least once: a row is marked sent in the transaction that claimed it,
+// after the broker confirmed it. A relay that dies between the broker's
+// confirmation and that commit leaves the row unsent, and it is sent again;
+// the consumer deduplicates it by its key. A failed send keeps the row,
+// with its error and its count of attempts, and tries again after a
+// backoff (WithBackoff); a message the broker refuses every time (a
+// destination that does not exist, a message over the broker's limits)
+// stays in the table, and holds back its key, until it is fixed or
+// deleted.
+//
+// In order per destination and key: several relays share the work (each
+// batch is claimed with FOR UPDATE SKIP LOCKED), and a row is claimed only
+// when no earlier row of its destination and key is unsent, so a relay
+// never sends a key's next row while another holds its previous one (see
+// Relay.Send for the exact rule). Messages of different keys have no order.
+//
+// # Schema
+//
+// Migrate creates the table idem_outbox in the first schema of the
+// connection's search_path; schema.sql (Schema) holds the same SQL for
+// migration tools. Publish needs INSERT on it, the relay SELECT, UPDATE
+// and DELETE. A missing table is reported as ErrNoTable.
+package pgoutbox
