@@ -76,8 +76,8 @@ func (s *storeFlags) openPostgres(ctx context.Context, create bool) (*openedStor
 func relayCommand() *command {
 	return &command{
 		name:    "relay",
-		args:    "--postgres URL --redis URL [flags]",
-		summary: "copy the commit gate's completions that Redis did not get into Redis",
+		args:    "--postgres URL (--redis URL | --outbox [NAME=]URL...) [flags]",
+		summary: "copy the commit gate's completions that Redis did not get into Redis; send the outbox",
 		doc: `
 The commit gate (package pggate) writes each completion in the caller's
 Postgres transaction, then into Redis. When the second write fails or the
@@ -87,13 +87,14 @@ it copies every unrelayed completion older than --delay into Redis (a
 record that is not COMPLETED becomes COMPLETED with the committed result; a
 COMPLETED one is left as it is), marks it relayed, and deletes the rows past
 their retention. It runs until interrupted, or once with --once, and prints
-what it did.`,
+what it did.` + outboxHelp,
 		flags: func(fs *cli.Set) func(context.Context, *env, []string) error {
 			r := &relayFlags{store: storeFlags{hybrid: true}}
 			fs.Define(r.store.flags()...)
 			fs.Bool(&r.once, "once", false, "relay and sweep once, then exit")
 			fs.Duration(&r.interval, "interval", pggate.DefaultRelayInterval, "time between two passes")
 			fs.Duration(&r.delay, "delay", 0, "relay only completions older than this")
+			r.outbox.register(fs)
 			return r.run
 		},
 	}
@@ -104,13 +105,15 @@ type relayFlags struct {
 	store           storeFlags
 	once            bool
 	interval, delay time.Duration
+	outbox          outboxFlags
 }
 
-func (r *relayFlags) run(ctx context.Context, e *env, args []string) error {
+func (r *relayFlags) run(ctx context.Context, e *env, args []string) (err error) {
 	s := &r.store
-	err := cli.FirstError(
+	outbox := len(r.outbox.routes) > 0
+	err = cli.FirstError(
 		cli.Check(len(args) > 0, "relay: unexpected argument %q", strings.Join(args, " ")),
-		cli.Check(s.postgres == "" || !s.redis(), "relay needs --postgres (the gate's database) and --redis, --redis-cluster or --redis-sentinel"),
+		cli.Check(s.postgres == "" || !(s.redis() || outbox), "relay needs --postgres (the gate's database) and --redis, --redis-cluster or --redis-sentinel, or --outbox"),
 		cli.Check(r.interval <= 0 || r.delay < 0, "relay: --interval must be positive and --delay not negative"),
 		s.validate())
 	if err != nil {
@@ -121,6 +124,19 @@ func (r *relayFlags) run(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer pool.Close()
+	if outbox {
+		finish, err := r.outbox.start(ctx, e, pool, describe, r.once)
+		if err != nil {
+			return err
+		}
+		if !s.redis() {
+			if !r.once {
+				<-ctx.Done()
+			}
+			return finish()
+		}
+		defer func() { err = errors.Join(err, finish()) }()
+	}
 	rs, err := s.open(ctx, false) // Redis: --postgres is the gate's database here
 	if err != nil {
 		return err

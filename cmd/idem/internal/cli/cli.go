@@ -146,9 +146,14 @@ func (f *Set) Int(p *int, name, placeholder string, def int, usage string) {
 func (f *Set) Hider() *redact.Hider {
 	var urls, passwords []string
 	for _, m := range f.metas {
-		v := f.fs.Lookup(m.name).Value.String()
+		value := f.fs.Lookup(m.name).Value
+		v := value.String()
 		switch m.secret {
 		case URLSecret:
+			if l, ok := value.(interface{ Values() []string }); ok { // a flag of several URLs
+				urls = append(urls, l.Values()...)
+				continue
+			}
 			urls = append(urls, v)
 		case FullSecret:
 			passwords = append(passwords, v)
