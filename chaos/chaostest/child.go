@@ -107,6 +107,21 @@ func (p *Proc) Line(d time.Duration) string {
 	return ""
 }
 
+// NextLine returns the child's next line of stdout, waiting at most d. ok
+// is false if none came in time or the child exited; unlike Line, it
+// never fails the test, so a goroutine that supervises the child may call
+// it.
+func (p *Proc) NextLine(d time.Duration) (line string, ok bool) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case line, ok := <-p.out:
+		return line, ok
+	case <-t.C:
+		return "", false
+	}
+}
+
 // Expect reads lines until one starts with prefix, and returns it.
 func (p *Proc) Expect(prefix string, d time.Duration) string {
 	p.t.Helper()
