@@ -21,6 +21,7 @@ import (
 
 	"github.com/idemgo/idem/internal/redistest"
 	"github.com/idemgo/idem/internal/sqsfake"
+	"github.com/idemgo/idem/postgres/pggate"
 	"github.com/idemgo/idem/postgres/pgoutbox"
 	"github.com/idemgo/idem/postgres/pgtest"
 )
@@ -84,7 +85,7 @@ func TestRelayOutbox(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ch.QueueDeclare(queue, false, true, false, false, nil); err != nil {
+	if _, err := ch.QueueDeclare(queue, false, false, true, false, nil); err != nil { // exclusive: gone with the connection
 		t.Fatal(err)
 	}
 
@@ -221,4 +222,21 @@ func runIdemEnv(t *testing.T, env []string, args ...string) (code int, stdout, s
 	p := startIdemEnv(t, env, args...)
 	code = p.wait()
 	return code, p.stdout.String(), p.stderr.String()
+}
+
+// TestRelayOutboxWithCompletions: with --redis and --outbox, relay --once
+// relays the completions and sends the outbox, and says both.
+func TestRelayOutboxWithCompletions(t *testing.T) {
+	t.Parallel()
+	url, pool := outboxSchema(t)
+	if _, err := pool.Exec(t.Context(), pggate.Schema); err != nil {
+		t.Fatal(err)
+	}
+	srv := redistest.Start(t)
+	stream := unique("outbox-")
+	outboxPublish(t, pool, stream, "k", "p")
+	code, out, errOut := runIdem(t, "relay", "--once", "--postgres", url, "--redis", "redis://"+srv.Addr(), "--outbox", "redis-stream://"+srv.Addr()+"/"+stream)
+	if code != exitOK || !strings.Contains(out, "relayed 0 completions") || !strings.Contains(out, "sent 1 outbox messages") {
+		t.Fatalf("relay --once: exit %d, stdout %q, stderr %q; want both lines", code, out, errOut)
+	}
 }

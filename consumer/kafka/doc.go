@@ -85,4 +85,12 @@
 //     effects.
 //   - The next poll waits for every partition of the current one: a slow
 //     partition delays the others of this member.
+//
+// # Outbox messages
+//
+// Sender produces the messages of the transactional outbox's relay
+// (package pgoutbox of the postgres module, `idem relay --outbox
+// kafka://…`): the key in the header Idempotency-Key, which a Consumer
+// reads by default, and as the record key. A Consumer set to read its key
+// elsewhere reads the outbox's with WithKeyHeader(DefaultKeyHeader).
 package kafka

@@ -61,4 +61,13 @@
 // on its last delivery that would be retried is dead-lettered instead of
 // being dropped), and a stream must capture the dead-letter subject. See
 // the README for the full list.
+//
+// # Outbox messages
+//
+// Sender publishes the messages of the transactional outbox's relay
+// (package pgoutbox of the postgres module, `idem relay --outbox
+// nats://…`): the key in the header Nats-Msg-Id, which a Consumer reads by
+// default, and in the header Idempotency-Key (OutboxKeyHeader). A Consumer
+// set to read its key elsewhere reads the outbox's with
+// WithKeyHeader(OutboxKeyHeader).
 package natsconsumer

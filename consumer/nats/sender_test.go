@@ -14,12 +14,22 @@ import (
 	"github.com/idemgo/idem/internal/prooftest"
 )
 
-// TestSenderToConsumer: messages a Sender published reach a Consumer with
-// its default settings under their keys, with payload and headers. A
-// message sent again within the stream's duplicate window (a relay's
-// repeat) is stored once; one sent again after it is stored twice and
-// runs the handler once.
+// TestSenderToConsumer: messages a Sender published reach a Consumer under
+// their keys, with payload and headers, whether it reads the key from
+// Nats-Msg-Id (its default) or from the header Idempotency-Key. A message
+// sent again within the stream's duplicate window (a relay's repeat) is
+// stored once; one sent again after it is stored twice and runs the
+// handler once.
 func TestSenderToConsumer(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opts []natsconsumer.Option
+	}{{"Nats-Msg-Id", nil}, {"header", []natsconsumer.Option{natsconsumer.WithKeyHeader(natsconsumer.OutboxKeyHeader)}}} {
+		t.Run(tc.name, func(t *testing.T) { testSenderToConsumer(t, tc.opts...) })
+	}
+}
+
+func testSenderToConsumer(t *testing.T, opts ...natsconsumer.Option) {
 	_, js := connect(t)
 	s := newStream(t, js, func(c *jetstream.StreamConfig) { c.Duplicates = 500 * time.Millisecond })
 	snd, err := natsconsumer.NewSender(js, s.name+".orders")
@@ -49,7 +59,7 @@ func TestSenderToConsumer(t *testing.T) {
 		k := m.Headers().Get(natsconsumer.OutboxKeyHeader)
 		got[k] = append(got[k], m)
 		return nil
-	}, natsconsumer.WithFetchMaxWait(200*time.Millisecond))
+	}, append([]natsconsumer.Option{natsconsumer.WithFetchMaxWait(200 * time.Millisecond)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

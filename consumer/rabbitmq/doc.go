@@ -110,4 +110,13 @@
 // second one a replay. Likewise the dead-letter queue can receive a
 // message twice. A dead-letter exchange of the user's that routes nowhere
 // loses the dead letter: publisher confirms do not tell.
+//
+// # Outbox messages
+//
+// Sender publishes the messages of the transactional outbox's relay
+// (package pgoutbox of the postgres module, `idem relay --outbox
+// amqp://…`): the key in the message-id property, which a Consumer reads
+// by default (MessageIDKey), and in the header Idempotency-Key
+// (OutboxKeyHeader). A Consumer set to read its key elsewhere reads the
+// outbox's with WithKeyHeader(OutboxKeyHeader).
 package rabbitmq

@@ -26,10 +26,20 @@ func newTestSender(t *testing.T, queue string, opts ...SenderOption) *Sender {
 }
 
 // TestSenderToConsumer: messages a Sender published, one of them twice (a
-// relay that sent it again), reach a Consumer with its default settings
-// under their keys, with payload and headers; the repeated one runs its
+// relay that sent it again), reach a Consumer under their keys, with
+// payload and headers, whether it reads the key from the message-id (its
+// default) or from the header Idempotency-Key; the repeated one runs its
 // handler once.
 func TestSenderToConsumer(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opts []Option
+	}{{"message-id", nil}, {"header", []Option{WithKeyHeader(OutboxKeyHeader)}}} {
+		t.Run(tc.name, func(t *testing.T) { testSenderToConsumer(t, tc.opts...) })
+	}
+}
+
+func testSenderToConsumer(t *testing.T, opts ...Option) {
 	q := testQueue(t)
 	newPublisher(t, q) // declares the queue
 	s := newTestSender(t, q)
@@ -45,7 +55,7 @@ func TestSenderToConsumer(t *testing.T) {
 		defer mu.Unlock()
 		got[d.MessageId] = append(got[d.MessageId], d)
 		return nil
-	}, WithBatchWait(20*time.Millisecond), WithMaxDelay(50*time.Millisecond), consumer.WithScope(q))
+	}, append([]Option{WithBatchWait(20 * time.Millisecond), WithMaxDelay(50 * time.Millisecond), consumer.WithScope(q)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -88,4 +88,13 @@
 // record the key. Retried entries come back after max(delay, claim idle),
 // not at the exact delay. Stores with WithWait or WithWaitAOF cannot be
 // used (the pipelined script calls do not wait for replicas).
+//
+// # Outbox messages
+//
+// Sender appends the messages of the transactional outbox's relay (package
+// pgoutbox of the postgres module, `idem relay --outbox redis-stream://…`):
+// the key in the field key, which a Consumer reads by default, the payload
+// in the field payload (PayloadField), each header in a field of its name.
+// A Consumer set to read its key elsewhere reads the outbox's with
+// WithKeyFunc(KeyField(DefaultKeyField)).
 package redisstream

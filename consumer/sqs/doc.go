@@ -49,4 +49,11 @@
 //		return err
 //	}
 //	return c.Run(ctx) // until ctx is cancelled; then drains in-flight batches
+//
+// # Outbox messages
+//
+// Sender sends the messages of the transactional outbox's relay (package
+// pgoutbox of the postgres module, `idem relay --outbox sqs://…`): the key
+// in the message attribute idempotency-key (on a FIFO queue also as the
+// deduplication id), which DefaultKey reads.
 package sqsconsumer

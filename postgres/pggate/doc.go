@@ -66,7 +66,9 @@
 // Exactly one transaction commits an effect per key within the retention
 // window, whatever the store says, provided the effect is made through the
 // transaction the gate hands over. Effects outside the transaction (an
-// HTTP call, a message) are not covered: use fences for those.
+// HTTP call, a message) are not covered: use fences for those, and for a
+// message, write it in the transaction with package pgoutbox (the
+// transactional outbox), which sends it once the transaction committed.
 //
 // # Schema
 //

@@ -28,14 +28,25 @@
 // (the request's key and the event's name: "order-42:paid"), never from
 // something that several messages share (a customer, an account). Each
 // sender puts the key where that broker's idem consumer adapter reads it
-// by default, so the adapters and `idem consume` need no configuration:
+// by default, so the adapters need no configuration:
 //
-//	broker          sender (module)                      the key                                          confirmed when
-//	Kafka           kafka.NewSender (consumer/kafka)     header Idempotency-Key, and the record key        the produce request is acknowledged (ProduceSync)
-//	RabbitMQ        rabbitmq.NewSender (consumer/rabbitmq) property message-id, and header Idempotency-Key  the publisher confirm (mandatory: an unroutable message is an error)
-//	NATS JetStream  natsconsumer.NewSender (consumer/nats) header Nats-Msg-Id, and header Idempotency-Key    the stream's PubAck
-//	SQS             sqsconsumer.NewSender (consumer/sqs) message attribute idempotency-key                 the SendMessage reply
-//	Redis Streams   redisstream.NewSender (consumer/redisstream, root module) field key; the payload in field payload, each header in a field of its name   the XADD reply
+//   - Kafka (kafka.NewSender, module consumer/kafka): the header
+//     Idempotency-Key, and the record key (one partition per key);
+//     confirmed by the produce acknowledgement (ProduceSync).
+//   - RabbitMQ (rabbitmq.NewSender, module consumer/rabbitmq): the
+//     message-id property, and the header Idempotency-Key; confirmed by the
+//     publisher confirm, published mandatory (a message no queue takes is
+//     a failed send, not a lost message).
+//   - NATS JetStream (natsconsumer.NewSender, module consumer/nats): the
+//     header Nats-Msg-Id (JetStream's own deduplication id), and the header
+//     Idempotency-Key; confirmed by the stream's PubAck.
+//   - SQS (sqsconsumer.NewSender, module consumer/sqs): the message
+//     attribute idempotency-key (on a FIFO queue also the message group
+//     and the deduplication id); confirmed by the SendMessage reply.
+//   - Redis Streams (redisstream.NewSender, package consumer/redisstream
+//     of the root module): the field key, the payload in the field
+//     payload, each header in a field of its name; confirmed by the XADD
+//     reply.
 //
 // The senders live in the modules that already hold each broker's client,
 // and implement Sender without importing this package, so that a broker's
