@@ -326,6 +326,9 @@ func TestOutboxBrokerRedelivery(t *testing.T) {
 // (gate or control); faulty adds the faults and the relay's kill points.
 func testChain(t *testing.T, kind, mode string, faulty bool) {
 	requests := chaostest.Size(200, 1000)
+	if !faulty {
+		requests = chaostest.Size(100, 1000)
+	}
 	ctx := t.Context()
 
 	stores := redistest.Start(t)
