@@ -7,9 +7,7 @@ import (
 	"errors"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -324,25 +322,8 @@ func (b *rabbitBroker) publish(t *testing.T, msgs []message) {
 // remaining is the number of messages in the queue and its retry queue,
 // ready or delivered and not acknowledged yet, as rabbitmqctl counts them
 // (AMQP's passive declare counts only the ready ones).
-func (b *rabbitBroker) remaining(t *testing.T, total int) int {
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, "rabbitmqctl", "-q", "list_queues", "name", "messages").Output()
-	if err != nil {
-		t.Fatalf("rabbitmqctl list_queues: %v", err)
-	}
-	n := 0
-	for _, line := range strings.Split(string(out), "\n") {
-		f := strings.Fields(line)
-		if len(f) == 2 && (f[0] == b.queue || f[0] == b.queue+".retry") {
-			m, err := strconv.Atoi(f[1])
-			if err != nil {
-				t.Fatalf("rabbitmqctl list_queues: %q", line)
-			}
-			n += m
-		}
-	}
-	return n
+func (b *rabbitBroker) remaining(t *testing.T, _ int) int {
+	return chaostest.RabbitMQMessages(t, b.queue, b.queue+".retry")
 }
 
 func (b *rabbitBroker) depth(t *testing.T, queue string) int {

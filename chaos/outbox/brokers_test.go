@@ -334,7 +334,10 @@ type rabbitBroker struct {
 	ch       *amqp.Channel
 }
 
-func setupRabbitMQ(t *testing.T) broker {
+// amqpChannel returns a channel on the shared RabbitMQ, closed with its
+// connection when the test ends.
+func amqpChannel(t *testing.T) *amqp.Channel {
+	t.Helper()
 	conn, err := amqp.Dial(amqpURL)
 	if err != nil {
 		t.Fatalf("RabbitMQ at %s is unreachable (%v): start it, e.g. sudo rabbitmq-server -detached, user guest/guest", amqpURL, err)
@@ -344,6 +347,11 @@ func setupRabbitMQ(t *testing.T) broker {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return ch
+}
+
+func setupRabbitMQ(t *testing.T) broker {
+	ch := amqpChannel(t)
 	ex := uniqueName("idem-chaos-outbox-")
 	if err := ch.ExchangeDeclare(ex, "fanout", false, false, false, false, nil); err != nil {
 		t.Fatal(err)

@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
 	"sort"
 	"strconv"
 	"strings"
@@ -67,15 +66,7 @@ func runServiceA() error {
 	defer pool.Close()
 	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv(envRedis)})
 	defer rdb.Close()
-	store, err := redisstore.New(rdb)
-	if err != nil {
-		return err
-	}
-	exec, err := idem.New(store, idem.WithLease(chainLease))
-	if err != nil {
-		return err
-	}
-	gate, err := pggate.New(exec, pool, pggate.WithRelayInterval(200*time.Millisecond), pggate.WithRelayDelay(500*time.Millisecond))
+	exec, gate, err := serviceGate(pool, rdb)
 	if err != nil {
 		return err
 	}
@@ -132,15 +123,7 @@ func runServiceB() error {
 		storeRedis = redis.NewClient(&redis.Options{Addr: os.Getenv(envRedis)})
 	}
 	defer storeRedis.Close()
-	store, err := redisstore.New(storeRedis, storeOpts...)
-	if err != nil {
-		return err
-	}
-	exec, err := idem.New(store, idem.WithLease(chainLease))
-	if err != nil {
-		return err
-	}
-	gate, err := pggate.New(exec, pool, pggate.WithRelayInterval(200*time.Millisecond), pggate.WithRelayDelay(500*time.Millisecond))
+	exec, gate, err := serviceGate(pool, storeRedis, storeOpts...)
 	if err != nil {
 		return err
 	}
@@ -199,6 +182,21 @@ func runServiceB() error {
 	}
 	chaostest.Say("consuming")
 	return run(ctx)
+}
+
+// serviceGate returns a service's Executor, on a redisstore of rdb with
+// opts, and its commit gate on pool, whose relay repairs Redis quickly.
+func serviceGate(pool *pgxpool.Pool, rdb *redis.Client, opts ...redisstore.Option) (*idem.Executor, *pggate.Gate[pgx.Tx], error) {
+	store, err := redisstore.New(rdb, opts...)
+	if err != nil {
+		return nil, nil, err
+	}
+	exec, err := idem.New(store, idem.WithLease(chainLease))
+	if err != nil {
+		return nil, nil, err
+	}
+	gate, err := pggate.New(exec, pool, pggate.WithRelayInterval(200*time.Millisecond), pggate.WithRelayDelay(500*time.Millisecond))
+	return exec, gate, err
 }
 
 func randomKey() string {
@@ -368,7 +366,7 @@ func testChain(t *testing.T, kind, mode string, faulty bool) {
 		hops = append(hops, relayBroker, brokerB, redisB)
 		relayEnv = []string{envKind + "=rabbitmq", envBroker + "=amqp://guest:guest@" + relayBroker.px.Addr() + "/", envDest + "=/" + queue}
 		bEnv = []string{envKind + "=rabbitmq", envBroker + "=amqp://guest:guest@" + brokerB.px.Addr() + "/", envDest + "=" + queue, envRedis + "=" + redisB.px.Addr()}
-		drained = func() bool { return rabbitDepth(t, queue) == 0 }
+		drained = func() bool { return chaostest.RabbitMQMessages(t, queue, queue+".retry") == 0 }
 	case "redisstream":
 		bus := redistest.Start(t)
 		busRdb := bus.GoRedis(t)
@@ -650,15 +648,7 @@ func freeAddr(t *testing.T) string {
 // queues, when the test ends.
 func declareQueue(t *testing.T) string {
 	t.Helper()
-	conn, err := amqp.Dial(amqpURL)
-	if err != nil {
-		t.Fatalf("RabbitMQ at %s is unreachable (%v): start it, e.g. sudo rabbitmq-server -detached, user guest/guest", amqpURL, err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ch := amqpChannel(t)
 	q := uniqueName("idem-chaos-chain-")
 	if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
 		t.Fatal(err)
@@ -671,27 +661,6 @@ func declareQueue(t *testing.T) string {
 		}
 	})
 	return q
-}
-
-// rabbitDepth returns the messages of queue and of its retry queue, ready
-// or delivered and not acknowledged, as rabbitmqctl counts them.
-func rabbitDepth(t *testing.T, queue string) int {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, "rabbitmqctl", "-q", "list_queues", "name", "messages").Output()
-	if err != nil {
-		t.Fatalf("rabbitmqctl list_queues: %v", err)
-	}
-	n := 0
-	for _, line := range strings.Split(string(out), "\n") {
-		f := strings.Fields(line)
-		if len(f) == 2 && (f[0] == queue || f[0] == queue+".retry") {
-			m, _ := strconv.Atoi(f[1])
-			n += m
-		}
-	}
-	return n
 }
 
 // streamBacklog returns the group's pending entries and those it has not
