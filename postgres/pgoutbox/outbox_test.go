@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -155,7 +156,8 @@ func TestPublishCommitsWithTheTransaction(t *testing.T) {
 	if err != nil || n != 2 {
 		t.Fatalf("Send: got %d, %v, want 2, nil", n, err)
 	}
-	calls := rec.snapshot()
+	calls := rec.snapshot() // two keys: sent at the same time, in any order
+	slices.SortFunc(calls, func(a, b sent) int { return strings.Compare(a.key, b.key) })
 	if len(calls) != 2 || calls[0].key != "k1" || calls[0].payload != "one" || calls[1].key != "k2" || calls[1].payload != "two" {
 		t.Fatalf("sent: got %+v, want k1/one then k2/two", calls)
 	}
