@@ -1,15 +1,15 @@
 package idemhttp
 
 import (
-	"bytes"
 	"crypto/sha256"
-	"encoding/json"
 	"errors"
 	"hash"
 	"io"
 	"net/http"
 	"sync"
 	"sync/atomic"
+
+	"github.com/idemgo/idem/internal/canonjson"
 )
 
 // fpState is the reusable state of one fingerprint: the hash and buffers
@@ -57,7 +57,7 @@ func (m *Middleware) fingerprint(r *http.Request) (body []byte, fp string, err e
 		return nil, "", err
 	}
 	if m.canonicalJSON {
-		if c, ok := canonicalJSON(body); ok {
+		if c, ok := canonjson.Canonical(body); ok {
 			h.Write(c)
 		} else {
 			h.Write(body)
@@ -176,25 +176,4 @@ func readBody(body io.Reader, contentLength, limit int64, w io.Writer, budget *b
 			return nil, err
 		}
 	}
-}
-
-// canonicalJSON returns body in a canonical JSON form: object members sorted
-// by key, no insignificant whitespace, strings escaped one way. Numbers are
-// kept as written (1.0 and 1 differ); of duplicate keys the last counts. ok
-// is false if body is not one JSON value.
-func canonicalJSON(body []byte) (c []byte, ok bool) {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.UseNumber()
-	var v any
-	if err := dec.Decode(&v); err != nil {
-		return nil, false
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return nil, false // trailing data
-	}
-	c, err := json.Marshal(v)
-	if err != nil {
-		return nil, false
-	}
-	return c, true
 }

@@ -11,6 +11,7 @@ import (
 	"testing/iotest"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/canonjson"
 	"github.com/idemgo/idem/internal/httpsyntax"
 )
 
@@ -108,7 +109,7 @@ func FuzzFingerprint(f *testing.F) {
 		// (in canonical mode, unless both bodies canonicalise alike).
 		other := append(append([]byte(nil), body...), ' ')
 		if _, fp3, _ := m.fingerprint(req(other, false)); fp3 == fp {
-			if _, ok := canonicalJSON(body); !canonical || !ok {
+			if _, ok := canonjson.Canonical(body); !canonical || !ok {
 				t.Fatalf("body %q and %q share a fingerprint", body, other)
 			}
 		}
@@ -118,8 +119,8 @@ func FuzzFingerprint(f *testing.F) {
 			t.Fatalf("fields %q and %q share a fingerprint", hdr, hdr+"x")
 		}
 		if canonical {
-			if c, ok := canonicalJSON(body); ok {
-				c2, ok2 := canonicalJSON(c)
+			if c, ok := canonjson.Canonical(body); ok {
+				c2, ok2 := canonjson.Canonical(c)
 				if !ok2 || !bytes.Equal(c, c2) {
 					t.Fatalf("canonical form %q is not canonical: %q, %v", c, c2, ok2)
 				}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/canonjson"
 	"github.com/idemgo/idem/memstore"
 )
 
@@ -173,7 +174,7 @@ func TestCanonicalJSON(t *testing.T) {
 		{`abc`, "", false},
 	}
 	for _, tt := range tests {
-		got, ok := canonicalJSON([]byte(tt.in))
+		got, ok := canonjson.Canonical([]byte(tt.in))
 		if ok != tt.ok || string(got) != tt.want {
 			t.Errorf("canonicalJSON(%q): got %q, %v, want %q, %v", tt.in, got, ok, tt.want, tt.ok)
 		}
