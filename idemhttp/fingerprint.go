@@ -49,14 +49,17 @@ func (m *Middleware) fingerprint(r *http.Request) (body []byte, fp string, err e
 	}
 	h.Write(b)
 	var sink io.Writer = h
-	if m.canonicalJSON {
+	if m.canonicalJSON || !m.fp.IsBody() {
 		sink = io.Discard
 	}
 	body, err = readBody(r.Body, r.ContentLength, m.maxBody, sink, m.bodies)
 	if err != nil {
 		return nil, "", err
 	}
-	if m.canonicalJSON {
+	switch {
+	case !m.fp.IsBody():
+		h.Write(m.fp.AppendBody(st.scratch[:0], body))
+	case m.canonicalJSON:
 		if c, ok := canonjson.Canonical(body); ok {
 			h.Write(c)
 		} else {

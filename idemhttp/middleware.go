@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/httpsyntax"
+	"github.com/idemgo/idem/keysource"
 )
 
 // ErrHandlerPanicked is wrapped by Event.Err when the handler panicked; the
@@ -34,7 +35,10 @@ var ErrHijacked = errors.New("idemhttp: handler hijacked the connection")
 type Middleware struct {
 	exec *idem.Executor
 
-	header         string
+	header         string           // the key's field, unless bodyKey is set
+	bodyKey        keysource.Source // a source in the body, or zero
+	zeroSource     bool             // WithKeySource was given the zero Source
+	fp             keysource.Fingerprint
 	required       bool
 	methods        []string
 	principal      func(*http.Request) string
@@ -86,6 +90,9 @@ func New(exec *idem.Executor, opts ...Option) (*Middleware, error) {
 			return nil, invalidf("nil option")
 		}
 		o(m)
+	}
+	if m.zeroSource {
+		return nil, invalidf("zero key source")
 	}
 	if !httpsyntax.IsToken(m.header) {
 		return nil, invalidf("invalid header name %q", m.header)
@@ -154,7 +161,7 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		method, ok := m.covered(r.Method)
 		if !ok {
-			if len(r.Header[m.header]) > 0 {
+			if m.bodyKey.IsZero() && len(r.Header[m.header]) > 0 {
 				// Say so, rather than let the client believe the request
 				// is protected.
 				w.Header().Set(IgnoredHeader, "true")
@@ -186,40 +193,12 @@ func (m *Middleware) covered(method string) (string, bool) {
 
 func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
 	start := time.Now()
-	vals := r.Header[m.header]
-	if len(vals) == 0 {
-		if !m.required {
-			next.ServeHTTP(w, r)
-			m.emit(r, Event{Outcome: OutcomeNoKey, Duration: time.Since(start)})
+	var id string
+	if m.bodyKey.IsZero() {
+		var ok bool
+		if id, ok = m.headerKey(w, r, start, next); !ok {
 			return
 		}
-		m.problem(w, r, start, OutcomeRejected, &Problem{
-			Type:   TypeKeyMissing,
-			Title:  "Idempotency key missing",
-			Status: http.StatusBadRequest,
-			Detail: fmt.Sprintf("%s requests to this resource need an %s header field.", r.Method, m.header),
-		})
-		return
-	}
-	if len(vals) > 1 {
-		m.problem(w, r, start, OutcomeRejected, &Problem{
-			Type:   TypeKeyInvalid,
-			Title:  "Invalid idempotency key",
-			Status: http.StatusBadRequest,
-			Detail: fmt.Sprintf("The %s header field appears %d times; send it once.", m.header, len(vals)),
-		})
-		return
-	}
-	id, err := ParseKey(vals[0])
-	if err != nil {
-		m.problem(w, r, start, OutcomeRejected, &Problem{
-			Type:   TypeKeyInvalid,
-			Title:  "Invalid idempotency key",
-			Status: http.StatusBadRequest,
-			Detail: fmt.Sprintf("The %s header field is invalid: %s.", m.header, strings.TrimPrefix(err.Error(), ErrInvalidKey.Error()+": ")),
-			Err:    err,
-		})
-		return
 	}
 
 	var principal string
@@ -283,6 +262,13 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 
 	defer m.bodies.release(cap(body))
 
+	if !m.bodyKey.IsZero() {
+		var ok bool
+		if id, ok = m.keyFromBody(w, r, start, body, next); !ok {
+			return
+		}
+	}
+
 	key := idem.Key{Scope: m.scopeOf(r, principal), ID: id, Kind: "http"}
 	ctx, a, err := m.exec.Begin(r.Context(), key, fp)
 	if err != nil && m.wait > 0 && errors.Is(err, idem.ErrInProgress) {
@@ -299,6 +285,89 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.execute(w, r, start, ctx, a, body, next)
 		m.durations.observe(route, time.Since(began))
 	}
+}
+
+// headerKey returns the key of a request whose key is in a header field,
+// or answers the request (an error, or next without a key) and returns
+// false.
+func (m *Middleware) headerKey(w http.ResponseWriter, r *http.Request, start time.Time, next http.Handler) (string, bool) {
+	vals := r.Header[m.header]
+	if len(vals) == 0 {
+		if !m.required {
+			next.ServeHTTP(w, r)
+			m.emit(r, Event{Outcome: OutcomeNoKey, Duration: time.Since(start)})
+			return "", false
+		}
+		m.problem(w, r, start, OutcomeRejected, &Problem{
+			Type:   TypeKeyMissing,
+			Title:  "Idempotency key missing",
+			Status: http.StatusBadRequest,
+			Detail: fmt.Sprintf("%s requests to this resource need an %s header field.", r.Method, m.header),
+		})
+		return "", false
+	}
+	if len(vals) > 1 {
+		m.problem(w, r, start, OutcomeRejected, &Problem{
+			Type:   TypeKeyInvalid,
+			Title:  "Invalid idempotency key",
+			Status: http.StatusBadRequest,
+			Detail: fmt.Sprintf("The %s header field appears %d times; send it once.", m.header, len(vals)),
+		})
+		return "", false
+	}
+	id, err := ParseKey(vals[0])
+	if err != nil {
+		m.problem(w, r, start, OutcomeRejected, &Problem{
+			Type:   TypeKeyInvalid,
+			Title:  "Invalid idempotency key",
+			Status: http.StatusBadRequest,
+			Detail: fmt.Sprintf("The %s header field is invalid: %s.", m.header, strings.TrimPrefix(err.Error(), ErrInvalidKey.Error()+": ")),
+			Err:    err,
+		})
+		return "", false
+	}
+	return id, true
+}
+
+// keyFromBody returns the key of a request whose key is in its body, or
+// answers the request (an error, or next without a key) and returns false.
+func (m *Middleware) keyFromBody(w http.ResponseWriter, r *http.Request, start time.Time, body []byte, next http.Handler) (string, bool) {
+	id, err := m.bodyKey.Key(nil, body)
+	switch {
+	case err == nil:
+		return id, true
+	case errors.Is(err, keysource.ErrNoKey) && !m.required:
+		r2 := r.WithContext(r.Context())
+		r2.Body = newBodyReader(body)
+		next.ServeHTTP(w, r2)
+		m.emit(r, Event{Outcome: OutcomeNoKey, Duration: time.Since(start)})
+	case errors.Is(err, keysource.ErrNoKey):
+		m.problem(w, r, start, OutcomeRejected, &Problem{
+			Type:   TypeKeyMissing,
+			Title:  "Idempotency key missing",
+			Status: http.StatusBadRequest,
+			Detail: fmt.Sprintf("%s requests to this resource need a JSON body with the idempotency key at %s: %s.", r.Method, strings.TrimPrefix(m.bodyKey.String(), "json:"), keyErrorText(err)),
+			Err:    err,
+		})
+	default:
+		m.problem(w, r, start, OutcomeRejected, &Problem{
+			Type:   TypeKeyInvalid,
+			Title:  "Invalid idempotency key",
+			Status: http.StatusBadRequest,
+			Detail: fmt.Sprintf("The idempotency key of the body is invalid: %s.", keyErrorText(err)),
+			Err:    err,
+		})
+	}
+	return "", false
+}
+
+// keyErrorText is the text of an error of keysource without its prefix.
+func keyErrorText(err error) string {
+	s := err.Error()
+	for _, e := range []error{keysource.ErrNoKey, keysource.ErrInvalidKey} {
+		s = strings.TrimPrefix(s, e.Error()+": ")
+	}
+	return s
 }
 
 // scope returns the scope of the request's key: the method, the route and,

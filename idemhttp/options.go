@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/keysource"
 )
 
 // Defaults of the options.
@@ -34,9 +35,44 @@ const (
 type Option func(*Middleware)
 
 // WithHeader sets the name of the field that carries the key. The default
-// is DefaultHeader, "Idempotency-Key".
+// is DefaultHeader, "Idempotency-Key". It is WithKeySource with the source
+// header:name.
 func WithHeader(name string) Option {
-	return func(m *Middleware) { m.header = name }
+	return func(m *Middleware) { m.header, m.bodyKey, m.zeroSource = name, keysource.Source{}, false }
+}
+
+// WithKeySource sets where the key is: a header field (header:NAME, as
+// WithHeader) or a member of a JSON body (json:POINTER, for example
+// json:/id for a Stripe event); see package keysource. A key taken from
+// the body is scoped as any other (method, route, principal). A request
+// whose body is not JSON or lacks the member, or holds null there, is
+// answered as one without a key (400, TypeKeyMissing, or passed through
+// with WithKeyRequired(false)); one whose member is not a string or a
+// number, or is empty or longer than idem.MaxKeyLen bytes, gets 400
+// (TypeKeyInvalid). The body is read (up to WithMaxBodySize) before the
+// key is known. The default is header:Idempotency-Key.
+func WithKeySource(s keysource.Source) Option {
+	return func(m *Middleware) {
+		m.zeroSource = s.IsZero()
+		if s.Header() != "" {
+			m.header, m.bodyKey = s.Header(), keysource.Source{}
+			return
+		}
+		m.bodyKey = s
+	}
+}
+
+// WithFingerprint sets what of the body the fingerprint covers (package
+// keysource): all of it as sent (body, the default), none of it (none),
+// or only some members of a JSON body in canonical JSON
+// (json:POINTER,...), so that a retry that differs outside them is not a
+// mismatch while one that differs inside them is (422). The method, path,
+// query and WithFingerprintHeaders are covered whatever f says. A body
+// that is not JSON is fingerprinted whole under json:.... With a
+// Fingerprint other than body, WithCanonicalJSON has no effect. The
+// default is the zero Fingerprint, body.
+func WithFingerprint(f keysource.Fingerprint) Option {
+	return func(m *Middleware) { m.fp = f }
 }
 
 // WithKeyRequired sets whether requests that the middleware covers must carry

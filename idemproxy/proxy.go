@@ -18,6 +18,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemhttp"
 	"github.com/idemgo/idem/internal/httpsyntax"
+	"github.com/idemgo/idem/keysource"
 )
 
 // Defaults of the Proxy's fields: what their zero value stands for.
@@ -86,6 +87,20 @@ type Proxy struct {
 	// an Idempotency-Key their response gets Idempotency-Key-Ignored:
 	// true. Empty: POST and PATCH.
 	Methods []string
+
+	// KeySource is where a covered request's key is: a header field or a
+	// member of a JSON body (package keysource; for example json:/id for
+	// Stripe's events). A key from the body is scoped by method, path and
+	// ScopeHeader like any other; a body that is not JSON or lacks the
+	// member gets the 400 of a missing key (or passes through with
+	// KeyOptional). The zero Source: header:Idempotency-Key.
+	KeySource keysource.Source
+
+	// Fingerprint is what of a covered request's body its fingerprint
+	// covers, beside the method, path and query: all of it, none, or some
+	// members of a JSON body (package keysource). The zero Fingerprint:
+	// the whole body.
+	Fingerprint keysource.Fingerprint
 
 	// KeyOptional passes a covered request without an Idempotency-Key
 	// through, unprotected. false (the default): it gets 400.
@@ -356,6 +371,10 @@ func (p *Proxy) middlewareOptions(g *gateway, methods []string) []idemhttp.Optio
 		// limit stream; the rest is stored before it is sent.
 		idemhttp.WithStreamOnFlush(false),
 		idemhttp.WithStreamAll(p.StreamAll),
+		idemhttp.WithFingerprint(p.Fingerprint),
+	}
+	if !p.KeySource.IsZero() {
+		opts = append(opts, idemhttp.WithKeySource(p.KeySource))
 	}
 	if p.MaxBodySize > 0 {
 		opts = append(opts, idemhttp.WithMaxBodySize(p.MaxBodySize))

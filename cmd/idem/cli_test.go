@@ -17,6 +17,7 @@ import (
 	"github.com/idemgo/idem/cmd/idem/internal/cli"
 	"github.com/idemgo/idem/idemhttp"
 	"github.com/idemgo/idem/idemproxy"
+	"github.com/idemgo/idem/keysource"
 )
 
 // TestBadInput starts the binary with bad flags, environment and
@@ -203,6 +204,8 @@ func TestProxyFlagDefaults(t *testing.T) {
 		{"Wait", p.Wait, time.Duration(0)},
 		{"FailOpen", p.FailOpen, false},
 		{"StreamAll", p.StreamAll, false},
+		{"KeySource", p.KeySource, keysource.Source{}},
+		{"Fingerprint", p.Fingerprint, keysource.Fingerprint{}},
 	} {
 		if fmt.Sprint(tc.got) != fmt.Sprint(tc.lib) {
 			t.Errorf("%s: the flag's default is %v, the library's %v", tc.field, tc.got, tc.lib)

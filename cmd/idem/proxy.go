@@ -154,7 +154,9 @@ func registerProxyFlags(fs *cli.Set) *proxyConfig {
 		{Name: "upstream", Placeholder: "URL", Value: cli.String(&c.upstream), Secret: cli.URLSecret, Field: "Target", Usage: "URL of the API behind the proxy, e.g. http://127.0.0.1:9000; required"},
 	}, c.store.flags()...), []cli.Def{
 		{Name: "methods", Placeholder: "LIST", Value: cli.List(&p.Methods, true), Field: "Methods", Usage: "request methods made idempotent; others pass through"},
-		{Name: "require-key", Value: cli.Not(&p.KeyOptional), Usage: "answer 400 to a covered request without Idempotency-Key (=false: pass it through unprotected)"},
+		{Name: "require-key", Value: cli.Not(&p.KeyOptional), Usage: "answer 400 to a covered request without its key (=false: pass it through unprotected)"},
+		{Name: "key-from", Placeholder: "SOURCE", Value: cli.KeySource(&p.KeySource), Field: "KeySource", Usage: "where a covered request's key is: header:NAME, or json:POINTER for a member of a JSON body (an RFC 6901 JSON Pointer, e.g. json:/id); a body that is not JSON or lacks the member gets the 400 of a missing key"},
+		{Name: "fingerprint", Placeholder: "SPEC", Value: cli.Fingerprint(&p.Fingerprint), Field: "Fingerprint", Usage: "what of a covered request's body tells a retry from another request with the same key (422): body, none, or json:POINTER,POINTER... (only those members, in canonical JSON); the method, path and query always count"},
 		{Name: "lease", Placeholder: "DURATION", Value: cli.Duration(&c.lease), Usage: "how long a request holds its key before another may take it over; extended while the upstream works"},
 		{Name: "retention", Placeholder: "DURATION", Value: cli.Duration(&c.retention), Usage: "how long responses are kept and replayed"},
 		{Name: "max-body", Placeholder: "SIZE", Value: cli.Size(&p.MaxBodySize), Field: "MaxBodySize", Usage: "largest request body (larger: 413), e.g. 1MiB, 512KiB, 1048576"},

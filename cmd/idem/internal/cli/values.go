@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"strconv"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem/cmd/idem/internal/size"
+	"github.com/idemgo/idem/keysource"
 )
 
 // The flag.Values of the flag tables. Each points at the variable it
@@ -234,5 +236,49 @@ func (v listValue) Set(s string) error {
 		return fmt.Errorf("empty list: %q", s)
 	}
 	*v.p = out
+	return nil
+}
+
+// KeySource returns the value of a flag that sets where the key is (see
+// keysource.Parse).
+func KeySource(p *keysource.Source) flag.Value { return keySourceValue{p} }
+
+// Fingerprint returns the value of a flag that sets what of the body the
+// fingerprint covers (see keysource.ParseFingerprint).
+func Fingerprint(p *keysource.Fingerprint) flag.Value { return fingerprintValue{p} }
+
+type keySourceValue struct{ p *keysource.Source }
+
+func (v keySourceValue) String() string {
+	if v.p == nil || v.p.IsZero() {
+		return "header:" + keysource.DefaultHeader
+	}
+	return v.p.String()
+}
+
+func (v keySourceValue) Set(s string) error {
+	src, err := keysource.Parse(strings.TrimSpace(s))
+	if err != nil {
+		return errors.New(strings.TrimPrefix(err.Error(), "keysource: "))
+	}
+	*v.p = src
+	return nil
+}
+
+type fingerprintValue struct{ p *keysource.Fingerprint }
+
+func (v fingerprintValue) String() string {
+	if v.p == nil {
+		return "body"
+	}
+	return v.p.String()
+}
+
+func (v fingerprintValue) Set(s string) error {
+	f, err := keysource.ParseFingerprint(strings.TrimSpace(s))
+	if err != nil {
+		return errors.New(strings.TrimPrefix(err.Error(), "keysource: "))
+	}
+	*v.p = f
 	return nil
 }
