@@ -13,9 +13,10 @@ func TestReadmeExample(t *testing.T) {
 		"func Example() {")
 }
 
-// TestReadmeEffectExample checks the Redis-side effects snippet against
-// ExampleWithEffect, which the redisstore tests compile.
+// TestReadmeEffectExample checks the Redis-side effects snippet of
+// docs/redis.md against ExampleWithEffect, which the redisstore tests
+// compile.
 func TestReadmeEffectExample(t *testing.T) {
-	readmetest.Snippet(t, "README.md", "<!-- README example: the body of ExampleWithEffect", "redisstore/example_test.go",
+	readmetest.Snippet(t, "docs/redis.md", "<!-- example: the body of ExampleWithEffect", "redisstore/example_test.go",
 		"func ExampleWithEffect() {")
 }

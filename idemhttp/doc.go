@@ -153,7 +153,7 @@
 // included: its client may be told a success that was not recorded. A
 // hijacked response and 101 Switching Protocols pass through too and
 // release the key. Holding a response back costs the time of the completion before the
-// first byte (see the README's benchmark), and memory up to the limit per
+// first byte (BENCHMARKS.md, "Record before success"), and memory up to the limit per
 // request, as recording it did already.
 //
 // # Effects in the handler's own database

@@ -6,9 +6,10 @@ import (
 	"github.com/idemgo/idem/internal/readmetest"
 )
 
-// TestReadmeExample checks that the Prometheus snippet in the repository's
-// README.md is the body of Example, which the tests run.
+// TestReadmeExample checks that the Prometheus snippet in the
+// repository's docs/operations.md is the body of Example, which the tests
+// run.
 func TestReadmeExample(t *testing.T) {
-	readmetest.Snippet(t, "../README.md", "<!-- README example: the body of Example in prometheusidem/example_test.go", "example_test.go",
+	readmetest.Snippet(t, "../docs/operations.md", "<!-- example: the body of Example in prometheusidem/example_test.go", "example_test.go",
 		"func Example() {")
 }

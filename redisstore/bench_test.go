@@ -422,8 +422,8 @@ func runLanes(b *testing.B, srv *redistest.Server, lanes []benchLane) {
 
 // BenchmarkScriptParts measures what each step of the transitions costs
 // Redis inside a script, to say what a script call's Redis time is made of
-// (consumer/redisstream/README.md and the README's "Where a request's time
-// goes"): each sub-benchmark runs one step
+// (consumer/redisstream/README.md and BENCHMARKS.md, "Where a request's
+// time goes"): each sub-benchmark runs one step
 // b.N times in loops of scriptPartsLoop iterations, one EVAL per loop, and
 // reports the Redis time per step (redis-µs/op, from INFO commandstats),
 // less the cost of the empty loop. The record is a real one (acquire.lua's

@@ -94,6 +94,7 @@ func newDemoAPI(log *slog.Logger) http.Handler {
 		body, _ := io.ReadAll(io.LimitReader(r.Body, 64<<10))
 		if s := r.URL.Query().Get("sleep"); s != "" {
 			if d, err := time.ParseDuration(s); err == nil && d > 0 && d <= time.Minute {
+				log.Info("sleeping", "for", d.String(), "method", r.Method, "path", r.URL.Path)
 				time.Sleep(d)
 			}
 		}

@@ -291,39 +291,6 @@ func TestProxyGracefulShutdown(t *testing.T) {
 	})
 }
 
-// TestQuickStart runs the README's first commands: the toy upstream, the
-// proxy on the embedded store, and the same request twice.
-func TestQuickStart(t *testing.T) {
-	t.Parallel()
-	demoAddr := freeAddr(t)
-	demo := startIdem(t, "upstream-demo", "--listen", demoAddr)
-	deadline := time.Now().Add(readyTimeout)
-	for {
-		res, err := http.Get("http://" + demoAddr + "/")
-		if err == nil {
-			res.Body.Close()
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("upstream-demo not ready: %v\n%s", err, demo.stderr.String())
-		}
-		time.Sleep(20 * time.Millisecond) // poll until it serves
-	}
-	p := startProxy(t, "http://"+demoAddr, []string{"--data", t.TempDir()})
-	body := `{"amount":100}`
-	first := post(t, p.url("/payments"), "k1", body)
-	second := post(t, p.url("/payments"), "k1", body)
-	if first.status != 201 || !strings.Contains(first.body, `"execution": 1`) || first.replayed() {
-		t.Errorf("first: got %d %q, want 201 with execution 1", first.status, first.body)
-	}
-	if second.status != 201 || second.body != first.body || !second.replayed() {
-		t.Errorf("second: got %d %q replayed=%v, want the first response replayed", second.status, second.body, second.replayed())
-	}
-	if got := strings.Count(demo.stderr.String(), "msg=executed"); got != 1 {
-		t.Errorf("upstream-demo executions: got %d, want 1", got)
-	}
-}
-
 // TestProxyWait: with --wait, concurrent duplicates wait for the first
 // request and get its response instead of 409.
 func TestProxyWait(t *testing.T) {
