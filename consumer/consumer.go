@@ -120,12 +120,13 @@ type Result struct {
 type Handler func(ctx context.Context, i int) error
 
 // CommitFunc completes the keys of the handled messages of a batch:
-// attempts[k] holds the key of msgs[k]. It returns one error per attempt
-// with the meaning of idem.Attempt.Commit's. The default is the executor's
-// CommitBatch; an adapter whose broker can acknowledge in the same atomic
-// call as the completion (Redis Streams) passes its own, built on
-// idem.Executor.CommitBatchWith.
-type CommitFunc func(ctx context.Context, msgs []Message, attempts []*idem.Attempt) []error
+// attempts[k] holds the key of msgs[k], and values[k] the result its
+// handler set (SetResult; nil if none), to store with the completion. It
+// returns one error per attempt with the meaning of idem.Attempt.Commit's.
+// The default is the executor's CommitBatch; an adapter whose broker can
+// acknowledge in the same atomic call as the completion (Redis Streams)
+// passes its own, built on idem.Executor.CommitBatchWith.
+type CommitFunc func(ctx context.Context, msgs []Message, attempts []*idem.Attempt, values [][]byte) []error
 
 // Event is what the event hook (WithEventHook) learns of each message.
 type Event struct {
@@ -142,6 +143,47 @@ type Event struct {
 
 // duplicateKey is the context key of a duplicate passed to the handler.
 type duplicateKey struct{}
+
+// resultKey is the context key of a handler's result slot (SetResult).
+type resultKey struct{}
+
+// resultSlot is what a handler's context carries: its message, and the
+// result it set.
+type resultSlot struct {
+	msg   Message
+	dup   bool // a duplicate passed to the handler: no result to set
+	mu    sync.Mutex
+	value []byte
+}
+
+// MessageFrom returns the Message (key, delivery count, broker ID) whose
+// handler runs with ctx; ok is false outside a handler.
+func MessageFrom(ctx context.Context) (m Message, ok bool) {
+	s, ok := ctx.Value(resultKey{}).(*resultSlot)
+	if !ok {
+		return Message{}, false
+	}
+	return s.msg, true
+}
+
+// SetResult sets the result stored with the completion of the key of the
+// message whose handler's context is ctx: what a duplicate passed to a
+// handler later finds (DuplicateFrom), and what idem's admin commands
+// show. A later call replaces an earlier one; the result is copied. The
+// default is an empty result. It reports false when ctx is not a
+// handler's context (a duplicate's included: its key is completed
+// already). It is safe for concurrent use; a result set after the handler
+// returned is ignored.
+func SetResult(ctx context.Context, value []byte) bool {
+	s, ok := ctx.Value(resultKey{}).(*resultSlot)
+	if !ok || s.dup {
+		return false
+	}
+	s.mu.Lock()
+	s.value = append([]byte(nil), value...)
+	s.mu.Unlock()
+	return true
+}
 
 // DuplicateFrom reports whether ctx is the context of a duplicate passed to
 // the handler (WithPassDuplicates), and returns the key's stored result.
@@ -272,6 +314,7 @@ type Batch struct {
 	durations []time.Duration
 	invalid   []bool
 	dups      [][]byte // stored results of duplicates passed to the handler
+	values    []*resultSlot
 }
 
 // Acquire checks every message and acquires the keys of the valid ones in
@@ -283,6 +326,7 @@ func (p *Processor) Acquire(ctx context.Context, msgs []Message) *Batch {
 		p: p, ctx: ctx, msgs: msgs,
 		results: make([]Result, n), held: make([]*idem.Attempt, n), ctxs: make([]context.Context, n),
 		follow: make([]int, n), done: make([]bool, n), durations: make([]time.Duration, n), invalid: make([]bool, n),
+		values: make([]*resultSlot, n),
 	}
 	keys := make([]idem.Key, 0, n)
 	fps := make([]string, 0, n)
@@ -315,7 +359,8 @@ func (p *Processor) Acquire(ctx context.Context, msgs []Message) *Batch {
 				b.dups[i] = append([]byte{}, r.Attempt.Value()...)
 			}
 		case r.Err == nil:
-			b.held[i], b.ctxs[i] = r.Attempt, r.Ctx
+			b.values[i] = &resultSlot{msg: msgs[i]}
+			b.held[i], b.ctxs[i] = r.Attempt, context.WithValue(r.Ctx, resultKey{}, b.values[i])
 		default:
 			b.results[i] = p.refused(r.Err)
 		}
@@ -422,7 +467,7 @@ func (p *Processor) lastTry(m Message, a *idem.Attempt) bool {
 // (WithPassDuplicates), with the stored result in its context.
 func (b *Batch) passDuplicate(h Handler, i int) {
 	p := b.p
-	ctx := context.WithValue(b.ctx, duplicateKey{}, b.dups[i])
+	ctx := context.WithValue(context.WithValue(b.ctx, duplicateKey{}, b.dups[i]), resultKey{}, &resultSlot{msg: b.msgs[i], dup: true})
 	start := time.Now()
 	abandoned, err := b.run(ctx, h, i, p.Key(b.msgs[i].Key).Digest())
 	b.durations[i] = time.Since(start)
@@ -504,11 +549,17 @@ func (b *Batch) Commit(ctx context.Context) []Result {
 	p := b.p
 	var cmsgs []Message
 	var catt []*idem.Attempt
+	var cvals [][]byte
 	var cidx []int
 	for i, a := range b.held {
 		if a != nil && b.done[i] {
 			cmsgs = append(cmsgs, b.msgs[i])
 			catt = append(catt, a)
+			s := b.values[i]
+			s.mu.Lock()
+			cvals = append(cvals, s.value)
+			s.value = nil
+			s.mu.Unlock()
 			cidx = append(cidx, i)
 			b.held[i] = nil
 		}
@@ -519,7 +570,7 @@ func (b *Batch) Commit(ctx context.Context) []Result {
 				a.SetLastTry()
 			}
 		}
-		for k, err := range p.commit(context.WithoutCancel(ctx), cmsgs, catt) {
+		for k, err := range p.commit(context.WithoutCancel(ctx), cmsgs, catt, cvals) {
 			i := cidx[k]
 			b.leaseLost(i, catt[k], err, nil)
 			if err != nil {

@@ -416,3 +416,46 @@ func TestGoexitIsAnError(t *testing.T) {
 		t.Errorf("got %+v, want Retry with ErrPanic", res[0])
 	}
 }
+
+// TestSetResult: the result a handler sets is stored with the completion;
+// a duplicate passed to the handler gets it, and a context that is not a
+// handler's refuses it.
+func TestSetResult(t *testing.T) {
+	p := newProcessor(t, consumer.WithPassDuplicates())
+	ctx := t.Context()
+	if consumer.SetResult(ctx, []byte("x")) {
+		t.Error("SetResult outside a handler: got true, want false")
+	}
+	msgs := []consumer.Message{{Key: "k", Deliveries: 1}}
+	got := p.Process(ctx, msgs, func(ctx context.Context, i int) error {
+		if m, ok := consumer.MessageFrom(ctx); !ok || m.Key != "k" || m.Deliveries != 1 {
+			t.Errorf("MessageFrom: got %+v, %v, want the message", m, ok)
+		}
+		if !consumer.SetResult(ctx, []byte("first")) || !consumer.SetResult(ctx, []byte("201 created")) {
+			t.Error("SetResult in a handler: got false, want true")
+		}
+		return nil
+	})
+	if got[0].Action != consumer.Ack || got[0].Replayed {
+		t.Fatalf("first delivery: got %+v, want a processed Ack", got[0])
+	}
+	var stored []byte
+	var setInDup bool
+	got = p.Process(ctx, msgs, func(ctx context.Context, i int) error {
+		stored, _ = consumer.DuplicateFrom(ctx)
+		if m, ok := consumer.MessageFrom(ctx); !ok || m.Key != "k" {
+			t.Errorf("MessageFrom in a duplicate: got %+v, %v, want the message", m, ok)
+		}
+		setInDup = consumer.SetResult(ctx, []byte("other"))
+		return nil
+	})
+	if got[0].Action != consumer.Ack || !got[0].Replayed {
+		t.Fatalf("duplicate: got %+v, want a replayed Ack", got[0])
+	}
+	if string(stored) != "201 created" {
+		t.Errorf("duplicate's stored result: got %q, want %q", stored, "201 created")
+	}
+	if setInDup {
+		t.Error("SetResult in a duplicate's handler: got true, want false")
+	}
+}

@@ -133,8 +133,8 @@ func Setup(exec *idem.Executor, defaults Config, adapter any, opts []Option) (*P
 		commit: c.Commit, onEvent: c.EventHook, log: c.Logger, onLeaseLost: c.OnLeaseLost, passDuplicates: c.PassDuplicates,
 	}
 	if p.commit == nil {
-		p.commit = func(ctx context.Context, _ []Message, attempts []*idem.Attempt) []error {
-			return exec.CommitBatch(ctx, attempts, make([][]byte, len(attempts)))
+		p.commit = func(ctx context.Context, _ []Message, attempts []*idem.Attempt, values [][]byte) []error {
+			return exec.CommitBatch(ctx, attempts, values)
 		}
 	}
 	return p, c, nil

@@ -62,7 +62,7 @@ type command struct {
 }
 
 func commands() []*command {
-	return []*command{proxyCommand(), getCommand(), lsCommand(), rmCommand(), doctorCommand(), recoverCommand(), relayCommand(), upstreamDemoCommand(), versionCommand()}
+	return []*command{proxyCommand(), getCommand(), lsCommand(), rmCommand(), doctorCommand(), recoverCommand(), relayCommand(), consumeCommand(), upstreamDemoCommand(), versionCommand()}
 }
 
 // run runs the idem command line args (without the program name) and

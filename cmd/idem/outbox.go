@@ -2,11 +2,8 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
-	"net/url"
-	"strconv"
 	"strings"
 	"time"
 
@@ -89,51 +86,21 @@ type outboxRoute struct {
 	where string // the broker and destination, without secrets
 }
 
-// parseOutbox parses an --outbox value: [NAME=]URL.
+// parseOutbox parses an --outbox value: [NAME=]URL (parseBrokerURL).
 func parseOutbox(v string) (outboxRoute, error) {
 	name, raw := "", v
 	if i, j := strings.IndexByte(v, '='), strings.Index(v, "://"); i > 0 && (j < 0 || i < j) {
 		name, raw = v[:i], v[i+1:]
 	}
-	scheme, rest, ok := strings.Cut(raw, "://")
-	if !ok {
-		return outboxRoute{}, fmt.Errorf("--outbox %s: not a URL: want redis-stream://, kafka://, amqp://, nats:// or sqs://", redact.URL(raw))
-	}
-	authority, path, _ := strings.Cut(rest, "/")
-	path, query, _ := strings.Cut(path, "?")
-	q, err := url.ParseQuery(query)
+	b, err := parseBrokerURL("--outbox", raw)
 	if err != nil {
-		return outboxRoute{}, fmt.Errorf("--outbox %s: %v", redact.URL(raw), err)
+		return outboxRoute{}, err
 	}
-	r := outboxRoute{raw: raw}
-	fail := func(format string, args ...any) (outboxRoute, error) {
-		return outboxRoute{}, fmt.Errorf("--outbox %s: %s", redact.URL(raw), fmt.Sprintf(format, args...))
-	}
-	target, err := url.PathUnescape(path)
-	if err != nil {
-		return fail("%v", err)
-	}
-	switch scheme {
-	case "redis-stream", "rediss-stream":
-		if target == "" {
-			return fail("no stream: want redis-stream://HOST:PORT/STREAM")
-		}
-		u, err := url.Parse("redis://" + authority)
-		if err != nil {
-			return fail("%v", err)
-		}
-		db := 0
-		if d := q.Get("db"); d != "" {
-			if db, err = strconv.Atoi(d); err != nil || db < 0 {
-				return fail("db=%s is not a database number", d)
-			}
-		}
-		pw, _ := u.User.Password()
-		opts := &redis.Options{Addr: u.Host, Username: u.User.Username(), Password: pw, DB: db}
-		if scheme == "rediss-stream" {
-			opts.TLSConfig = &tls.Config{ServerName: u.Hostname(), MinVersion: tls.VersionTLS12}
-		}
-		r.name, r.where = target, fmt.Sprintf("Redis stream %s at %s", target, u.Host)
+	r := outboxRoute{raw: raw, name: b.target, where: b.where}
+	target := b.target
+	switch b.kind {
+	case "redis-stream":
+		opts := b.redis
 		r.open = func(context.Context) (pgoutbox.Sender, func(), error) {
 			rdb := redis.NewClient(opts)
 			s, err := redisstream.NewSender(rdb, target)
@@ -144,11 +111,7 @@ func parseOutbox(v string) (outboxRoute, error) {
 			return s, func() { rdb.Close() }, nil
 		}
 	case "kafka":
-		if target == "" || authority == "" {
-			return fail("want kafka://HOST:PORT[,HOST:PORT...]/TOPIC")
-		}
-		brokers := strings.Split(authority, ",")
-		r.name, r.where = target, fmt.Sprintf("Kafka topic %s at %s", target, authority)
+		brokers := b.brokers
 		r.open = func(context.Context) (pgoutbox.Sender, func(), error) {
 			cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 			if err != nil {
@@ -161,24 +124,10 @@ func parseOutbox(v string) (outboxRoute, error) {
 			}
 			return s, cl.Close, nil
 		}
-	case "amqp", "amqps":
-		segs := strings.Split(path, "/")
-		last, err := url.PathUnescape(segs[len(segs)-1])
-		if err != nil || last == "" {
-			return fail("no queue or exchange: want amqp://HOST:PORT/[VHOST/]QUEUE or …/EXCHANGE?routing-key=KEY")
-		}
-		dial := scheme + "://" + authority + "/" + strings.Join(segs[:len(segs)-1], "/")
-		exchange, key := "", last
-		if q.Has("routing-key") {
-			exchange, key = last, q.Get("routing-key")
-		}
-		r.name = last
-		r.where = fmt.Sprintf("RabbitMQ queue %s at %s", last, redact.URL(dial))
-		if exchange != "" {
-			r.where = fmt.Sprintf("RabbitMQ exchange %s (routing key %q) at %s", exchange, key, redact.URL(dial))
-		}
+	case "amqp":
+		dial, exchange, key := b.amqpDial, b.exchange, b.routingKey
 		if _, err := rabbitmq.NewSender(dial, exchange, key); err != nil {
-			return fail("%v", cli.Cause(err))
+			return outboxRoute{}, fmt.Errorf("--outbox %s: %v", redact.URL(raw), cli.Cause(err))
 		}
 		r.open = func(context.Context) (pgoutbox.Sender, func(), error) {
 			s, err := rabbitmq.NewSender(dial, exchange, key)
@@ -188,11 +137,8 @@ func parseOutbox(v string) (outboxRoute, error) {
 			return s, func() { s.Close() }, nil
 		}
 	case "nats":
-		if target == "" {
-			return fail("no subject: want nats://HOST:PORT/SUBJECT")
-		}
-		server := "nats://" + authority
-		r.name, r.where = target, fmt.Sprintf("NATS subject %s at %s", target, redact.URL(server))
+		server := b.natsServer
+		r.where = fmt.Sprintf("NATS subject %s at %s", target, redact.URL(server))
 		r.open = func(context.Context) (pgoutbox.Sender, func(), error) {
 			nc, err := nats.Connect(server, nats.Name("idem outbox relay"), nats.MaxReconnects(-1))
 			if err != nil {
@@ -209,44 +155,34 @@ func parseOutbox(v string) (outboxRoute, error) {
 			return nil, nil, err
 		}
 	case "sqs":
-		segs := strings.Split(path, "/")
-		queue := segs[len(segs)-1]
-		if authority == "" || queue == "" {
-			return fail("want sqs://HOST/ACCOUNT/QUEUE")
-		}
-		httpScheme := "https"
-		if insecure, _ := strconv.ParseBool(q.Get("insecure")); insecure {
-			httpScheme = "http"
-		}
-		endpoint := httpScheme + "://" + authority
-		queueURL := endpoint + "/" + path
-		region := q.Get("region")
-		if region == "" {
-			if parts := strings.Split(authority, "."); len(parts) == 4 && parts[0] == "sqs" && parts[2] == "amazonaws" {
-				region = parts[1] // sqs.REGION.amazonaws.com
-			}
-		}
-		r.name, r.where = queue, "SQS queue "+queueURL
 		r.open = func(ctx context.Context) (pgoutbox.Sender, func(), error) {
-			var opts []func(*awsconfig.LoadOptions) error
-			if region != "" {
-				opts = append(opts, awsconfig.WithRegion(region))
-			}
-			cfg, err := awsconfig.LoadDefaultConfig(ctx, opts...)
+			client, err := b.sqsClient(ctx)
 			if err != nil {
 				return nil, nil, err
 			}
-			client := sqs.NewFromConfig(cfg, func(o *sqs.Options) { o.BaseEndpoint = aws.String(endpoint) })
-			s, err := sqsconsumer.NewSender(client, queueURL)
+			s, err := sqsconsumer.NewSender(client, b.queueURL)
 			return s, func() {}, err
 		}
-	default:
-		return fail("unknown scheme %q: want redis-stream, rediss-stream, kafka, amqp, amqps, nats or sqs", scheme)
 	}
 	if name != "" {
 		r.name = name
 	}
 	return r, nil
+}
+
+// sqsClient returns an SQS client of b's endpoint, with the AWS SDK's
+// default credential chain.
+func (b *brokerURL) sqsClient(ctx context.Context) (*sqs.Client, error) {
+	var opts []func(*awsconfig.LoadOptions) error
+	if b.region != "" {
+		opts = append(opts, awsconfig.WithRegion(b.region))
+	}
+	cfg, err := awsconfig.LoadDefaultConfig(ctx, opts...)
+	if err != nil {
+		return nil, err
+	}
+	endpoint := b.endpoint
+	return sqs.NewFromConfig(cfg, func(o *sqs.Options) { o.BaseEndpoint = aws.String(endpoint) }), nil
 }
 
 // outboxRelay is a pgoutbox.Relay on the --outbox routes.

@@ -481,8 +481,8 @@ func (c *Consumer) settle(ctx context.Context, msgs []redis.XMessage, deliveries
 // one script, repeated (as Executor.CommitBatch does) while the outcome is
 // unknown: an entry left pending with its key IN_PROGRESS would be claimed
 // after the lease and run again.
-func (c *Consumer) completeAndAck(ctx context.Context, msgs []consumer.Message, attempts []*idem.Attempt) []error {
-	return c.exec.CommitBatchWith(ctx, attempts, make([][]byte, len(attempts)), func(ctx context.Context, cs []idem.BatchCompletion) []error {
+func (c *Consumer) completeAndAck(ctx context.Context, msgs []consumer.Message, attempts []*idem.Attempt, values [][]byte) []error {
+	return c.exec.CommitBatchWith(ctx, attempts, values, func(ctx context.Context, cs []idem.BatchCompletion) []error {
 		acks := make([]redisstore.StreamAck, len(cs))
 		for k, x := range cs {
 			// A handler's effect (idem.SetEffect) is applied in the same

@@ -1,0 +1,456 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/cmd/idem/internal/cli"
+	"github.com/idemgo/idem/cmd/idem/internal/redact"
+	"github.com/idemgo/idem/consumer"
+	"github.com/idemgo/idem/consumer/redisstream"
+	"github.com/idemgo/idem/consumer/sidecar"
+)
+
+// consumeConfig is the configuration of `idem consume`.
+type consumeConfig struct {
+	from, to        string
+	store           storeFlags
+	key             string
+	lease           time.Duration
+	retention       time.Duration
+	handler         sidecar.Handler
+	maxDeliveries   int
+	concurrency     int
+	batch           int
+	retryDelay      time.Duration
+	passDuplicates  bool
+	deadLetter      string
+	scope           string
+	name            string
+	shutdownTimeout time.Duration
+	adminListen     string
+	logFormat       string
+	logLevel        string
+
+	broker *brokerURL // --from, parsed
+}
+
+const consumeDoc = `
+Reads messages from the broker at --from with idem's consumer (the same
+algorithm as the Go adapters) and POSTs each one to the HTTP handler at
+--to, in any language, at most once per idempotency key:
+
+  redis-stream://[:PASSWORD@]HOST:PORT/STREAM?group=GROUP[&db=N]  (rediss-stream:// for TLS)
+  kafka://HOST:PORT[,HOST:PORT...]/TOPIC?group=GROUP
+  amqp://USER:PASSWORD@HOST:PORT/[VHOST/]QUEUE                   (amqps:// for TLS)
+  nats://[USER:PASSWORD@]HOST:PORT/STREAM?consumer=DURABLE       (JetStream)
+  sqs://HOST/ACCOUNT/QUEUE[?region=R][&insecure=true]            (the AWS SDK's default credentials)
+
+Each request carries the message's body as received and the headers
+Idempotency-Key, Idempotency-Fence (grows with every acquisition of the
+key: a handler that stores it with its effect and refuses a smaller one
+applies each message once even after a takeover), Idem-Broker, Idem-Topic,
+Idem-Message-Id, Idem-Partition and Idem-Offset (Kafka), Idem-Deliveries,
+and the message's traceparent and tracestate; its other headers (a Redis
+stream entry's other fields) as Idem-Header-NAME.
+
+The handler's answer decides, and the message is acknowledged only after
+the decision is recorded: a 2xx completes the key (the response's status,
+headers and body up to --max-result are the stored result) and acks the
+message; a 4xx other than 408, 409 and 429 is terminal: the message is
+dead-lettered (the status and the start of the body in the dead letter's
+error); a 5xx, 408, 409, 429, no answer within --handler-timeout or a
+refused connection release the key and the message is delivered again after
+--retry-delay, then dead-lettered after --max-deliveries. While the handler
+runs, the key's lease is extended; if it is lost anyway, the request is
+cancelled (its connection closed) and --on-lease-lost, if set, gets a POST
+of {"scope","key","fence","reason"}. A message whose key was completed
+before is acked without calling the handler (--pass-duplicates calls it
+with Idempotent-Replayed: true and no fence).
+
+Keys: --key id uses the broker's message ID (a stream entry ID, a Kafka
+partition and offset, a JetStream sequence, an SQS message ID, an AMQP
+message-id property), stable across redeliveries of one message but not
+across two sends of it; --key header:NAME reads a message header (a Redis
+stream entry's field). The default is each broker's adapter default: the
+field "key" of a stream entry, the header Idempotency-Key elsewhere (what
+idem relay --outbox writes).
+
+The records live in Redis (--redis, --redis-cluster, --redis-sentinel) or
+PostgreSQL (--postgres), never in the embedded store: every broker here
+lets a second consumer (another replica, a pod restarted on another node)
+read the same messages, and a second sidecar with its own embedded store
+would run them again. A Redis stream's records must live on the stream's
+server (the key is completed and the entry acked in one script): without a
+store flag they do.
+
+On SIGTERM or SIGINT, consume stops fetching, lets the handlers in flight
+finish for up to --shutdown-timeout (then cancels them; their messages are
+delivered again), and exits. With --admin-listen it serves /healthz,
+/readyz (503 while stopping or while the store's check fails) and /metrics.`
+
+func consumeCommand() *command {
+	return &command{
+		name:    "consume",
+		args:    "--from URL --to URL [flags]",
+		summary: "hand each message of a broker to an HTTP handler, once per key",
+		doc:     consumeDoc,
+		flags: func(fs *cli.Set) func(context.Context, *env, []string) error {
+			c := registerConsumeFlags(fs)
+			return func(ctx context.Context, e *env, args []string) error {
+				if len(args) > 0 {
+					return cli.Usagef("consume: unexpected argument %q (boolean flags take the form --pass-duplicates=true)", args[0])
+				}
+				return runConsume(ctx, e, c)
+			}
+		},
+	}
+}
+
+func registerConsumeFlags(fs *cli.Set) *consumeConfig {
+	c := &consumeConfig{
+		lease: idem.DefaultLease, retention: idem.DefaultRetention,
+		maxDeliveries: 5, concurrency: 1, batch: 10, retryDelay: time.Second,
+		shutdownTimeout: 30 * time.Second, logFormat: "text", logLevel: "info",
+	}
+	c.handler.Timeout, c.handler.MaxResult = sidecar.DefaultTimeout, sidecar.DefaultMaxResult
+	defs := []cli.Def{
+		{Name: "from", Placeholder: "URL", Value: cli.String(&c.from), Secret: cli.URLSecret, Usage: "the broker and what to read (see above); required"},
+		{Name: "to", Placeholder: "URL", Value: cli.String(&c.handler.URL), Secret: cli.URLSecret, Usage: "the handler each message is POSTed to, e.g. http://127.0.0.1:9000/messages; required"},
+		{Name: "key", Placeholder: "SOURCE", Value: cli.String(&c.key), Usage: "where the idempotency key is: id (the broker's message ID) or header:NAME (empty: the broker's default, see above)"},
+	}
+	for _, d := range c.store.flags() {
+		if d.Name != "data" { // the embedded store is refused (see above)
+			defs = append(defs, d)
+		}
+	}
+	defs = append(defs, c.store.proxyFlags()...)
+	defs = append(defs, []cli.Def{
+		{Name: "lease", Placeholder: "DURATION", Value: cli.Duration(&c.lease), Usage: "how long a message holds its key before another consumer may take it over; extended while the handler runs"},
+		{Name: "retention", Placeholder: "DURATION", Value: cli.Duration(&c.retention), Usage: "how long completed keys are kept (a duplicate within it is acked without a call)"},
+		{Name: "handler-timeout", Placeholder: "DURATION", Value: cli.Duration(&c.handler.Timeout), Usage: "how long one call to the handler may take; then it is cancelled and the message retried"},
+		{Name: "max-result", Placeholder: "SIZE", Value: cli.Size(&c.handler.MaxResult), Usage: "the part of a 2xx response's body stored as the key's result"},
+		{Name: "max-deliveries", Placeholder: "N", Value: cli.Int(&c.maxDeliveries), Usage: "deliveries of a failing message before it is dead-lettered (0: retry forever)"},
+		{Name: "retry-delay", Placeholder: "DURATION", Value: cli.Duration(&c.retryDelay), Usage: "delay before a failed message is delivered again (a Redis stream: at least --lease, the claim idle time)"},
+		{Name: "concurrency", Placeholder: "N", Value: cli.Int(&c.concurrency), Usage: "batches handled at the same time (a Redis stream: N consumers of the group)"},
+		{Name: "batch", Placeholder: "N", Value: cli.Int(&c.batch), Usage: "messages fetched, acquired and completed together; the handler gets them one at a time, in order"},
+		{Name: "pass-duplicates", Value: cli.Bool(&c.passDuplicates), Usage: "call the handler for a duplicate of a completed key too, with Idempotent-Replayed: true (its answer only delays the ack)"},
+		{Name: "on-lease-lost", Placeholder: "URL", Value: cli.String(&c.handler.LeaseLostURL), Secret: cli.URLSecret, Usage: "POST {\"scope\",\"key\",\"fence\",\"reason\"} here when a handler's lease was lost (another consumer runs the message again)"},
+		{Name: "dead-letter", Placeholder: "NAME", Value: cli.String(&c.deadLetter), Usage: "where dead letters go: a stream, topic, queue, subject or SQS queue URL (empty: the adapter's default, STREAM:dlq for a Redis stream)"},
+		{Name: "scope", Placeholder: "SCOPE", Value: cli.String(&c.scope), Usage: "scope of the keys (empty: the stream, topic, queue or JetStream stream)"},
+		{Name: "name", Placeholder: "NAME", Value: cli.String(&c.name), Usage: "this consumer's name in a Redis stream's group (empty: HOSTNAME-PID)"},
+		{Name: "shutdown-timeout", Placeholder: "DURATION", Value: cli.Duration(&c.shutdownTimeout), Usage: "how long a shutdown waits for the handlers in flight"},
+		{Name: "admin-listen", Placeholder: "ADDR", Value: cli.String(&c.adminListen), Usage: "address for /metrics, /healthz and /readyz (empty: off)"},
+		{Name: "log-format", Placeholder: "FORMAT", Value: cli.String(&c.logFormat), Usage: "log format: text or json"},
+		{Name: "log-level", Placeholder: "LEVEL", Value: cli.String(&c.logLevel), Usage: "log level: debug, info, warn or error"},
+	}...)
+	fs.Define(defs...)
+	return c
+}
+
+// validate checks the flags without I/O and parses --from.
+func (c *consumeConfig) validate() error {
+	if c.from == "" || c.handler.URL == "" {
+		return cli.Usagef("consume: --from and --to are required (e.g. --from 'redis-stream://127.0.0.1:6379/orders?group=billing' --to http://127.0.0.1:9000/messages)")
+	}
+	b, err := parseBrokerURL("--from", c.from)
+	if err != nil {
+		return cli.Usagef("consume: %v", err)
+	}
+	c.broker = b
+	if err := c.handler.Check(); err != nil {
+		return cli.Usagef("consume: invalid --to or --on-lease-lost: %v", err)
+	}
+	_, levelErr := parseLevel(c.logLevel)
+	return cli.FirstError(
+		c.store.validate(),
+		cli.Check(!c.store.redis() && c.store.postgres == "" && b.kind != "redis-stream",
+			"consume: the embedded store is refused: a second consumer of %s (another replica, a pod restarted elsewhere) would run the messages again with its own records; give --redis, --redis-cluster, --redis-sentinel or --postgres", b.where),
+		cli.Check(b.kind == "redis-stream" && c.store.postgres != "", "consume: a Redis stream's records live on its Redis server (the key is completed and the entry acked in one script): drop --postgres"),
+		cli.Check(b.kind == "redis-stream" && b.query.Get("group") == "", "consume: --from %s has no group: add ?group=NAME", redact.URL(c.from)),
+		cli.Check(b.kind == "amqp" && b.exchange != "", "consume: --from %s names an exchange (routing-key=): consume reads a queue", redact.URL(c.from)),
+		checkAddr("--admin-listen", c.adminListen),
+		cli.Check(c.lease < time.Millisecond, "--lease %v is too short", c.lease),
+		cli.Check(c.retention < c.lease, "--retention %v is shorter than --lease %v", c.retention, c.lease),
+		cli.Check(c.handler.Timeout <= 0, "--handler-timeout must be positive"),
+		cli.Check(c.maxDeliveries < 0, "--max-deliveries %d is negative", c.maxDeliveries),
+		cli.Check(c.concurrency < 1, "--concurrency %d must be at least 1", c.concurrency),
+		cli.Check(c.batch < 1 || c.batch > 10000, "--batch %d is not in 1..10000", c.batch),
+		cli.Check(c.retryDelay < 0, "--retry-delay %v is negative", c.retryDelay),
+		cli.Check(c.shutdownTimeout <= 0, "--shutdown-timeout must be positive"),
+		cli.Check(c.logFormat != "text" && c.logFormat != "json", "invalid --log-format %q: want text or json", c.logFormat),
+		levelErr,
+		checkKeySource(c.key),
+	)
+}
+
+// checkKeySource checks --key.
+func checkKeySource(spec string) error {
+	if spec == "" || spec == "id" {
+		return nil
+	}
+	if name, ok := strings.CutPrefix(spec, "header:"); ok && name != "" {
+		return nil
+	}
+	return cli.Usagef("invalid --key %q: want id or header:NAME", spec)
+}
+
+// options are the consumer options every broker gets.
+func (c *consumeConfig) options(log *slog.Logger) []consumer.Option {
+	opts := []consumer.Option{
+		consumer.WithMaxDeliveries(c.maxDeliveries), consumer.WithRetryDelay(c.retryDelay),
+		consumer.WithBatchSize(c.batch), consumer.WithShutdownTimeout(c.shutdownTimeout),
+		consumer.WithLogger(log), consumer.WithOnLeaseLost(c.handler.OnLeaseLost),
+	}
+	if c.passDuplicates {
+		opts = append(opts, consumer.WithPassDuplicates())
+	}
+	if c.deadLetter != "" {
+		opts = append(opts, consumer.WithDeadLetter(c.deadLetter))
+	}
+	scope := c.scope
+	if scope == "" {
+		scope = c.broker.target
+	}
+	return append(opts, consumer.WithScope(scope))
+}
+
+// source is a broker's consumers, built.
+type source struct {
+	run   func(ctx context.Context) error // until ctx is done and the drain ended
+	stats func() consumer.Stats
+	close func()
+}
+
+// runConsume runs `idem consume`.
+func runConsume(ctx context.Context, e *env, c *consumeConfig) error {
+	if err := c.validate(); err != nil {
+		return err
+	}
+	log := redact.Logger(newLogger(e, c.logFormat, c.logLevel), e.hider)
+	redisLog.l.Store(log)
+	c.store.logger = log
+	c.handler.Logger = log
+	if c.name == "" {
+		host, _ := os.Hostname()
+		c.name = fmt.Sprintf("%s-%d", host, os.Getpid())
+	}
+	st, err := c.openStore(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeStore(st, log)
+	reg, execMetrics := newRegistry(st.store)
+	exec, err := idem.New(st.store, idem.WithLease(c.lease), idem.WithRetention(c.retention),
+		idem.WithMaxResultSize(c.handler.MaxResult+64<<10), idem.WithObserver(execMetrics.Observe))
+	if err != nil {
+		return cli.Usagef("%v", err)
+	}
+	src, err := c.open(ctx, st, exec, log)
+	if err != nil {
+		return err
+	}
+	defer src.close()
+
+	var draining atomic.Bool
+	var admin *http.Server
+	started := []any{"from", c.broker.where, "to", redact.URL(c.handler.URL), "store", st.describe,
+		"batch", c.batch, "concurrency", c.concurrency, "max_deliveries", c.maxDeliveries,
+		"lease", cli.FormatDuration(c.lease), "handler_timeout", cli.FormatDuration(c.handler.Timeout)}
+	if c.adminListen != "" {
+		ln, err := net.Listen("tcp", c.adminListen)
+		if err != nil {
+			return fmt.Errorf("cannot listen on %s (--admin-listen): %v", c.adminListen, cli.Cause(err))
+		}
+		admin = &http.Server{Handler: consumeAdmin(reg, st, &draining), ReadHeaderTimeout: 10 * time.Second}
+		go admin.Serve(ln)
+		started = append(started, "admin", ln.Addr().String())
+	}
+	log.Info("idem consume started", started...)
+	err = src.run(ctx)
+	draining.Store(true)
+	s := src.stats()
+	log.Info("idem consume stopped", "processed", s.Processed, "replayed", s.Replayed, "retried", s.Retried,
+		"dead_lettered", s.DeadLettered, "errors", s.Errors, "abandoned", s.Abandoned)
+	if admin != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		admin.Shutdown(sctx)
+		cancel()
+	}
+	return err
+}
+
+// openStore opens the records' store; for a Redis stream without a store
+// flag, on the stream's server.
+func (c *consumeConfig) openStore(ctx context.Context) (*openedStore, error) {
+	b := c.broker
+	if b.kind != "redis-stream" {
+		return c.store.open(ctx, true)
+	}
+	if !c.store.redis() {
+		return c.store.openRedis(ctx, redis.NewClient(b.redis), fmt.Sprintf("redis %s db %d", b.redis.Addr, b.redis.DB))
+	}
+	if c.store.redisURL != "" {
+		opt, _ := redis.ParseURL(c.store.redisURL) // validated
+		if opt.Addr != b.redis.Addr || opt.DB != b.redis.DB {
+			return nil, cli.Usagef("consume: the records of Redis stream %s must live on its server (the key is completed and the entry acked in one script): --redis is %s db %d, the stream is on %s db %d; drop --redis or make them one",
+				b.target, opt.Addr, opt.DB, b.redis.Addr, b.redis.DB)
+		}
+	}
+	// --redis-cluster, --redis-sentinel: the stream is read through the
+	// store's client, on the server that holds the records.
+	return c.store.open(ctx, false)
+}
+
+// open builds the consumers of --from.
+func (c *consumeConfig) open(ctx context.Context, st *openedStore, exec *idem.Executor, log *slog.Logger) (*source, error) {
+	switch c.broker.kind {
+	case "redis-stream":
+		return c.openRedisStream(st, exec, log)
+	}
+	return nil, cli.Usagef("consume: %s is not supported yet by idem consume", c.broker.kind)
+}
+
+// openRedisStream builds --concurrency consumers of the group.
+func (c *consumeConfig) openRedisStream(st *openedStore, exec *idem.Executor, log *slog.Logger) (*source, error) {
+	b := c.broker
+	opts := c.options(log)
+	switch {
+	case c.key == "id":
+		opts = append(opts, redisstream.WithKeyFunc(func(m redis.XMessage) string { return m.ID }))
+	case strings.HasPrefix(c.key, "header:"):
+		opts = append(opts, redisstream.WithKeyFunc(redisstream.KeyField(strings.TrimPrefix(c.key, "header:"))))
+	}
+	keyField := redisstream.DefaultKeyField
+	if f, ok := strings.CutPrefix(c.key, "header:"); ok {
+		keyField = f
+	}
+	handle := func(ctx context.Context, m redis.XMessage) error {
+		return c.handler.Call(ctx, streamDelivery(b.target, keyField, c.key == "id", m))
+	}
+	var cs []*redisstream.Consumer
+	for i := range c.concurrency {
+		name := c.name
+		if c.concurrency > 1 {
+			name += "-" + strconv.Itoa(i)
+		}
+		rc, err := redisstream.New(st.redis, b.target, b.query.Get("group"), name, exec, handle, opts...)
+		if err != nil {
+			return nil, cli.Usagef("consume: %v", err)
+		}
+		cs = append(cs, rc)
+	}
+	return &source{
+		run: func(ctx context.Context) error {
+			errs := make([]error, len(cs))
+			var wg sync.WaitGroup
+			for i, rc := range cs {
+				wg.Go(func() { errs[i] = rc.Run(ctx) })
+			}
+			wg.Wait()
+			return errors.Join(errs...)
+		},
+		stats: func() consumer.Stats {
+			var s consumer.Stats
+			for _, rc := range cs {
+				s = addStats(s, rc.Stats())
+			}
+			return s
+		},
+		close: func() {},
+	}, nil
+}
+
+// streamDelivery translates a stream entry: the field "payload" (what
+// idem relay --outbox writes) is the body, or else the entry's fields as a
+// JSON object; the key's field is the key (or the entry ID, for --key id);
+// traceparent and tracestate pass as they are, the other fields as
+// Idem-Header-NAME.
+func streamDelivery(stream, keyField string, byID bool, m redis.XMessage) sidecar.Delivery {
+	h := http.Header{}
+	h.Set(sidecar.HeaderBroker, "redis-stream")
+	h.Set(sidecar.HeaderTopic, stream)
+	h.Set(sidecar.HeaderMessageID, m.ID)
+	d := sidecar.Delivery{Header: h}
+	if byID {
+		d.Key = m.ID
+	} else {
+		d.Key, _ = m.Values[keyField].(string)
+	}
+	if p, ok := m.Values[redisstream.PayloadField].(string); ok {
+		d.Body = []byte(p)
+	} else {
+		d.Body, _ = json.Marshal(m.Values)
+		h.Set("Content-Type", "application/json")
+	}
+	for k, v := range m.Values {
+		s, _ := v.(string)
+		switch {
+		case k == redisstream.PayloadField || (k == keyField && !byID):
+		case strings.EqualFold(k, "traceparent") || strings.EqualFold(k, "tracestate") || strings.EqualFold(k, "content-type"):
+			h.Set(k, s)
+		default:
+			h.Set("Idem-Header-"+k, s)
+		}
+	}
+	return d
+}
+
+// addStats adds the counters of b to a.
+func addStats(a, b consumer.Stats) consumer.Stats {
+	a.Processed += b.Processed
+	a.Replayed += b.Replayed
+	a.Retried += b.Retried
+	a.DeadLettered += b.DeadLettered
+	a.Invalid += b.Invalid
+	a.Panics += b.Panics
+	a.Redelivered += b.Redelivered
+	a.Errors += b.Errors
+	a.Abandoned += b.Abandoned
+	return a
+}
+
+// consumeAdmin serves /healthz, /readyz (503 while draining or while the
+// store's last check failed) and /metrics.
+func consumeAdmin(reg *prometheus.Registry, st *openedStore, draining *atomic.Bool) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		var err error
+		if st.health != nil {
+			err = st.health()
+		}
+		switch {
+		case draining.Load():
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintln(w, "not ready: shutting down")
+		case err != nil:
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintf(w, "not ready: %v\n", storeError(err))
+		default:
+			fmt.Fprintln(w, "ready")
+		}
+	})
+	return mux
+}

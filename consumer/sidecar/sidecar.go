@@ -1,0 +1,288 @@
+package sidecar
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/consumer"
+)
+
+// The headers of a request to the handler.
+const (
+	// HeaderKey carries the message's idempotency key.
+	HeaderKey = "Idempotency-Key"
+	// HeaderFence carries the lease's fencing token (absent for a
+	// duplicate passed on with HeaderReplayed).
+	HeaderFence = "Idempotency-Fence"
+	// HeaderReplayed is "true" on a duplicate of a completed key passed to
+	// the handler (consumer.WithPassDuplicates).
+	HeaderReplayed = "Idempotent-Replayed"
+	// HeaderBroker names the broker: redis-stream, kafka, amqp, nats, sqs.
+	HeaderBroker = "Idem-Broker"
+	// HeaderTopic names the stream, topic, queue or JetStream stream.
+	HeaderTopic = "Idem-Topic"
+	// HeaderMessageID is the broker's identifier of the message (a stream
+	// entry ID, a JetStream sequence, an SQS message ID, an AMQP message
+	// ID when the publisher set one).
+	HeaderMessageID = "Idem-Message-Id"
+	// HeaderPartition and HeaderOffset locate a Kafka record.
+	HeaderPartition = "Idem-Partition"
+	HeaderOffset    = "Idem-Offset"
+	// HeaderDeliveries is how often the broker delivered the message, this
+	// delivery included, when the broker says.
+	HeaderDeliveries = "Idem-Deliveries"
+)
+
+// Defaults of a Handler's fields.
+const (
+	DefaultTimeout   = 30 * time.Second
+	DefaultMaxResult = 64 << 10
+	// errorBodyLimit bounds the part of a failed answer's body kept in its
+	// HandlerError (and so in a dead letter's error).
+	errorBodyLimit = 1 << 10
+)
+
+// Delivery is a message as the handler gets it.
+type Delivery struct {
+	// Key is the message's idempotency key (HeaderKey).
+	Key string
+	// Body is sent as the request's body, as received.
+	Body []byte
+	// Header holds the broker's metadata and the message's own headers to
+	// send (HeaderBroker, HeaderTopic, traceparent, …); may be nil.
+	Header http.Header
+}
+
+// Handler calls an HTTP handler once per delivery. Set its fields before
+// the first call; it is safe for concurrent use then.
+type Handler struct {
+	// URL is where each message is POSTed (required).
+	URL string
+	// Client sends the requests. The default is a client that does not
+	// follow redirects (a 3xx is retried) and keeps up to 64 idle
+	// connections to the handler.
+	Client *http.Client
+	// Timeout bounds each call; the call is then cancelled and the
+	// message retried. The default is DefaultTimeout (30s).
+	Timeout time.Duration
+	// MaxResult bounds the part of a 2xx response's body that is stored
+	// as the key's result; the rest is read and dropped. The default is
+	// DefaultMaxResult (64 KiB).
+	MaxResult int
+	// LeaseLostURL, if set, gets a POST from OnLeaseLost: a JSON object
+	// with the key's scope and key, the fence and the reason.
+	LeaseLostURL string
+	// Logger logs the failures of the lease-lost calls. The default is
+	// slog.Default().
+	Logger *slog.Logger
+
+	once   sync.Once
+	client *http.Client
+}
+
+// HandlerError is the error of a call whose answer was not a 2xx: its
+// status, headers and the start of its body (1 KiB).
+type HandlerError struct {
+	Status int
+	Header http.Header
+	Body   []byte
+}
+
+func (e *HandlerError) Error() string {
+	return fmt.Sprintf("sidecar: handler answered %d %s: %q", e.Status, http.StatusText(e.Status), e.Body)
+}
+
+// Terminal reports whether a status is a terminal failure: a 4xx other
+// than 408 (request timeout), 409 (conflict) and 429 (too many requests).
+func Terminal(status int) bool {
+	return status >= 400 && status < 500 && status != http.StatusRequestTimeout &&
+		status != http.StatusConflict && status != http.StatusTooManyRequests
+}
+
+// Result is the stored result of a key: the handler's 2xx response.
+type Result struct {
+	Status int         `json:"status"`
+	Header http.Header `json:"header,omitempty"`
+	Body   []byte      `json:"body,omitempty"`
+	// Truncated is true when the body was longer than MaxResult.
+	Truncated bool `json:"truncated,omitempty"`
+}
+
+func (h *Handler) init() {
+	h.once.Do(func() {
+		h.client = h.Client
+		if h.client == nil {
+			t := http.DefaultTransport.(*http.Transport).Clone()
+			t.MaxIdleConns, t.MaxIdleConnsPerHost = 64, 64
+			h.client = &http.Client{
+				Transport:     t,
+				CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+			}
+		}
+	})
+}
+
+func (h *Handler) timeout() time.Duration {
+	if h.Timeout > 0 {
+		return h.Timeout
+	}
+	return DefaultTimeout
+}
+
+func (h *Handler) logger() *slog.Logger {
+	if h.Logger != nil {
+		return h.Logger
+	}
+	return slog.Default()
+}
+
+// Check validates the fields without I/O. Errors wrap idem.ErrInvalid.
+func (h *Handler) Check() error {
+	for name, raw := range map[string]string{"URL": h.URL, "LeaseLostURL": h.LeaseLostURL} {
+		if raw == "" && name == "LeaseLostURL" {
+			continue
+		}
+		u, err := url.Parse(raw)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("%w: sidecar: %s %q is not an http:// or https:// URL", idem.ErrInvalid, name, raw)
+		}
+	}
+	if h.Timeout < 0 || h.MaxResult < 0 {
+		return fmt.Errorf("%w: sidecar: negative Timeout or MaxResult", idem.ErrInvalid)
+	}
+	return nil
+}
+
+// Call POSTs d to the handler and returns nil for a 2xx answer (after
+// storing it as the key's result with consumer.SetResult), an error
+// marked idem.Terminal wrapping a *HandlerError for a terminal 4xx, and
+// another error for whatever is to be retried. ctx is the consumer
+// handler's: the request carries its fence (idem.FenceFrom) and is
+// cancelled with it (a lost lease closes the connection).
+func (h *Handler) Call(ctx context.Context, d Delivery) error {
+	h.init()
+	ctx, cancel := context.WithTimeoutCause(ctx, h.timeout(), fmt.Errorf("sidecar: the handler did not answer within %v", h.timeout()))
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, h.URL, bytes.NewReader(d.Body))
+	if err != nil {
+		return idem.Terminal(fmt.Errorf("sidecar: %w", err))
+	}
+	for k, vs := range d.Header {
+		req.Header[k] = vs
+	}
+	if req.Header.Get("Content-Type") == "" {
+		req.Header.Set("Content-Type", "application/octet-stream")
+	}
+	req.Header.Set(HeaderKey, d.Key)
+	if m, ok := consumer.MessageFrom(ctx); ok {
+		if m.Deliveries > 0 {
+			req.Header.Set(HeaderDeliveries, strconv.Itoa(m.Deliveries))
+		}
+		if m.ID != "" && req.Header.Get(HeaderMessageID) == "" {
+			req.Header.Set(HeaderMessageID, m.ID)
+		}
+	}
+	if _, dup := consumer.DuplicateFrom(ctx); dup {
+		req.Header.Set(HeaderReplayed, "true")
+	} else if fence, ok := idem.FenceFrom(ctx); ok {
+		req.Header.Set(HeaderFence, strconv.FormatInt(fence, 10))
+	}
+	resp, err := h.client.Do(req)
+	if err != nil {
+		if cause := context.Cause(ctx); cause != nil {
+			return fmt.Errorf("sidecar: calling the handler: %w", cause)
+		}
+		return fmt.Errorf("sidecar: calling the handler: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, errorBodyLimit))
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20)) // keep the connection
+		herr := &HandlerError{Status: resp.StatusCode, Header: resp.Header, Body: body}
+		if Terminal(resp.StatusCode) {
+			return idem.Terminal(herr)
+		}
+		return herr
+	}
+	limit := h.MaxResult
+	if limit == 0 {
+		limit = DefaultMaxResult
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, int64(limit)+1))
+	if err != nil {
+		// The handler said 2xx but its body broke off: its work is done
+		// (retrying would run it again); store what was read.
+		body = append(body, []byte(fmt.Sprintf("\n[idem: reading the response: %v]", err))...)
+	}
+	r := Result{Status: resp.StatusCode, Header: resp.Header.Clone(), Body: body}
+	if len(body) > limit {
+		r.Body, r.Truncated = body[:limit], true
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+	}
+	for _, k := range []string{"Date", "Content-Length", "Connection", "Keep-Alive"} {
+		r.Header.Del(k)
+	}
+	blob, err := json.Marshal(r)
+	if err == nil {
+		consumer.SetResult(ctx, blob)
+	}
+	return nil
+}
+
+// LeaseLost is the body of the POST to LeaseLostURL.
+type LeaseLost struct {
+	Scope string `json:"scope"`
+	Key   string `json:"key"`
+	Fence int64  `json:"fence"`
+	// Reason is the handler's error, or "" if the handler succeeded (its
+	// work was done, but the key could not be completed: another owner
+	// runs the message again).
+	Reason string `json:"reason"`
+}
+
+// OnLeaseLost is the compensation hook (consumer.WithOnLeaseLost): it
+// POSTs l as a LeaseLost to LeaseLostURL, with the key and fence also in
+// HeaderKey and HeaderFence, and logs a failure. It does nothing when
+// LeaseLostURL is empty.
+func (h *Handler) OnLeaseLost(ctx context.Context, l idem.LeaseLost) {
+	if h.LeaseLostURL == "" {
+		return
+	}
+	h.init()
+	body := LeaseLost{Scope: l.Key.Scope, Key: l.Key.ID, Fence: l.Fence}
+	if l.Err != nil {
+		body.Reason = l.Err.Error()
+	}
+	blob, _ := json.Marshal(body)
+	ctx, cancel := context.WithTimeout(ctx, h.timeout())
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, h.LeaseLostURL, bytes.NewReader(blob))
+	if err != nil {
+		h.logger().Error("sidecar: lease-lost call", "err", err)
+		return
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(HeaderKey, l.Key.ID)
+	req.Header.Set(HeaderFence, strconv.FormatInt(l.Fence, 10))
+	resp, err := h.client.Do(req)
+	if err == nil {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+		resp.Body.Close()
+		if resp.StatusCode > 299 {
+			err = fmt.Errorf("answered %d", resp.StatusCode)
+		}
+	}
+	if err != nil {
+		h.logger().Error("sidecar: lease-lost call failed", "key_digest", l.Key.Digest(), "fence", l.Fence, "err", err)
+	}
+}

@@ -1,0 +1,188 @@
+package sidecar_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/consumer"
+	"github.com/idemgo/idem/consumer/sidecar"
+	"github.com/idemgo/idem/memstore"
+)
+
+func newProcessor(t *testing.T, opts ...consumer.Option) *consumer.Processor {
+	t.Helper()
+	s, err := memstore.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	exec, err := idem.New(s, idem.WithLease(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := consumer.New(exec, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestStatuses: the handler's answer decides the message's fate; a 2xx
+// is the stored result, and the request carries the key and fence.
+func TestStatuses(t *testing.T) {
+	for _, tc := range []struct {
+		status int
+		want   consumer.Action
+	}{
+		{200, consumer.Ack}, {204, consumer.Ack},
+		{400, consumer.DeadLetter}, {404, consumer.DeadLetter}, {422, consumer.DeadLetter},
+		{408, consumer.Retry}, {409, consumer.Retry}, {429, consumer.Retry},
+		{500, consumer.Retry}, {503, consumer.Retry}, {302, consumer.Retry},
+	} {
+		t.Run(strconv.Itoa(tc.status), func(t *testing.T) {
+			var gotKey, gotFence, gotBody string
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				gotKey, gotFence = r.Header.Get(sidecar.HeaderKey), r.Header.Get(sidecar.HeaderFence)
+				b, _ := io.ReadAll(r.Body)
+				gotBody = string(b)
+				w.Header().Set("Location", "/elsewhere")
+				w.WriteHeader(tc.status)
+				io.WriteString(w, "answer")
+			}))
+			defer srv.Close()
+			h := &sidecar.Handler{URL: srv.URL}
+			p := newProcessor(t, consumer.WithPassDuplicates())
+			msgs := []consumer.Message{{Key: "k1", Deliveries: 1}}
+			call := func(ctx context.Context, i int) error {
+				return h.Call(ctx, sidecar.Delivery{Key: msgs[i].Key, Body: []byte(`{"a":1}`)})
+			}
+			got := p.Process(t.Context(), msgs, call)
+			if got[0].Action != tc.want {
+				t.Fatalf("got %v (%v), want %v", got[0].Action, got[0].Err, tc.want)
+			}
+			if gotKey != "k1" || gotFence == "" || gotBody != `{"a":1}` {
+				t.Errorf("request: got key %q fence %q body %q, want k1, a fence and the body", gotKey, gotFence, gotBody)
+			}
+			var herr *sidecar.HandlerError
+			if tc.want != consumer.Ack && (!errors.As(got[0].Err, &herr) || herr.Status != tc.status || string(herr.Body) != "answer") {
+				t.Errorf("error: got %v, want a HandlerError with status %d and the body", got[0].Err, tc.status)
+			}
+			if tc.want != consumer.Ack {
+				return
+			}
+			// A duplicate: passed on with Idempotent-Replayed and no fence;
+			// its stored result is the first answer.
+			var stored []byte
+			got = p.Process(t.Context(), msgs, func(ctx context.Context, i int) error {
+				stored, _ = consumer.DuplicateFrom(ctx)
+				return call(ctx, i)
+			})
+			if got[0].Action != consumer.Ack || !got[0].Replayed || gotFence != "" {
+				t.Errorf("duplicate: got %+v fence %q, want a replayed Ack without a fence", got[0], gotFence)
+			}
+			var res sidecar.Result
+			if err := json.Unmarshal(stored, &res); err != nil || res.Status != tc.status || (tc.status != 204 && string(res.Body) != "answer") || res.Header.Get("Location") != "/elsewhere" {
+				t.Errorf("stored result: got %s (%v), want status %d, body and headers", stored, err, tc.status)
+			}
+		})
+	}
+}
+
+// TestTimeoutAndRefused: no answer within the timeout, and a refused
+// connection, are retried.
+func TestTimeoutAndRefused(t *testing.T) {
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	defer srv.Close()
+	defer close(release)
+	dead := httptest.NewServer(http.NotFoundHandler())
+	deadURL := dead.URL
+	dead.Close()
+	for name, h := range map[string]*sidecar.Handler{
+		"timeout": {URL: srv.URL, Timeout: 50 * time.Millisecond},
+		"refused": {URL: deadURL},
+	} {
+		p := newProcessor(t)
+		got := p.Process(t.Context(), []consumer.Message{{Key: "k", Deliveries: 1}}, func(ctx context.Context, i int) error {
+			return h.Call(ctx, sidecar.Delivery{Key: "k"})
+		})
+		if got[0].Action != consumer.Retry {
+			t.Errorf("%s: got %v (%v), want retry", name, got[0].Action, got[0].Err)
+		}
+	}
+}
+
+// TestLeaseLostCancelsAndCalls: a lost lease cancels the handler's
+// request (its connection closes) and the lease-lost URL gets the key,
+// the fence and the reason.
+func TestLeaseLostCancelsAndCalls(t *testing.T) {
+	cancelled := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-r.Context().Done()
+		close(cancelled)
+	}))
+	defer srv.Close()
+	var mu sync.Mutex
+	var lost []sidecar.LeaseLost
+	var lostFence string
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var l sidecar.LeaseLost
+		json.NewDecoder(r.Body).Decode(&l)
+		mu.Lock()
+		lost, lostFence = append(lost, l), r.Header.Get(sidecar.HeaderFence)
+		mu.Unlock()
+	}))
+	defer hook.Close()
+	h := &sidecar.Handler{URL: srv.URL, LeaseLostURL: hook.URL}
+	s, err := memstore.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	exec, err := idem.New(s, idem.WithLease(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := consumer.New(exec, consumer.WithOnLeaseLost(h.OnLeaseLost))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fence int64
+	got := p.Process(t.Context(), []consumer.Message{{Key: "k", Deliveries: 1}}, func(ctx context.Context, i int) error {
+		fence, _ = idem.FenceFrom(ctx)
+		// Another owner takes the key over: delete the record, as an
+		// operator's idem rm would, and begin it again elsewhere.
+		if err := s.Delete(context.Background(), p.Key("k").Digest()); err != nil {
+			t.Error(err)
+		}
+		if _, _, err := exec.Begin(context.Background(), p.Key("k"), ""); err != nil {
+			t.Error(err)
+		}
+		return h.Call(ctx, sidecar.Delivery{Key: "k"})
+	})
+	select {
+	case <-cancelled:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler's request was not cancelled")
+	}
+	if got[0].Action != consumer.Retry || !errors.Is(got[0].Err, idem.ErrLeaseLost) {
+		t.Errorf("got %v (%v), want a retry for the lost lease", got[0].Action, got[0].Err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(lost) != 1 || lost[0].Key != "k" || lost[0].Fence != fence || lost[0].Reason == "" || lostFence != strconv.FormatInt(fence, 10) {
+		t.Errorf("lease-lost calls: got %+v (fence header %q), want one for key k fence %d with a reason", lost, lostFence, fence)
+	}
+}
