@@ -62,7 +62,7 @@ func (e *Executor) BeginBatch(ctx context.Context, keys []Key, fingerprints []st
 	bs, ok := StoreAs[BatchStore](e.store)
 	if !ok {
 		for i, k := range keys {
-			c, a, err := e.Begin(ctx, k, fingerprints[i])
+			c, a, err := e.begin(ctx, k, fingerprints[i])
 			out[i] = Began{c, a, err}
 		}
 		return out

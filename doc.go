@@ -22,8 +22,9 @@
 //
 // The user's path: New and its options; Do (or Typed for a Go value);
 // Begin and the attempt's endings (Commit, Abort, Release, Abandon, Fail)
-// for callers that cannot wrap their operation in a function; Await for a
-// caller that waits for another's result; FenceFrom and LeaseFrom in the
+// for callers that cannot wrap their operation in a function; WithWait and
+// WaitFor to wait for another caller's attempt on the same key instead of
+// getting an InProgressError (Await to wait without calling again); FenceFrom and LeaseFrom in the
 // operation's context; the errors of errors.go; WithOnLeaseLost to
 // compensate work whose lease was lost. The endings, by what the record
 // becomes: Commit, COMPLETED with the result; Abort, RELEASED or FAILED as

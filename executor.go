@@ -70,6 +70,31 @@ func WithCompressAbove(n int) Option { return func(e *Executor) { e.codec.compre
 // write to the store cannot plant one. The default is no encryption.
 func WithEncryption(aead cipher.AEAD) Option { return func(e *Executor) { e.codec.aead = aead } }
 
+// WithWait makes Do and Begin wait, up to d, for a key that another caller
+// holds (IN_PROGRESS) to be released or to end, instead of returning an
+// *InProgressError at once; then they replay the stored result, return the
+// stored failure, or take the key and run. The wait is woken by the
+// store's notification when the store implements Watcher (memstore,
+// boltstore, redisstore and pgstore do), and polls otherwise (see Await);
+// it never lasts past the holder's lease. A call still waiting after d
+// returns an *InProgressError whose RetryAfter is the lease left. A call
+// can set its own bound with WaitFor. The default is 0: no waiting.
+// BeginBatch never waits.
+func WithWait(d time.Duration) Option { return func(e *Executor) { e.wait = d } }
+
+// CallOption configures one call of Do, Begin or Typed.Do.
+type CallOption func(*callConfig)
+
+// callConfig is what CallOptions set.
+type callConfig struct {
+	wait time.Duration
+}
+
+// WaitFor makes this call wait up to d for a key in progress, as WithWait
+// does for every call; it overrides the Executor's WithWait (WaitFor(0):
+// no waiting).
+func WaitFor(d time.Duration) CallOption { return func(c *callConfig) { c.wait = d } }
+
 // Executor runs operations at most once per key on top of a Store. It is safe
 // for concurrent use; create one per store and configuration and share it.
 type Executor struct {
@@ -77,6 +102,7 @@ type Executor struct {
 	lease       time.Duration
 	retention   time.Duration
 	maxAttempts int
+	wait        time.Duration
 	policy      FailurePolicy
 	codec       blobCodec
 	onLeaseLost func(context.Context, LeaseLost)
@@ -107,6 +133,8 @@ func New(store Store, opts ...Option) (*Executor, error) {
 		return nil, invalidf("lease %v is shorter than 1ms", e.lease)
 	case e.retention < e.lease:
 		return nil, invalidf("retention %v is shorter than the lease %v", e.retention, e.lease)
+	case e.wait < 0:
+		return nil, invalidf("wait %v is negative", e.wait)
 	case e.maxAttempts < 0:
 		return nil, invalidf("max attempts %d is negative", e.maxAttempts)
 	case e.policy == nil:
@@ -245,7 +273,9 @@ type Result struct {
 //     later releases the key and Do returns an error wrapping ErrLeaseLost.
 //   - If the key is COMPLETED with the same fingerprint, Do returns the
 //     stored result with Replayed set and does not run fn.
-//   - If another caller holds the key, Do returns an *InProgressError.
+//   - If another caller holds the key, Do returns an *InProgressError, or
+//     with WithWait or WaitFor first waits for that caller's attempt to end
+//     and then replays, fails or runs as above.
 //   - If the key exists with another fingerprint, ErrMismatch.
 //   - If the key is FAILED, a *FailedError.
 //
@@ -263,11 +293,11 @@ type Result struct {
 // run again after the lease. So while the store is unreachable, such a Do
 // returns after up to one lease. The same holds for Commit, Abort, Release
 // and CommitBatch.
-func (e *Executor) Do(ctx context.Context, key Key, fingerprint string, fn func(ctx context.Context) ([]byte, error)) (Result, error) {
+func (e *Executor) Do(ctx context.Context, key Key, fingerprint string, fn func(ctx context.Context) ([]byte, error), opts ...CallOption) (Result, error) {
 	if fn == nil {
 		return Result{}, invalidf("nil function")
 	}
-	actx, a, err := e.Begin(ctx, key, fingerprint)
+	actx, a, err := e.Begin(ctx, key, fingerprint, opts...)
 	if err != nil {
 		return Result{}, err
 	}
@@ -334,7 +364,68 @@ type Attempt struct {
 // If the key was already COMPLETED, Begin returns an Attempt whose Replayed
 // method reports true and whose Value holds the stored result; nothing is to
 // be done with it.
-func (e *Executor) Begin(ctx context.Context, key Key, fingerprint string) (context.Context, *Attempt, error) {
+//
+// If another caller holds the key, Begin waits as WithWait and WaitFor say
+// (by default it does not wait). An error of the store while waiting is
+// returned wrapped.
+func (e *Executor) Begin(ctx context.Context, key Key, fingerprint string, opts ...CallOption) (context.Context, *Attempt, error) {
+	wait := e.wait
+	if len(opts) > 0 {
+		c := callConfig{wait: wait}
+		for _, o := range opts {
+			o(&c)
+		}
+		if c.wait < 0 {
+			return ctx, nil, invalidf("wait %v is negative", c.wait)
+		}
+		wait = c.wait
+	}
+	if wait <= 0 {
+		return e.begin(ctx, key, fingerprint)
+	}
+	start := time.Now()
+	c, a, err := e.begin(ctx, key, fingerprint)
+	if err == nil || !errors.Is(err, ErrInProgress) {
+		return c, a, err
+	}
+	return e.awaitBegin(ctx, key, fingerprint, start.Add(wait), err)
+}
+
+// awaitBegin waits, until deadline, for the key that err (an
+// *InProgressError from begin) reports held to leave IN_PROGRESS, and
+// calls begin again, as often as needed (a third caller may take the key
+// first). It returns the last begin's results, or an *InProgressError with
+// the lease left once the deadline passed. This is the one waiting loop:
+// the HTTP middleware and the proxy wait through it.
+func (e *Executor) awaitBegin(ctx context.Context, key Key, fp string, deadline time.Time, err error) (context.Context, *Attempt, error) {
+	wctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	for {
+		ip, ok := errors.AsType[*InProgressError](err)
+		if !ok {
+			return ctx, nil, err
+		}
+		asked := time.Now()
+		if werr := e.Await(wctx, key); werr != nil {
+			if wctx.Err() == nil {
+				// The store failed while waiting.
+				return ctx, nil, fmt.Errorf("idem: waiting for the key in progress: %w", werr)
+			}
+			if cerr := ctx.Err(); cerr != nil {
+				return ctx, nil, cerr
+			}
+			return ctx, nil, &InProgressError{RetryAfter: max(ip.RetryAfter-time.Since(asked), 0)}
+		}
+		c, a, err2 := e.begin(ctx, key, fp)
+		if err2 == nil || !errors.Is(err2, ErrInProgress) {
+			return c, a, err2
+		}
+		err = err2
+	}
+}
+
+// begin is Begin without waiting.
+func (e *Executor) begin(ctx context.Context, key Key, fingerprint string) (context.Context, *Attempt, error) {
 	if err := key.Validate(); err != nil {
 		return ctx, nil, err
 	}

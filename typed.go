@@ -30,8 +30,9 @@ type Typed[T any] struct {
 }
 
 // Do is Executor.Do for a value of type T: it returns fn's value, or the
-// stored one decoded, and whether it was replayed.
-func (t Typed[T]) Do(ctx context.Context, key Key, fingerprint string, fn func(ctx context.Context) (T, error)) (v T, replayed bool, err error) {
+// stored one decoded, and whether it was replayed. opts are passed to
+// Executor.Do.
+func (t Typed[T]) Do(ctx context.Context, key Key, fingerprint string, fn func(ctx context.Context) (T, error), opts ...CallOption) (v T, replayed bool, err error) {
 	if fn == nil {
 		return v, false, invalidf("nil function")
 	}
@@ -54,7 +55,7 @@ func (t Typed[T]) Do(ctx context.Context, key Key, fingerprint string, fn func(c
 			return nil, Terminal(fmt.Errorf("idem: encoding result: %w", err))
 		}
 		return b, nil
-	})
+	}, opts...)
 	if marshalErr != nil {
 		return v, false, err
 	}

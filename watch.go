@@ -22,7 +22,7 @@ type Watcher interface {
 // Await blocks until key's record is not IN_PROGRESS (it completed, failed,
 // was released, was deleted, or its lease expired) or ctx is done, and
 // returns nil or ctx's error. Callers then call Begin or Do again to get the
-// replay or the key. On a store that implements Watcher (also beneath
+// replay or the key; WithWait and WaitFor make Do and Begin do all of it. On a store that implements Watcher (also beneath
 // wrappers that unwrap to it, see StoreAs), Await is woken by
 // the store's notification (and looks again every second in case one was
 // lost); otherwise it polls every 50ms. It never waits past the lease's end.

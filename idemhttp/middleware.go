@@ -53,6 +53,7 @@ type Middleware struct {
 	maxBody        int64
 	maxResponse    int
 	wait           time.Duration
+	waitSet        bool // WithWait was given
 	policy         Policy
 	deny           map[string]bool
 	failOpen       bool
@@ -270,9 +271,14 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 
 	key := idem.Key{Scope: m.scopeOf(r, principal), ID: id, Kind: "http"}
-	ctx, a, err := m.exec.Begin(r.Context(), key, fp)
-	if err != nil && m.wait > 0 && errors.Is(err, idem.ErrInProgress) {
-		ctx, a, err = m.await(r, key, fp, start, err)
+	var ctx context.Context
+	var a *idem.Attempt
+	if m.waitSet {
+		// The wait is counted from the request's start; the Executor's
+		// waiting loop (idem.WaitFor) does the rest.
+		ctx, a, err = m.exec.Begin(r.Context(), key, fp, idem.WaitFor(max(m.wait-time.Since(start), 0)))
+	} else {
+		ctx, a, err = m.exec.Begin(r.Context(), key, fp)
 	}
 	route := m.routeOf(key.Scope)
 	switch {
@@ -437,35 +443,6 @@ func PathKey(method, path, id string) idem.Key {
 // (WithPrincipal): principal is what that function returns for the request.
 func PrincipalPathKey(method, path, principal, id string) idem.Key {
 	return idem.Key{Scope: string(appendPrincipal(appendScope(nil, method, 'u', path), principal)), ID: id}
-}
-
-// await waits, up to the configured bound, for the key to leave IN_PROGRESS
-// and calls Begin again, as often as needed. It returns the last Begin's
-// results, or an *idem.InProgressError with the lease left if the wait ran
-// out.
-func (m *Middleware) await(r *http.Request, key idem.Key, fp string, start time.Time, err error) (context.Context, *idem.Attempt, error) {
-	wctx, cancel := context.WithDeadline(r.Context(), start.Add(m.wait))
-	defer cancel()
-	for {
-		ip, ok := errors.AsType[*idem.InProgressError](err)
-		if !ok {
-			return r.Context(), nil, err
-		}
-		asked := time.Now()
-		if werr := m.exec.Await(wctx, key); werr != nil {
-			// The wait ran out, the client went away, or the store failed
-			// while waiting: as far as is known, the key is in progress.
-			if wctx.Err() == nil {
-				m.log(r, slog.LevelWarn, "idemhttp: waiting for the key", werr, "")
-			}
-			return r.Context(), nil, &idem.InProgressError{RetryAfter: ip.RetryAfter - time.Since(asked)}
-		}
-		ctx, a, err2 := m.exec.Begin(r.Context(), key, fp)
-		if !errors.Is(err2, idem.ErrInProgress) {
-			return ctx, a, err2
-		}
-		err = err2
-	}
 }
 
 // fail answers a request for which Begin failed.

@@ -187,10 +187,11 @@ func WithMaxResponseSize(n int) Option {
 // run the handler itself if the first request released the key) instead of
 // an immediate 409. It is woken by the store's notification when the store
 // implements idem.Watcher (memstore and redisstore do), so that waiting does
-// not poll the store. A request still waiting after d gets 409. The default
-// is 0: no waiting.
+// not poll the store. A request still waiting after d gets 409. The wait
+// is the Executor's (idem.WaitFor), counted from the request's start. The
+// default is the Executor's own (idem.WithWait; no waiting unless set).
 func WithWait(d time.Duration) Option {
-	return func(m *Middleware) { m.wait = d }
+	return func(m *Middleware) { m.wait, m.waitSet = d, true }
 }
 
 // WithStreamOnFlush sets whether a handler that flushes its response makes

@@ -86,6 +86,10 @@ func Run(t *testing.T, newStore func(t *testing.T) idem.Store) {
 			tt.fn(t, newStore(t))
 		})
 	}
+	t.Run("WaitingDo", func(t *testing.T) {
+		s := newStore(t)
+		RunWait(t, s, s)
+	})
 }
 
 // newKey returns a fresh store key for the running test.
