@@ -39,6 +39,8 @@ type Middleware struct {
 	bodyKey        keysource.Source // a source in the body, or zero
 	zeroSource     bool             // WithKeySource was given the zero Source
 	fp             keysource.Fingerprint
+	verifier       Verifier
+	verifierSet    bool
 	required       bool
 	methods        []string
 	principal      func(*http.Request) string
@@ -121,6 +123,8 @@ func New(exec *idem.Executor, opts ...Option) (*Middleware, error) {
 	switch {
 	case m.principalSet && m.principal == nil:
 		return nil, invalidf("nil principal function")
+	case m.verifierSet && m.verifier == nil:
+		return nil, invalidf("nil verifier")
 	case m.routeSet && m.route == nil:
 		return nil, invalidf("nil route function")
 	case m.bodies != nil && m.bodies.max <= 0:
@@ -263,6 +267,18 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 
 	defer m.bodies.release(cap(body))
 
+	if m.verifier != nil {
+		if err := m.verifier.Verify(r.Header.Values, body); err != nil {
+			m.problem(w, r, start, OutcomeRejected, &Problem{
+				Type:   TypeSignatureInvalid,
+				Title:  "Signature invalid",
+				Status: http.StatusUnauthorized,
+				Detail: "The request's signature is missing, wrong or too old; it was not processed.",
+				Err:    err,
+			})
+			return
+		}
+	}
 	if !m.bodyKey.IsZero() {
 		var ok bool
 		if id, ok = m.keyFromBody(w, r, start, body, next); !ok {

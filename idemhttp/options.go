@@ -75,6 +75,27 @@ func WithFingerprint(f keysource.Fingerprint) Option {
 	return func(m *Middleware) { m.fp = f }
 }
 
+// Verifier checks that a request was sent by whom it says, from its
+// header fields (header returns a field's values, as http.Header.Values)
+// and its body, and returns an error if not. webhook.Verifier is one.
+// It must be safe for concurrent use.
+type Verifier interface {
+	Verify(header func(name string) []string, body []byte) error
+}
+
+// WithVerifier makes the middleware check each covered request with v
+// once its body is read and before its key is looked up in the store: a
+// request that v rejects is answered with 401 (TypeSignatureInvalid),
+// and neither the handler nor the store sees it. Use it for webhook
+// receivers (package webhook): a forged request that carries a real
+// delivery's id must not take that id's key, or the real delivery would
+// be replayed the forged request's answer. A request without a key that
+// WithKeyRequired(false) passes through is not checked. The default is
+// none.
+func WithVerifier(v Verifier) Option {
+	return func(m *Middleware) { m.verifier, m.verifierSet = v, true }
+}
+
 // WithKeyRequired sets whether requests that the middleware covers must carry
 // a key. A request without one is answered with 400 (TypeKeyMissing) when the
 // key is required, and passed to the handler without protection otherwise.

@@ -32,6 +32,12 @@ const (
 	// its key cannot be kept apart from other clients' (see
 	// WithEmptyPrincipal). The handler did not run.
 	TypePrincipalMissing = DefaultProblemTypeBase + "principal-missing"
+	// TypeSignatureInvalid: 401. The middleware checks the requests'
+	// signatures (WithVerifier) and this one's is missing, wrong or
+	// stale. The request did not run and no record was read or written,
+	// so a forged request that carries a real delivery's key cannot
+	// change what that delivery gets.
+	TypeSignatureInvalid = DefaultProblemTypeBase + "signature-invalid"
 	// TypeKeyMismatch: 422. The key was already used with a request that
 	// has another fingerprint (method, path, selected fields or body).
 	TypeKeyMismatch = DefaultProblemTypeBase + "key-mismatch"
@@ -135,6 +141,7 @@ var problemNames = []string{
 	"key-missing",
 	"key-invalid",
 	"principal-missing",
+	"signature-invalid",
 	"key-mismatch",
 	"in-progress",
 	"key-failed",

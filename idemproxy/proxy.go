@@ -102,6 +102,14 @@ type Proxy struct {
 	// the whole body.
 	Fingerprint keysource.Fingerprint
 
+	// Verifier, if set, checks each covered request (its header and
+	// body) before its key is looked up: one it rejects gets 401
+	// (idemhttp.TypeSignatureInvalid) and touches no record, so that a
+	// forged webhook delivery carrying a real delivery's id cannot take
+	// that id's key (package webhook has the providers' verifiers). nil:
+	// no check.
+	Verifier idemhttp.Verifier
+
 	// KeyOptional passes a covered request without an Idempotency-Key
 	// through, unprotected. false (the default): it gets 400.
 	KeyOptional bool
@@ -372,6 +380,9 @@ func (p *Proxy) middlewareOptions(g *gateway, methods []string) []idemhttp.Optio
 		idemhttp.WithStreamOnFlush(false),
 		idemhttp.WithStreamAll(p.StreamAll),
 		idemhttp.WithFingerprint(p.Fingerprint),
+	}
+	if p.Verifier != nil {
+		opts = append(opts, idemhttp.WithVerifier(p.Verifier))
 	}
 	if !p.KeySource.IsZero() {
 		opts = append(opts, idemhttp.WithKeySource(p.KeySource))

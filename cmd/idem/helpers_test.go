@@ -180,7 +180,13 @@ func startProxy(t *testing.T, upstream string, storeArgs []string, extra ...stri
 
 func launchProxy(t *testing.T, args []string, addr, admin string) *proc {
 	t.Helper()
-	p := startIdem(t, args...)
+	return launchProxyEnv(t, nil, args, addr, admin)
+}
+
+// launchProxyEnv is launchProxy with extra environment variables.
+func launchProxyEnv(t *testing.T, env, args []string, addr, admin string) *proc {
+	t.Helper()
+	p := startIdemEnv(t, env, args...)
 	p.addr, p.admin = addr, admin
 	deadline := time.Now().Add(readyTimeout)
 	for {

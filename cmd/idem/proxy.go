@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -24,6 +25,7 @@ import (
 	"github.com/idemgo/idem/idemhttp"
 	"github.com/idemgo/idem/idemproxy"
 	"github.com/idemgo/idem/prometheusidem"
+	"github.com/idemgo/idem/webhook"
 )
 
 // proxyConfig is the configuration of `idem proxy`: the idemproxy.Proxy
@@ -38,6 +40,10 @@ type proxyConfig struct {
 	storePolicy     string
 	errorBody       string
 	waitSet         bool // --wait was given
+	keyFromSet      bool // --key-from was given
+	policySet       bool // --store-policy was given
+	webhook         string
+	webhookSecrets  string // --webhook-secret-file
 	adminListen     string
 	logFormat       string
 	logLevel        string
@@ -121,7 +127,7 @@ so it cannot forge a fence.`,
 				if len(args) > 0 {
 					return cli.Usagef("proxy: unexpected argument %q (boolean flags take the form --fail-open=true)", args[0])
 				}
-				c.waitSet = fs.IsSet("wait")
+				c.waitSet, c.keyFromSet, c.policySet = fs.IsSet("wait"), fs.IsSet("key-from"), fs.IsSet("store-policy")
 				return runProxy(ctx, e, c)
 			}
 		},
@@ -156,6 +162,8 @@ func registerProxyFlags(fs *cli.Set) *proxyConfig {
 		{Name: "methods", Placeholder: "LIST", Value: cli.List(&p.Methods, true), Field: "Methods", Usage: "request methods made idempotent; others pass through"},
 		{Name: "require-key", Value: cli.Not(&p.KeyOptional), Usage: "answer 400 to a covered request without its key (=false: pass it through unprotected)"},
 		{Name: "key-from", Placeholder: "SOURCE", Value: cli.KeySource(&p.KeySource), Field: "KeySource", Usage: "where a covered request's key is: header:NAME, or json:POINTER for a member of a JSON body (an RFC 6901 JSON Pointer, e.g. json:/id); a body that is not JSON or lacks the member gets the 400 of a missing key"},
+		{Name: "webhook", Placeholder: "PROVIDER", Value: cli.String(&c.webhook), Usage: "receive webhooks from github, stripe, shopify or standard-webhooks: the key is the provider's delivery id (--key-from overrides it), the signature is checked before the key is taken when a secret is given (IDEM_WEBHOOK_SECRET or --webhook-secret-file; a bad one gets 401 and touches no record), --wait defaults to --lease, and without a secret only 2xx answers are stored (see docs/webhooks.md)"},
+		{Name: "webhook-secret-file", Placeholder: "FILE", Value: cli.String(&c.webhookSecrets), Usage: "file of the --webhook secrets, one per line (several during a rotation); the environment variable IDEM_WEBHOOK_SECRET may hold them instead, one per line"},
 		{Name: "fingerprint", Placeholder: "SPEC", Value: cli.Fingerprint(&p.Fingerprint), Field: "Fingerprint", Usage: "what of a covered request's body tells a retry from another request with the same key (422): body, none, or json:POINTER,POINTER... (only those members, in canonical JSON); the method, path and query always count"},
 		{Name: "lease", Placeholder: "DURATION", Value: cli.Duration(&c.lease), Usage: "how long a request holds its key before another may take it over; extended while the upstream works"},
 		{Name: "retention", Placeholder: "DURATION", Value: cli.Duration(&c.retention), Usage: "how long responses are kept and replayed"},
@@ -222,6 +230,8 @@ func (c *proxyConfig) validate() error {
 		cli.Check(c.shutdownTimeout <= 0, "--shutdown-timeout must be positive"),
 		cli.Check(c.logFormat != "text" && c.logFormat != "json", "invalid --log-format %q: want text or json", c.logFormat),
 		cli.Check(c.policy() == nil, "invalid --store-policy %q: want default, release-5xx or only-2xx", c.storePolicy),
+		cli.Check(c.webhook != "" && !slices.Contains(webhook.Providers, c.webhook), "invalid --webhook %q: want %s", c.webhook, strings.Join(webhook.Providers, ", ")),
+		cli.Check(c.webhook == "" && c.webhookSecrets != "", "--webhook-secret-file needs --webhook"),
 		cli.Check(c.proxy.ProblemTypeBase == "", "invalid --problem-type-base \"\": want an absolute URI, e.g. https://docs.example.com/errors#"),
 		levelErr,
 		c.tracing.validate(),
@@ -283,14 +293,70 @@ func (c *proxyConfig) errorHandler() (idemhttp.ErrorHandler, error) {
 	return nil, cli.Usagef("invalid --error-body %q: want problem, stripe, a JSON template or @FILE", c.errorBody)
 }
 
+// webhookSecretEnv is the environment variable that may hold the
+// --webhook secrets, one per line. It is no flag's: a secret never
+// appears on a command line, in the help or in a log.
+const webhookSecretEnv = "IDEM_WEBHOOK_SECRET"
+
+// setupWebhook applies --webhook to the Proxy: the provider's key source
+// unless --key-from was given, its Verifier when a secret is given, and
+// otherwise the only-2xx policy unless --store-policy was given. It
+// returns whether signatures are checked.
+func (c *proxyConfig) setupWebhook(getenv func(string) string) (bool, error) {
+	if c.webhook == "" {
+		return false, nil
+	}
+	if !c.keyFromSet {
+		src, err := webhook.KeySource(c.webhook)
+		if err != nil {
+			return false, cli.Usagef("--webhook: %v", err)
+		}
+		c.proxy.KeySource = src
+	}
+	var text string
+	switch {
+	case c.webhookSecrets != "":
+		b, err := os.ReadFile(c.webhookSecrets)
+		if err != nil {
+			return false, cli.Usagef("--webhook-secret-file: %v", cli.Cause(err))
+		}
+		text = string(b)
+	default:
+		text = getenv(webhookSecretEnv)
+	}
+	var secrets [][]byte
+	for line := range strings.Lines(text) {
+		if s := strings.TrimSpace(line); s != "" {
+			secrets = append(secrets, []byte(s))
+		}
+	}
+	if len(secrets) == 0 {
+		if c.webhookSecrets != "" {
+			return false, cli.Usagef("--webhook-secret-file %s holds no secret", c.webhookSecrets)
+		}
+		if !c.policySet {
+			c.storePolicy = "only-2xx"
+		}
+		return false, nil
+	}
+	v, err := webhook.New(c.webhook, secrets)
+	if err != nil {
+		return false, cli.Usagef("--webhook %s: %v", c.webhook, strings.TrimPrefix(err.Error(), "webhook: "))
+	}
+	c.proxy.Verifier = v
+	return true, nil
+}
+
 // waitFor returns how long a retry waits for the first request (--wait).
 // With --error-body stripe the default is the lease: stripe-go never
 // retries a 409 it decoded (see idemhttp.WriteStripeError), so a retry
 // that its SDK sends while the first request runs must wait for its
 // response; the lease bounds the wait, as the first request is taken over
-// once it ends.
+// once it ends. With --webhook too: a provider that redelivers while the
+// first delivery runs gets its real answer, not a 409 it would count as a
+// failure (docs/webhooks.md).
 func (c *proxyConfig) waitFor() time.Duration {
-	if !c.waitSet && strings.TrimSpace(c.errorBody) == "stripe" {
+	if !c.waitSet && (strings.TrimSpace(c.errorBody) == "stripe" || c.webhook != "") {
 		return c.lease
 	}
 	return c.proxy.Wait
@@ -362,7 +428,15 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 	if err != nil {
 		return err
 	}
+	verified, err := c.setupWebhook(e.getenv)
+	if err != nil {
+		return err
+	}
 	log := redact.Logger(newLogger(e, c.logFormat, c.logLevel), e.hider)
+	if c.webhook != "" && !verified {
+		log.Warn("--webhook without a secret: signatures are not checked, so only 2xx answers are stored (a forged delivery that carries a real delivery's id could otherwise store its answer for it); give the secret in "+webhookSecretEnv+" or --webhook-secret-file",
+			"webhook", c.webhook, "store_policy", c.storePolicy)
+	}
 	redisLog.l.Store(log)
 	if c.checkUpstream {
 		if err := checkReachable(ctx, c.proxy.Target); err != nil {
@@ -448,6 +522,9 @@ func (c *proxyConfig) build(st *openedStore, tr *tracing, errorHandler idemhttp.
 		}
 		s.admin = &http.Server{Handler: adminHandler(reg, p), ReadHeaderTimeout: 10 * time.Second}
 		s.started = append(s.started, "admin", s.adminLn.Addr().String())
+	}
+	if c.webhook != "" {
+		s.started = append(s.started, "webhook", c.webhook, "key_from", p.KeySource.String(), "signatures_checked", p.Verifier != nil)
 	}
 	if tr != nil {
 		u, _ := c.tracing.exportURL()
