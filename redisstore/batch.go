@@ -45,8 +45,8 @@ func (s *Store) CompleteBatch(ctx context.Context, keys []string, leases []idem.
 			continue
 		}
 		calls = append(calls, evalCall{
-			keys: []string{s.Key(key)},
-			args: []string{leases[i].Owner, strconv.FormatInt(leases[i].Fence, 10), bytesArg(results[i]), ms(retention), s.pub, s.channel(key)},
+			Keys: []string{s.Key(key)},
+			Args: []string{leases[i].Owner, strconv.FormatInt(leases[i].Fence, 10), bytesArg(results[i]), ms(retention), s.pub, s.channel(key)},
 		})
 		idx = append(idx, i)
 	}
@@ -66,6 +66,6 @@ func (s *Store) runOKBatch(ctx context.Context, one, many *script, pack func([]e
 			errs[i] = rerrs[j]
 			continue
 		}
-		errs[i] = parseOK(one.name, replies[j])
+		errs[i] = parseOK(one.Name, replies[j])
 	}
 }

@@ -10,8 +10,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem/internal/redisinfo"
-	"github.com/redis/go-redis/v9"
-	"github.com/redis/rueidis"
+	"github.com/idemgo/idem/redisstore/internal/backend"
 )
 
 // StartCheckTimeout bounds the checks that New and NewRueidis make.
@@ -62,7 +61,7 @@ func (s *Store) Health() error {
 // Store, so that a store dropped without Close can be collected (and the
 // monitor stopped then).
 type monitor struct {
-	b        backend
+	b        backend.Backend
 	c        config
 	interval time.Duration
 	kicks    chan struct{} // a call could not reach the server
@@ -79,7 +78,7 @@ type monitor struct {
 // again, and the least time between two checks that calls ask for.
 const retryCheck = 200 * time.Millisecond
 
-func startMonitor(b backend, c config) *monitor {
+func startMonitor(b backend.Backend, c config) *monitor {
 	m := &monitor{b: b, c: c, interval: c.serverCheck, kicks: make(chan struct{}, 1), done: make(chan struct{}), stopped: make(chan struct{})}
 	go m.run()
 	return m
@@ -115,7 +114,7 @@ func (m *monitor) run() {
 func (m *monitor) check() bool {
 	ctx, cancel := context.WithTimeout(context.Background(), StartCheckTimeout)
 	defer cancel()
-	nodes, err := m.b.nodes(ctx)
+	nodes, err := m.b.Nodes(ctx)
 	if err != nil {
 		return false
 	}
@@ -164,19 +163,7 @@ func (m *monitor) stop() {
 }
 
 // node is one server of the deployment, as the start check sees it.
-type node interface {
-	addr() string
-	info(ctx context.Context) (string, error)
-	configGet(ctx context.Context, name string) (string, error)
-	// setWaitAOF sets key and sends WAITAOF 1 0 timeout on the same
-	// connection, and returns the local fsyncs that WAITAOF counted
-	// (waitaof.go).
-	setWaitAOF(ctx context.Context, key string, timeout time.Duration) (int64, error)
-	// exists sends EXISTS key (answered MOVED on a Cluster node that does
-	// not serve it).
-	exists(ctx context.Context, key string) error
-	del(ctx context.Context, key string) error
-}
+type node = backend.Node
 
 // checkServer is the start check of New and NewRueidis: on every node the
 // client knows (a Cluster's primaries and replicas), the version must be
@@ -224,32 +211,32 @@ func findings(ctx context.Context, nodes []node, c *config) (unchecked []string,
 	for _, n := range nodes {
 		f, err := inspect(ctx, n)
 		if err != nil {
-			return nil, &unreachableError{fmt.Errorf("redisstore: cannot check %s at start: %w", n.addr(), err)}
+			return nil, &unreachableError{fmt.Errorf("redisstore: cannot check %s at start: %w", n.Addr(), err)}
 		}
 		version, policy := f["redis_version"], f["maxmemory_policy"]
 		if version == "" {
-			unchecked = append(unchecked, n.addr()+" version")
-		} else if err := checkVersion(n.addr(), version, c); err != nil {
+			unchecked = append(unchecked, n.Addr()+" version")
+		} else if err := checkVersion(n.Addr(), version, c); err != nil {
 			return nil, err
 		}
-		if c.wait != nil && c.wait.aof && version != "" {
+		if c.wait != nil && c.wait.AOF && version != "" {
 			r, err := checkWaitAOF(ctx, n, f, c.prefix)
 			switch {
 			case err != nil:
-				return nil, &unreachableError{fmt.Errorf("redisstore: cannot check WAITAOF on %s at start: %w", n.addr(), err)}
+				return nil, &unreachableError{fmt.Errorf("redisstore: cannot check WAITAOF on %s at start: %w", n.Addr(), err)}
 			case r.Early:
-				return nil, &WaitAOFError{Addr: n.addr(), Server: r.Server, Reason: r.Reason()}
+				return nil, &WaitAOFError{Addr: n.Addr(), Server: r.Server, Reason: r.Reason()}
 			case r.Unknown != "":
-				unchecked = append(unchecked, n.addr()+" WAITAOF ("+r.Unknown+"; with appendfsync everysec "+r.Server+" may count writes as fsynced before they are)")
+				unchecked = append(unchecked, n.Addr()+" WAITAOF ("+r.Unknown+"; with appendfsync everysec "+r.Server+" may count writes as fsynced before they are)")
 			}
 		}
 		switch policy {
 		case "noeviction":
 		case "":
-			unchecked = append(unchecked, n.addr()+" maxmemory-policy")
+			unchecked = append(unchecked, n.Addr()+" maxmemory-policy")
 		default:
 			if !c.allowEviction {
-				return nil, &EvictionError{Addr: n.addr(), Policy: policy}
+				return nil, &EvictionError{Addr: n.Addr(), Policy: policy}
 			}
 		}
 	}
@@ -263,7 +250,7 @@ func checkVersion(addr, version string, c *config) error {
 		return nil // an unusual build; the scripts will tell
 	case !v.AtLeast(7, 0):
 		return &VersionError{Addr: addr, Version: version, Need: "7.0", Reason: "redisstore"}
-	case c.wait != nil && c.wait.aof && !v.AtLeast(7, 2):
+	case c.wait != nil && c.wait.AOF && !v.AtLeast(7, 2):
 		return &VersionError{Addr: addr, Version: version, Need: "7.2", Reason: "WithWaitAOF (WAITAOF)"}
 	}
 	return nil
@@ -273,14 +260,14 @@ func checkVersion(addr, version string, c *config) error {
 // only maxmemory_policy, from CONFIG GET ("" if refused too). Only a
 // failure to talk to the server is an error.
 func inspect(ctx context.Context, n node) (map[string]string, error) {
-	info, err := n.info(ctx)
+	info, err := n.Info(ctx)
 	if err == nil {
 		return redisinfo.Parse(info), nil
 	}
 	if !isReplyError(err) {
 		return nil, err
 	}
-	policy, err := n.configGet(ctx, "maxmemory-policy")
+	policy, err := n.ConfigGet(ctx, "maxmemory-policy")
 	if err != nil && !isReplyError(err) {
 		return nil, err
 	}
@@ -290,39 +277,6 @@ func inspect(ctx context.Context, n node) (map[string]string, error) {
 // isReplyError reports whether err is an error reply of the server (such as
 // NOPERM or an unknown command), not a failure to reach it.
 func isReplyError(err error) bool {
-	var re redis.Error
-	if errors.As(err, &re) {
-		return true
-	}
-	_, ok := rueidis.IsRedisErr(err)
+	_, ok := backend.ServerError(err)
 	return ok
-}
-
-// goRedisNode is a node reached through a go-redis client.
-type goRedisNode struct{ c *redis.Client }
-
-func (n goRedisNode) addr() string { return n.c.Options().Addr }
-
-func (n goRedisNode) info(ctx context.Context) (string, error) { return n.c.Info(ctx).Result() }
-
-func (n goRedisNode) configGet(ctx context.Context, name string) (string, error) {
-	m, err := n.c.ConfigGet(ctx, name).Result()
-	return m[name], err
-}
-
-// rueidisNode is a node reached through a rueidis client.
-type rueidisNode struct {
-	a string
-	c rueidis.Client
-}
-
-func (n rueidisNode) addr() string { return n.a }
-
-func (n rueidisNode) info(ctx context.Context) (string, error) {
-	return n.c.Do(ctx, n.c.B().Info().Build()).ToString()
-}
-
-func (n rueidisNode) configGet(ctx context.Context, name string) (string, error) {
-	m, err := n.c.Do(ctx, n.c.B().ConfigGet().Parameter(name).Build()).AsStrMap()
-	return m[name], err
 }

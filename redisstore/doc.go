@@ -9,7 +9,31 @@
 //
 // It needs Redis 7.0 or later, or Valkey: a Cluster store notifies with
 // SPUBLISH, and the batch acquire writes with SET … NX GET (see Batches).
-// The tests run on Redis 7.0.
+// The tests run on Redis 7.0. Figures measured on the store are in
+// BENCHMARKS.md.
+//
+// # Choosing the options
+//
+//   - Client: New for go-redis (standalone, Sentinel failover client,
+//     Cluster), NewRueidis for rueidis. Both behave the same (the
+//     conformance suite runs on each); the local replay cache differs (see
+//     Local replay cache).
+//   - Durability: WithWait or WithWaitAOF when a failover or a crash must
+//     not lose an acknowledged record (see Durability); the default is not
+//     to wait.
+//   - Script or Functions mode: the default runs cached scripts; choose
+//     WithFunctions where scripts may not be sent (an ACL that denies
+//     EVAL), where the script cache is flushed, or to see idem's code in
+//     FUNCTION LIST.
+//   - Redis-side effects: WithEffect, for work on data in the same Redis
+//     that must happen once per key.
+//   - Cluster: WithHashTag when one script must touch several keys of the
+//     store (a Redis Streams consumer, effects on shared data, batches in
+//     one script).
+//   - WithReplayCache(false) where replays are rare (see Local replay
+//     cache); WithNotify(false) where no caller waits; WithServerCheck to
+//     keep checking the server while the store runs; WithAllowEviction only
+//     where duplicates are acceptable.
 //
 // # Start check
 //
@@ -22,16 +46,14 @@
 // and 8.0.1 by their version; others, such as Redis 8.0-M01 and unstable
 // builds, from a watched write: CheckWaitAOF, which idem doctor --wait-aof
 // reports) is refused with a *WaitAOFError while it runs appendfsync
-// everysec. Every other policy can evict idem's records (they all
-// carry a time to live, so the volatile-* policies too), and a retried
-// request whose record was evicted runs again: on a 4 MB allkeys-lru server
-// the reliability suite saw 20,000 of 20,000 keys run twice. Where INFO is
-// refused the policy is read with CONFIG GET; where both are refused (ACLs,
-// managed services that rename CONFIG), the store is built and one warning
-// is logged (WithLogger). A server that cannot be reached is an error: the
-// store would fail every call. So building a store does I/O, bounded by
-// StartCheckTimeout, with no context: the constructors keep the shape they
-// have always had.
+// everysec. Every other policy can evict idem's records (they all carry a
+// time to live, so the volatile-* policies too), and a retried request
+// whose record was evicted runs again (RELIABILITY.md, evicting Redis).
+// Where INFO is refused the policy is read with CONFIG GET; where both are
+// refused (ACLs, managed services that rename CONFIG), the store is built
+// and one warning is logged (WithLogger). A server that cannot be reached
+// is an error: the store would fail every call. So building a store does
+// I/O, bounded by StartCheckTimeout, with no context.
 //
 // A server's configuration can change while the store runs (CONFIG SET
 // maxmemory-policy allkeys-lru, a restart with another configuration file,
@@ -48,96 +70,53 @@
 // Cluster hash tag, so every script touches one slot. With WithHashTag(tag)
 // the key is <prefix>{<tag>}{<digest>}: every record of that store shares
 // the tag's slot, which a Redis Streams consumer needs on a Cluster so that
-// one script can complete a record and XACK the stream entry. The record is a
-// string holding a few MessagePack values, packed and unpacked by the
+// one script can complete a record and XACK the stream entry. The record is
+// a string holding a few MessagePack values, packed and unpacked by the
 // scripts with Redis's built-in cmsgpack: a format version, the state,
 // fingerprint, owner, fence, lease end (µs), attempts, creation time (µs)
 // and the result. The result is an opaque blob made by the Executor; Lua
-// never looks inside it.
-//
-// Why a string and not a hash with one field per value: SET ... PX writes
-// the record and its expiry in one call, where a hash needs HSET, HDEL and
-// PEXPIRE, and one GET reads it. Measured with redis-benchmark (64
-// connections, pipeline 16) on the 2-core development machine, the acquire
-// of a new key costs 7.8 µs of Redis time as a string and 10.1 µs as a hash
-// (GET, TIME and SET alone cost 6.0 µs there), a replay 3.5 µs instead of
-// 5.4 µs, and a completed record takes 163 instead of 179 bytes beyond its
-// result (both without the creation time, which a completed record keeps
-// since, for idem get and ls: 8 bytes more before the allocator rounds the
-// value up). A value in another format is refused with an error, never
-// misread.
+// never looks inside it. A string, not a hash: SET … PX writes the record
+// and its expiry in one call and one GET reads it. A value in another
+// format is refused with an error, never misread.
 //
 // Each transition is one Lua script (lua/*.lua, embedded), run with EVALSHA
-// and EVAL after NOSCRIPT through the client library's own helper, or as a
-// Redis Function (see Functions mode). Calls that would wait anyway are
-// sent in pipelines, with either client (on a rueidis Cluster client,
-// rueidis's own pipelining alone): a call made while two others are
-// in flight is queued, and the first of those to return sends every queued
-// call as one pipeline (a lone caller's calls go out alone, at once); a
-// queued call waits at most 250 µs for that, then the queue is sent at once,
-// so that a slow network does not delay it by a whole round trip. At 64
-// concurrent go-redis callers that halved the time of a lifecycle
-// (BenchmarkLifecycle: 55 µs to 28 µs), most of which was the system calls
-// of one write and one read per call on each side. rueidis pipelines
-// concurrent calls on its own, but spreads them over its connections (4 by
-// default) and writes whatever it holds at once, so at 64 callers its
-// writes alone took half of the process's CPU; with the store's pipelines
-// the client's CPU per lifecycle fell from 16 to 10 µs (make bench).
-// go-redis (v9.23 and later) sends pipelines on a pool of their own, Options.PipelinePoolSize
-// connections (10 by default, with 128 KiB buffers each), beside the
-// PoolSize connections of lone calls: size both for your load, or set
-// PipelinePoolSize to -1 to send pipelines on the main pool. Scripts
-// read the server's clock with TIME. Every input is validated in Go before a
-// script runs, and every script does all its checks before its only write,
-// so a script error never leaves a half-written record.
+// and EVAL after NOSCRIPT, or as a Redis Function (see Functions mode).
+// Calls that would wait anyway are sent in pipelines, with either client
+// (on a rueidis Cluster client, rueidis's own pipelining alone): a call
+// made while two others are in flight is queued, and the first of those to
+// return sends every queued call as one pipeline (a lone caller's calls go
+// out alone, at once); a queued call waits at most 250 µs for that, then
+// the queue is sent at once, so that a slow network does not delay it by a
+// whole round trip. go-redis (v9.23 and later) sends pipelines on a pool
+// of their own, Options.PipelinePoolSize connections (10 by default, with
+// 128 KiB buffers each), beside the PoolSize connections of lone calls:
+// size both for your load, or set PipelinePoolSize to -1 to send pipelines
+// on the main pool. Scripts read the server's clock with TIME. Every input
+// is validated in Go before a script runs, and every script does all its
+// checks before its only write, so a script error never leaves a
+// half-written record.
+//
+// Each client library is driven by one internal package (internal/goredis,
+// internal/rueidis) behind one seam (internal/backend); this package holds
+// what is the same for all: the transitions, scripts and Functions
+// libraries, effects, streams, batches, the watches' shared connection and
+// the start checks.
 //
 // # Functions mode
 //
 // With WithFunctions the same Lua files run as Redis Functions: every
 // embedded script of the package (a script added later included, with no
-// other change) is a function of one library, idem_<version>, where
-// the version is a digest of the code, so that two versions of idem can run
+// other change) is a function of one library, idem_<version>, where the
+// version is a digest of the code, so that two versions of idem can run
 // side by side during a rolling deploy. Writes are called with FCALL, reads
 // (Get) with FCALL_RO. The library is loaded (FUNCTION LOAD, never
 // FUNCTION FLUSH) when a call finds it missing: at first use, on every
 // primary of a Cluster, and again on a node that lost it; a library of its
-// name that holds other code is replaced (CheckLibrary,
-// TestForeignLibraryOfIdemsName). A restart
-// with AOF or RDB keeps it. The conformance suite runs in both modes
-// (TestConformance); TestFunctionFlush flushes the functions between calls.
-// LoadedLibraries and idem doctor report what is loaded. See WithFunctions
-// for when to choose which mode and for the ACL rights each needs.
-//
-// make bench-functions compares the two modes (BenchmarkTransitions,
-// go-redis, 16 callers): the modes run at the same time, interleaved call
-// by call, so that a shared machine's load weighs on both alike, and their
-// commands are told apart in INFO commandstats (EVALSHA; FCALL, FCALL_RO
-// for get). Earlier runs that measured one mode after the other showed
-// ratios from 0.54× to 1.41× for the same transition on the same day: the
-// load had changed between the two windows, not the code. The library's
-// functions are the script files themselves (no dispatcher, no table
-// lookup, no redis.setresp, the same redis.call's; KEYS and ARGV are the
-// callback's arguments instead of globals), so idem adds nothing per call
-// in Functions mode. Medians of 7 runs on 2026-11-23, on the 2-core
-// development machine with nothing else running, usec_per_call in µs,
-// script mode → Functions mode, and the median of the per-run ratios:
-//
-//	acquire (new key)   11.50 → 10.99   0.97×
-//	replay               5.01 →  5.13   1.04×
-//	complete            10.16 →  9.63   0.97×
-//	complete + effect   14.38 → 14.07   0.97×
-//	extend              12.18 → 11.88   1.00×
-//	release              8.60 →  8.47   0.98×
-//	fail                 9.92 →  9.68   0.98×
-//	get (FCALL_RO)       7.49 →  7.23   1.01×
-//
-// The round trip the callers saw was the same in both modes (316–458 µs
-// per call with 16 callers, within 1% between modes). Redis's own cost per
-// call of each way of calling Lua, a body "return 1" with one key (the
-// sub-benchmark fixed): EVALSHA 1.42 µs, FCALL 1.20 µs (0.84×), FCALL_RO
-// 1.26 µs (0.89×); Functions mode has no fixed cost over script
-// mode in Redis 7.0, and FCALL_RO costs what FCALL does, so Get keeps
-// FCALL_RO, which a replica may serve.
+// name that holds other code is replaced (CheckLibrary). A restart with
+// AOF or RDB keeps it. LoadedLibraries and idem doctor report what is
+// loaded. The two modes cost the same Redis time per call (make
+// bench-functions); see WithFunctions for when to choose which mode and
+// for the ACL rights each needs.
 //
 // # Redis-side effects
 //
@@ -154,49 +133,38 @@
 // Redis, so an effect checks its input before its first write: one that
 // fails before it leaves the key to the failure policy (released by
 // default), one that fails after it ends the key FAILED in the same call
-// (idem.ErrEffectPartial), so that no retry applies its first writes again
-// (TestEffectFailedHalfWayRunsOnce). On a
-// Cluster every key of an effect carries the record's hash tag (EffectKey;
-// CheckEffect refuses others before anything is sent): data shared by many
-// keys, such as a stock counter, needs a store with WithHashTag.
+// (idem.ErrEffectPartial), so that no retry applies its first writes
+// again. On a Cluster every key of an effect carries the record's hash tag
+// (EffectKey; CheckEffect refuses others before anything is sent): data
+// shared by many keys, such as a stock counter, needs a store with
+// WithHashTag.
 //
 // # Batches
 //
 // AcquireBatch, CompleteBatch and CompleteAndAckBatch (used by
 // idem.Executor.BeginBatch and CommitBatch, and so by the broker consumers)
 // send one script call for up to 128 keys (acquire_many.lua,
-// complete_many.lua, complete_ack_many.lua) when the keys may share a script:
-// on a standalone server, and on a Cluster when the store has a hash tag
-// (WithHashTag). A batch script applies, key by key and in order, the same
-// Lua function as the one-key script (acquire.lib.lua, complete.lib.lua), and
-// each key keeps its own outcome; a key whose value is foreign fails alone.
-// Since a batch is mostly new keys, acquire_many writes a new record and
-// reads an existing one in one call (SET … NX GET), and replies with the
-// fence alone for a new record instead of a nested array: together, 8%
-// less Redis time per key and transition (BenchmarkBatch, go-redis, medians
-// of alternating runs on one day: 5.3 → 4.9 µs). Measured on the
-// development machine (BenchmarkBatch), a batch of 100 costs 3.1–3.6 µs of
-// Redis time per key and transition on a quiet day (4.2–5.3 µs on a slower
-// one), against 5.6–6.1 µs for a one-key acquire (make bench), mostly
-// because the per-call work (parsing, script lookup, TIME) is paid once per
-// batch. On a Cluster without a hash tag, a batch is a pipeline of one-key
-// scripts, split by node.
+// complete_many.lua, complete_ack_many.lua) when the keys may share a
+// script: on a standalone server, and on a Cluster when the store has a
+// hash tag (WithHashTag). A batch script applies, key by key and in order,
+// the same Lua function as the one-key script (acquire.lib.lua,
+// complete.lib.lua), and each key keeps its own outcome; a key whose value
+// is foreign fails alone. The per-call work (parsing, script lookup, TIME)
+// is paid once per batch. On a Cluster without a hash tag, a batch is a
+// pipeline of one-key scripts, split by node.
 //
 // Records whose attempt carries an effect (CompleteEffectBatch, used by
 // CommitBatch for a batch with effects, and CompleteAndAckBatch) are not
 // packed into a batch script: each is one call of its effect's script or
-// function, and those calls go in one pipeline per registered effect, so
-// a consumer's batch still completes in one or two round trips
-// (TestCommitBatchWithEffects), each record's check, effect and
-// completion one atomic call as with CompleteEffect. A batch script per
-// effect (its body under pcall once per record, as complete_effect.lua
-// runs it for one) would save Redis's fixed cost per call as
-// complete_many does, not a round trip; it is not built.
+// function, and those calls go in one pipeline per registered effect, so a
+// consumer's batch still completes in one or two round trips, each
+// record's check, effect and completion one atomic call as with
+// CompleteEffect.
 //
 // An IN_PROGRESS record expires one lease plus idem.InProgressGrace after
 // its lease ends; COMPLETED, RELEASED and FAILED records after the
-// retention. The fence is seeded as max(previous + 1, server time in µs), so
-// it still grows after a record was deleted or expired.
+// retention. The fence is seeded as max(previous + 1, server time in µs),
+// so it still grows after a record was deleted or expired.
 //
 // # Retries
 //
@@ -214,17 +182,17 @@
 // (appendfsync always pays the fsync in the write instead), on a server
 // whose WAITAOF waits for the fsync, which Redis 7.4.1 and Valkey 8.0.1 do
 // not (refused at start; idem doctor --wait-aof probes other releases).
-// Without them, a
-// failover that loses the last writes can let a key run twice. Run Redis
-// with noeviction and persistence (appendonly yes) for idempotency records.
+// Without them, a failover that loses the last writes can let a key run
+// twice. Run Redis with noeviction and persistence (appendonly yes) for
+// idempotency records.
 //
 // # Notifications
 //
 // Complete, fail and release publish on <prefix>{<digest>}:w (PUBLISH on a
 // standalone server, SPUBLISH on a Cluster), so that idem.Executor.Await
-// wakes across processes; Watch subscribes on a connection of its own and
-// returns after the server confirmed the subscription. WithNotify(false)
-// turns the publish off.
+// wakes across processes; Watch subscribes and returns after the server
+// confirmed the subscription (a standalone store's watches share one
+// connection). WithNotify(false) turns the publish off.
 //
 // # Local replay cache
 //
@@ -237,13 +205,12 @@
 // counted from before the read was sent, less 10 ms, so it never outlives
 // the record's retention, however long the reply took to arrive (rueidis
 // dates its own entries from the reply's arrival: the store keeps its own
-// date of each entry and serves it only before then;
-// TestReplayCacheDelayedReplies in chaos/netfault, replies delayed by
-// 300 ms); when the connection that carries the invalidations breaks,
-// every entry is dropped. An IN_PROGRESS record is never served from the cache, and the
-// fingerprint is checked as the script checks it (Mismatch). Only a key
-// whose acquire returned a replay is read through the cache (one GET, then
-// local hits), so new keys cost nothing more.
+// date of each entry and serves it only before then); when the connection
+// that carries the invalidations breaks, every entry is dropped. An
+// IN_PROGRESS record is never served from the cache, and the fingerprint
+// is checked as the script checks it (Mismatch). Only a key whose acquire
+// returned a replay is read through the cache (one GET, then local hits),
+// so new keys cost nothing more.
 //
 // With rueidis the cache is rueidis's client-side cache (RESP3 tracking on
 // its own connections), an LRU bounded in bytes per connection
@@ -261,25 +228,22 @@
 // connection of its own, opened with the client's options (named
 // idem-tracking in CLIENT LIST): in RESP2 it turns on CLIENT TRACKING in
 // broadcasting mode for the store's prefix, redirected to itself, and
-// subscribes to __redis__:invalidate, so that the server reports every write
-// of a key under the prefix, by any client. Nothing is cached or served
-// until that connection's subscription is confirmed; a read in flight when
-// its key is invalidated is not cached; a FLUSHALL, a broken connection or a
-// ping unanswered for 3 s drops every entry. The tracking connection
-// follows the client: the store adds a dial hook to the client (AddHook),
-// and when the client connects to another server (after a Sentinel
-// failover, the new primary) every entry is dropped at once and the
-// tracking connection moves there (TestSentinelReplayCacheFollowsFailover;
-// before, a record deleted on the new primary was replayed until the
-// Sentinels demoted the old one, about 7 s). go-redis connects to a new
-// primary only when it sends a command, so the store PINGs through the
-// client once a second. If the server refuses CLIENT
-// TRACKING (an ACL), the store logs one warning and reads replays from the
-// server. Store.Close ends the tracking connection (a store that is
-// collected without Close ends it too). With broadcasting, every write of a
-// key under the prefix sends the store a message (Redis batches them per
-// event loop cycle); WithReplayCache(false) spares that where replays are
-// rare.
+// subscribes to __redis__:invalidate, so that the server reports every
+// write of a key under the prefix, by any client. Nothing is cached or
+// served until that connection's subscription is confirmed; a read in
+// flight when its key is invalidated is not cached; a FLUSHALL, a broken
+// connection or a ping unanswered for 3 s drops every entry. The tracking
+// connection follows the client: the store adds a dial hook to the client
+// (AddHook), and when the client connects to another server (after a
+// Sentinel failover, the new primary) every entry is dropped at once and
+// the tracking connection moves there. go-redis connects to a new primary
+// only when it sends a command, so the store PINGs through the client once
+// a second. If the server refuses CLIENT TRACKING (an ACL), the store logs
+// one warning and reads replays from the server. Store.Close ends the
+// tracking connection (a store that is collected without Close ends it
+// too). With broadcasting, every write of a key under the prefix sends the
+// store a message (Redis batches them per event loop cycle);
+// WithReplayCache(false) spares that where replays are rare.
 //
 // The cache is on by default, and off with WithWait or WithWaitAOF (those
 // callers asked that each acquire wait for replicas) and on a go-redis

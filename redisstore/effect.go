@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/statemachine"
+	"github.com/idemgo/idem/redisstore/internal/backend"
 )
 
 var (
@@ -200,7 +201,7 @@ func (s *Store) CompleteEffect(ctx context.Context, key string, lease idem.Lease
 		return err
 	}
 	c := s.effectCall(key, lease, result, retention, e, "", "", "")
-	reply, err := s.runKeys(ctx, s.effects[e.Name], c.keys, c.args, true)
+	reply, err := s.runKeys(ctx, s.effects[e.Name], c.Keys, c.Args, true)
 	if reply == nil {
 		return effectError(e.Name, err)
 	}
@@ -213,15 +214,15 @@ func (s *Store) CompleteEffect(ctx context.Context, key string, lease idem.Lease
 // effectCall is the call of complete_effect.lua for e: with an XACK of the
 // entry id of stream in group when group is not "".
 func (s *Store) effectCall(key string, lease idem.Lease, result []byte, retention time.Duration, e idem.Effect, stream, group, id string) evalCall {
-	c := evalCall{keys: make([]string, 0, 2+len(e.Keys)), args: make([]string, 0, 9+len(e.Args))}
-	c.keys = append(c.keys, s.Key(key))
+	c := evalCall{Keys: make([]string, 0, 2+len(e.Keys)), Args: make([]string, 0, 9+len(e.Args))}
+	c.Keys = append(c.Keys, s.Key(key))
 	if group != "" {
-		c.keys = append(c.keys, stream)
+		c.Keys = append(c.Keys, stream)
 	}
-	c.keys = append(c.keys, e.Keys...)
-	c.args = append(c.args, lease.Owner, strconv.FormatInt(lease.Fence, 10), bytesArg(result), ms(retention), s.pub, s.channel(key), group, id,
+	c.Keys = append(c.Keys, e.Keys...)
+	c.Args = append(c.Args, lease.Owner, strconv.FormatInt(lease.Fence, 10), bytesArg(result), ms(retention), s.pub, s.channel(key), group, id,
 		bytesArg(e.PartialResult()))
-	c.args = append(c.args, e.Args...)
+	c.Args = append(c.Args, e.Args...)
 	return c
 }
 
@@ -237,7 +238,7 @@ const (
 // *idem.EffectError (wrapped with the store's context); other errors are
 // returned as they are.
 func effectError(name string, err error) error {
-	msg, ok := serverError(err)
+	msg, ok := backend.ServerError(err)
 	if !ok {
 		return err
 	}

@@ -3,21 +3,23 @@ package redisstore
 import (
 	"context"
 	"time"
+
+	"github.com/idemgo/idem/redisstore/internal/backend"
 )
 
 // AcquireSource returns the source of acquire.lua, for tests that call it
 // with input the store would refuse.
-func AcquireSource() string { return acquireScript.src }
+func AcquireSource() string { return acquireScript.Src }
 
 // ReplayCacheHits returns the number of acquires answered from rueidis's
 // client-side cache so far, in every store of the process.
-func ReplayCacheHits() int64 { return replayCacheHits.Load() }
+func ReplayCacheHits() int64 { return backend.CacheHits.Load() }
 
 // CacheSize returns the entries and bytes of a go-redis store's replay
 // cache.
 func CacheSize(s *Store) (entries int, bytes int64) {
-	if tc, ok := s.cached.(*trackedCache); ok {
-		return tc.cacheBytes()
+	if tc, ok := s.cached.(interface{ Size() (int, int64) }); ok {
+		return tc.Size()
 	}
 	return 0, 0
 }
@@ -26,10 +28,9 @@ func CacheSize(s *Store) (entries int, bytes int64) {
 // (incremented by every flush) and whether its tracking connection is
 // confirmed; tracked is false with rueidis (whose cache is rueidis's).
 func CacheState(s *Store) (gen uint64, ready, tracked bool) {
-	if tc, ok := s.cached.(*trackedCache); ok {
-		tc.mu.Lock()
-		defer tc.mu.Unlock()
-		return tc.gen, tc.healthy, true
+	if tc, ok := s.cached.(interface{ State() (uint64, bool) }); ok {
+		gen, ready = tc.State()
+		return gen, ready, true
 	}
 	return 0, true, false
 }
@@ -56,13 +57,16 @@ type FakeNode struct {
 	Probes *int
 }
 
-func (n FakeNode) addr() string                         { return n.Addr }
-func (n FakeNode) info(context.Context) (string, error) { return n.Info, n.InfoErr }
-func (n FakeNode) configGet(_ context.Context, name string) (string, error) {
+// fakeNode is a FakeNode as a backend.Node.
+type fakeNode struct{ FakeNode }
+
+func (n fakeNode) Addr() string                         { return n.FakeNode.Addr }
+func (n fakeNode) Info(context.Context) (string, error) { return n.FakeNode.Info, n.InfoErr }
+func (n fakeNode) ConfigGet(_ context.Context, name string) (string, error) {
 	return n.Config[name], n.InfoErr
 }
 
-func (n FakeNode) setWaitAOF(_ context.Context, _ string, timeout time.Duration) (int64, error) {
+func (n fakeNode) SetWaitAOF(_ context.Context, _ string, timeout time.Duration) (int64, error) {
 	if n.Probes != nil {
 		*n.Probes++
 	}
@@ -72,8 +76,8 @@ func (n FakeNode) setWaitAOF(_ context.Context, _ string, timeout time.Duration)
 	return 0, nil
 }
 
-func (n FakeNode) exists(context.Context, string) error { return nil }
-func (n FakeNode) del(context.Context, string) error    { return nil }
+func (n fakeNode) Exists(context.Context, string) error { return nil }
+func (n fakeNode) Del(context.Context, string) error    { return nil }
 
 // CheckServer runs the start check of New on nodes with opts.
 func CheckServer(ctx context.Context, nodes []FakeNode, opts ...Option) error {
@@ -86,44 +90,35 @@ func CheckServer(ctx context.Context, nodes []FakeNode, opts ...Option) error {
 	}
 	ns := make([]node, len(nodes))
 	for i, n := range nodes {
-		ns[i] = n
+		ns[i] = fakeNode{n}
 	}
 	return checkServer(ctx, ns, &c)
 }
 
 // Queued returns the number of calls a store has queued.
 func Queued(s *Store) int {
-	var q *coalescer
-	switch b := s.b.(type) {
-	case *goRedis:
-		q = b.calls
-	case *rueidisBackend:
-		q = b.calls
+	if q, ok := s.b.(interface{ Queued() int }); ok {
+		return q.Queued()
 	}
-	if q == nil {
-		return 0
-	}
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return len(q.queue)
+	return 0
 }
 
 // SetMaxQueueWait sets how long a queued call waits for a call in
 // flight, until the test ends.
 func SetMaxQueueWait(t interface{ Cleanup(func()) }, d time.Duration) {
-	old := maxQueueWait
-	maxQueueWait = d
-	t.Cleanup(func() { maxQueueWait = old })
+	old := backend.MaxQueueWait
+	backend.MaxQueueWait = d
+	t.Cleanup(func() { backend.MaxQueueWait = old })
 }
 
 // RueidisRead returns how a rueidis store reads replays: "probe",
 // "DoCache" or "Do".
 func RueidisRead(s *Store) string {
-	b, ok := s.cached.(*rueidisBackend)
+	b, ok := s.cached.(interface{ ReadMode() string })
 	if !ok {
 		return ""
 	}
-	return [...]string{readProbe: "probe", readDoCache: "DoCache", readDo: "Do"}[b.read.Load()]
+	return b.ReadMode()
 }
 
 // ServerChecks returns the checks of WithServerCheck that reached the

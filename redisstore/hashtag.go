@@ -5,7 +5,6 @@ import (
 	"strings"
 
 	"github.com/idemgo/idem"
-	"github.com/redis/rueidis"
 )
 
 // WithHashTag makes every record key of the store share the Cluster hash tag
@@ -93,12 +92,4 @@ func (s *Store) CheckStream(stream, dlq string) error {
 }
 
 // isCluster reports whether the store runs on a Redis Cluster client.
-func (s *Store) isCluster() bool {
-	switch b := s.b.(type) {
-	case *goRedisCluster:
-		return true
-	case *rueidisBackend:
-		return b.c.Mode() == rueidis.ClientModeCluster
-	}
-	return false
-}
+func (s *Store) isCluster() bool { return s.b.Cluster() }

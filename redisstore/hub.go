@@ -2,11 +2,9 @@ package redisstore
 
 import (
 	"context"
-	"errors"
 	"sync"
 
-	"github.com/redis/go-redis/v9"
-	"github.com/redis/rueidis"
+	"github.com/idemgo/idem/redisstore/internal/backend"
 )
 
 // hub shares one subscriber connection among all the watches of a store,
@@ -26,21 +24,12 @@ import (
 // record again and watches anew) and the next watch opens a new connection.
 // The connection is closed when no channel is left.
 type hub struct {
-	open func(h *hub, gen int) (transport, error)
+	open backend.Opener // the client backend's subscriber connection
 
 	mu    sync.Mutex
-	tr    transport // nil until the first watch, and after a break
-	gen   int       // generation of tr: events of an older one are ignored
+	tr    backend.Transport // nil until the first watch, and after a break
+	gen   int               // generation of tr: events of an older one are ignored
 	chans map[string]*hubChannel
-}
-
-// transport is the subscriber connection of a hub. Its methods send a
-// command and return without waiting for the reply; the connection's reader
-// reports to the hub with confirmed, message and broken.
-type transport interface {
-	subscribe(ctx context.Context, channel string) error
-	unsubscribe(ctx context.Context, channel string) error
-	close()
 }
 
 type hubChannel struct {
@@ -77,7 +66,7 @@ func (c *hubChannel) idle() bool {
 func (h *hub) watch(ctx context.Context, channel string) (<-chan struct{}, func(), error) {
 	h.mu.Lock()
 	if h.tr == nil {
-		tr, err := h.open(h, h.gen+1)
+		tr, err := h.open(hubEvents{h, h.gen + 1})
 		if err != nil {
 			h.mu.Unlock()
 			return nil, nil, err
@@ -92,7 +81,7 @@ func (h *hub) watch(ctx context.Context, channel string) (<-chan struct{}, func(
 	w := &hubWatch{confirmed: make(chan struct{}), changed: make(chan struct{})}
 	if len(c.watches) == 0 {
 		c.subSent++
-		if err := h.tr.subscribe(ctx, channel); err != nil {
+		if err := h.tr.Subscribe(ctx, channel); err != nil {
 			h.breakLocked()
 			h.mu.Unlock()
 			return nil, nil, err
@@ -133,7 +122,7 @@ func (h *hub) stop(gen int, channel string, w *hubWatch) {
 	delete(c.watches, w)
 	if len(c.watches) == 0 {
 		c.unsubSent++
-		if err := h.tr.unsubscribe(context.Background(), channel); err != nil {
+		if err := h.tr.Unsubscribe(context.Background(), channel); err != nil {
 			h.breakLocked()
 			return
 		}
@@ -150,7 +139,7 @@ func (h *hub) dropIfIdle(channel string, c *hubChannel) {
 	}
 	delete(h.chans, channel)
 	if len(h.chans) == 0 {
-		h.tr.close()
+		h.tr.Close()
 		h.tr = nil
 	}
 }
@@ -210,151 +199,16 @@ func (h *hub) breakLocked() {
 		}
 	}
 	h.chans = nil
-	h.tr.close()
+	h.tr.Close()
 	h.tr = nil
 }
 
-// goRedisTransport is a hub's connection on a go-redis *redis.Client.
-type goRedisTransport struct {
-	ps   *redis.PubSub
-	done chan struct{}
+// hubEvents reports the events of connection gen to its hub.
+type hubEvents struct {
+	h   *hub
+	gen int
 }
 
-func openGoRedis(c *redis.Client) func(h *hub, gen int) (transport, error) {
-	return func(h *hub, gen int) (transport, error) {
-		t := &goRedisTransport{ps: c.Subscribe(context.Background()), done: make(chan struct{})}
-		go func() {
-			defer close(t.done)
-			for {
-				msg, err := t.ps.Receive(context.Background())
-				if err != nil {
-					if !errors.Is(err, redis.ErrClosed) {
-						h.broken(gen)
-					}
-					return
-				}
-				switch m := msg.(type) {
-				case *redis.Subscription:
-					switch m.Kind {
-					case "subscribe":
-						h.confirmed(gen, m.Channel, true)
-					case "unsubscribe":
-						h.confirmed(gen, m.Channel, false)
-					}
-				case *redis.Message:
-					h.message(gen, m.Channel)
-				}
-			}
-		}()
-		return t, nil
-	}
-}
-
-func (t *goRedisTransport) subscribe(ctx context.Context, channel string) error {
-	return t.ps.Subscribe(ctx, channel)
-}
-
-func (t *goRedisTransport) unsubscribe(ctx context.Context, channel string) error {
-	return t.ps.Unsubscribe(ctx, channel)
-}
-
-// close closes the connection; the reader returns on its own (close may be
-// called from it, through broken).
-func (t *goRedisTransport) close() { _ = t.ps.Close() }
-
-// rueidisTransport is a hub's connection on a standalone rueidis.Client: a
-// dedicated connection whose pub/sub hooks report to the hub. rueidis sends
-// SUBSCRIBE and UNSUBSCRIBE with a call that waits for the confirmation,
-// which the hooks report from the connection's reader, and the hub's lock is
-// held while a command is queued: so one sender goroutine sends the queued
-// commands in order, and the hub never waits for the connection.
-type rueidisTransport struct {
-	dc     rueidis.DedicatedClient
-	cancel func()
-
-	mu     sync.Mutex
-	queue  []rueidis.Completed
-	closed bool
-	more   chan struct{} // a command was queued, or the transport closed
-}
-
-func openRueidis(c rueidis.Client) func(h *hub, gen int) (transport, error) {
-	return func(h *hub, gen int) (transport, error) {
-		dc, cancel := c.Dedicate()
-		t := &rueidisTransport{dc: dc, cancel: cancel, more: make(chan struct{}, 1)}
-		hookErr := dc.SetPubSubHooks(rueidis.PubSubHooks{
-			OnSubscription: func(s rueidis.PubSubSubscription) {
-				switch s.Kind {
-				case "subscribe":
-					h.confirmed(gen, s.Channel, true)
-				case "unsubscribe":
-					h.confirmed(gen, s.Channel, false)
-				}
-			},
-			OnMessage: func(m rueidis.PubSubMessage) { h.message(gen, m.Channel) },
-		})
-		go func() {
-			<-hookErr // the connection broke, or close
-			h.broken(gen)
-		}()
-		go t.send(h, gen)
-		return t, nil
-	}
-}
-
-// send sends the queued commands, in order, until the transport closes.
-func (t *rueidisTransport) send(h *hub, gen int) {
-	for range t.more {
-		t.mu.Lock()
-		cmds, closed := t.queue, t.closed
-		t.queue = nil
-		t.mu.Unlock()
-		if closed {
-			return
-		}
-		for _, cmd := range cmds {
-			if err := t.dc.Do(context.Background(), cmd).Error(); err != nil {
-				h.broken(gen)
-				return
-			}
-		}
-	}
-}
-
-func (t *rueidisTransport) push(cmd rueidis.Completed) error {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.closed {
-		return errors.New("redisstore: subscriber connection closed")
-	}
-	t.queue = append(t.queue, cmd)
-	select {
-	case t.more <- struct{}{}:
-	default:
-	}
-	return nil
-}
-
-func (t *rueidisTransport) subscribe(_ context.Context, channel string) error {
-	return t.push(t.dc.B().Subscribe().Channel(channel).Build())
-}
-
-func (t *rueidisTransport) unsubscribe(_ context.Context, channel string) error {
-	return t.push(t.dc.B().Unsubscribe().Channel(channel).Build())
-}
-
-// close stops the sender and closes the connection, in a goroutine:
-// rueidis waits for the connection's reader, which may be waiting for the
-// hub's lock in a hook.
-func (t *rueidisTransport) close() {
-	t.mu.Lock()
-	if !t.closed {
-		t.closed = true
-		select {
-		case t.more <- struct{}{}:
-		default:
-		}
-	}
-	t.mu.Unlock()
-	go t.cancel()
-}
+func (e hubEvents) Confirmed(channel string, sub bool) { e.h.confirmed(e.gen, channel, sub) }
+func (e hubEvents) Message(channel string)             { e.h.message(e.gen, channel) }
+func (e hubEvents) Broken()                            { e.h.broken(e.gen) }

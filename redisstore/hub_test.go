@@ -32,7 +32,7 @@ func subscribers(t *testing.T, srv *redistest.Server) []string {
 			if (strings.HasPrefix(f, "sub=") || strings.HasPrefix(f, "ssub=")) && !strings.HasSuffix(f, "=0") {
 				subscribed = true
 			}
-			if f == "name=idem-tracking" { // the replay cache's (tracking.go)
+			if f == "name=idem-tracking" { // the replay cache's (internal/goredis/tracking.go)
 				tracking = true
 			}
 		}

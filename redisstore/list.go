@@ -4,16 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
-	"sync"
 
 	"github.com/idemgo/idem"
-	"github.com/redis/go-redis/v9"
 )
-
-// scanCount is the COUNT hint of each SCAN call of List.
-const scanCount = 1000
 
 // Entry is a record listed by List.
 type Entry struct {
@@ -38,7 +32,7 @@ func (s *Store) List(ctx context.Context, limit int) ([]Entry, error) {
 	match := globEscape(s.prefix) + "{*}"
 	var keys []string
 	seen := make(map[string]bool)
-	err := s.b.scan(ctx, match, func(name string) bool {
+	err := s.b.Scan(ctx, match, func(name string) bool {
 		// The pattern also matches names with braces inside; only
 		// <prefix>{<digest>} is a record.
 		key, ok := strings.CutPrefix(name, open)
@@ -64,7 +58,7 @@ func (s *Store) List(ctx context.Context, limit int) ([]Entry, error) {
 		part := keys[lo:min(lo+listPipeline, len(keys))]
 		calls := make([]evalCall, len(part))
 		for i, k := range part {
-			calls[i] = evalCall{keys: []string{s.Key(k)}}
+			calls[i] = evalCall{Keys: []string{s.Key(k)}}
 		}
 		replies, errs := s.runMulti(ctx, getScript, calls)
 		for i, k := range part {
@@ -98,90 +92,4 @@ func globEscape(s string) string {
 		b.WriteRune(r)
 	}
 	return b.String()
-}
-
-// scanGoRedis runs SCAN MATCH match TYPE string over one node's key space, calling
-// fn for each key until fn returns false. It reports whether fn asked to
-// stop.
-func scanGoRedis(ctx context.Context, c *redis.Client, match string, fn func(string) bool) (stopped bool, err error) {
-	var cursor uint64
-	for {
-		keys, next, err := c.ScanType(ctx, cursor, match, scanCount, "string").Result()
-		if err != nil {
-			return false, err
-		}
-		for _, k := range keys {
-			if !fn(k) {
-				return true, nil
-			}
-		}
-		if next == 0 {
-			return false, nil
-		}
-		cursor = next
-	}
-}
-
-func (b *goRedis) scan(ctx context.Context, match string, fn func(string) bool) error {
-	_, err := scanGoRedis(ctx, b.c, match, fn)
-	return err
-}
-
-func (b *goRedisCluster) scan(ctx context.Context, match string, fn func(string) bool) error {
-	// ForEachMaster calls its function concurrently; collect the primaries
-	// and scan them one at a time, in a stable order.
-	var mu sync.Mutex
-	var masters []*redis.Client
-	err := b.c.ForEachMaster(ctx, func(_ context.Context, c *redis.Client) error {
-		mu.Lock()
-		masters = append(masters, c)
-		mu.Unlock()
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	slices.SortFunc(masters, func(a, b *redis.Client) int { return strings.Compare(a.Options().Addr, b.Options().Addr) })
-	for _, c := range masters {
-		stopped, err := scanGoRedis(ctx, c, match, fn)
-		if err != nil {
-			return fmt.Errorf("%s: %w", c.Options().Addr, err)
-		}
-		if stopped {
-			return nil
-		}
-	}
-	return nil
-}
-
-func (b *rueidisBackend) scan(ctx context.Context, match string, fn func(string) bool) error {
-	// Nodes is the one node of a standalone client, and every node of a
-	// Cluster that the client knows, replicas included: their keys repeat
-	// their primary's, which List skips.
-	nodes := b.c.Nodes()
-	addrs := make([]string, 0, len(nodes))
-	for addr := range nodes {
-		addrs = append(addrs, addr)
-	}
-	slices.Sort(addrs)
-	for _, addr := range addrs {
-		c := nodes[addr]
-		var cursor uint64
-		for {
-			e, err := c.Do(ctx, c.B().Scan().Cursor(cursor).Match(match).Count(scanCount).Type("string").Build()).AsScanEntry()
-			if err != nil {
-				return fmt.Errorf("%s: %w", addr, err)
-			}
-			for _, k := range e.Elements {
-				if !fn(k) {
-					return nil
-				}
-			}
-			if e.Cursor == 0 {
-				break
-			}
-			cursor = e.Cursor
-		}
-	}
-	return nil
 }

@@ -29,16 +29,16 @@ func packAcquire(calls []evalCall) ([]evalCall, []span) {
 	var many []evalCall
 	var spans []span
 	for lo := 0; lo < len(calls); {
-		shared := calls[lo].args[2:6]
+		shared := calls[lo].Args[2:6]
 		hi := lo + 1
-		for hi < len(calls) && hi-lo < maxPerScript && slices.Equal(calls[hi].args[2:6], shared) {
+		for hi < len(calls) && hi-lo < maxPerScript && slices.Equal(calls[hi].Args[2:6], shared) {
 			hi++
 		}
-		m := evalCall{keys: make([]string, 0, hi-lo), args: make([]string, 0, 4+2*(hi-lo))}
-		m.args = append(m.args, shared...)
+		m := evalCall{Keys: make([]string, 0, hi-lo), Args: make([]string, 0, 4+2*(hi-lo))}
+		m.Args = append(m.Args, shared...)
 		for _, c := range calls[lo:hi] {
-			m.keys = append(m.keys, c.keys[0])
-			m.args = append(m.args, c.args[0], c.args[1])
+			m.Keys = append(m.Keys, c.Keys[0])
+			m.Args = append(m.Args, c.Args[0], c.Args[1])
 		}
 		many = append(many, m)
 		spans = append(spans, span{lo, hi})
@@ -111,10 +111,10 @@ func (s *Store) runBatch(ctx context.Context, sc, many *script, calls []evalCall
 	}
 	packed, spans := pack(calls)
 	replies, errs := s.runMulti(ctx, many, packed)
-	replies, errs = unpackMany(many.name, len(calls), spans, replies, errs)
+	replies, errs = unpackMany(many.Name, len(calls), spans, replies, errs)
 	for i, err := range errs {
 		if err == nil {
-			errs[i] = elementError(many.name, replies[i])
+			errs[i] = elementError(many.Name, replies[i])
 		}
 	}
 	return replies, errs
@@ -126,11 +126,11 @@ func packComplete(calls []evalCall) ([]evalCall, []span) {
 	spans := chunk(len(calls))
 	many := make([]evalCall, len(spans))
 	for j, sp := range spans {
-		m := evalCall{keys: make([]string, 0, sp.hi-sp.lo), args: make([]string, 0, 2+3*(sp.hi-sp.lo))}
-		m.args = append(m.args, calls[sp.lo].args[3], calls[sp.lo].args[4])
+		m := evalCall{Keys: make([]string, 0, sp.hi-sp.lo), Args: make([]string, 0, 2+3*(sp.hi-sp.lo))}
+		m.Args = append(m.Args, calls[sp.lo].Args[3], calls[sp.lo].Args[4])
 		for _, c := range calls[sp.lo:sp.hi] {
-			m.keys = append(m.keys, c.keys[0])
-			m.args = append(m.args, c.args[0], c.args[1], c.args[2])
+			m.Keys = append(m.Keys, c.Keys[0])
+			m.Args = append(m.Args, c.Args[0], c.Args[1], c.Args[2])
 		}
 		many[j] = m
 	}
@@ -146,12 +146,12 @@ func packCompleteAck(calls []evalCall) ([]evalCall, []span) {
 	many := make([]evalCall, len(spans))
 	for j, sp := range spans {
 		first := calls[sp.lo]
-		m := evalCall{keys: make([]string, 0, 1+sp.hi-sp.lo), args: make([]string, 0, 3+4*(sp.hi-sp.lo))}
-		m.keys = append(m.keys, first.keys[1])
-		m.args = append(m.args, first.args[3], first.args[4], first.args[6])
+		m := evalCall{Keys: make([]string, 0, 1+sp.hi-sp.lo), Args: make([]string, 0, 3+4*(sp.hi-sp.lo))}
+		m.Keys = append(m.Keys, first.Keys[1])
+		m.Args = append(m.Args, first.Args[3], first.Args[4], first.Args[6])
 		for _, c := range calls[sp.lo:sp.hi] {
-			m.keys = append(m.keys, c.keys[0])
-			m.args = append(m.args, c.args[0], c.args[1], c.args[2], c.args[7])
+			m.Keys = append(m.Keys, c.Keys[0])
+			m.Args = append(m.Args, c.Args[0], c.Args[1], c.Args[2], c.Args[7])
 		}
 		many[j] = m
 	}

@@ -12,6 +12,9 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/statemachine"
+	"github.com/idemgo/idem/redisstore/internal/backend"
+	"github.com/idemgo/idem/redisstore/internal/goredis"
+	rueidisbackend "github.com/idemgo/idem/redisstore/internal/rueidis"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
 )
@@ -32,7 +35,7 @@ type config struct {
 	functions    bool        // WithFunctions, in functions.go
 	effects      []effectDef // WithEffect, in effect.go
 	replayCache  *bool       // WithReplayCache, in replaycache.go; nil: the default
-	// WithReplayCacheBytes, in tracking.go
+	// WithReplayCacheBytes, in replaycache.go
 	replayCacheBytes int64
 
 	allowEviction bool          // WithAllowEviction, in check.go
@@ -41,13 +44,7 @@ type config struct {
 }
 
 // waitConfig is a durability requirement checked after acquire and complete.
-type waitConfig struct {
-	aof        bool
-	local      int // WAITAOF numlocal
-	replicas   int
-	timeout    time.Duration
-	timeoutArg string
-}
+type waitConfig = backend.Wait
 
 // WithPrefix sets the prefix of record keys (and notification channels):
 // records are stored at <prefix>{<digest>}. The default is DefaultPrefix
@@ -75,7 +72,7 @@ func WithNotify(on bool) Option { return func(c *config) { c.notify = on } }
 // partition). The default is not to wait.
 func WithWait(numReplicas int, timeout time.Duration) Option {
 	return func(c *config) {
-		c.wait = &waitConfig{replicas: numReplicas, timeout: timeout}
+		c.wait = &waitConfig{Replicas: numReplicas, Timeout: timeout}
 	}
 }
 
@@ -109,7 +106,7 @@ func WithWait(numReplicas int, timeout time.Duration) Option {
 // refused above (the early acknowledgement).
 func WithWaitAOF(numLocal, numReplicas int, timeout time.Duration) Option {
 	return func(c *config) {
-		c.wait = &waitConfig{aof: true, local: numLocal, replicas: numReplicas, timeout: timeout}
+		c.wait = &waitConfig{AOF: true, Local: numLocal, Replicas: numReplicas, Timeout: timeout}
 	}
 }
 
@@ -129,59 +126,26 @@ func (c *config) validate() error {
 		return fmt.Errorf("%w: replay cache bound of %d bytes, want more than 0 (WithReplayCache(false) turns the cache off)", idem.ErrInvalid, c.replayCacheBytes)
 	}
 	if w := c.wait; w != nil {
-		if w.replicas < 0 || w.local < 0 || w.local > 1 {
-			return fmt.Errorf("%w: wait for %d local and %d replicas", idem.ErrInvalid, w.local, w.replicas)
+		if w.Replicas < 0 || w.Local < 0 || w.Local > 1 {
+			return fmt.Errorf("%w: wait for %d local and %d replicas", idem.ErrInvalid, w.Local, w.Replicas)
 		}
-		if w.timeout < 0 {
-			return fmt.Errorf("%w: negative wait timeout %v", idem.ErrInvalid, w.timeout)
+		if w.Timeout < 0 {
+			return fmt.Errorf("%w: negative wait timeout %v", idem.ErrInvalid, w.Timeout)
 		}
-		if w.replicas == 0 && w.local == 0 {
+		if w.Replicas == 0 && w.Local == 0 {
 			return fmt.Errorf("%w: a wait for nothing", idem.ErrInvalid)
 		}
-		w.timeoutArg = strconv.FormatInt(w.timeout.Milliseconds(), 10)
+		w.TimeoutArg = strconv.FormatInt(w.Timeout.Milliseconds(), 10)
 	}
 	return nil
-}
-
-// backend is the part of a client library the store uses.
-type backend interface {
-	// run runs s with keys and args on the node of keys[0]: with EVALSHA,
-	// falling back to EVAL, or with FCALL (FCALL_RO for a read) when fcall
-	// is set. It returns the reply normalized to nil, int64, string and
-	// []any. With a wait config it sends WAIT/WAITAOF on the same
-	// connection after the script and returns the number of
-	// acknowledgements too.
-	run(ctx context.Context, s *script, keys, args []string, w *waitConfig, fcall bool) (reply any, acks int64, err error)
-	// runMulti runs many calls of s in one pipeline, as run does, and
-	// returns one normalized reply or error per call.
-	runMulti(ctx context.Context, s *script, calls []evalCall, fcall bool) ([]any, []error)
-	// load loads lib on every primary that does not have it with its
-	// code yet (loadOn).
-	load(ctx context.Context, lib *library) error
-	// libraries returns the names of idem's Functions libraries loaded on
-	// each primary.
-	libraries(ctx context.Context) ([]string, error)
-	// del deletes key; if pub is not "", it then sends pub (PUBLISH or
-	// SPUBLISH) on channel, in the same round trip, to wake the key's
-	// waiters. Only the DEL's error is returned: a lost notification
-	// leaves the waiters to their lease timers, as before.
-	del(ctx context.Context, key, pub, channel string) error
-	// scan calls fn with the name of every hash whose name matches the
-	// SCAN pattern match, on every node that holds keys, until fn returns
-	// false.
-	scan(ctx context.Context, match string, fn func(name string) bool) error
-	watch(ctx context.Context, channel string) (<-chan struct{}, func(), error)
-	publishCommand() string
-	// nodes returns the servers the client knows: the one server, or a
-	// Cluster's primaries and replicas.
-	nodes(ctx context.Context) ([]node, error)
 }
 
 // Store is an idem.Store on Redis, Valkey or a Redis Cluster. Every state
 // transition is one Lua script on the record's hash; time is the server's.
 // It is safe for concurrent use.
 type Store struct {
-	b      backend
+	b      backend.Backend // the client library (redisstore/internal/backend)
+	hub    *hub            // the watches' shared connection; nil: Backend.Watch
 	prefix string
 	pub    string // notification command, "" for none
 	wait   *waitConfig
@@ -191,7 +155,7 @@ type Store struct {
 	effects map[string]*script
 	// cached and replays are the local replay cache (replaycache.go),
 	// nil when it is off.
-	cached  cachedGetter
+	cached  backend.CachedGetter
 	replays *replayIndex
 	// monitor runs the checks of WithServerCheck (check.go), nil without.
 	monitor *monitor
@@ -203,7 +167,7 @@ var (
 	_ idem.Relayer = (*Store)(nil)
 )
 
-func newStore(b backend, opts []Option) (*Store, error) {
+func newStore(b backend.Backend, opts []Option) (*Store, error) {
 	c := config{prefix: DefaultPrefix, notify: true}
 	for _, o := range opts {
 		o(&c)
@@ -216,7 +180,13 @@ func newStore(b backend, opts []Option) (*Store, error) {
 	}
 	s := &Store{b: b, prefix: c.prefix + hashTagPart(c.hashTag), tag: c.hashTag, wait: c.wait, fcall: c.functions}
 	if c.notify {
-		s.pub = b.publishCommand()
+		s.pub = "PUBLISH"
+		if b.Cluster() {
+			s.pub = "SPUBLISH"
+		}
+	}
+	if open := b.Subscriber(); open != nil {
+		s.hub = &hub{open: open}
 	}
 	if c.functions {
 		coreLibrary()
@@ -229,7 +199,7 @@ func newStore(b backend, opts []Option) (*Store, error) {
 	// The options are valid: now the server.
 	ctx, cancel := context.WithTimeout(context.Background(), StartCheckTimeout)
 	defer cancel()
-	nodes, err := b.nodes(ctx)
+	nodes, err := b.Nodes(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("redisstore: cannot check the server at start: %w", err)
 	}
@@ -240,19 +210,18 @@ func newStore(b backend, opts []Option) (*Store, error) {
 	if c.replayCache != nil {
 		cacheOn = *c.replayCache
 	}
-	if rb, ok := b.(replayCacheBackend); ok && cacheOn {
-		log := c.logger
-		if log == nil {
-			log = slog.Default()
-		}
+	if cacheOn {
 		size := c.replayCacheBytes
 		if size == 0 {
 			size = DefaultReplayCacheBytes
 		}
-		s.cached, s.replays = rb.replayCache(s.prefix, size, log), newReplayIndex(replayIndexSize)
+		s.cached = b.ReplayCache(backend.CacheConfig{Prefix: s.prefix, MaxBytes: size, Log: c.log(), Keep: keepRecord})
+	}
+	if s.cached != nil {
+		s.replays = newReplayIndex(replayIndexSize)
 		// A store dropped without Close ends what its cache runs (the
 		// go-redis tracking connection) when it is collected.
-		runtime.AddCleanup(s, func(g cachedGetter) { go g.close() }, s.cached)
+		runtime.AddCleanup(s, func(g backend.CachedGetter) { go g.Close() }, s.cached)
 	}
 	if c.serverCheck > 0 {
 		s.monitor = startMonitor(b, c)
@@ -272,12 +241,12 @@ func newStore(b backend, opts []Option) (*Store, error) {
 // reached is an error too; one that refuses INFO and CONFIG GET (ACLs,
 // managed services) is accepted with one warning logged (WithLogger).
 func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
-	var b backend
+	var b backend.Backend
 	switch c := client.(type) {
 	case *redis.Client:
-		b = newGoRedis(c)
+		b = goredis.New(c)
 	case *redis.ClusterClient:
-		b = &goRedisCluster{c: c}
+		b = goredis.NewCluster(c)
 	case nil:
 		return nil, fmt.Errorf("%w: nil client", idem.ErrInvalid)
 	default:
@@ -293,7 +262,7 @@ func NewRueidis(client rueidis.Client, opts ...Option) (*Store, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: nil client", idem.ErrInvalid)
 	}
-	return newStore(newRueidis(client), opts)
+	return newStore(rueidisbackend.New(client), opts)
 }
 
 // Close ends what the store runs in the background: the tracking
@@ -302,7 +271,7 @@ func NewRueidis(client rueidis.Client, opts ...Option) (*Store, error) {
 // It does not close the client. The store must not be used after Close.
 func (s *Store) Close() error {
 	if s.cached != nil {
-		s.cached.close()
+		s.cached.Close()
 	}
 	if s.monitor != nil {
 		s.monitor.stop()
@@ -362,21 +331,21 @@ func (s *Store) runKeys(ctx context.Context, sc *script, keys, args []string, du
 	if durable {
 		w = s.wait
 	}
-	reply, acks, err := s.b.run(ctx, sc, keys, args, w, s.fcall)
+	reply, acks, err := s.b.Run(ctx, &sc.Script, keys, args, w, s.fcall)
 	if s.fcall && functionNotFound(err) {
 		if lerr := s.load(ctx, sc.lib); lerr != nil {
 			return nil, lerr
 		}
-		reply, acks, err = s.b.run(ctx, sc, keys, args, w, s.fcall)
+		reply, acks, err = s.b.Run(ctx, &sc.Script, keys, args, w, s.fcall)
 	}
 	if err != nil {
-		if s.monitor != nil && unreachable(err) {
+		if s.monitor != nil && backend.Unreachable(err) {
 			s.monitor.kick() // check the server again once it answers
 		}
-		return nil, fmt.Errorf("redisstore: %s: %w", sc.name, err)
+		return nil, fmt.Errorf("redisstore: %s: %w", sc.Name, err)
 	}
-	if w != nil && acks < int64(w.replicas) {
-		return reply, fmt.Errorf("%w: %s acknowledged by %d of %d", idem.ErrNotDurable, sc.name, acks, w.replicas)
+	if w != nil && acks < int64(w.Replicas) {
+		return reply, fmt.Errorf("%w: %s acknowledged by %d of %d", idem.ErrNotDurable, sc.Name, acks, w.Replicas)
 	}
 	return reply, nil
 }
@@ -535,9 +504,9 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 		// the reply to the DEL (Redis 7.0 sends a client's own after it):
 		// the next acquire here must not read the cache before it does.
 		s.replays.remove(s.Key(key))
-		s.cached.forget(s.Key(key))
+		s.cached.Forget(s.Key(key))
 	}
-	if err := s.b.del(ctx, s.Key(key), s.pub, s.channel(key)); err != nil {
+	if err := s.b.Del(ctx, s.Key(key), s.pub, s.channel(key)); err != nil {
 		return fmt.Errorf("redisstore: delete: %w", err)
 	}
 	return nil
@@ -556,7 +525,11 @@ func (s *Store) Watch(ctx context.Context, key string) (<-chan struct{}, func(),
 		// back to its timer.
 		return nil, func() {}, nil
 	}
-	ch, stop, err := s.b.watch(ctx, s.channel(key))
+	watch := s.b.Watch
+	if s.hub != nil {
+		watch = s.hub.watch
+	}
+	ch, stop, err := watch(ctx, s.channel(key))
 	if err != nil {
 		return nil, nil, fmt.Errorf("redisstore: watch: %w", err)
 	}

@@ -5,28 +5,20 @@ import (
 	_ "embed"
 	"encoding/hex"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/statemachine"
-	"github.com/redis/rueidis"
+	"github.com/idemgo/idem/redisstore/internal/backend"
 )
 
-// script is one Lua script, ready for both client libraries: go-redis
-// calls go through scriptCmd (EVALSHA with sha, EVAL after NOSCRIPT), and
-// rueidis's Lua helper does the same for its own calls. In
-// Functions mode the same source is the body of the function fn of the
-// library lib (see functions.go).
+// script is one Lua script, as every client backend sends it
+// (backend.Script: EVALSHA, EVAL after NOSCRIPT, or FCALL). In Functions
+// mode the same source is the body of the function Fn of the library lib
+// (see functions.go), which buildLibrary sets.
 type script struct {
-	name string
-	src  string
-	sha  string // SHA1 of src, for EVALSHA
-	ro   bool   // reads only: a no-writes function, called with FCALL_RO
-	ru   *rueidis.Lua
-
-	fn  string   // Functions mode: the function's name, set by buildLibrary
-	lib *library // Functions mode: the library that defines fn
+	backend.Script
+	lib *library // Functions mode: the library that defines Fn
 }
 
 // registry holds every script made with newScript: Functions mode loads
@@ -47,7 +39,7 @@ func newScript(name, src string) *script {
 // client may send to a replica).
 func newReadOnlyScript(name, src string) *script {
 	s := newScript(name, src)
-	s.ro = true
+	s.RO = true
 	return s
 }
 
@@ -55,7 +47,7 @@ func newReadOnlyScript(name, src string) *script {
 // registered effect's).
 func makeScript(name, src string) *script {
 	sum := sha1.Sum([]byte(src))
-	return &script{name: name, src: src, sha: hex.EncodeToString(sum[:]), ru: rueidis.NewLuaScript(src)}
+	return &script{Script: backend.Script{Name: name, Src: src, SHA: hex.EncodeToString(sum[:])}}
 }
 
 var (
@@ -106,20 +98,9 @@ var (
 // []any, the shapes go-redis returns; each script's reply is parsed by one
 // function below.
 
-func replyError(name string, v any) error {
-	return fmt.Errorf("redisstore: unexpected %s reply %#v", name, v)
-}
+func replyError(name string, v any) error { return backend.ReplyError(name, v) }
 
-func asInt(v any) (int64, bool) {
-	switch x := v.(type) {
-	case int64:
-		return x, true
-	case string:
-		n, err := strconv.ParseInt(x, 10, 64)
-		return n, err == nil
-	}
-	return 0, false
-}
+func asInt(v any) (int64, bool) { return backend.AsInt(v) }
 
 func asString(v any) (string, bool) {
 	s, ok := v.(string)

@@ -30,18 +30,18 @@ func (s *Store) Stats(ctx context.Context) (idem.Stats, error) {
 	for _, e := range entries {
 		st.Count(e.Record.State, e.Record.Created, e.Record.Now)
 	}
-	nodes, err := s.b.nodes(ctx)
+	nodes, err := s.b.Nodes(ctx)
 	if err != nil {
 		return st, fmt.Errorf("redisstore: stats: %w", err)
 	}
 	best := -1.0
 	for _, n := range nodes {
-		info, err := n.info(ctx)
+		info, err := n.Info(ctx)
 		if err != nil {
 			if isReplyError(err) {
 				continue
 			}
-			return st, fmt.Errorf("redisstore: stats: INFO on %s: %w", n.addr(), err)
+			return st, fmt.Errorf("redisstore: stats: INFO on %s: %w", n.Addr(), err)
 		}
 		f := redisinfo.Parse(info)
 		used, _ := strconv.ParseInt(f["used_memory"], 10, 64)

@@ -3,15 +3,13 @@ package redisstore
 import (
 	"context"
 	_ "embed"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/statemachine"
-	"github.com/redis/go-redis/v9"
-	"github.com/redis/rueidis"
+	"github.com/idemgo/idem/redisstore/internal/backend"
 )
 
 var (
@@ -32,91 +30,12 @@ var (
 var errBatchWait = fmt.Errorf("%w: pipelined calls do not support WithWait or WithWaitAOF", idem.ErrInvalid)
 
 // evalCall is one script call of a pipeline.
-type evalCall struct {
-	keys []string
-	args []string
-}
-
-func (b *goRedis) runMulti(ctx context.Context, s *script, calls []evalCall, fcall bool) ([]any, []error) {
-	return pipelineGoRedis(ctx, b.c, s, calls, fcall)
-}
-
-func (b *goRedisCluster) runMulti(ctx context.Context, s *script, calls []evalCall, fcall bool) ([]any, []error) {
-	// The cluster client splits the pipeline by node.
-	return pipelineGoRedis(ctx, b.c, s, calls, fcall)
-}
-
-// pipelineGoRedis sends EVALSHA for every call in one pipeline, then EVAL,
-// in a second pipeline, for those that got NOSCRIPT; or FCALL for every
-// call in Functions mode.
-func pipelineGoRedis(ctx context.Context, c redis.UniversalClient, s *script, calls []evalCall, fcall bool) ([]any, []error) {
-	cmds := pipelineScripts(ctx, c, len(calls), func(i int) (*script, []string, []string) {
-		return s, calls[i].keys, calls[i].args
-	}, fcall)
-	replies := make([]any, len(calls))
-	errs := make([]error, len(calls))
-	for i, cmd := range cmds {
-		v, err := cmd.Result()
-		if errors.Is(err, redis.Nil) {
-			v, err = nil, nil
-		}
-		replies[i], errs[i] = v, err
-	}
-	return replies, errs
-}
-
-// runMulti sends the calls in one pipeline (pipelineRueidis). (rueidis's
-// Lua.ExecMulti would send SCRIPT LOAD to every node first, a round trip
-// more for each batch.)
-func (b *rueidisBackend) runMulti(ctx context.Context, s *script, calls []evalCall, fcall bool) ([]any, []error) {
-	results := pipelineRueidis(ctx, b.c, len(calls), func(i int) (*script, []string, []string) {
-		return s, calls[i].keys, calls[i].args
-	}, fcall)
-	replies := make([]any, len(calls))
-	errs := make([]error, len(calls))
-	for i, r := range results {
-		replies[i], _, errs[i] = normalize(r)
-	}
-	return replies, errs
-}
-
-// pipelineRueidis sends n script calls (call(i) gives each) with one
-// DoMulti, as pipelineScripts does with go-redis: EVALSHA, then EVAL, in
-// one more DoMulti, for those answered NOSCRIPT; or FCALL in Functions
-// mode.
-func pipelineRueidis(ctx context.Context, c rueidis.Client, n int, call func(i int) (s *script, keys, args []string), fcall bool) []rueidis.RedisResult {
-	how := firstCall(fcall)
-	cmds := make(rueidis.Commands, n)
-	for i := range n {
-		s, keys, args := call(i)
-		cmds[i] = scriptCmdRueidis(c, s, keys, args, how)
-	}
-	results := c.DoMulti(ctx, cmds...)
-	var again []int
-	for i, r := range results {
-		if how == bySHA && noScriptRueidis(r.Error()) {
-			again = append(again, i)
-		}
-	}
-	if len(again) == 0 {
-		return results
-	}
-	// A new slice: after an error rueidis's writer may still read the old.
-	cmds = make(rueidis.Commands, len(again))
-	for k, i := range again {
-		s, keys, args := call(i)
-		cmds[k] = scriptCmdRueidis(c, s, keys, args, bySource)
-	}
-	for k, r := range c.DoMulti(ctx, cmds...) {
-		results[again[k]] = r
-	}
-	return results
-}
+type evalCall = backend.Call
 
 // runMulti runs calls of sc in one pipeline. In Functions mode, the calls
 // that found a node without the library are made again once it is loaded.
 func (s *Store) runMulti(ctx context.Context, sc *script, calls []evalCall) ([]any, []error) {
-	replies, errs := s.b.runMulti(ctx, sc, calls, s.fcall)
+	replies, errs := s.b.RunMulti(ctx, &sc.Script, calls, s.fcall)
 	if s.fcall {
 		var again []int
 		for i, err := range errs {
@@ -130,7 +49,7 @@ func (s *Store) runMulti(ctx context.Context, sc *script, calls []evalCall) ([]a
 					errs[i] = lerr
 				}
 			} else {
-				r2, e2 := s.b.runMulti(ctx, sc, subset(calls, again), s.fcall)
+				r2, e2 := s.b.RunMulti(ctx, &sc.Script, subset(calls, again), s.fcall)
 				for k, i := range again {
 					replies[i], errs[i] = r2[k], e2[k]
 				}
@@ -139,7 +58,7 @@ func (s *Store) runMulti(ctx context.Context, sc *script, calls []evalCall) ([]a
 	}
 	for i, err := range errs {
 		if err != nil {
-			errs[i] = fmt.Errorf("redisstore: %s: %w", sc.name, err)
+			errs[i] = fmt.Errorf("redisstore: %s: %w", sc.Name, err)
 		}
 	}
 	return replies, errs
@@ -189,8 +108,8 @@ func (s *Store) AcquireBatch(ctx context.Context, keys []string, reqs []idem.Acq
 			continue
 		}
 		calls = append(calls, evalCall{
-			keys: []string{s.Key(key)},
-			args: []string{req.Fingerprint, req.Owner, ms(req.Lease), ms(req.Retention), strconv.Itoa(req.MaxAttempts), inProgressTTL(req.Lease)},
+			Keys: []string{s.Key(key)},
+			Args: []string{req.Fingerprint, req.Owner, ms(req.Lease), ms(req.Retention), strconv.Itoa(req.MaxAttempts), inProgressTTL(req.Lease)},
 		})
 		idx = append(idx, i)
 	}
@@ -281,8 +200,8 @@ func (s *Store) CompleteAndAckBatch(ctx context.Context, stream, group string, r
 			continue
 		}
 		calls = append(calls, evalCall{
-			keys: []string{s.Key(a.Key), stream},
-			args: []string{a.Lease.Owner, strconv.FormatInt(a.Lease.Fence, 10), string(a.Result), ms(retention), s.pub, s.channel(a.Key), group, a.ID},
+			Keys: []string{s.Key(a.Key), stream},
+			Args: []string{a.Lease.Owner, strconv.FormatInt(a.Lease.Fence, 10), string(a.Result), ms(retention), s.pub, s.channel(a.Key), group, a.ID},
 		})
 		idx = append(idx, i)
 	}
@@ -309,7 +228,7 @@ func (s *Store) DeadLetter(ctx context.Context, stream, group, id, dlq string, f
 	args := make([]string, 0, 2+len(fields))
 	args = append(args, group, id)
 	args = append(args, fields...)
-	replies, errs := s.runMulti(ctx, deadLetterScript, []evalCall{{keys: []string{stream, dlq}, args: args}})
+	replies, errs := s.runMulti(ctx, deadLetterScript, []evalCall{{Keys: []string{stream, dlq}, Args: args}})
 	if errs[0] != nil {
 		return false, errs[0]
 	}
@@ -325,39 +244,4 @@ func (s *Store) checkStreamArgs(stream, group, id string) error {
 		return fmt.Errorf("%w: empty stream, group or entry ID", idem.ErrInvalid)
 	}
 	return nil
-}
-
-// pipelineScripts sends n script calls in one pipeline, call(i) giving the
-// script, keys and arguments of the i-th: EVALSHA, then EVAL, in a second
-// pipeline, for those that got NOSCRIPT; or FCALL (FCALL_RO for a
-// read-only script) in Functions mode. It returns each call's command,
-// whose Result is the reply as go-redis gives it.
-func pipelineScripts(ctx context.Context, c redis.UniversalClient, n int, call func(i int) (s *script, keys, args []string), fcall bool) []*redis.Cmd {
-	cmds := make([]*redis.Cmd, n)
-	how := firstCall(fcall)
-	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i := range n {
-			s, keys, args := call(i)
-			cmds[i] = scriptCmd(ctx, s, keys, args, how)
-			_ = p.Process(ctx, cmds[i])
-		}
-		return nil
-	})
-	var again []int
-	for i, cmd := range cmds {
-		if how == bySHA && noScript(cmd.Err()) {
-			again = append(again, i)
-		}
-	}
-	if len(again) > 0 {
-		_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for _, i := range again {
-				s, keys, args := call(i)
-				cmds[i] = scriptCmd(ctx, s, keys, args, bySource)
-				_ = p.Process(ctx, cmds[i])
-			}
-			return nil
-		})
-	}
-	return cmds
 }

@@ -8,8 +8,9 @@ import (
 	"time"
 
 	"github.com/idemgo/idem/internal/redisinfo"
+	"github.com/idemgo/idem/redisstore/internal/backend"
+	"github.com/idemgo/idem/redisstore/internal/goredis"
 	"github.com/redis/go-redis/v9"
-	"github.com/redis/rueidis"
 )
 
 // The check of WAITAOF under appendfsync everysec (WithWaitAOF), made by
@@ -83,8 +84,8 @@ type WaitAOFCheck struct {
 // watched, which takes one to two seconds. It is the check New and
 // NewRueidis make with WithWaitAOF; idem doctor --wait-aof reports it.
 func CheckWaitAOF(ctx context.Context, c *redis.Client, prefix string) (WaitAOFCheck, error) {
-	n := goRedisNode{c}
-	info, err := n.info(ctx)
+	n := goredis.Node{C: c}
+	info, err := n.Info(ctx)
 	if err != nil {
 		return WaitAOFCheck{}, err
 	}
@@ -97,7 +98,7 @@ func checkWaitAOF(ctx context.Context, n node, f map[string]string, prefix strin
 	r := WaitAOFCheck{Server: name + " " + version}
 	v, parsed := redisinfo.ParseVersion(version)
 	r.CronTick = parsed && !fsyncOncePerSecond(name, v)
-	fsync, err := n.configGet(ctx, "appendfsync")
+	fsync, err := n.ConfigGet(ctx, "appendfsync")
 	switch {
 	case err != nil && !isReplyError(err):
 		return r, err
@@ -165,10 +166,10 @@ func probeWaitAOF(ctx context.Context, n node, prefix string) (waitAOFProbe, err
 	if err != nil {
 		return waitAOFProbe{}, err
 	}
-	defer n.del(context.WithoutCancel(ctx), key)
+	defer n.Del(context.WithoutCancel(ctx), key)
 	for range 3 {
 		start := time.Now()
-		local, err := n.setWaitAOF(ctx, key, probeFirstWait)
+		local, err := n.SetWaitAOF(ctx, key, probeFirstWait)
 		if err != nil {
 			return waitAOFProbe{}, err
 		}
@@ -190,7 +191,7 @@ func probeWaitAOF(ctx context.Context, n node, prefix string) (waitAOFProbe, err
 			continue
 		}
 		start = time.Now()
-		local, err = n.setWaitAOF(ctx, key, window)
+		local, err = n.SetWaitAOF(ctx, key, window)
 		if err != nil {
 			return waitAOFProbe{}, err
 		}
@@ -207,7 +208,7 @@ func probeWaitAOF(ctx context.Context, n node, prefix string) (waitAOFProbe, err
 func ownKey(ctx context.Context, n node, prefix string) (string, error) {
 	for range 64 {
 		key := prefix + "{idem-waitaof-" + rand.Text() + "}"
-		err := n.exists(ctx, key)
+		err := n.Exists(ctx, key)
 		if err == nil {
 			return key, nil
 		}
@@ -219,74 +220,7 @@ func ownKey(ctx context.Context, n node, prefix string) (string, error) {
 }
 
 // isMoved reports whether err is a MOVED reply.
-func isMoved(err error) bool {
-	if redis.HasErrorPrefix(err, "MOVED") {
-		return true
-	}
-	re, ok := rueidis.IsRedisErr(err)
-	if !ok {
-		return false
-	}
-	_, moved := re.IsMoved()
-	return moved
-}
-
-func (n goRedisNode) setWaitAOF(ctx context.Context, key string, timeout time.Duration) (int64, error) {
-	var wait *redis.Cmd
-	_, err := n.c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		p.Set(ctx, key, "idem", 10*time.Second)
-		wait = p.Do(ctx, "WAITAOF", 1, 0, timeout.Milliseconds())
-		return nil
-	})
-	if err != nil {
-		return 0, err
-	}
-	return waitAOFLocal(wait.Val())
-}
-
-func (n goRedisNode) exists(ctx context.Context, key string) error { return n.c.Exists(ctx, key).Err() }
-
-func (n goRedisNode) del(ctx context.Context, key string) error { return n.c.Del(ctx, key).Err() }
-
-func (n rueidisNode) setWaitAOF(ctx context.Context, key string, timeout time.Duration) (int64, error) {
-	var local int64
-	// On one connection: WAITAOF counts the writes of its own.
-	err := n.c.Dedicated(func(dc rueidis.DedicatedClient) error {
-		rs := dc.DoMulti(ctx,
-			dc.B().Set().Key(key).Value("idem").Ex(10*time.Second).Build(),
-			dc.B().Waitaof().Numlocal(1).Numreplicas(0).Timeout(timeout.Milliseconds()).Build())
-		for _, r := range rs {
-			if err := r.Error(); err != nil {
-				return err
-			}
-		}
-		v, err := rs[1].ToAny()
-		if err != nil {
-			return err
-		}
-		local, err = waitAOFLocal(v)
-		return err
-	})
-	return local, err
-}
-
-func (n rueidisNode) exists(ctx context.Context, key string) error {
-	return n.c.Do(ctx, n.c.B().Exists().Key(key).Build()).Error()
-}
-
-func (n rueidisNode) del(ctx context.Context, key string) error {
-	return n.c.Do(ctx, n.c.B().Del().Key(key).Build()).Error()
-}
-
-// waitAOFLocal returns the local count of a WAITAOF reply.
-func waitAOFLocal(v any) (int64, error) {
-	if a, ok := v.([]any); ok && len(a) == 2 {
-		if local, ok := a[0].(int64); ok {
-			return local, nil
-		}
-	}
-	return 0, fmt.Errorf("WAITAOF replied %v, want two counts", v)
-}
+func isMoved(err error) bool { return backend.ServerErrorHas(err, "MOVED") }
 
 // Reason says how WAITAOF acknowledged early (with Early), as
 // WaitAOFError and idem doctor say it.

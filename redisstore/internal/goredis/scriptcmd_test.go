@@ -1,10 +1,11 @@
-package redisstore
+package goredis
 
 import (
 	"context"
 	"fmt"
 	"testing"
 
+	"github.com/idemgo/idem/redisstore/internal/backend"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -14,10 +15,8 @@ import (
 // (22 allocations per go-redis lifecycle did that before).
 func TestScriptCmd(t *testing.T) {
 	ctx := context.Background()
-	s := makeScript("test", "return 1")
-	s.fn = "idem_test"
-	ro := makeScript("test_ro", "return 2")
-	ro.fn, ro.ro = "idem_test_ro", true
+	s := &backend.Script{Name: "test", Src: "return 1", SHA: "e0e1f9fabfc9d4800c877a703b823ac0578ff8db", Fn: "idem_test"}
+	ro := &backend.Script{Name: "test_ro", Src: "return 2", SHA: "7f923f79fe76194c868d7e1d0820de36700eb649", Fn: "idem_test_ro", RO: true}
 	keys := []string{"{idem}:k"}
 	args := []string{"owner", "30000", "fp", "86400000", ""}
 	anyArgs := make([]any, len(args))
@@ -34,10 +33,10 @@ func TestScriptCmd(t *testing.T) {
 		got  *redis.Cmd
 		want *redis.Cmd
 	}{
-		{"evalsha", scriptCmd(ctx, s, keys, args, bySHA), p.EvalSha(ctx, s.sha, keys, anyArgs...)},
-		{"eval", scriptCmd(ctx, s, keys, args, bySource), p.Eval(ctx, s.src, keys, anyArgs...)},
-		{"fcall", scriptCmd(ctx, s, keys, args, byFunction), p.FCall(ctx, s.fn, keys, anyArgs...)},
-		{"fcall_ro", scriptCmd(ctx, ro, keys, args, byFunction), p.FCallRO(ctx, ro.fn, keys, anyArgs...)},
+		{"evalsha", scriptCmd(ctx, s, keys, args, backend.BySHA), p.EvalSha(ctx, s.SHA, keys, anyArgs...)},
+		{"eval", scriptCmd(ctx, s, keys, args, backend.BySource), p.Eval(ctx, s.Src, keys, anyArgs...)},
+		{"fcall", scriptCmd(ctx, s, keys, args, backend.ByFunction), p.FCall(ctx, s.Fn, keys, anyArgs...)},
+		{"fcall_ro", scriptCmd(ctx, ro, keys, args, backend.ByFunction), p.FCallRO(ctx, ro.Fn, keys, anyArgs...)},
 	} {
 		if got, want := words(c.got.Args()), words(c.want.Args()); got != want {
 			t.Errorf("%s: scriptCmd's arguments are %s, go-redis's %s", c.name, got, want)
@@ -46,7 +45,7 @@ func TestScriptCmd(t *testing.T) {
 			t.Errorf("%s: scriptCmd prints %q, go-redis %q", c.name, got, want)
 		}
 	}
-	allocs := testing.AllocsPerRun(100, func() { scriptCmd(ctx, s, keys, args, bySHA) })
+	allocs := testing.AllocsPerRun(100, func() { scriptCmd(ctx, s, keys, args, backend.BySHA) })
 	if allocs > 2 {
 		t.Errorf("scriptCmd: %v allocations, want at most 2 (its arguments and the command)", allocs)
 	}

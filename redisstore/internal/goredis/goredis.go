@@ -1,85 +1,90 @@
-package redisstore
+// Package goredis is redisstore's backend on go-redis: a *redis.Client
+// (standalone, Sentinel failover client) or a *redis.ClusterClient. It
+// holds everything the store does with go-redis: script calls with their
+// NOSCRIPT fallback, pipelines, the coalescer's calls, WAIT, SCAN,
+// Functions loading, the subscriber connections, and the replay cache
+// (tracking.go).
+package goredis
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"slices"
 	"strings"
 	"sync"
 	"unsafe"
 
+	"github.com/idemgo/idem/redisstore/internal/backend"
 	"github.com/redis/go-redis/v9"
 )
 
-// goRedis is the backend for a go-redis *redis.Client. Its watches share
-// one subscriber connection (hub).
-type goRedis struct {
+// Client is the backend for a go-redis *redis.Client. Its watches share
+// one subscriber connection (the store's hub, on Subscriber).
+type Client struct {
 	c     *redis.Client
-	hub   *hub
-	calls *coalescer
+	calls *backend.Coalescer
 }
 
-func newGoRedis(c *redis.Client) *goRedis {
-	b := &goRedis{c: c, hub: &hub{open: openGoRedis(c)}}
-	b.calls = &coalescer{senders: coalesceSenders, one: b.callOne, many: b.callMany}
+// New returns the backend of c.
+func New(c *redis.Client) *Client {
+	b := &Client{c: c}
+	b.calls = &backend.Coalescer{Senders: backend.CoalesceSenders, One: b.callOne, Many: b.callMany}
 	return b
 }
 
-func (b *goRedis) callOne(ctx context.Context, s *script, keys, args []string, fcall bool) (any, error) {
+// Queued returns the number of calls the coalescer queued (tests).
+func (b *Client) Queued() int { return b.calls.Queued() }
+
+func init() { backend.RegisterServerError(ServerError) }
+
+// ServerError returns the message of an error reply of the server (without
+// the ERR code), and whether err is one.
+func ServerError(err error) (string, bool) {
+	var ge redis.Error
+	if errors.As(err, &ge) {
+		return strings.TrimPrefix(ge.Error(), "ERR "), true
+	}
+	return "", false
+}
+
+func (b *Client) callOne(ctx context.Context, s *backend.Script, keys, args []string, fcall bool) (any, error) {
 	return callGoRedis(ctx, b.c, s, keys, args, fcall)
 }
 
 // callMany sends calls as one pipeline (pipelineScripts). A store's calls
 // are all in Functions mode or none.
-func (b *goRedis) callMany(ctx context.Context, calls []*queuedCall) {
-	cmds := pipelineScripts(ctx, b.c, len(calls), func(i int) (*script, []string, []string) {
-		return calls[i].s, calls[i].keys, calls[i].args
-	}, calls[0].fcall)
+func (b *Client) callMany(ctx context.Context, calls []*backend.QueuedCall) {
+	cmds := pipelineScripts(ctx, b.c, len(calls), func(i int) (*backend.Script, []string, []string) {
+		return calls[i].S, calls[i].Keys, calls[i].Args
+	}, calls[0].Fcall)
 	for i, c := range calls {
-		c.reply, c.err = cmds[i].Result()
+		c.Reply, c.Err = cmds[i].Result()
 	}
 }
 
-func (b *goRedis) run(ctx context.Context, s *script, keys, args []string, w *waitConfig, fcall bool) (any, int64, error) {
+// Run implements backend.Backend.
+func (b *Client) Run(ctx context.Context, s *backend.Script, keys, args []string, w *backend.Wait, fcall bool) (any, int64, error) {
 	if w == nil {
-		v, err := b.calls.run(ctx, s, keys, args, fcall)
+		v, err := b.calls.Run(ctx, s, keys, args, fcall)
 		return v, 0, err
 	}
 	return runWait(ctx, b.c, s, keys, args, w, fcall)
 }
 
 // callGoRedis runs s once: FCALL (FCALL_RO) in Functions mode, otherwise
-// EVALSHA falling back to EVAL.
-func callGoRedis(ctx context.Context, c redis.UniversalClient, s *script, keys, args []string, fcall bool) (any, error) {
-	how := firstCall(fcall)
+// EVALSHA falling back to EVAL. Not redis.Script.Run: it takes its
+// arguments as ...any, boxing each one (the allocations scriptCmd avoids),
+// and has no FCALL nor a form for the pipelines below.
+func callGoRedis(ctx context.Context, c redis.UniversalClient, s *backend.Script, keys, args []string, fcall bool) (any, error) {
+	how := backend.FirstCall(fcall)
 	cmd := scriptCmd(ctx, s, keys, args, how)
 	_ = c.Process(ctx, cmd)
-	if how == bySHA && noScript(cmd.Err()) {
-		cmd = scriptCmd(ctx, s, keys, args, bySource)
+	if how == backend.BySHA && noScript(cmd.Err()) {
+		cmd = scriptCmd(ctx, s, keys, args, backend.BySource)
 		_ = c.Process(ctx, cmd)
 	}
 	return cmd.Result()
-}
-
-// scriptCall is how a script is named in its call.
-type scriptCall int
-
-const (
-	bySHA      scriptCall = iota // EVALSHA
-	bySource                     // EVAL, after NOSCRIPT
-	byFunction                   // FCALL, or FCALL_RO for a script that writes nothing
-)
-
-// firstCall is how a store calls a script first: by its function in
-// Functions mode, otherwise by its SHA (bySource follows a NOSCRIPT).
-func firstCall(fcall bool) scriptCall {
-	if fcall {
-		return byFunction
-	}
-	return bySHA
 }
 
 // scriptCmd returns the go-redis command that calls s with keys and args,
@@ -89,17 +94,17 @@ func firstCall(fcall bool) scriptCall {
 // arguments' slice and the command; each argument is a string that refers
 // to the caller's (stringRef), so the caller must not change keys or args
 // until the command has been sent.
-func scriptCmd(ctx context.Context, s *script, keys, args []string, how scriptCall) *redis.Cmd {
+func scriptCmd(ctx context.Context, s *backend.Script, keys, args []string, how backend.How) *redis.Cmd {
 	a := make([]any, 3+len(keys)+len(args))
 	switch {
-	case how == byFunction && s.ro:
-		a[0], a[1] = "fcall_ro", stringRef(&s.fn)
-	case how == byFunction:
-		a[0], a[1] = "fcall", stringRef(&s.fn)
-	case how == bySource:
-		a[0], a[1] = "eval", stringRef(&s.src)
+	case how == backend.ByFunction && s.RO:
+		a[0], a[1] = "fcall_ro", stringRef(&s.Fn)
+	case how == backend.ByFunction:
+		a[0], a[1] = "fcall", stringRef(&s.Fn)
+	case how == backend.BySource:
+		a[0], a[1] = "eval", stringRef(&s.Src)
 	default:
-		a[0], a[1] = "evalsha", stringRef(&s.sha)
+		a[0], a[1] = "evalsha", stringRef(&s.SHA)
 	}
 	a[2] = len(keys)
 	for i := range keys {
@@ -140,7 +145,8 @@ func noScript(err error) bool {
 	return err != nil && redis.HasErrorPrefix(err, "NOSCRIPT")
 }
 
-func (b *goRedis) del(ctx context.Context, key, pub, channel string) error {
+// Del implements backend.Backend.
+func (b *Client) Del(ctx context.Context, key, pub, channel string) error {
 	return delGoRedis(ctx, b.c, key, pub, channel)
 }
 
@@ -163,20 +169,34 @@ func delGoRedis(ctx context.Context, c redis.UniversalClient, key, pub, channel 
 	return del.Err()
 }
 
-func (b *goRedis) publishCommand() string { return "PUBLISH" }
+// Cluster implements backend.Backend.
+func (b *Client) Cluster() bool { return false }
 
-func (b *goRedis) watch(ctx context.Context, channel string) (<-chan struct{}, func(), error) {
-	return b.hub.watch(ctx, channel)
+// Subscriber implements backend.Backend: the store's hub shares one
+// connection.
+func (b *Client) Subscriber() backend.Opener { return openTransport(b.c) }
+
+// Watch implements backend.Backend: a connection of its own, as a Cluster
+// client's watches have (the store uses its hub instead).
+func (b *Client) Watch(ctx context.Context, channel string) (<-chan struct{}, func(), error) {
+	return watchPubSub(ctx, b.c.Subscribe(ctx, channel))
 }
 
-func (b *goRedis) nodes(context.Context) ([]node, error) { return []node{goRedisNode{b.c}}, nil }
+// Nodes implements backend.Backend.
+func (b *Client) Nodes(context.Context) ([]backend.Node, error) {
+	return []backend.Node{Node{b.c}}, nil
+}
 
-// goRedisCluster is the backend for a go-redis *redis.ClusterClient.
-type goRedisCluster struct{ c *redis.ClusterClient }
+// ClusterClient is the backend for a go-redis *redis.ClusterClient.
+type ClusterClient struct{ c *redis.ClusterClient }
 
-func (b *goRedisCluster) run(ctx context.Context, s *script, keys, args []string, w *waitConfig, fcall bool) (any, int64, error) {
+// NewCluster returns the backend of c.
+func NewCluster(c *redis.ClusterClient) *ClusterClient { return &ClusterClient{c: c} }
+
+// Run implements backend.Backend.
+func (b *ClusterClient) Run(ctx context.Context, s *backend.Script, keys, args []string, w *backend.Wait, fcall bool) (any, int64, error) {
 	v, acks, err := b.runOnce(ctx, s, keys, args, w, fcall)
-	if unreachable(err) {
+	if backend.Unreachable(err) {
 		// go-redis reloads its slot map on MOVED and every
 		// ClusterStateReloadInterval (60s by default), not when a node
 		// stops answering: after a master is killed, the keys of its
@@ -188,14 +208,7 @@ func (b *goRedisCluster) run(ctx context.Context, s *script, keys, args []string
 	return v, acks, err
 }
 
-// unreachable reports whether err says a node could not be reached or
-// dropped the connection, rather than answered.
-func unreachable(err error) bool {
-	var op *net.OpError
-	return err != nil && (errors.As(err, &op) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF))
-}
-
-func (b *goRedisCluster) runOnce(ctx context.Context, s *script, keys, args []string, w *waitConfig, fcall bool) (any, int64, error) {
+func (b *ClusterClient) runOnce(ctx context.Context, s *backend.Script, keys, args []string, w *backend.Wait, fcall bool) (any, int64, error) {
 	if w == nil {
 		v, err := callGoRedis(ctx, b.c, s, keys, args, fcall)
 		return v, 0, err
@@ -208,90 +221,65 @@ func (b *goRedisCluster) runOnce(ctx context.Context, s *script, keys, args []st
 	return runWait(ctx, node, s, keys, args, w, fcall)
 }
 
-func (b *goRedisCluster) del(ctx context.Context, key, pub, channel string) error {
+// Del implements backend.Backend.
+func (b *ClusterClient) Del(ctx context.Context, key, pub, channel string) error {
 	return delGoRedis(ctx, b.c, key, pub, channel)
 }
 
-func (b *goRedisCluster) publishCommand() string { return "SPUBLISH" }
+// Cluster implements backend.Backend.
+func (b *ClusterClient) Cluster() bool { return true }
 
-func (b *goRedisCluster) watch(ctx context.Context, channel string) (<-chan struct{}, func(), error) {
+// Subscriber implements backend.Backend: each watch has its own
+// connection, to the node of its channel's slot.
+func (b *ClusterClient) Subscriber() backend.Opener { return nil }
+
+// Watch implements backend.Backend.
+func (b *ClusterClient) Watch(ctx context.Context, channel string) (<-chan struct{}, func(), error) {
 	return watchPubSub(ctx, b.c.SSubscribe(ctx, channel))
 }
 
-func (b *goRedisCluster) nodes(ctx context.Context) ([]node, error) {
+// Nodes implements backend.Backend.
+func (b *ClusterClient) Nodes(ctx context.Context) ([]backend.Node, error) {
 	var mu sync.Mutex
-	var out []node
+	var out []backend.Node
 	err := b.c.ForEachShard(ctx, func(_ context.Context, c *redis.Client) error {
 		mu.Lock()
-		out = append(out, goRedisNode{c})
+		out = append(out, Node{c})
 		mu.Unlock()
 		return nil
 	})
-	slices.SortFunc(out, func(a, b node) int { return strings.Compare(a.addr(), b.addr()) })
+	slices.SortFunc(out, func(a, b backend.Node) int { return strings.Compare(a.Addr(), b.Addr()) })
 	return out, err
 }
 
 // runWait sends EVALSHA (EVAL after NOSCRIPT), or FCALL in Functions mode,
 // and WAIT or WAITAOF in one pipeline, which go-redis sends on one
 // connection.
-func runWait(ctx context.Context, c *redis.Client, s *script, keys, args []string, w *waitConfig, fcall bool) (any, int64, error) {
-	for how := firstCall(fcall); ; how = bySource {
+func runWait(ctx context.Context, c *redis.Client, s *backend.Script, keys, args []string, w *backend.Wait, fcall bool) (any, int64, error) {
+	for how := backend.FirstCall(fcall); ; how = backend.BySource {
 		eval := scriptCmd(ctx, s, keys, args, how)
 		var wait redis.Cmder
 		_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
 			_ = p.Process(ctx, eval)
-			if w.aof {
-				wait = p.Do(ctx, "WAITAOF", w.local, w.replicas, w.timeoutArg)
+			if w.AOF {
+				wait = p.Do(ctx, "WAITAOF", w.Local, w.Replicas, w.TimeoutArg)
 			} else {
-				wait = p.Do(ctx, "WAIT", w.replicas, w.timeoutArg)
+				wait = p.Do(ctx, "WAIT", w.Replicas, w.TimeoutArg)
 			}
 			return nil
 		})
-		if how == bySHA && noScript(eval.Err()) {
+		if how == backend.BySHA && noScript(eval.Err()) {
 			continue
 		}
 		if err := eval.Err(); err != nil {
 			return nil, 0, err
 		}
 		if err != nil {
-			return eval.Val(), 0, fmt.Errorf("%s: %w", waitName(w), err)
+			return eval.Val(), 0, fmt.Errorf("%s: %w", w.Name(), err)
 		}
-		acks, err := parseAcks(wait.(*redis.Cmd).Val(), w)
+		acks, err := backend.ParseAcks(wait.(*redis.Cmd).Val(), w)
 		return eval.Val(), acks, err
 	}
-}
-
-func waitName(w *waitConfig) string {
-	if w.aof {
-		return "WAITAOF"
-	}
-	return "WAIT"
-}
-
-// parseAcks returns the replicas that acknowledged: WAIT replies with a
-// number, WAITAOF with {local fsyncs, replica fsyncs}. A missing local fsync
-// counts as no acknowledgement at all.
-func parseAcks(v any, w *waitConfig) (int64, error) {
-	if !w.aof {
-		n, ok := asInt(v)
-		if !ok {
-			return 0, replyError("WAIT", v)
-		}
-		return n, nil
-	}
-	arr, ok := v.([]any)
-	if !ok || len(arr) != 2 {
-		return 0, replyError("WAITAOF", v)
-	}
-	local, ok1 := asInt(arr[0])
-	replicas, ok2 := asInt(arr[1])
-	if !ok1 || !ok2 {
-		return 0, replyError("WAITAOF", v)
-	}
-	if local < int64(w.local) {
-		return -1, nil
-	}
-	return replicas, nil
 }
 
 // watchPubSub waits for the subscription's confirmation, then closes the

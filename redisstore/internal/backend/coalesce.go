@@ -1,4 +1,4 @@
-package redisstore
+package backend
 
 import (
 	"context"
@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// coalescer sends the script calls of a store in pipelines, but only when
+// Coalescer sends the script calls of a store in pipelines, but only when
 // callers are already waiting: a call made while fewer than its senders
 // are busy goes out at once, alone, as a plain call (a lone caller waits
 // for nothing); a call made while every sender is busy is queued, and the
@@ -17,7 +17,7 @@ import (
 // pipelines on its own but writes whatever each connection holds at once,
 // half of its CPU.
 //
-// A queued call waits at most maxQueueWait: if no call in flight returned
+// A queued call waits at most MaxQueueWait: if no call in flight returned
 // by then, the queue is sent at once by one more sender. One timer per
 // queue, armed when the queue's first call comes and stopped when a sender
 // takes the queue, bounds that wait for all of its calls: a timer per call
@@ -33,66 +33,69 @@ import (
 // sent already, its outcome is unknown, as for any call whose reply did not
 // come back in time. A queued call whose context ended before its pipeline
 // was sent is not sent.
-type coalescer struct {
-	senders int
+type Coalescer struct {
+	Senders int
 	// one sends one call and returns its reply; many sends calls as one
 	// pipeline and sets each call's reply and err.
-	one  func(ctx context.Context, s *script, keys, args []string, fcall bool) (any, error)
-	many func(ctx context.Context, calls []*queuedCall)
+	One  func(ctx context.Context, s *Script, keys, args []string, fcall bool) (any, error)
+	Many func(ctx context.Context, calls []*QueuedCall)
 
 	mu       sync.Mutex
 	active   int
-	queue    []*queuedCall
+	queue    []*QueuedCall
 	queuedAt time.Time   // when the queue's first call came
-	late     *time.Timer // sendLate, maxQueueWait after queuedAt
+	late     *time.Timer // sendLate, MaxQueueWait after queuedAt
 }
 
-type queuedCall struct {
+// QueuedCall is a call the coalescer queued: Many sends S with Keys and
+// Args (FCALL when Fcall) and sets Reply and Err.
+type QueuedCall struct {
 	ctx        context.Context
-	s          *script
-	keys, args []string
-	fcall      bool
-	reply      any
-	err        error
+	S          *Script
+	Keys, Args []string
+	Fcall      bool
+	Reply      any
+	Err        error
 	done       chan struct{}
 }
 
-// coalesceSenders is the number of calls a store sends at once before it
+// CoalesceSenders is the number of calls a store sends at once before it
 // queues the next ones.
-const coalesceSenders = 2
+const CoalesceSenders = 2
 
-// maxQueueWait bounds how long a queued call waits for a call in flight to
+// MaxQueueWait bounds how long a queued call waits for a call in flight to
 // return: past it, the queue is sent at once by one more sender, so that a
 // slow network or server does not delay every queued call by a whole round
 // trip of the calls before it.
-var maxQueueWait = 250 * time.Microsecond // a variable for tests
+var MaxQueueWait = 250 * time.Microsecond // a variable for tests
 
-func (q *coalescer) run(ctx context.Context, s *script, keys, args []string, fcall bool) (any, error) {
+// Run runs one call: at once if a sender is free, else queued.
+func (q *Coalescer) Run(ctx context.Context, s *Script, keys, args []string, fcall bool) (any, error) {
 	q.mu.Lock()
-	if q.active < q.senders {
+	if q.active < q.Senders {
 		q.active++
 		q.mu.Unlock()
-		v, err := q.one(ctx, s, keys, args, fcall)
+		v, err := q.One(ctx, s, keys, args, fcall)
 		q.drain()
 		return v, err
 	}
-	call := &queuedCall{ctx: ctx, s: s, keys: keys, args: args, fcall: fcall, done: make(chan struct{})}
+	call := &QueuedCall{ctx: ctx, S: s, Keys: keys, Args: args, Fcall: fcall, done: make(chan struct{})}
 	if len(q.queue) == 0 {
 		q.queuedAt = time.Now()
-		q.armLate(maxQueueWait)
+		q.armLate(MaxQueueWait)
 	}
 	q.queue = append(q.queue, call)
 	q.mu.Unlock()
 	select {
 	case <-call.done:
-		return call.reply, call.err
+		return call.Reply, call.Err
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
 }
 
 // armLate starts the queue's timer, to run sendLate after d; q.mu is held.
-func (q *coalescer) armLate(d time.Duration) {
+func (q *Coalescer) armLate(d time.Duration) {
 	if q.late == nil {
 		q.late = time.AfterFunc(d, q.sendLate)
 		return
@@ -101,17 +104,17 @@ func (q *coalescer) armLate(d time.Duration) {
 }
 
 // sendLate runs when the queue's timer fires: if the queue's first call
-// has waited maxQueueWait, the calls in flight are slow (a slow network, a
+// has waited MaxQueueWait, the calls in flight are slow (a slow network, a
 // busy server); the queue is sent now, as one more sender, instead of
 // after them. A timer that fires for a queue taken meanwhile finds the
-// queue empty, or younger than maxQueueWait and is armed again for it.
-func (q *coalescer) sendLate() {
+// queue empty, or younger than MaxQueueWait and is armed again for it.
+func (q *Coalescer) sendLate() {
 	q.mu.Lock()
 	if len(q.queue) == 0 {
 		q.mu.Unlock()
 		return
 	}
-	if wait := maxQueueWait - time.Since(q.queuedAt); wait > 0 {
+	if wait := MaxQueueWait - time.Since(q.queuedAt); wait > 0 {
 		q.armLate(wait)
 		q.mu.Unlock()
 		return
@@ -124,7 +127,7 @@ func (q *coalescer) sendLate() {
 }
 
 // take empties the queue and returns its calls; q.mu is held.
-func (q *coalescer) take() []*queuedCall {
+func (q *Coalescer) take() []*QueuedCall {
 	batch := q.queue
 	if len(batch) == 0 {
 		return nil
@@ -136,7 +139,7 @@ func (q *coalescer) take() []*queuedCall {
 
 // drain sends the queued calls until none is left, then frees the
 // caller's sender slot.
-func (q *coalescer) drain() {
+func (q *Coalescer) drain() {
 	for {
 		q.mu.Lock()
 		batch := q.take()
@@ -151,12 +154,12 @@ func (q *coalescer) drain() {
 }
 
 // send sends the live calls of batch as one pipeline and wakes each call.
-func (q *coalescer) send(batch []*queuedCall) {
+func (q *Coalescer) send(batch []*QueuedCall) {
 	ctx := context.Background() // the client's read and write timeouts apply
 	live := batch[:0:0]
 	for _, c := range batch {
 		if err := c.ctx.Err(); err != nil {
-			c.err = err
+			c.Err = err
 			close(c.done)
 			continue
 		}
@@ -165,8 +168,15 @@ func (q *coalescer) send(batch []*queuedCall) {
 	if len(live) == 0 {
 		return
 	}
-	q.many(ctx, live)
+	q.Many(ctx, live)
 	for _, c := range live {
 		close(c.done)
 	}
+}
+
+// Queued returns the number of calls queued (tests).
+func (q *Coalescer) Queued() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.queue)
 }

@@ -1,4 +1,4 @@
-package redisstore
+package goredis
 
 import (
 	"container/list"
@@ -11,10 +11,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemgo/idem/redisstore/internal/backend"
 	"github.com/redis/go-redis/v9"
 )
 
-// The local replay cache of a go-redis store (see the package
+// The local replay cache of a go-redis store (see redisstore's package
 // documentation, "Local replay cache"). go-redis has no client-side cache,
 // so the store keeps its own: an LRU of records bounded in bytes, filled by
 // GET and PTTL on the user's client, and kept consistent by a tracking
@@ -45,29 +46,11 @@ import (
 //     of the key or a flush while it is in flight cancels the insert, so an
 //     entry never predates an invalidation it has not seen;
 //   - an entry's local end is the time before the read was sent plus the
-//     key's PTTL, less replayExpiryMargin, and at most replayCacheTTL, so it
+//     key's PTTL, less backend.ExpiryMargin, and at most backend.CacheTTL, so it
 //     ends before the record does;
 //   - a ping every trackPing must be answered within trackTimeout, or the
 //     connection counts as broken (a silent network failure would otherwise
 //     stop invalidations without a sign).
-
-// DefaultReplayCacheBytes bounds the memory of a go-redis store's replay
-// cache (WithReplayCacheBytes).
-const DefaultReplayCacheBytes = 32 << 20
-
-// WithReplayCacheBytes bounds the memory of the replay cache of a store on
-// go-redis: records (key, value and about 100 bytes of bookkeeping each) in
-// least recently used order up to n bytes. With rueidis the cache is
-// rueidis's own, bounded by ClientOption.CacheSizeEachConn, and this
-// option is ignored.
-func WithReplayCacheBytes(n int64) Option {
-	return func(c *config) {
-		c.replayCacheBytes = n
-		if n == 0 {
-			c.replayCacheBytes = -1 // 0 is the default's mark; validate refuses both
-		}
-	}
-}
 
 const (
 	trackPing    = time.Second
@@ -81,10 +64,11 @@ const (
 var errCacheDown = errors.New("redisstore: replay cache: no tracking connection")
 
 // trackedCache is the cache of a go-redis store; it implements
-// cachedGetter.
+// backend.CachedGetter.
 type trackedCache struct {
-	c   *redis.Client // the user's client
-	max int64
+	c    *redis.Client // the user's client
+	max  int64
+	keep func(value string) bool // backend.CacheConfig.Keep
 
 	mu      sync.Mutex
 	healthy bool   // the tracking connection is confirmed
@@ -115,8 +99,8 @@ func (e *cacheEntry) bytes() int64 { return int64(len(e.key) + len(e.value) + en
 // startTracking returns the cache of a go-redis store on c whose record
 // keys start with prefix, and starts its tracking connection, which ends
 // with close.
-func startTracking(c *redis.Client, prefix string, maxBytes int64, log *slog.Logger) *trackedCache {
-	tc := &trackedCache{c: c, max: maxBytes, entries: make(map[string]*list.Element), pending: make(map[string]uint64),
+func startTracking(c *redis.Client, prefix string, maxBytes int64, keep func(string) bool, log *slog.Logger) *trackedCache {
+	tc := &trackedCache{c: c, max: maxBytes, keep: keep, entries: make(map[string]*list.Element), pending: make(map[string]uint64),
 		moved: make(chan struct{}, 1), done: make(chan struct{}), stopped: make(chan struct{})}
 	c.AddHook(dialWatch{tc.userDialed})
 	go tc.track(prefix, log)
@@ -169,17 +153,21 @@ func (tc *trackedCache) trackDialed(addr string) {
 	tc.mu.Unlock()
 }
 
-// replayCache implements replayCacheBackend: the store's own cache, with
-// its tracking connection.
-func (b *goRedis) replayCache(prefix string, maxBytes int64, log *slog.Logger) cachedGetter {
-	return startTracking(b.c, prefix, maxBytes, log)
+// ReplayCache implements backend.Backend: the store's own cache, with its
+// tracking connection.
+func (b *Client) ReplayCache(c backend.CacheConfig) backend.CachedGetter {
+	return startTracking(b.c, c.Prefix, c.MaxBytes, c.Keep, c.Log)
 }
 
-// forget implements cachedGetter.
-func (tc *trackedCache) forget(key string) { tc.invalidate([]string{key}) }
+// ReplayCache implements backend.Backend: none on a Cluster (each node
+// would need a tracking connection of its own).
+func (b *ClusterClient) ReplayCache(backend.CacheConfig) backend.CachedGetter { return nil }
 
-// close ends the tracking connection and waits for its goroutines.
-func (tc *trackedCache) close() {
+// Forget implements backend.CachedGetter.
+func (tc *trackedCache) Forget(key string) { tc.invalidate([]string{key}) }
+
+// Close ends the tracking connection and waits for its goroutines.
+func (tc *trackedCache) Close() {
 	tc.closeOnce.Do(func() { close(tc.done) })
 	<-tc.stopped
 }
@@ -344,9 +332,9 @@ func (tc *trackedCache) remove(e *list.Element) {
 	tc.size -= ent.bytes()
 }
 
-// cachedGet implements cachedGetter: the record from the cache, or read
-// from the server (and cached when nothing invalidated it meanwhile).
-func (tc *trackedCache) cachedGet(ctx context.Context, key string) (string, bool, error) {
+// CachedGet implements backend.CachedGetter: the record from the cache, or
+// read from the server (and cached when nothing invalidated it meanwhile).
+func (tc *trackedCache) CachedGet(ctx context.Context, key string) (string, bool, error) {
 	tc.mu.Lock()
 	if !tc.healthy {
 		tc.mu.Unlock()
@@ -357,7 +345,7 @@ func (tc *trackedCache) cachedGet(ctx context.Context, key string) (string, bool
 		if time.Now().Before(ent.end) {
 			tc.lru.MoveToFront(e)
 			tc.mu.Unlock()
-			replayCacheHits.Add(1)
+			backend.CacheHits.Add(1)
 			return ent.value, true, nil
 		}
 		tc.remove(e)
@@ -402,16 +390,14 @@ func (tc *trackedCache) cachedGet(ctx context.Context, key string) (string, bool
 	if left < 0 && left != -1 {
 		return "", false, nil
 	}
-	life := replayCacheTTL
+	life := backend.CacheTTL
 	if left >= 0 {
-		life = min(left, replayCacheTTL)
+		life = min(left, backend.CacheTTL)
 	}
-	// Only COMPLETED and FAILED records are kept (cachedReplay serves
-	// nothing else).
-	var rec packedRecord
-	terminal := rec.decode(v) == nil && (rec.state == "c" || rec.state == "f")
-	if terminal && mine && life > replayExpiryMargin {
-		ent := &cacheEntry{key: key, value: v, end: sent.Add(life - replayExpiryMargin)}
+	// Only COMPLETED and FAILED records are kept (redisstore's
+	// cachedReplay serves nothing else).
+	if tc.keep(v) && mine && life > backend.ExpiryMargin {
+		ent := &cacheEntry{key: key, value: v, end: sent.Add(life - backend.ExpiryMargin)}
 		if ent.bytes() <= tc.max {
 			tc.entries[key] = tc.lru.PushFront(ent)
 			tc.size += ent.bytes()
@@ -423,9 +409,17 @@ func (tc *trackedCache) cachedGet(ctx context.Context, key string) (string, bool
 	return v, true, nil
 }
 
-// cacheBytes is the cache's memory by its own count (tests).
-func (tc *trackedCache) cacheBytes() (entries int, bytes int64) {
+// Size is the cache's memory by its own count (tests).
+func (tc *trackedCache) Size() (entries int, bytes int64) {
 	tc.mu.Lock()
 	defer tc.mu.Unlock()
 	return len(tc.entries), tc.size
+}
+
+// State returns the cache's generation (incremented by every flush) and
+// whether its tracking connection is confirmed (tests).
+func (tc *trackedCache) State() (gen uint64, healthy bool) {
+	tc.mu.Lock()
+	defer tc.mu.Unlock()
+	return tc.gen, tc.healthy
 }
