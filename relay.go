@@ -7,10 +7,10 @@ import (
 )
 
 // This file holds the store-writer side of transactional completion
-// (DESIGN.md §6): the commit gate (module github.com/idemgo/idem/postgres)
-// commits a completion row in the caller's own database transaction, and
-// then writes the same completion into the store with a Relayer. Users of
-// Do and Begin do not need it.
+// (docs/design.md#the-commit-gate): the commit gate (module
+// github.com/idemgo/idem/postgres) commits a completion row in the caller's
+// own database transaction, and then writes the same completion into the
+// store with a Relayer. Users of Do and Begin do not need it.
 
 // Completion is a completion committed outside the store (the commit gate's
 // completion row), for Relayer.RelayCompletion.

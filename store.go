@@ -122,7 +122,7 @@ type Failure struct {
 // Outcome is the result kind of Store.Acquire.
 type Outcome uint8
 
-// The outcomes of Store.Acquire (DESIGN.md §1).
+// The outcomes of Store.Acquire (docs/design.md#the-state-machine).
 const (
 	// Acquired: the key was absent or RELEASED; the caller owns it now.
 	Acquired Outcome = iota + 1
@@ -169,7 +169,8 @@ type Acquisition struct {
 // State is the state of a record.
 type State uint8
 
-// The states of a record (DESIGN.md §1). An absent record has no state.
+// The states of a record (docs/design.md#the-state-machine). An absent
+// record has no state.
 const (
 	StateInProgress State = iota + 1
 	StateCompleted

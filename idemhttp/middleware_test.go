@@ -195,7 +195,7 @@ func (b *blocking) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	b.counter.ServeHTTP(w, r)
 }
 
-// testDesignTable checks every row of DESIGN.md §5.
+// testDesignTable checks every row of docs/design.md#http-semantics.
 func testDesignTable(t *testing.T, newStore func(t *testing.T) idem.Store) {
 	longKey := strings.Repeat("k", 256)
 	tests := []struct {

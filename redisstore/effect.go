@@ -37,10 +37,11 @@ type effectDef struct{ name, body string }
 // completion of a record when the operation attached an idem.Effect of that
 // name (idem.SetEffect): atomically, in the completion's script or function
 // call, after the check that the caller still owns the record and before
-// the COMPLETED write (DESIGN.md §7). So the effect happens once per key,
-// exactly when the completion does: a stale owner's effect is never
-// applied, and a completion repeated after a lost reply finds the record
-// completed by its own fence and does not apply the effect again.
+// the COMPLETED write (docs/design.md#redis-scripts-functions-and-effects).
+// So the effect happens once per key, exactly when the completion does: a
+// stale owner's effect is never applied, and a completion repeated after a
+// lost reply finds the record completed by its own fence and does not apply
+// the effect again.
 //
 // body is the body of a Lua function called as effect(KEYS, ARGV, FENCE):
 // KEYS are the Effect's Keys, ARGV its Args, both as an EVAL script sees

@@ -42,10 +42,10 @@ func replyFrom(b []byte, depth int) (any, []byte) {
 }
 
 // FuzzParseReply checks the functions that parse the scripts' replies (one
-// per script, DESIGN.md §2) on any reply shape: they never panic, an
-// unexpected shape is an error, and what they accept is a well-formed
-// outcome. A reply the script could send (an array led by a valid code)
-// parses to the matching outcome.
+// per script, docs/design.md#records-and-keys) on any reply shape: they
+// never panic, an unexpected shape is an error, and what they accept is a
+// well-formed outcome. A reply the script could send (an array led by a
+// valid code) parses to the matching outcome.
 func FuzzParseReply(f *testing.F) {
 	f.Add([]byte{0x34, 1, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 5, 1})
 	f.Add([]byte{0x44, 1, 0, 0, 0, 0, 0, 0, 0, 4, 0x06, 'c', 1, 0, 0, 0, 0, 0, 0, 0, 1, 0x0a, 'o', 'k'})

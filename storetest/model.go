@@ -11,8 +11,8 @@ import (
 	"github.com/idemgo/idem"
 )
 
-// model is a sequential model of the state machine of DESIGN.md §1 for
-// leases that do not expire.
+// model is a sequential model of the state machine of
+// docs/design.md#the-state-machine for leases that do not expire.
 type model struct {
 	recs      map[string]*modelRec
 	lastFence map[string]int64 // survives deletion

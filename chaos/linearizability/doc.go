@@ -2,7 +2,7 @@
 // histories of concurrent store operations (Acquire, Complete, Fail,
 // Release, Extend, Get, Delete) from several goroutines on a few keys and
 // checks them with porcupine against a sequential model of the state
-// machine of DESIGN.md §1.
+// machine of docs/design.md#the-state-machine.
 //
 // The stores checked are memstore, redisstore on a redis-server through
 // go-redis and through rueidis, and redisstore through a toxiproxy proxy

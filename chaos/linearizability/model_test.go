@@ -97,10 +97,10 @@ func (r record) newFence(out output) bool {
 	return out.unknown || out.fence > r.floor
 }
 
-// step is the sequential specification of one key: DESIGN.md §1 and the
-// doc comments of idem.Store, with leases long enough never to expire
-// during a history (so no takeover) and retention long enough never to drop
-// a record.
+// step is the sequential specification of one key:
+// docs/design.md#the-state-machine and the doc comments of idem.Store, with
+// leases long enough never to expire during a history (so no takeover) and
+// retention long enough never to drop a record.
 func step(r record, in input, out output) (bool, record) {
 	u := out.unknown
 	fence := func() int64 { // the fence of a new acquisition, 0 if unknown

@@ -1,9 +1,10 @@
 // Package pgeffects holds the reliability scenarios of the Postgres commit
-// gate (DESIGN.md §6, RELIABILITY.md): an effect table in Postgres counts
-// rows per key and does no fence check, so every duplicate effect shows.
-// Each scenario runs with the gate (pggate on redisstore: 0 duplicates) and,
-// as a negative control, with plain redisstore and the effect written
-// outside the gate, which shows the duplicates the gate prevents:
+// gate (docs/design.md#the-commit-gate, RELIABILITY.md): an effect table in
+// Postgres counts rows per key and does no fence check, so every duplicate
+// effect shows. Each scenario runs with the gate (pggate on redisstore: 0
+// duplicates) and, as a negative control, with plain redisstore and the
+// effect written outside the gate, which shows the duplicates the gate
+// prevents:
 //
 //   - SIGKILL of the owner after its transaction committed and before the
 //     Redis completion (the owner stops itself in that window, then is

@@ -138,13 +138,13 @@ func (c *Consumer) plainBatch(ctx context.Context, msgs []redis.XMessage, h Hand
 }
 
 // floorBatch does, per batch, the least Redis work that deduplication with
-// one record per key and its own expiry (DESIGN.md §2) needs, with no Lua
-// and no client-side state: one pipeline of SET … NX PX, one per entry,
-// before the handlers (an acquire must write a record, and that write can
-// be its check); its tail sends one pipeline of SET … PX, one per entry,
-// and the XACK (a complete must write the result). It reads no reply and
-// checks no owner or fence, so it deduplicates nothing correctly: it bounds
-// from below what a correct deduplication costs in the same loop.
+// one record per key and its own expiry (docs/design.md#records-and-keys)
+// needs, with no Lua and no client-side state: one pipeline of SET … NX PX,
+// one per entry, before the handlers (an acquire must write a record, and
+// that write can be its check); its tail sends one pipeline of SET … PX, one
+// per entry, and the XACK (a complete must write the result). It reads no
+// reply and checks no owner or fence, so it deduplicates nothing correctly:
+// it bounds from below what a correct deduplication costs in the same loop.
 func (c *Consumer) floorBatch(ctx context.Context, msgs []redis.XMessage, h Handler) func() {
 	ctx = context.WithoutCancel(ctx)
 	keys := make([]string, len(msgs))

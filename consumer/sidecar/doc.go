@@ -1,5 +1,5 @@
 // Package sidecar hands the messages of a consumer to an HTTP handler
-// written in any language: the part of `idem consume` (docs/consume.md)
+// written in any language: the part of `idem consume` (`idem help consume`)
 // that every broker shares. A broker adapter of package consumer runs
 // Handler.Call as its handler, with the message translated into a
 // Delivery; the adapter's Processor acquires the key before the call,

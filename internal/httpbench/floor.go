@@ -107,10 +107,10 @@ func floorMiddleware(s floorStore, prefix string, next http.Handler) http.Handle
 // the key's channel, as the store does by default (WithNotify). Each
 // script reads the record, checks it and writes it in one atomic step at
 // the server's time, which is what the state machine needs on Redis 7.0
-// (DESIGN.md §1); the floor rows' plain SETs check nothing. So a target
-// above script floor / peer on the same cells is out of reach for
-// idemhttp on either client: what separates the two is idem's Go code and
-// the client's, which this floor leaves out.
+// (docs/design.md#the-state-machine); the floor rows' plain SETs check
+// nothing. So a target above script floor / peer on the same cells is out of
+// reach for idemhttp on either client: what separates the two is idem's Go
+// code and the client's, which this floor leaves out.
 type scriptFloor struct {
 	c                       rueidis.Client
 	acquireSHA, completeSHA string

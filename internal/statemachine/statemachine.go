@@ -1,8 +1,9 @@
-// Package statemachine holds the transitions of a key's record (DESIGN.md
-// §1) as pure functions, shared by the in-process stores (memstore,
-// boltstore) so that the rules live in one place; each store keeps only its
-// storage. The Redis (Lua) and PostgreSQL (SQL) stores make the same
-// transitions in their own languages; storetest checks them all.
+// Package statemachine holds the transitions of a key's record
+// (docs/design.md#the-state-machine) as pure functions, shared by the
+// in-process stores (memstore, boltstore) so that the rules live in one
+// place; each store keeps only its storage. The Redis (Lua) and PostgreSQL
+// (SQL) stores make the same transitions in their own languages; storetest
+// checks them all.
 //
 // Every function takes the live record (nil when the key has none, or only
 // an expired one), the request and the store's clock in Unix microseconds,
@@ -57,8 +58,9 @@ func (r *Record) Public(now int64) idem.Record {
 }
 
 // NextFence returns a fence above prev, above lastFence (the last fence the
-// store handed out) and at least now (DESIGN.md §1). The store records the
-// fence of every record it writes as its new last fence (see Acquire).
+// store handed out) and at least now (docs/design.md#the-state-machine). The
+// store records the fence of every record it writes as its new last fence
+// (see Acquire).
 func NextFence(prev, lastFence, now int64) int64 {
 	return max(prev+1, now, lastFence+1)
 }
@@ -276,8 +278,8 @@ func CheckRelay(ctx context.Context, key string, c idem.Completion) error {
 }
 
 // ParseState returns the state that code stands for in the records the
-// Redis and PostgreSQL stores keep (DESIGN.md §2): p IN_PROGRESS, c
-// COMPLETED, r RELEASED, f FAILED.
+// Redis and PostgreSQL stores keep (docs/design.md#records-and-keys): p
+// IN_PROGRESS, c COMPLETED, r RELEASED, f FAILED.
 func ParseState(code string) (idem.State, bool) {
 	switch code {
 	case "p":

@@ -1,6 +1,6 @@
 // Package pggate makes an operation's effect on the caller's own Postgres
 // database commit exactly once per idempotency key: the commit gate of
-// DESIGN.md §6.
+// docs/design.md#the-commit-gate.
 //
 // idem's Executor guarantees one execution per key while its store holds
 // the record. When the store loses the record (a Redis failover without

@@ -2,11 +2,11 @@
 --
 -- Store.Migrate runs this file; teams with their own migration tool apply
 -- it as it is. Objects live in the first schema of the connection's
--- search_path. Every transition of DESIGN.md §1 is one function, run in one
--- round trip and atomic (row locks); times are the server's clock
--- (clock_timestamp) in µs. A record whose expires_at passed is treated as
--- absent; the janitor (Store.Sweep) deletes it later. States: p in
--- progress, c completed, r released, f failed.
+-- search_path. Every transition of docs/design.md#the-state-machine is one
+-- function, run in one round trip and atomic (row locks); times are the
+-- server's clock (clock_timestamp) in µs. A record whose expires_at passed
+-- is treated as absent; the janitor (Store.Sweep) deletes it later. States:
+-- p in progress, c completed, r released, f failed.
 CREATE TABLE IF NOT EXISTS idem_records (
     key         text   NOT NULL PRIMARY KEY,  -- idem.Key.Digest, never the raw key
     state       "char" NOT NULL,

@@ -1,7 +1,8 @@
--- acquire.lib.lua: the acquire transition (DESIGN.md §1) as a function, for
--- acquire_many.lua (a batch of keys in one slot), to which scripts.go
--- prepends it; it is not a script by itself. acquire.lua, the hot path,
--- carries the same transition inline (see scripts.go): change both.
+-- acquire.lib.lua: the acquire transition (docs/design.md#the-state-machine)
+-- as a function, for acquire_many.lua (a batch of keys in one slot), to
+-- which scripts.go prepends it; it is not a script by itself. acquire.lua,
+-- the hot path, carries the same transition inline (see scripts.go): change
+-- both.
 --
 -- The record is a string: the MessagePack values format version (1), state
 -- (p in progress, c completed, r released, f failed), fingerprint, owner,

@@ -1,4 +1,4 @@
--- acquire.lua: take an idempotency key (DESIGN.md §1).
+-- acquire.lua: take an idempotency key (docs/design.md#the-state-machine).
 --
 -- KEYS[1]  the record, <prefix>{<digest>}
 -- ARGV[1]  fingerprint

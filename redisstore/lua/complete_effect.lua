@@ -1,8 +1,10 @@
 -- complete_effect.lua: complete.lua (or complete_ack.lua) with a registered
 -- effect applied in the same call, after the owner and fence check and
--- before the COMPLETED write (DESIGN.md §7). scripts.go makes one script per
--- registered effect: complete.lib.lua, effect.lib.lua, then the effect's
--- body as the Lua function effect(KEYS, ARGV, FENCE), then this file.
+-- before the COMPLETED write
+-- (docs/design.md#redis-scripts-functions-and-effects). scripts.go makes one
+-- script per registered effect: complete.lib.lua, effect.lib.lua, then the
+-- effect's body as the Lua function effect(KEYS, ARGV, FENCE), then this
+-- file.
 --
 -- KEYS[1]       the record (format: see acquire.lua)
 -- KEYS[2]       the stream, when ARGV[7] is not ''; it shares the record's
