@@ -276,3 +276,35 @@ func TestDataFilesAsDocumented(t *testing.T) {
 		t.Errorf("files in --data: got %q, docs/proxy.md names %q", got, want)
 	}
 }
+
+// TestReadmeCommandList checks that the README's row for cmd/idem names
+// every command of the binary, and nothing else.
+func TestReadmeCommandList(t *testing.T) {
+	b, err := os.ReadFile(readmePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var row string
+	for line := range strings.Lines(string(b)) {
+		if strings.HasPrefix(line, "| `cmd/idem` |") {
+			row = line
+		}
+	}
+	_, list, ok := strings.Cut(row, "the binary: ")
+	if !ok {
+		t.Fatalf("the README has no row for cmd/idem listing its commands: %q", row)
+	}
+	list, _, _ = strings.Cut(list, " |")
+	var got, want []string
+	for _, name := range strings.Split(list, ",") {
+		got = append(got, strings.TrimSpace(name))
+	}
+	for _, c := range commands() {
+		want = append(want, c.name)
+	}
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("the README lists the commands %q, the binary has %q", got, want)
+	}
+}
