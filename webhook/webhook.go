@@ -7,9 +7,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/idemgo/idem/keysource"
@@ -63,7 +65,8 @@ func unknown(provider string) error {
 // with New. It is safe for concurrent use.
 type Verifier struct {
 	provider  string
-	secrets   [][]byte // the HMAC keys
+	secrets   [][]byte    // the HMAC keys
+	macs      []sync.Pool // per secret, its keyed HMACs (hmac's Reset reuses the keyed state)
 	tolerance time.Duration
 	now       func() time.Time
 }
@@ -107,6 +110,10 @@ func New(provider string, secrets [][]byte, opts ...Option) (*Verifier, error) {
 			return nil, fmt.Errorf("webhook: %s: secret %d: %w", provider, i+1, err)
 		}
 		v.secrets = append(v.secrets, k)
+	}
+	v.macs = make([]sync.Pool, len(v.secrets))
+	for i, k := range v.secrets {
+		v.macs[i].New = func() any { return hmac.New(sha256.New, k) }
 	}
 	return v, nil
 }
@@ -228,11 +235,15 @@ func (v *Verifier) fresh(ts string) error {
 // one of the secrets.
 func (v *Verifier) match(sig, prefix, body []byte) error {
 	if len(sig) == sha256.Size {
-		for _, k := range v.secrets {
-			m := hmac.New(sha256.New, k)
+		var sum [sha256.Size]byte
+		for i := range v.macs {
+			m := v.macs[i].Get().(hash.Hash)
+			m.Reset()
 			m.Write(prefix)
 			m.Write(body)
-			if hmac.Equal(m.Sum(nil), sig) {
+			ok := hmac.Equal(m.Sum(sum[:0]), sig)
+			v.macs[i].Put(m)
+			if ok {
 				return nil
 			}
 		}
