@@ -48,7 +48,8 @@ type consumeConfig struct {
 	logFormat       string
 	logLevel        string
 
-	broker *brokerURL // --from, parsed
+	broker  *brokerURL // --from, parsed
+	keySpec keySpec    // --key, parsed
 }
 
 const consumeDoc = `
@@ -84,13 +85,19 @@ of {"scope","key","fence","reason"}. A message whose key was completed
 before is acked without calling the handler (--pass-duplicates calls it
 with Idempotent-Replayed: true and no fence).
 
-Keys: --key id uses the broker's message ID (a stream entry ID, a Kafka
-partition and offset, a JetStream sequence, an SQS message ID, an AMQP
-message-id property), stable across redeliveries of one message but not
-across two sends of it; --key header:NAME reads a message header (a Redis
-stream entry's field). The default is each broker's adapter default: the
-field "key" of a stream entry, the header Idempotency-Key elsewhere (what
-idem relay --outbox writes).
+Keys (--key): id is the broker's message ID (a stream entry ID, a Kafka
+PARTITION-OFFSET, a JetStream stream sequence, an SQS message ID, an AMQP
+message-id property), the same on every redelivery of one message but not
+across two sends of it; header:NAME is a message header (a Redis stream
+entry's field, a Kafka record header, an AMQP header, a NATS header, an SQS
+string attribute); json:POINTER is a member of a JSON body (an RFC 6901
+pointer: json:/id, json:/data/object/id); hash:POINTER,POINTER… is the
+SHA-256 of those members of a JSON body (for payloads that carry no key but
+whose listed members identify the operation). The default is the broker's
+adapter's, where idem relay --outbox writes the key: the field "key" of a
+stream entry, the header Idempotency-Key (Kafka), the message-id property
+(AMQP), the header Nats-Msg-Id (NATS), the attribute idempotency-key (SQS).
+A message without a key is dead-lettered at once.
 
 The records live in Redis (--redis, --redis-cluster, --redis-sentinel) or
 PostgreSQL (--postgres), never in the embedded store: every broker here
@@ -133,7 +140,7 @@ func registerConsumeFlags(fs *cli.Set) *consumeConfig {
 	defs := []cli.Def{
 		{Name: "from", Placeholder: "URL", Value: cli.String(&c.from), Secret: cli.URLSecret, Usage: "the broker and what to read (see above); required"},
 		{Name: "to", Placeholder: "URL", Value: cli.String(&c.handler.URL), Secret: cli.URLSecret, Usage: "the handler each message is POSTed to, e.g. http://127.0.0.1:9000/messages; required"},
-		{Name: "key", Placeholder: "SOURCE", Value: cli.String(&c.key), Usage: "where the idempotency key is: id (the broker's message ID) or header:NAME (empty: the broker's default, see above)"},
+		{Name: "key", Placeholder: "SOURCE", Value: cli.String(&c.key), Usage: "where the idempotency key is: id, header:NAME, json:POINTER or hash:POINTER,POINTER… (empty: the broker's default; see above)"},
 	}
 	for _, d := range c.store.flags() {
 		if d.Name != "data" { // the embedded store is refused (see above)
@@ -196,19 +203,15 @@ func (c *consumeConfig) validate() error {
 		cli.Check(c.shutdownTimeout <= 0, "--shutdown-timeout must be positive"),
 		cli.Check(c.logFormat != "text" && c.logFormat != "json", "invalid --log-format %q: want text or json", c.logFormat),
 		levelErr,
-		checkKeySource(c.key),
+		c.parseKey(),
+		cli.Check(b.kind == "sqs" && c.deadLetter == "", "consume: an SQS queue has no default dead-letter queue: give --dead-letter QUEUE-URL"),
 	)
 }
 
-// checkKeySource checks --key.
-func checkKeySource(spec string) error {
-	if spec == "" || spec == "id" {
-		return nil
-	}
-	if name, ok := strings.CutPrefix(spec, "header:"); ok && name != "" {
-		return nil
-	}
-	return cli.Usagef("invalid --key %q: want id or header:NAME", spec)
+func (c *consumeConfig) parseKey() error {
+	k, err := parseKeySpec(c.key)
+	c.keySpec = k
+	return err
 }
 
 // options are the consumer options every broker gets.
@@ -221,7 +224,7 @@ func (c *consumeConfig) options(log *slog.Logger) []consumer.Option {
 	if c.passDuplicates {
 		opts = append(opts, consumer.WithPassDuplicates())
 	}
-	if c.deadLetter != "" {
+	if c.deadLetter != "" && c.broker.kind != "sqs" { // SQS: New's argument
 		opts = append(opts, consumer.WithDeadLetter(c.deadLetter))
 	}
 	scope := c.scope
@@ -323,26 +326,33 @@ func (c *consumeConfig) open(ctx context.Context, st *openedStore, exec *idem.Ex
 	switch c.broker.kind {
 	case "redis-stream":
 		return c.openRedisStream(st, exec, log)
+	case "kafka":
+		return c.openKafka(exec, log)
+	case "amqp":
+		return c.openAMQP(exec, log)
+	case "nats":
+		return c.openNATS(ctx, exec, log)
 	}
-	return nil, cli.Usagef("consume: %s is not supported yet by idem consume", c.broker.kind)
+	return c.openSQS(ctx, exec, log)
 }
 
 // openRedisStream builds --concurrency consumers of the group.
 func (c *consumeConfig) openRedisStream(st *openedStore, exec *idem.Executor, log *slog.Logger) (*source, error) {
 	b := c.broker
 	opts := c.options(log)
-	switch {
-	case c.key == "id":
-		opts = append(opts, redisstream.WithKeyFunc(func(m redis.XMessage) string { return m.ID }))
-	case strings.HasPrefix(c.key, "header:"):
-		opts = append(opts, redisstream.WithKeyFunc(redisstream.KeyField(strings.TrimPrefix(c.key, "header:"))))
-	}
 	keyField := redisstream.DefaultKeyField
-	if f, ok := strings.CutPrefix(c.key, "header:"); ok {
-		keyField = f
+	if h := c.keySpec.header(); h != "" {
+		keyField = h
+	}
+	if !c.keySpec.isDefault() {
+		k := c.keySpec
+		opts = append(opts, redisstream.WithKeyFunc(func(m redis.XMessage) string {
+			body, _ := streamBody(m)
+			return k.key(func(name string) []string { return streamField(m, name) }, body, m.ID)
+		}))
 	}
 	handle := func(ctx context.Context, m redis.XMessage) error {
-		return c.handler.Call(ctx, streamDelivery(b.target, keyField, c.key == "id", m))
+		return c.handler.Call(ctx, streamDelivery(b.target, keyField, m))
 	}
 	var cs []*redisstream.Consumer
 	for i := range c.concurrency {
@@ -377,39 +387,61 @@ func (c *consumeConfig) openRedisStream(st *openedStore, exec *idem.Executor, lo
 	}, nil
 }
 
-// streamDelivery translates a stream entry: the field "payload" (what
-// idem relay --outbox writes) is the body, or else the entry's fields as a
-// JSON object; the key's field is the key (or the entry ID, for --key id);
-// traceparent and tracestate pass as they are, the other fields as
-// Idem-Header-NAME.
-func streamDelivery(stream, keyField string, byID bool, m redis.XMessage) sidecar.Delivery {
-	h := http.Header{}
-	h.Set(sidecar.HeaderBroker, "redis-stream")
-	h.Set(sidecar.HeaderTopic, stream)
+// streamDelivery translates a stream entry: its body (streamBody); the
+// key's field is left out of the headers, traceparent and tracestate
+// pass as they are, the other fields as Idem-Header-NAME.
+func streamDelivery(stream, keyField string, m redis.XMessage) sidecar.Delivery {
+	h := deliveryHeader("redis-stream", stream)
 	h.Set(sidecar.HeaderMessageID, m.ID)
-	d := sidecar.Delivery{Header: h}
-	if byID {
-		d.Key = m.ID
-	} else {
-		d.Key, _ = m.Values[keyField].(string)
-	}
-	if p, ok := m.Values[redisstream.PayloadField].(string); ok {
-		d.Body = []byte(p)
-	} else {
-		d.Body, _ = json.Marshal(m.Values)
+	body, isJSON := streamBody(m)
+	if isJSON {
 		h.Set("Content-Type", "application/json")
 	}
 	for k, v := range m.Values {
-		s, _ := v.(string)
-		switch {
-		case k == redisstream.PayloadField || (k == keyField && !byID):
-		case strings.EqualFold(k, "traceparent") || strings.EqualFold(k, "tracestate") || strings.EqualFold(k, "content-type"):
-			h.Set(k, s)
-		default:
-			h.Set("Idem-Header-"+k, s)
+		if k != redisstream.PayloadField && k != keyField {
+			s, _ := v.(string)
+			addMessageHeader(h, k, s)
 		}
 	}
-	return d
+	return sidecar.Delivery{Body: body, Header: h}
+}
+
+// streamBody returns an entry's body: the field "payload" (what idem relay
+// --outbox writes), or else the entry's fields as a JSON object (isJSON).
+func streamBody(m redis.XMessage) (body []byte, isJSON bool) {
+	if p, ok := m.Values[redisstream.PayloadField].(string); ok {
+		return []byte(p), false
+	}
+	body, _ = json.Marshal(m.Values)
+	return body, true
+}
+
+// streamField returns an entry's field name, for --key header:NAME.
+func streamField(m redis.XMessage, name string) []string {
+	if v, ok := m.Values[name].(string); ok {
+		return []string{v}
+	}
+	return nil
+}
+
+// deliveryHeader returns the headers every delivery carries.
+func deliveryHeader(broker, topic string) http.Header {
+	h := http.Header{}
+	h.Set(sidecar.HeaderBroker, broker)
+	h.Set(sidecar.HeaderTopic, topic)
+	return h
+}
+
+// addMessageHeader adds a message's own header to h: traceparent,
+// tracestate and content-type as they are, the others as
+// Idem-Header-NAME.
+func addMessageHeader(h http.Header, name, value string) {
+	switch strings.ToLower(name) {
+	case "traceparent", "tracestate", "content-type":
+		h.Set(name, value)
+	default:
+		h.Add("Idem-Header-"+name, value)
+	}
 }
 
 // addStats adds the counters of b to a.

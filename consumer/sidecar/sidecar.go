@@ -54,7 +54,9 @@ const (
 
 // Delivery is a message as the handler gets it.
 type Delivery struct {
-	// Key is the message's idempotency key (HeaderKey).
+	// Key is the message's idempotency key (HeaderKey); empty means the
+	// key of the handler's message (consumer.MessageFrom), as the
+	// adapter's key function found it.
 	Key string
 	// Body is sent as the request's body, as received.
 	Body []byte
@@ -183,8 +185,11 @@ func (h *Handler) Call(ctx context.Context, d Delivery) error {
 	if req.Header.Get("Content-Type") == "" {
 		req.Header.Set("Content-Type", "application/octet-stream")
 	}
-	req.Header.Set(HeaderKey, d.Key)
+	key := d.Key
 	if m, ok := consumer.MessageFrom(ctx); ok {
+		if key == "" {
+			key = m.Key
+		}
 		if m.Deliveries > 0 {
 			req.Header.Set(HeaderDeliveries, strconv.Itoa(m.Deliveries))
 		}
@@ -192,6 +197,7 @@ func (h *Handler) Call(ctx context.Context, d Delivery) error {
 			req.Header.Set(HeaderMessageID, m.ID)
 		}
 	}
+	req.Header.Set(HeaderKey, key)
 	if _, dup := consumer.DuplicateFrom(ctx); dup {
 		req.Header.Set(HeaderReplayed, "true")
 	} else if fence, ok := idem.FenceFrom(ctx); ok {

@@ -1,0 +1,69 @@
+package main
+
+import (
+	"strings"
+
+	"github.com/idemgo/idem/cmd/idem/internal/cli"
+	"github.com/idemgo/idem/consumer"
+	"github.com/idemgo/idem/keysource"
+)
+
+// keySpec is consume's --key: where a message's idempotency key is.
+type keySpec struct {
+	spec   string
+	byID   bool                  // id: the broker's message ID
+	src    keysource.Source      // header:NAME, json:POINTER
+	hashed keysource.Fingerprint // hash:POINTER,...: the SHA-256 of those members
+}
+
+// parseKeySpec parses --key: "" (the adapter's default), id,
+// header:NAME, json:POINTER (package keysource) or hash:POINTER,POINTER…
+// (consumer.HashKey of those members of a JSON body, as keysource's
+// fingerprint selects them).
+func parseKeySpec(spec string) (keySpec, error) {
+	k := keySpec{spec: spec}
+	switch {
+	case spec == "":
+	case spec == "id":
+		k.byID = true
+	case strings.HasPrefix(spec, "hash:"):
+		fp, err := keysource.ParseFingerprint("json:" + strings.TrimPrefix(spec, "hash:"))
+		if err != nil {
+			return k, cli.Usagef("invalid --key %q: %v", spec, err)
+		}
+		k.hashed = fp
+	default:
+		src, err := keysource.Parse(spec)
+		if err != nil {
+			return k, cli.Usagef("invalid --key %q: want id, header:NAME, json:POINTER or hash:POINTER,POINTER…: %v", spec, err)
+		}
+		k.src = src
+	}
+	return k, nil
+}
+
+// isDefault reports whether --key leaves the adapter's default.
+func (k keySpec) isDefault() bool { return k.spec == "" }
+
+// header returns the header NAME of header:NAME, or "".
+func (k keySpec) header() string { return k.src.Header() }
+
+// key returns the key of a message with the given header getter, body and
+// broker ID; "" for none (the message is dead-lettered, consumer.ErrNoKey).
+func (k keySpec) key(header func(string) []string, body []byte, id string) string {
+	switch {
+	case k.byID:
+		return id
+	case !k.src.IsZero():
+		key, err := k.src.Key(header, body)
+		if err != nil {
+			return ""
+		}
+		return key
+	}
+	sel := k.hashed.AppendBody(nil, body)
+	if len(sel) == 0 || sel[0] == 0xff || strings.Trim(string(sel), "\x00") == "" {
+		return "" // not JSON, or none of the members
+	}
+	return consumer.HashKey(string(sel))
+}
