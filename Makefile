@@ -196,7 +196,8 @@ bench-functions: check-redis
 
 ## bench-http: idemhttp (both Redis clients), Fiber's idempotency middleware,
 ## a plain reverse proxy and the idem proxy against the bare handler under
-## wrk, beside the floors that bound them, interleaved rounds, with the
+## wrk (and the proxy taking a webhook's key from the body after its
+## signature against the same deliveries keyed by header), beside the floors that bound them, interleaved rounds, with the
 ## ratios of the performance targets (needs wrk; about 10 minutes;
 ## ARGS=-only=regexp narrows it).
 bench-http: check-redis

@@ -148,7 +148,8 @@ func (a cpuUse) total() float64 { return a.wrk + a.server + a.bench + a.redis }
 // the added latency is measured against.
 type server struct {
 	name, url, base string
-	pid             int // the server's process; 0: this process
+	pid             int  // the server's process; 0: this process
+	signed          bool // sent Stripe-signed deliveries (signedLua)
 }
 
 type cell struct {
@@ -189,6 +190,8 @@ func main() {
 	replay := filepath.Join(dir, "replay.lua")
 	os.WriteFile(newKey, []byte(newKeyLua), 0o600)
 	os.WriteFile(replay, []byte(replayLua), 0o600)
+	signedScript := filepath.Join(dir, "signed.lua")
+	os.WriteFile(signedScript, []byte(signedLua), 0o600)
 
 	// The peers run as processes of their own, built first.
 	idemBin, fiberBin := filepath.Join(dir, "idem"), filepath.Join(dir, "fiberpeer")
@@ -309,34 +312,36 @@ func main() {
 		// syncs its transitions.
 		flPxRu = "proxy floor: 2 round trips (rueidis)"
 		flPxFi = "proxy floor: 2 synced writes (file)"
+		pxHdr  = "idem proxy, redis, signed, header key"
+		pxHook = "idem proxy, redis, webhook stripe"
 	)
 	want := func(name string) bool { return sel == nil || sel.MatchString(name) }
-	servers := []server{{bare, serve(labelled(bare, handler)), "", 0}}
+	servers := []server{{bare, serve(labelled(bare, handler)), "", 0, false}}
 	if want(ruRow) {
-		servers = append(servers, server{ruRow, serve(labelled(ruRow, idemMW(ruStore))), bare, 0})
+		servers = append(servers, server{ruRow, serve(labelled(ruRow, idemMW(ruStore))), bare, 0, false})
 	}
 	if want(grRow) {
-		servers = append(servers, server{grRow, serve(labelled(grRow, idemMW(grStore))), bare, 0})
+		servers = append(servers, server{grRow, serve(labelled(grRow, idemMW(grStore))), bare, 0, false})
 	}
 	if want(grAll) {
-		servers = append(servers, server{grAll, serve(labelled(grAll, idemMW(grStore, idemhttp.WithStreamAll(true)))), bare, 0})
+		servers = append(servers, server{grAll, serve(labelled(grAll, idemMW(grStore, idemhttp.WithStreamAll(true)))), bare, 0, false})
 	}
 	if want(flRu) {
-		servers = append(servers, server{flRu, serve(labelled(flRu, floorMiddleware(floorRueidis{ru}, "bench-floor-ru:", handler))), bare, 0})
+		servers = append(servers, server{flRu, serve(labelled(flRu, floorMiddleware(floorRueidis{ru}, "bench-floor-ru:", handler))), bare, 0, false})
 	}
 	if want(flGR) {
-		servers = append(servers, server{flGR, serve(labelled(flGR, floorMiddleware(floorGoRedis{gr}, "bench-floor-gr:", handler))), bare, 0})
+		servers = append(servers, server{flGR, serve(labelled(flGR, floorMiddleware(floorGoRedis{gr}, "bench-floor-gr:", handler))), bare, 0, false})
 	}
 	if want(flSc) {
 		acq, cpl, err := storescripts.Capture(context.Background(), addr)
 		if err != nil {
 			log.Fatal(err)
 		}
-		servers = append(servers, server{flSc, serve(labelled(flSc, newScriptFloor(ru, acq, cpl).middleware("bench-floor-sc:", handler))), bare, 0})
+		servers = append(servers, server{flSc, serve(labelled(flSc, newScriptFloor(ru, acq, cpl).middleware("bench-floor-sc:", handler))), bare, 0, false})
 	}
 	spawned := func(name, base, bin string, args ...string) server {
 		url, pid := spawn(bin, args...)
-		return server{name, url, base, pid}
+		return server{name, url, base, pid, false}
 	}
 	if want(fiber) {
 		servers = append(servers, spawned(fiber, bare, fiberBin, "-redis", addr))
@@ -360,6 +365,25 @@ func main() {
 		servers = append(servers, spawned(pxEmb, plain, idemBin, append(proxyArgs, "--data", filepath.Join(dir, "data"))...))
 	}
 
+	// The same Stripe-signed deliveries (a JSON body with the event's id,
+	// Stripe-Signature, and the id in Idempotency-Key too) to a proxy that
+	// takes the key from the header and to one that checks the signature
+	// and takes the key from the body (--webhook stripe): what the body key
+	// and the signature check cost.
+	secretFile := filepath.Join(dir, "webhook-secret")
+	os.WriteFile(secretFile, []byte(benchSecret), 0o600)
+	if want(pxHdr) {
+		sv := spawned(pxHdr, plain, idemBin, append(proxyArgs, "--redis", "redis://"+addr, "--redis-prefix", "bench-pxh:")...)
+		sv.signed = true
+		servers = append(servers, sv)
+	}
+	if want(pxHook) {
+		sv := spawned(pxHook, plain, idemBin, append(proxyArgs, "--redis", "redis://"+addr, "--redis-prefix", "bench-pxw:",
+			"--webhook", "stripe", "--webhook-secret-file", secretFile, "--wait", "0s", "--store-policy", "default")...)
+		sv.signed = true
+		servers = append(servers, sv)
+	}
+
 	total := time.Duration(len(servers)*len(cells)**rounds) * *duration
 	fmt.Printf("wrk %v per run, %d interleaved rounds (about %v in all); Redis round trip (PING p50) %v\n\n",
 		*duration, *rounds, total.Round(time.Second), rtt.Round(time.Microsecond))
@@ -378,15 +402,28 @@ func main() {
 				if c.conns > 1 {
 					t = *threads
 				}
-				if c.kind == "replay" {
+				arg := fmt.Sprintf("%d-%d-%d", time.Now().UnixNano(), c.conns, round)
+				switch {
+				case s.signed:
+					// Signed now: Stripe's timestamps are good for 5 minutes.
+					path := signedDeliveries(dir, c.kind == "replay", arg)
+					if c.kind == "replay" {
+						primeSigned(s.url, path)
+					}
+					script, arg = signedScript, fmt.Sprintf("%s|%d", path, t)
+					defer os.Remove(path)
+				case c.kind == "replay":
 					// The replayed key is completed before the run, so
 					// that no request of it finds the key in progress
 					// (409), whatever cells run.
 					primeReplay(s.url)
 				}
 				before := readCPU(s.pid, redisPID)
-				r := runWrk(s.url, script, c.conns, t, fmt.Sprintf("%d-%d-%d", time.Now().UnixNano(), c.conns, round))
+				r := runWrk(s.url, script, c.conns, t, arg)
 				used := readCPU(s.pid, redisPID).minus(before)
+				if s.signed && c.kind == "new" && r.requests >= float64(signedCount()) {
+					log.Fatalf("httpbench: %s sent %.0f requests, as many as the %d distinct deliveries written: raise signedCount", s.name, r.requests, signedCount())
+				}
 				r.cpu.server, r.cpu.bench, r.cpu.redis = used.server, used.bench, used.redis
 				if s.pid == 0 { // the server runs in this process
 					r.cpu.server, r.cpu.bench = used.bench, 0
@@ -473,6 +510,8 @@ func main() {
 		{"  bound: proxy floor (file) / plain", flPxFi, plain, "new64", 0, false, true},
 		{"  idem proxy (embedded) / its floor", pxEmb, flPxFi, "new64", 0, false, true},
 		{"proxy replays: idem (embedded) / plain", pxEmb, plain, "replay64", 2, false, false},
+		{"webhook new: body key + signature / header", pxHook, pxHdr, "new64", 0.9, false, false},
+		{"webhook replays: body key + signature / header", pxHook, pxHdr, "replay64", 0.9, false, false},
 	}
 	fmt.Printf("\n%-42s %8s %-26s %8s  %s\n", "target (64 connections unless said)", "median", "rounds", "goal", "met")
 	for _, tg := range targets {
