@@ -420,6 +420,18 @@ func TestChart(t *testing.T) {
 			if !slices.Equal(c.Args, wantArgs) {
 				t.Errorf("args: got %q, want %q", c.Args, wantArgs)
 			}
+			for _, p := range []struct {
+				name string
+				p    *probe
+				path string
+			}{{"liveness", c.LivenessProbe, "/healthz"}, {"readiness", c.ReadinessProbe, "/readyz"}} {
+				if p.p == nil || p.p.HTTPGet == nil || p.p.HTTPGet.Path != p.path || p.p.HTTPGet.Port != "consume-admin" {
+					t.Errorf("idem-consume's %s probe: got %+v, want GET %s on consume-admin", p.name, p.p, p.path)
+				}
+			}
+			if got := c.env()["IDEM_ADMIN_LISTEN"]; got != "0.0.0.0:9091" {
+				t.Errorf("idem-consume's IDEM_ADMIN_LISTEN: got %q, want 0.0.0.0:9091", got)
+			}
 			if got := c.env()["IDEM_POSTGRES"]; got != "secret:idem-postgres/url" {
 				t.Errorf("IDEM_POSTGRES: got %q, want the Secret idem-postgres, key url", got)
 			}

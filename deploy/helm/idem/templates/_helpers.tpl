@@ -196,19 +196,31 @@ what to set.
     {{- toYaml . | nindent 4 }}
     {{- end }}
   env:
+    - name: IDEM_ADMIN_LISTEN
+      value: {{ printf "0.0.0.0:%d" (int $c.adminPort) | quote }}
     - name: IDEM_LOG_FORMAT
       value: json
     {{- include "idem.storeEnv" . | trim | nindent 4 }}
     {{- with $c.extraEnv }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
-  {{- with $c.livenessProbe }}
+  ports:
+    - name: consume-admin
+      containerPort: {{ $c.adminPort }}
+      protocol: TCP
   livenessProbe:
-    {{- toYaml . | nindent 4 }}
+  {{- if $c.livenessProbe }}
+    {{- toYaml $c.livenessProbe | nindent 4 }}
+  {{- else }}
+    httpGet: {path: /healthz, port: consume-admin}
+    {{- toYaml $v.probes.liveness | nindent 4 }}
   {{- end }}
-  {{- with $c.readinessProbe }}
   readinessProbe:
-    {{- toYaml . | nindent 4 }}
+  {{- if $c.readinessProbe }}
+    {{- toYaml $c.readinessProbe | nindent 4 }}
+  {{- else }}
+    httpGet: {path: /readyz, port: consume-admin}
+    {{- toYaml $v.probes.readiness | nindent 4 }}
   {{- end }}
   resources:
     {{- toYaml $c.resources | nindent 4 }}

@@ -1,0 +1,82 @@
+package main
+
+import (
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/idemgo/idem/internal/redistest"
+)
+
+// TestConsumeHandlers: the Python and the Node handlers of docs/consume.md
+// (testdata/handlers, included there verbatim), behind idem consume on a
+// Redis stream: each key's effect is written once (the duplicate acked
+// without a call), the message without an amount is dead-lettered.
+func TestConsumeHandlers(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/consume.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ name, interpreter, file string }{
+		{"python", "python3", "handler.py"},
+		{"node", "node", "handler.js"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			src, err := os.ReadFile(filepath.Join("testdata", "handlers", tc.file))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(string(doc), string(src)) {
+				t.Errorf("docs/consume.md does not hold testdata/handlers/%s as it is", tc.file)
+			}
+			bin, err := exec.LookPath(tc.interpreter)
+			if err != nil {
+				t.Skipf("%s is not installed (.ci/run installs it): %v", tc.interpreter, err)
+			}
+			addr := freeAddr(t)
+			_, port, _ := net.SplitHostPort(addr)
+			effects := filepath.Join(t.TempDir(), "effects")
+			cmd := exec.Command(bin, filepath.Join("testdata", "handlers", tc.file), port, effects)
+			cmd.Stderr = os.Stderr
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+			waitFor(t, "the handler listening", func() bool {
+				c, err := net.Dial("tcp", addr)
+				if err == nil {
+					c.Close()
+				}
+				return err == nil
+			})
+
+			srv := redistest.Start(t)
+			rdb := srv.GoRedis(t)
+			for _, e := range [][2]string{{"k1", `{"amount":10}`}, {"k1", `{"amount":10}`}, {"bad", `{}`}, {"k2", `{"amount":20}`}} {
+				xadd(t, rdb, "payments", "key", e[0], "payload", e[1])
+			}
+			p := startIdem(t, "consume", "--from", "redis-stream://"+srv.Addr()+"/payments?group=ledger", "--to", "http://"+addr+"/")
+			waitFor(t, "every entry settled", func() bool {
+				dl, _ := rdb.XLen(t.Context(), "payments:dlq").Result()
+				return dl == 1 && pendingCount(t, rdb, "payments", "ledger") == 0 && lastDelivered(t, rdb, "payments", "ledger")
+			})
+			p.terminate()
+			if code := p.wait(); code != 0 {
+				t.Errorf("exit code: %d, want 0", code)
+			}
+			got, _ := os.ReadFile(effects)
+			lines := strings.Split(strings.TrimSpace(string(got)), "\n")
+			slices.Sort(lines)
+			if want := []string{"k1 10", "k2 20"}; !slices.Equal(lines, want) {
+				t.Errorf("effects: got %q, want %q (one per key)", lines, want)
+			}
+			if v := storedResult(t, rdb, "payments", "k2"); v.Status != 200 || !strings.Contains(string(v.Body), "20") {
+				t.Errorf("k2's stored result: %+v, want the handler's 200", v)
+			}
+		})
+	}
+}
