@@ -65,7 +65,7 @@ CHART_ENV = IDEM_HELM=$(HELM) IDEM_KUBECONFORM=$(KUBECONFORM) \
   IDEM_K8S_OPENAPI="$(foreach v,$(K8S_VERSIONS),$(call moddir,k8s.io/kubernetes@$(v))/api/openapi-spec/swagger.json:)" \
   IDEM_SERVICEMONITOR_CRD="$(call moddir,github.com/prometheus-operator/prometheus-operator@$(PROMOP_VERSION))/jsonnet/prometheus-operator/servicemonitors-crd.json"
 
-.PHONY: test vet race modules tidy build release image image-test chart-test stamp-test deploy-test manifests fuzz soak chaos chaos-long chaos-report bench bench-streams bench-functions bench-http bench-proxy bench-resources bench-postgres check-redis check-brokers check-postgres demo
+.PHONY: test vet race modules tidy build release image image-test chart-test stamp-test deploy-test manifests fuzz soak chaos chaos-long chaos-report bench bench-streams bench-consume bench-functions bench-http bench-proxy bench-resources bench-postgres check-redis check-brokers check-postgres demo
 
 ## test: formatting, vet, the race-enabled tests of every module, each
 ## module built on its own (make modules), the short variant of the
@@ -175,6 +175,16 @@ bench: check-redis
 ## and the CPU time per message of redis-server and of the consumer.
 bench-streams: check-redis
 	$(GO) test -run '^$$' -bench 'Consumer/.*/batch=100' -benchtime 50000x -count 5 ./consumer/redisstream/ | $(GO) run ./internal/benchratio -metric msgs/s -base plain -also redis-µs/msg,go-µs/msg
+
+## bench-consume: idem consume (the binary, POSTing each message to an HTTP
+## handler) against the Go adapter in process with an empty handler, on the
+## same broker and store, batch 100, Redis Streams and RabbitMQ; 3 runs,
+## prints the medians of msgs/s and their ratios, the CPU time per message
+## of the sidecar and of the test process (handler, or adapter), and the
+## p50 of one message at a time from publish to handler.
+bench-consume: check-redis check-brokers
+	cd cmd/idem && IDEM_BENCH_CONSUME=1 $(GO) test -run '^$$' -bench 'BenchmarkConsume$$' -benchtime 3000x -count 3 . | $(GO) run ../../internal/benchratio -metric msgs/s -base inprocess -also self-cpu-µs/msg,sidecar-cpu-µs/msg
+	cd cmd/idem && IDEM_BENCH_CONSUME=1 $(GO) test -run '^$$' -bench 'BenchmarkConsumeLatency' -benchtime 200x -count 3 . | $(GO) run ../../internal/benchratio -metric p50-µs -base inprocess
 
 ## bench-functions: the Redis time per call of each transition in script
 ## mode and in Functions mode (WithFunctions), the two interleaved call by
