@@ -42,6 +42,7 @@ func consumeAnswer(key string, n int) int {
 // handled once per key, the 400 dead-lettered, the 503 retried, the
 // duplicate acked without a call, with the broker's metadata in headers.
 func TestConsumeBrokers(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	store := "redis://" + srv.Addr()
 	tp := "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"

@@ -136,6 +136,7 @@ func pendingCount(t *testing.T, rdb *redis.Client, stream, group string) int64 {
 // is retried; a 400 is dead-lettered with the handler's answer; nothing
 // stays pending; SIGTERM ends the command with code 0.
 func TestConsumeRedisStream(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.GoRedis(t)
 	h := newTestHandler(t, func(key string, n int) int {
@@ -243,6 +244,7 @@ func mustAtoi(s string) int {
 // TestConsumeDrainOnSIGTERM: a handler in flight when SIGTERM comes is
 // let finish, its key completed and its entry acked before the exit.
 func TestConsumeDrainOnSIGTERM(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.GoRedis(t)
 	h := newTestHandler(t, nil)

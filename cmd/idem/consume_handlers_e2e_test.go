@@ -17,6 +17,7 @@ import (
 // Redis stream: each key's effect is written once (the duplicate acked
 // without a call), the message without an amount is dead-lettered.
 func TestConsumeHandlers(t *testing.T) {
+	t.Parallel()
 	doc, err := os.ReadFile("../../docs/consume.md")
 	if err != nil {
 		t.Fatal(err)

@@ -2,10 +2,15 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -76,6 +81,7 @@ func (h *effectHandler) count(m map[string]int, key string) int {
 // control) the stale call's effect happens too. A paused sidecar that
 // comes back finds its lease lost and POSTs --on-lease-lost.
 func TestConsumeTakeover(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		fault      string
 		fenceCheck bool
@@ -162,4 +168,91 @@ func TestConsumeTakeover(t *testing.T) {
 			}
 		})
 	}
+}
+
+// runEffectHandler serves as a handler process on addr: it appends each
+// call's key to the file IDEM_TEST_EFFECTS after the fence check (kept in
+// the file's lines: KEY FENCE), and with IDEM_TEST_HANG=KEY never answers
+// KEY's calls (it is killed mid-call).
+func runEffectHandler(addr string) {
+	path, hang := os.Getenv("IDEM_TEST_EFFECTS"), os.Getenv("IDEM_TEST_HANG")
+	var mu sync.Mutex
+	err := http.ListenAndServe(addr, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		key, fence := r.Header.Get("Idempotency-Key"), r.Header.Get("Idempotency-Fence")
+		if key == hang {
+			fmt.Println("hanging", key)
+			select {} // killed mid-call
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600)
+		if err != nil {
+			w.WriteHeader(500)
+			return
+		}
+		defer f.Close()
+		fmt.Fprintf(f, "%s %s\n", key, fence)
+	}))
+	fmt.Fprintln(os.Stderr, err)
+	os.Exit(1)
+}
+
+// TestConsumeHandlerKilled: the handler process is killed (SIGKILL) while
+// it runs a message, then started again on the same address: the message
+// is retried (a reset connection, then a refused one) and handled once;
+// nothing is lost.
+func TestConsumeHandlerKilled(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	rdb := srv.GoRedis(t)
+	addr := freeAddr(t)
+	effects := filepath.Join(t.TempDir(), "effects")
+	startHandler := func(hang string) (*exec.Cmd, *syncBuffer) {
+		cmd := exec.Command(os.Args[0])
+		out := &syncBuffer{}
+		cmd.Env = append(testEnv(), "IDEM_TEST_EFFECT_HANDLER="+addr, "IDEM_TEST_EFFECTS="+effects, "IDEM_TEST_HANG="+hang)
+		cmd.Stdout = out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		return cmd, out
+	}
+	h1, out := startHandler("k0")
+	keys := []string{"k0", "k1", "k2"}
+	for _, k := range keys {
+		xadd(t, rdb, "jobs", "key", k, "payload", "{}")
+	}
+	c := startIdem(t, "consume", "--from", "redis-stream://"+srv.Addr()+"/jobs?group=g", "--to", "http://"+addr+"/",
+		"--lease", "500ms", "--batch", "1", "--max-deliveries", "0")
+	waitFor(t, "the handler hanging on k0", func() bool { return strings.Contains(out.String(), "hanging k0") })
+	h1.Process.Kill()
+	h1.Wait()
+	startHandler("")
+	waitFor(t, "every key handled", func() bool {
+		return pendingCount(t, rdb, "jobs", "g") == 0 && lastDelivered(t, rdb, "jobs", "g") && len(effectLines(effects)) == len(keys)
+	})
+	c.terminate()
+	if code := c.wait(); code != 0 {
+		t.Errorf("exit code: %d, want 0", code)
+	}
+	got := map[string]int{}
+	for _, l := range effectLines(effects) {
+		got[strings.Fields(l)[0]]++
+	}
+	for _, k := range keys {
+		if got[k] != 1 {
+			t.Errorf("%s: %d effects, want 1 (lines %q)", k, got[k], effectLines(effects))
+		}
+	}
+}
+
+func effectLines(path string) []string {
+	data, _ := os.ReadFile(path)
+	s := strings.TrimSpace(string(data))
+	if s == "" {
+		return nil
+	}
+	return strings.Split(s, "\n")
 }

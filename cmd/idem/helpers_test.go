@@ -24,6 +24,10 @@ import (
 var idemBin string
 
 func TestMain(m *testing.M) {
+	if addr := os.Getenv("IDEM_TEST_EFFECT_HANDLER"); addr != "" {
+		runEffectHandler(addr) // this binary as a handler process (consume_takeover_e2e_test.go)
+		return
+	}
 	dir, err := os.MkdirTemp("", "idem-e2e-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
