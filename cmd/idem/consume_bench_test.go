@@ -341,4 +341,3 @@ func startIdemB(b *testing.B, args ...string) *proc {
 	})
 	return p
 }
-
