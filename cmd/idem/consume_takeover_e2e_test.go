@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/idemgo/idem/internal/redistest"
 )
 
@@ -255,4 +257,76 @@ func effectLines(path string) []string {
 		return nil
 	}
 	return strings.Split(s, "\n")
+}
+
+// TestConsumeRedeliveryStorm: every message sent five times, read by four
+// consumers of the group (--concurrency 4), some copies in one batch,
+// others in batches handled at the same time: each key's handler runs
+// once, nothing is lost. The control, --pass-duplicates, shows the copies
+// did reach the sidecar: the handler gets each one, marked
+// Idempotent-Replayed, beside the one call that is not.
+func TestConsumeRedeliveryStorm(t *testing.T) {
+	t.Parallel()
+	const keys, copies = 100, 5
+	for _, pass := range []bool{false, true} {
+		t.Run(map[bool]string{false: "dedup", true: "pass-duplicates"}[pass], func(t *testing.T) {
+			srv := redistest.Start(t)
+			rdb := srv.GoRedis(t)
+			var mu sync.Mutex
+			first, replayed := map[string]int{}, map[string]int{}
+			hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				io.Copy(io.Discard, r.Body)
+				k := r.Header.Get("Idempotency-Key")
+				mu.Lock()
+				defer mu.Unlock()
+				if r.Header.Get("Idempotent-Replayed") == "true" {
+					replayed[k]++
+				} else {
+					first[k]++
+				}
+			}))
+			t.Cleanup(hs.Close)
+			for c := range copies {
+				pipe := rdb.Pipeline()
+				for i := range keys {
+					pipe.XAdd(t.Context(), &redis.XAddArgs{Stream: "storm", Values: []any{"key", "k" + strconv.Itoa((i+c*7)%keys), "payload", "{}"}})
+				}
+				if _, err := pipe.Exec(t.Context()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			args := []string{"consume", "--from", "redis-stream://" + srv.Addr() + "/storm?group=g", "--to", hs.URL, "--concurrency", "4", "--batch", "10", "--lease", "1s"}
+			if pass {
+				args = append(args, "--pass-duplicates")
+			}
+			p := startIdem(t, args...)
+			waitFor(t, "every copy settled", func() bool {
+				return pendingCount(t, rdb, "storm", "g") == 0 && lastDelivered(t, rdb, "storm", "g")
+			})
+			p.terminate()
+			p.wait()
+			mu.Lock()
+			defer mu.Unlock()
+			lost, dup, passed := 0, 0, 0
+			for i := range keys {
+				k := "k" + strconv.Itoa(i)
+				switch n := first[k]; {
+				case n == 0:
+					lost++
+				case n > 1:
+					dup += n - 1
+				}
+				passed += replayed[k]
+			}
+			t.Logf("keys %d × %d copies: lost %d, duplicate calls %d, replayed copies passed on %d", keys, copies, lost, dup, passed)
+			if lost != 0 || dup != 0 {
+				t.Errorf("lost %d, duplicate calls %d; want 0 and 0", lost, dup)
+			}
+			// A copy in the same batch as its key's first follows it
+			// without a call; the others are passed on.
+			if pass && passed == 0 || !pass && passed != 0 {
+				t.Errorf("replayed copies passed on: %d, want some with --pass-duplicates only", passed)
+			}
+		})
+	}
 }
