@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/redis/rueidis v1.0.79
+	github.com/valkey-io/valkey-go v1.0.79
 	go.etcd.io/bbolt v1.5.0
 )
 

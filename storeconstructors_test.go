@@ -13,7 +13,7 @@ import (
 // serverStoreConstructors are the constructors of stores that check a
 // server or a file, and so return an error on an unsupported one.
 var serverStoreConstructors = map[string]bool{
-	"redisstore.New": true, "redisstore.NewRueidis": true, "pgstore.New": true, "boltstore.Open": true,
+	"redisstore.New": true, "redisstore.NewRueidis": true, "redisstore.NewValkey": true, "pgstore.New": true, "boltstore.Open": true,
 }
 
 // TestStoreConstructorErrorsChecked reads every test file of the

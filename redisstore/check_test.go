@@ -12,7 +12,6 @@ import (
 	"github.com/idemgo/idem/internal/redistest"
 	"github.com/idemgo/idem/redisstore"
 	"github.com/redis/go-redis/v9"
-	"github.com/redis/rueidis"
 )
 
 // evictingPolicies are every maxmemory-policy but noeviction: all of them
@@ -27,42 +26,33 @@ type newStoreFunc func(t *testing.T, opts ...redisstore.Option) error
 // at addrs (a Cluster when cluster is set), with auth as the user and
 // password (none when empty).
 func startCheckClients(addrs []string, cluster bool, user, password string) map[string]newStoreFunc {
-	if cluster {
-		return map[string]newStoreFunc{
-			"cluster/go-redis": func(t *testing.T, opts ...redisstore.Option) error {
-				c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, Username: user, Password: password})
-				t.Cleanup(func() { c.Close() })
-				_, err := redisstore.New(c, opts...)
-				return err
-			},
-			"cluster/rueidis": func(t *testing.T, opts ...redisstore.Option) error {
-				c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: addrs, Username: user, Password: password, DisableCache: true})
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(c.Close)
-				_, err = redisstore.NewRueidis(c, opts...)
-				return err
-			},
+	out := map[string]newStoreFunc{}
+	for _, rc := range ruClients {
+		name := rc.name
+		if cluster {
+			name = "cluster/" + name
+		}
+		out[name] = func(t *testing.T, opts ...redisstore.Option) error {
+			_, err := rc.store(t, ruOptions{addrs: addrs, user: user, password: password}, opts...)
+			return err
 		}
 	}
-	return map[string]newStoreFunc{
-		"go-redis": func(t *testing.T, opts ...redisstore.Option) error {
-			c := redis.NewClient(&redis.Options{Addr: addrs[0], Username: user, Password: password, MaxRetries: -1})
+	if cluster {
+		out["cluster/go-redis"] = func(t *testing.T, opts ...redisstore.Option) error {
+			c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, Username: user, Password: password})
 			t.Cleanup(func() { c.Close() })
 			_, err := redisstore.New(c, opts...)
 			return err
-		},
-		"rueidis": func(t *testing.T, opts ...redisstore.Option) error {
-			c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: addrs, Username: user, Password: password, DisableCache: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(c.Close)
-			_, err = redisstore.NewRueidis(c, opts...)
-			return err
-		},
+		}
+		return out
 	}
+	out["go-redis"] = func(t *testing.T, opts ...redisstore.Option) error {
+		c := redis.NewClient(&redis.Options{Addr: addrs[0], Username: user, Password: password, MaxRetries: -1})
+		t.Cleanup(func() { c.Close() })
+		_, err := redisstore.New(c, opts...)
+		return err
+	}
+	return out
 }
 
 // TestStartCheckEviction checks that New and NewRueidis refuse a server

@@ -1,10 +1,11 @@
 // Package redisstore is the production idem.Store: Redis, Valkey or a Redis
 // Cluster, through the caller's own go-redis v9 client (*redis.Client,
-// *redis.ClusterClient) or rueidis client.
+// *redis.ClusterClient), rueidis client or valkey-go client.
 //
 //	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
 //	store, err := redisstore.New(rdb)
 //	// or: store, err := redisstore.NewRueidis(rueidisClient)
+//	// or: store, err := redisstore.NewValkey(valkeyClient)
 //	exec, err := idem.New(store)
 //
 // It needs Redis 7.0 or later, or Valkey: a Cluster store notifies with
@@ -15,9 +16,10 @@
 // # Choosing the options
 //
 //   - Client: New for go-redis (standalone, Sentinel failover client,
-//     Cluster), NewRueidis for rueidis. Both behave the same (the
-//     conformance suite runs on each); the local replay cache differs (see
-//     Local replay cache).
+//     Cluster), NewRueidis for rueidis, NewValkey for valkey-go (Valkey's
+//     own client, a fork of rueidis: its store is a rueidis store's, with
+//     its names). All behave the same (the conformance suite runs on
+//     each); the local replay cache differs (see Local replay cache).
 //   - Durability: WithWait or WithWaitAOF when a failover or a crash must
 //     not lose an acknowledged record (see Durability); the default is not
 //     to wait.
@@ -97,7 +99,8 @@
 // half-written record.
 //
 // Each client library is driven by one internal package (internal/goredis,
-// internal/rueidis) behind one seam (internal/backend); this package holds
+// internal/rueidis, and internal/valkey, generated from internal/rueidis)
+// behind one seam (internal/backend); this package holds
 // what is the same for all: the transitions, scripts and Functions
 // libraries, effects, streams, batches, the watches' shared connection and
 // the start checks.
@@ -212,8 +215,8 @@
 // returned a replay is read through the cache (one GET, then local hits),
 // so new keys cost nothing more.
 //
-// With rueidis the cache is rueidis's client-side cache (RESP3 tracking on
-// its own connections), an LRU bounded in bytes per connection
+// With rueidis (and valkey-go alike) the cache is the client's own
+// client-side cache (RESP3 tracking on its own connections), an LRU bounded in bytes per connection
 // (ClientOption.CacheSizeEachConn); a client built with DisableCache reads
 // the key from the server each time, which is correct and a little cheaper
 // than the script. On a Cluster client without a cache rueidis's DoCache

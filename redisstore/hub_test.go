@@ -59,7 +59,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 // TestWatchesShareOneConnection holds 50 watches, on 25 channels, of one
-// standalone store (go-redis, rueidis) at once: the server sees one pub/sub
+// standalone store (go-redis, rueidis, valkey-go) at once: the server sees one pub/sub
 // connection, every watch is woken by a publish on its own channel only,
 // and once the last watch stops the connection is gone.
 func TestWatchesShareOneConnection(t *testing.T) {
@@ -70,7 +70,7 @@ func TestWatchesShareOneConnection(t *testing.T) {
 // onEachStandaloneClient runs test once per standalone client of clients,
 // in a subtest, on a redis-server of its own.
 func onEachStandaloneClient(t *testing.T, test func(t *testing.T, srv *redistest.Server, s *redisstore.Store)) {
-	for _, name := range []string{"standalone/go-redis", "standalone/rueidis"} {
+	for _, name := range []string{"standalone/go-redis", "standalone/rueidis", "standalone/valkey"} {
 		t.Run(name, func(t *testing.T) {
 			srv := redistest.Start(t)
 			for _, c := range clients(t, srv, nil) {

@@ -15,8 +15,10 @@ import (
 	"github.com/idemgo/idem/redisstore/internal/backend"
 	"github.com/idemgo/idem/redisstore/internal/goredis"
 	rueidisbackend "github.com/idemgo/idem/redisstore/internal/rueidis"
+	valkeybackend "github.com/idemgo/idem/redisstore/internal/valkey"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
+	"github.com/valkey-io/valkey-go"
 )
 
 // DefaultPrefix is the default key prefix.
@@ -263,6 +265,18 @@ func NewRueidis(client rueidis.Client, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("%w: nil client", idem.ErrInvalid)
 	}
 	return newStore(rueidisbackend.New(client), opts)
+}
+
+// NewValkey returns a Store on a valkey-go client (standalone, Sentinel or
+// Cluster), Valkey's own Go client. The store does not own the client and
+// does not close it. It checks the server as New does, and behaves as a
+// store of NewRueidis (valkey-go is a fork of rueidis): the replay cache is
+// the client's own (ClientOption.CacheSizeEachConn).
+func NewValkey(client valkey.Client, opts ...Option) (*Store, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: nil client", idem.ErrInvalid)
+	}
+	return newStore(valkeybackend.New(client), opts)
 }
 
 // Close ends what the store runs in the background: the tracking

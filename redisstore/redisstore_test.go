@@ -68,23 +68,18 @@ func clients(t *testing.T, standalone *redistest.Server, cluster *redistest.Clus
 				}
 				return s
 			}},
-			client{"standalone/rueidis", func(t *testing.T, opts ...redisstore.Option) *redisstore.Store {
-				c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, DisableCache: true})
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(c.Close)
-				s, err := redisstore.NewRueidis(c, opts...)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return s
-			}},
-			// rueidis with its client-side cache on: the store's replay
-			// cache serves replays locally (replaycache.go).
-			client{"standalone/rueidis-cached", func(t *testing.T, opts ...redisstore.Option) *redisstore.Store {
-				return cachedRueidisStore(t, addr, opts...)
-			}})
+		)
+		for _, rc := range ruClients {
+			out = append(out,
+				client{"standalone/" + rc.name, func(t *testing.T, opts ...redisstore.Option) *redisstore.Store {
+					return rc.mustStore(t, ruOptions{addrs: []string{addr}}, opts...)
+				}},
+				// With its client-side cache on: the store's replay cache
+				// serves replays locally (replaycache.go).
+				client{"standalone/" + rc.name + "-cached", func(t *testing.T, opts ...redisstore.Option) *redisstore.Store {
+					return rc.mustStore(t, ruOptions{addrs: []string{addr}, cache: true}, opts...)
+				}})
+		}
 	}
 	if cluster != nil {
 		addrs := cluster.Addrs()
@@ -98,18 +93,12 @@ func clients(t *testing.T, standalone *redistest.Server, cluster *redistest.Clus
 				}
 				return s
 			}},
-			client{"cluster/rueidis", func(t *testing.T, opts ...redisstore.Option) *redisstore.Store {
-				c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: addrs, DisableCache: true})
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(c.Close)
-				s, err := redisstore.NewRueidis(c, opts...)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return s
+		)
+		for _, rc := range ruClients {
+			out = append(out, client{"cluster/" + rc.name, func(t *testing.T, opts ...redisstore.Option) *redisstore.Store {
+				return rc.mustStore(t, ruOptions{addrs: addrs}, opts...)
 			}})
+		}
 	}
 	return out
 }
@@ -304,6 +293,9 @@ func TestWaitAOFUnsupported(t *testing.T) {
 		},
 		"rueidis": func() (*redisstore.Store, error) {
 			return redisstore.NewRueidis(ru, redisstore.WithWaitAOF(1, 0, time.Second))
+		},
+		"valkey": func() (*redisstore.Store, error) {
+			return ruClients[1].store(t, ruOptions{addrs: []string{srv.Addr()}}, redisstore.WithWaitAOF(1, 0, time.Second))
 		},
 	} {
 		_, err := newStore()

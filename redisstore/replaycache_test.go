@@ -46,7 +46,14 @@ func cachedGoRedisStore(t *testing.T, addr string, opts ...redisstore.Option) *r
 var cachedStores = []struct {
 	name string
 	new  func(t *testing.T, addr string, opts ...redisstore.Option) *redisstore.Store
-}{{"rueidis", cachedRueidisStore}, {"go-redis", cachedGoRedisStore}}
+}{{"rueidis", cachedRueidisStore}, {"valkey", cachedValkeyStore}, {"go-redis", cachedGoRedisStore}}
+
+// cachedValkeyStore is cachedRueidisStore on a valkey-go client.
+func cachedValkeyStore(t *testing.T, addr string, opts ...redisstore.Option) *redisstore.Store {
+	t.Helper()
+	rc, _ := ruClientNamed("valkey")
+	return rc.mustStore(t, ruOptions{addrs: []string{addr}, cache: true}, opts...)
+}
 
 // eachCachedStore runs f with a store of each client on a server of its
 // own.
@@ -374,49 +381,47 @@ func TestReplayCacheClose(t *testing.T) {
 // DoCache on a client without a cache.
 func TestReplayCacheClusterAsk(t *testing.T) {
 	cluster := redistest.StartCluster(t, 3)
-	for _, disable := range []bool{true, false} {
-		t.Run("DisableCache="+strconv.FormatBool(disable), func(t *testing.T) {
-			c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: cluster.Addrs(), DisableCache: disable})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(c.Close)
-			s, err := redisstore.NewRueidis(c)
-			if err != nil {
-				t.Fatal(err)
-			}
-			key := "ask-" + strconv.FormatBool(disable)
-			replay := func(what string) {
-				t.Helper()
-				a, err := s.Acquire(t.Context(), key, acquireReq("fp", time.Hour))
-				if err != nil || a.Outcome != idem.Replay || string(a.Result) != "result-"+key {
-					t.Fatalf("%s: got %v %q, %v, want the replay", what, a.Outcome, a.Result, err)
-				}
-			}
-			if disable {
-				a, err := s.Acquire(t.Context(), key, acquireReq("fp", time.Hour))
-				if err != nil || a.Outcome != idem.Acquired {
-					t.Fatalf("acquire: got %v, %v", a.Outcome, err)
-				}
-				if err := s.Complete(t.Context(), key, a.Lease, []byte("result-"+key), time.Hour); err != nil {
-					t.Fatal(err)
-				}
-			} else {
-				completeAndCache(t, s, key, "fp", time.Hour)
-			}
-			// Past the reads that learn whether the client has a cache.
-			for i := range 10 {
-				replay("replay " + strconv.Itoa(i))
-			}
-			want := map[bool]string{true: "Do", false: "DoCache"}[disable]
-			if got := redisstore.RueidisRead(s); got != want {
-				t.Fatalf("the store reads replays with %s, want %s", got, want)
-			}
-			migrateKey(t, cluster, s.Key(key))
-			for i := range 3 {
-				replay("replay " + strconv.Itoa(i) + " during the migration")
-			}
-		})
+	for _, rc := range ruClients {
+		for _, disable := range []bool{true, false} {
+			t.Run(rc.name+"/DisableCache="+strconv.FormatBool(disable), func(t *testing.T) {
+				testReplayCacheClusterAsk(t, cluster, rc, disable)
+			})
+		}
+	}
+}
+
+func testReplayCacheClusterAsk(t *testing.T, cluster *redistest.Cluster, rc ruClient, disable bool) {
+	s := rc.mustStore(t, ruOptions{addrs: cluster.Addrs(), cache: !disable})
+	key := "ask-" + rc.name + "-" + strconv.FormatBool(disable)
+	replay := func(what string) {
+		t.Helper()
+		a, err := s.Acquire(t.Context(), key, acquireReq("fp", time.Hour))
+		if err != nil || a.Outcome != idem.Replay || string(a.Result) != "result-"+key {
+			t.Fatalf("%s: got %v %q, %v, want the replay", what, a.Outcome, a.Result, err)
+		}
+	}
+	if disable {
+		a, err := s.Acquire(t.Context(), key, acquireReq("fp", time.Hour))
+		if err != nil || a.Outcome != idem.Acquired {
+			t.Fatalf("acquire: got %v, %v", a.Outcome, err)
+		}
+		if err := s.Complete(t.Context(), key, a.Lease, []byte("result-"+key), time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		completeAndCache(t, s, key, "fp", time.Hour)
+	}
+	// Past the reads that learn whether the client has a cache.
+	for i := range 10 {
+		replay("replay " + strconv.Itoa(i))
+	}
+	want := map[bool]string{true: "Do", false: "DoCache"}[disable]
+	if got := redisstore.RueidisRead(s); got != want {
+		t.Fatalf("the store reads replays with %s, want %s", got, want)
+	}
+	migrateKey(t, cluster, s.Key(key))
+	for i := range 3 {
+		replay("replay " + strconv.Itoa(i) + " during the migration")
 	}
 }
 

@@ -13,14 +13,13 @@ import (
 	"github.com/idemgo/idem/redisstore"
 	"github.com/idemgo/idem/storetest"
 	"github.com/redis/go-redis/v9"
-	"github.com/redis/rueidis"
 )
 
 // sentinelClients returns, per client library, a function that builds a
 // store with opts on a new Sentinel client of s (go-redis's failover client,
 // rueidis's Sentinel option).
 func sentinelClients(s *redistest.Sentinel) map[string]func(t *testing.T, opts ...redisstore.Option) *redisstore.Store {
-	return map[string]func(t *testing.T, opts ...redisstore.Option) *redisstore.Store{
+	out := map[string]func(t *testing.T, opts ...redisstore.Option) *redisstore.Store{
 		"go-redis": func(t *testing.T, opts ...redisstore.Option) *redisstore.Store {
 			c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: s.MasterName, SentinelAddrs: s.SentinelAddrs()})
 			t.Cleanup(func() { c.Close() })
@@ -30,21 +29,13 @@ func sentinelClients(s *redistest.Sentinel) map[string]func(t *testing.T, opts .
 			}
 			return st
 		},
-		"rueidis": func(t *testing.T, opts ...redisstore.Option) *redisstore.Store {
-			c, err := rueidis.NewClient(rueidis.ClientOption{
-				InitAddress: s.SentinelAddrs(), Sentinel: rueidis.SentinelOption{MasterSet: s.MasterName}, DisableCache: true,
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(c.Close)
-			st, err := redisstore.NewRueidis(c, opts...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return st
-		},
 	}
+	for _, rc := range ruClients {
+		out[rc.name] = func(t *testing.T, opts ...redisstore.Option) *redisstore.Store {
+			return rc.mustStore(t, ruOptions{addrs: s.SentinelAddrs(), master: s.MasterName}, opts...)
+		}
+	}
+	return out
 }
 
 // TestSentinelConformance runs the conformance suite through both client
@@ -135,7 +126,7 @@ func TestSentinelFailover(t *testing.T) {
 // checked the same way.
 func TestSentinelReplayCacheFollowsFailover(t *testing.T) {
 	t.Parallel()
-	for _, name := range []string{"go-redis", "rueidis"} {
+	for _, name := range []string{"go-redis", "rueidis", "valkey"} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			s := redistest.StartSentinel(t, 1)
@@ -147,16 +138,10 @@ func TestSentinelReplayCacheFollowsFailover(t *testing.T) {
 				st = newStore(t, c)
 				get = func(ctx context.Context, key string) (string, error) { return c.Get(ctx, key).Result() }
 			} else {
-				c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: s.SentinelAddrs(), Sentinel: rueidis.SentinelOption{MasterSet: s.MasterName}})
-				if err != nil {
+				rc, _ := ruClientNamed(name)
+				var err error
+				if st, get, err = rc.open(t, ruOptions{addrs: s.SentinelAddrs(), master: s.MasterName, cache: true}); err != nil {
 					t.Fatal(err)
-				}
-				t.Cleanup(c.Close)
-				if st, err = redisstore.NewRueidis(c); err != nil {
-					t.Fatal(err)
-				}
-				get = func(ctx context.Context, key string) (string, error) {
-					return c.Do(ctx, c.B().Get().Key(key).Build()).ToString()
 				}
 			}
 			key := idem.Key{Scope: "sentinel-cache", ID: name}.Digest()

@@ -13,7 +13,6 @@ import (
 	"github.com/idemgo/idem/internal/redistest"
 	"github.com/idemgo/idem/redisstore"
 	"github.com/redis/go-redis/v9"
-	"github.com/redis/rueidis"
 )
 
 // checkInterval is the interval of WithServerCheck in the tests.
@@ -41,7 +40,7 @@ func (l *lockedBuffer) String() string {
 }
 
 // checkedStore builds a store with WithServerCheck on a new client of
-// kind ("go-redis" or "rueidis", on addrs; a Cluster client when cluster
+// kind ("go-redis", "rueidis" or "valkey", on addrs; a Cluster client when cluster
 // is set), and returns it with its log.
 func checkedStore(t *testing.T, kind string, addrs []string, cluster bool, opts ...redisstore.Option) (*redisstore.Store, *lockedBuffer) {
 	t.Helper()
@@ -50,13 +49,12 @@ func checkedStore(t *testing.T, kind string, addrs []string, cluster bool, opts 
 	var st *redisstore.Store
 	var err error
 	switch {
-	case kind == "rueidis":
-		c, cerr := rueidis.NewClient(rueidis.ClientOption{InitAddress: addrs, DisableCache: true})
-		if cerr != nil {
-			t.Fatal(cerr)
+	case kind != "go-redis":
+		rc, ok := ruClientNamed(kind)
+		if !ok {
+			t.Fatalf("no client %q", kind)
 		}
-		t.Cleanup(c.Close)
-		st, err = redisstore.NewRueidis(c, opts...)
+		st, err = rc.store(t, ruOptions{addrs: addrs}, opts...)
 	case cluster:
 		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
 		t.Cleanup(func() { c.Close() })
@@ -116,7 +114,7 @@ func waitChecks(t *testing.T, st *redisstore.Store, n int64) {
 // accepts it.
 func TestServerCheckEviction(t *testing.T) {
 	t.Parallel()
-	for _, kind := range []string{"go-redis", "rueidis"} {
+	for _, kind := range []string{"go-redis", "rueidis", "valkey"} {
 		t.Run(kind, func(t *testing.T) {
 			t.Parallel()
 			srv := redistest.Start(t)
@@ -156,7 +154,7 @@ func TestServerCheckEviction(t *testing.T) {
 // interval.
 func TestServerCheckAfterRestart(t *testing.T) {
 	t.Parallel()
-	for _, kind := range []string{"go-redis", "rueidis"} {
+	for _, kind := range []string{"go-redis", "rueidis", "valkey"} {
 		t.Run(kind, func(t *testing.T) {
 			t.Parallel()
 			srv := redistest.Start(t, "--maxmemory-policy", "allkeys-lru")
@@ -186,7 +184,7 @@ func TestServerCheckCluster(t *testing.T) {
 	t.Parallel()
 	c := redistest.StartCluster(t, 3)
 	target := c.Masters()[1]
-	for _, kind := range []string{"go-redis", "rueidis"} {
+	for _, kind := range []string{"go-redis", "rueidis", "valkey"} {
 		st, _ := checkedStore(t, kind, c.Addrs(), true, redisstore.WithServerCheck(checkInterval))
 		waitChecks(t, st, 1)
 		if err := st.Health(); err != nil {

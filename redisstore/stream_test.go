@@ -9,7 +9,6 @@ import (
 	"github.com/idemgo/idem/internal/redistest"
 	"github.com/idemgo/idem/redisstore"
 	"github.com/redis/go-redis/v9"
-	"github.com/redis/rueidis"
 )
 
 // streamTarget is a store with hash tag "t" plus a go-redis client on the
@@ -32,11 +31,9 @@ func streamTargets(t *testing.T) []streamTarget {
 		t.Fatal(err)
 	}
 	out = append(out, streamTarget{"standalone/go-redis", s, raw})
-	rc := srv.Rueidis(t)
-	if s, err = redisstore.NewRueidis(rc, tag); err != nil {
-		t.Fatal(err)
+	for _, rc := range ruClients {
+		out = append(out, streamTarget{"standalone/" + rc.name, rc.mustStore(t, ruOptions{addrs: []string{srv.Addr()}}, tag), raw})
 	}
-	out = append(out, streamTarget{"standalone/rueidis", s, raw})
 
 	craw := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
 	t.Cleanup(func() { craw.Close() })
@@ -44,15 +41,9 @@ func streamTargets(t *testing.T) []streamTarget {
 		t.Fatal(err)
 	}
 	out = append(out, streamTarget{"cluster/go-redis", s, craw})
-	crc, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: cl.Addrs(), DisableCache: true})
-	if err != nil {
-		t.Fatal(err)
+	for _, rc := range ruClients {
+		out = append(out, streamTarget{"cluster/" + rc.name, rc.mustStore(t, ruOptions{addrs: cl.Addrs()}, tag), craw})
 	}
-	t.Cleanup(crc.Close)
-	if s, err = redisstore.NewRueidis(crc, tag); err != nil {
-		t.Fatal(err)
-	}
-	out = append(out, streamTarget{"cluster/rueidis", s, craw})
 	return out
 }
 

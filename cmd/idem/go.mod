@@ -45,6 +45,7 @@ require (
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
 	github.com/twmb/franz-go/pkg/kmsg v1.15.0 // indirect
+	github.com/valkey-io/valkey-go v1.0.79 // indirect
 	golang.org/x/crypto v0.57.0 // indirect
 )
 

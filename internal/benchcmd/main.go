@@ -23,6 +23,7 @@ import (
 	"github.com/idemgo/idem/redisstore"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
+	"github.com/valkey-io/valkey-go"
 )
 
 // value is the operation's result in every measurement: 50 bytes, stored as
@@ -112,6 +113,7 @@ type bench struct {
 	admin admin
 	gr    *redis.Client
 	ru    rueidis.Client
+	vk    valkey.Client
 	execs map[string]*idem.Executor // by client name
 	keyOf func(digest string) string
 
@@ -162,7 +164,7 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	for r := range o.runs {
-		for _, name := range []string{"memstore", "go-redis", "rueidis"} {
+		for _, name := range []string{"memstore", "go-redis", "rueidis", "valkey"} {
 			for _, kind := range []string{"lifecycle", "replay"} {
 				for _, c := range o.callers {
 					progress("run %d/%d: %s %s c=%d", r+1, o.runs, name, kind, c)
@@ -210,6 +212,11 @@ func (b *bench) connect() error {
 		return fmt.Errorf("rueidis: %w", err)
 	}
 	b.ru = ru
+	vk, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{addr}, DisableCache: true})
+	if err != nil {
+		return fmt.Errorf("valkey-go: %w", err)
+	}
+	b.vk = vk
 	grs, err := redisstore.New(b.gr)
 	if err != nil {
 		return err
@@ -218,9 +225,13 @@ func (b *bench) connect() error {
 	if err != nil {
 		return err
 	}
+	vks, err := redisstore.NewValkey(b.vk)
+	if err != nil {
+		return err
+	}
 	b.keyOf = rus.Key
 	b.execs = map[string]*idem.Executor{}
-	for name, s := range map[string]idem.Store{"go-redis": grs, "rueidis": rus} {
+	for name, s := range map[string]idem.Store{"go-redis": grs, "rueidis": rus, "valkey": vks} {
 		e, err := newExecutor(s)
 		if err != nil {
 			return err
@@ -232,6 +243,7 @@ func (b *bench) connect() error {
 
 func (b *bench) close() {
 	b.ru.Close()
+	b.vk.Close()
 	b.gr.Close()
 	b.admin.c.Close()
 }

@@ -61,7 +61,7 @@ func (b *bench) report(mem []memoryResult) *report {
 	}
 	ceilLife, ceilReplay := b.med("ceiling/lifecycle"), b.med("ceiling/replay")
 	ratios := map[string]float64{}
-	for _, name := range []string{"memstore", "go-redis", "rueidis"} {
+	for _, name := range []string{"memstore", "go-redis", "rueidis", "valkey"} {
 		label := name
 		if name != "memstore" {
 			label = "redis " + name
@@ -207,7 +207,7 @@ func (r *report) writeText(w io.Writer) {
 	fmt.Fprintln(w, "time inside the script. REDIS CPU µs/OP: CPU of the server's main thread (INFO cpu) per op, I/O")
 	fmt.Fprintln(w, "included; REDIS BUSY: that CPU over the wall time. CLIENT CPU µs/OP: CPU of this process (Executor,")
 	fmt.Fprintln(w, "store, client library, GC) per op. Ceilings run the SHAs the store sends; ×CEILING is ops/s over")
-	fmt.Fprintln(w, "the lifecycle (or replay) ceiling. go-redis: PoolSize 64; rueidis: defaults, DisableCache.")
+	fmt.Fprintln(w, "the lifecycle (or replay) ceiling. go-redis: PoolSize 64; rueidis and valkey-go: defaults, DisableCache.")
 	fmt.Fprintln(w)
 
 	tc := [][]string{{"TARGET", "LIMIT", "GOT", ""}}

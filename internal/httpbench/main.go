@@ -3,7 +3,7 @@
 // on loopback and a throwaway redis-server on the same machine:
 //
 //   - the bare handler;
-//   - idemhttp on redisstore with each client (go-redis, rueidis), and on
+//   - idemhttp on redisstore with each client (go-redis, rueidis, valkey-go), and on
 //     go-redis with WithStreamAll (responses written through and stored
 //     afterwards), which shows what record before success costs;
 //   - Fiber v2's idempotency middleware on the same Redis (built from the
@@ -75,6 +75,7 @@ import (
 	"github.com/idemgo/idem/redisstore"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
+	"github.com/valkey-io/valkey-go"
 )
 
 var (
@@ -222,6 +223,15 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	vk, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{addr}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer vk.Close()
+	vkStore, err := redisstore.NewValkey(vk, redisstore.WithPrefix("bench-vk:"))
+	if err != nil {
+		log.Fatal(err)
+	}
 
 	var closers []func()
 	defer func() {
@@ -293,6 +303,7 @@ func main() {
 	const (
 		bare  = "bare handler"
 		ruRow = "idemhttp + redis (rueidis)"
+		vkRow = "idemhttp + redis (valkey-go)"
 		grRow = "idemhttp + redis (go-redis)"
 		// The same with every response written through as it is made and
 		// stored afterwards (WithStreamAll), as before record before
@@ -319,6 +330,9 @@ func main() {
 	servers := []server{{bare, serve(labelled(bare, handler)), "", 0, false}}
 	if want(ruRow) {
 		servers = append(servers, server{ruRow, serve(labelled(ruRow, idemMW(ruStore))), bare, 0, false})
+	}
+	if want(vkRow) {
+		servers = append(servers, server{vkRow, serve(labelled(vkRow, idemMW(vkStore))), bare, 0, false})
 	}
 	if want(grRow) {
 		servers = append(servers, server{grRow, serve(labelled(grRow, idemMW(grStore))), bare, 0, false})

@@ -9,13 +9,13 @@ import (
 	"github.com/redis/rueidis"
 )
 
-// rueidisTransport is a hub's connection (redisstore's hub.go) on a standalone rueidis.Client: a
+// transport is a hub's connection (redisstore's hub.go) on a standalone rueidis.Client: a
 // dedicated connection whose pub/sub hooks report to the hub. rueidis sends
 // SUBSCRIBE and UNSUBSCRIBE with a call that waits for the confirmation,
 // which the hooks report from the connection's reader, and the hub's lock is
 // held while a command is queued: so one sender goroutine sends the queued
 // commands in order, and the hub never waits for the connection.
-type rueidisTransport struct {
+type transport struct {
 	dc     rueidis.DedicatedClient
 	cancel func()
 
@@ -28,7 +28,7 @@ type rueidisTransport struct {
 func openTransport(c rueidis.Client) backend.Opener {
 	return func(h backend.Events) (backend.Transport, error) {
 		dc, cancel := c.Dedicate()
-		t := &rueidisTransport{dc: dc, cancel: cancel, more: make(chan struct{}, 1)}
+		t := &transport{dc: dc, cancel: cancel, more: make(chan struct{}, 1)}
 		hookErr := dc.SetPubSubHooks(rueidis.PubSubHooks{
 			OnSubscription: func(s rueidis.PubSubSubscription) {
 				switch s.Kind {
@@ -50,7 +50,7 @@ func openTransport(c rueidis.Client) backend.Opener {
 }
 
 // send sends the queued commands, in order, until the transport closes.
-func (t *rueidisTransport) send(h backend.Events) {
+func (t *transport) send(h backend.Events) {
 	for range t.more {
 		t.mu.Lock()
 		cmds, closed := t.queue, t.closed
@@ -68,7 +68,7 @@ func (t *rueidisTransport) send(h backend.Events) {
 	}
 }
 
-func (t *rueidisTransport) push(cmd rueidis.Completed) error {
+func (t *transport) push(cmd rueidis.Completed) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
@@ -82,18 +82,18 @@ func (t *rueidisTransport) push(cmd rueidis.Completed) error {
 	return nil
 }
 
-func (t *rueidisTransport) Subscribe(_ context.Context, channel string) error {
+func (t *transport) Subscribe(_ context.Context, channel string) error {
 	return t.push(t.dc.B().Subscribe().Channel(channel).Build())
 }
 
-func (t *rueidisTransport) Unsubscribe(_ context.Context, channel string) error {
+func (t *transport) Unsubscribe(_ context.Context, channel string) error {
 	return t.push(t.dc.B().Unsubscribe().Channel(channel).Build())
 }
 
 // Close stops the sender and closes the connection, in a goroutine:
 // rueidis waits for the connection's reader, which may be waiting for the
 // hub's lock in a hook.
-func (t *rueidisTransport) Close() {
+func (t *transport) Close() {
 	t.mu.Lock()
 	if !t.closed {
 		t.closed = true
