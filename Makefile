@@ -183,7 +183,7 @@ bench-streams: check-redis
 ## of the sidecar and of the test process (handler, or adapter), and the
 ## p50 of one message at a time from publish to handler.
 bench-consume: check-redis check-brokers
-	cd cmd/idem && IDEM_BENCH_CONSUME=1 $(GO) test -run '^$$' -bench 'BenchmarkConsume$$' -benchtime 3000x -count 3 . | $(GO) run ../../internal/benchratio -metric msgs/s -base inprocess -also self-cpu-µs/msg,sidecar-cpu-µs/msg
+	cd cmd/idem && IDEM_BENCH_CONSUME=1 $(GO) test -run '^$$' -bench 'BenchmarkConsume$$' -benchtime 3000x -count 3 . | $(GO) run ../../internal/benchratio -metric msgs/s -base inprocess -also self-cpu-µs/msg,sidecar-cpu-µs/msg,sidecar-peak-rss-MiB
 	cd cmd/idem && IDEM_BENCH_CONSUME=1 $(GO) test -run '^$$' -bench 'BenchmarkConsumeLatency' -benchtime 200x -count 3 . | $(GO) run ../../internal/benchratio -metric p50-µs -base inprocess
 
 ## bench-functions: the Redis time per call of each transition in script

@@ -177,6 +177,22 @@ func procCPU(pid int) time.Duration {
 	return time.Duration(ut+st) * 10 * time.Millisecond
 }
 
+// procPeakRSS returns the peak resident memory of the process pid in MiB
+// (VmHWM of /proc/PID/status), or 0 where it cannot be read.
+func procPeakRSS(pid int) float64 {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
 func benchExec(b *testing.B, rdb *redis.Client) *idem.Executor {
 	st, err := redisstore.New(rdb)
 	if err != nil {
@@ -256,6 +272,10 @@ func BenchmarkConsume(b *testing.B) {
 					sideCPU = procCPU(side.cmd.Process.Pid) - sideCPU
 				}
 				b.StopTimer()
+				var sideRSS float64
+				if side != nil {
+					sideRSS = procPeakRSS(side.cmd.Process.Pid)
+				}
 				cancel()
 				if side != nil {
 					side.cmd.Process.Signal(syscall.SIGTERM)
@@ -266,6 +286,7 @@ func BenchmarkConsume(b *testing.B) {
 				b.ReportMetric(float64(n-1)/elapsed.Seconds(), "msgs/s")
 				b.ReportMetric(float64(selfUsed.Microseconds())/float64(n), "self-cpu-µs/msg")
 				b.ReportMetric(float64(sideCPU.Microseconds())/float64(n), "sidecar-cpu-µs/msg")
+				b.ReportMetric(sideRSS, "sidecar-peak-rss-MiB")
 			})
 		}
 	}
