@@ -110,6 +110,12 @@ type Proxy struct {
 	// no check.
 	Verifier idemhttp.Verifier
 
+	// Routes give some method and path prefixes settings of their own
+	// (key source, fingerprint, methods, policy, lease, wait, verifier);
+	// the other requests get the fields above. Routes may not overlap.
+	// Empty: one set of settings for every request.
+	Routes []Route
+
 	// KeyOptional passes a covered request without an Idempotency-Key
 	// through, unprotected. false (the default): it gets 400.
 	KeyOptional bool
@@ -228,15 +234,17 @@ type Proxy struct {
 
 // gateway is what Init builds from the Proxy's fields.
 type gateway struct {
-	target      *url.URL
-	userRewrite func(*httputil.ProxyRequest)
-	rp          *httputil.ReverseProxy
-	mw          *idemhttp.Middleware
-	protected   http.Handler // the middleware around forward
-	covered     map[string]bool
-	lease       time.Duration
-	log         *slog.Logger
-	observer    Observer
+	target         *url.URL
+	userRewrite    func(*httputil.ProxyRequest)
+	rp             *httputil.ReverseProxy
+	mw             *idemhttp.Middleware
+	protected      http.Handler    // the middleware around forward
+	covered        map[string]bool // by the Proxy's fields or a route
+	defaultCovered map[string]bool // by the Proxy's fields
+	routes         []*routeGW
+	lease          time.Duration
+	log            *slog.Logger
+	observer       Observer
 
 	fenceHeader  string // canonical; "": off
 	writeTimeout time.Duration
@@ -289,6 +297,9 @@ func (p *Proxy) Check() error {
 			return &FieldError{"Methods", fmt.Sprintf("invalid method %q", m)}
 		}
 	}
+	if err := CheckRoutes(p.Routes, p.Methods); err != nil {
+		return &FieldError{"Routes", err.Error()}
+	}
 	if p.ProblemTypeBase != "" {
 		if u, err := url.Parse(p.ProblemTypeBase); err != nil || u.Scheme == "" {
 			return &FieldError{"ProblemTypeBase", fmt.Sprintf("%q is not an absolute URI", p.ProblemTypeBase)}
@@ -328,14 +339,19 @@ func (p *Proxy) build() (*gateway, error) {
 	if len(methods) == 0 {
 		methods = []string{http.MethodPost, http.MethodPatch}
 	}
+	g.defaultCovered = make(map[string]bool)
 	for _, m := range methods {
 		g.covered[strings.ToUpper(m)] = true
+		g.defaultCovered[strings.ToUpper(m)] = true
 	}
 	mw, err := idemhttp.New(p.Executor, p.middlewareOptions(g, methods)...)
 	if err != nil {
 		return nil, fmt.Errorf("idemproxy: %w", err)
 	}
 	g.mw = mw
+	if err := p.buildRoutes(g); err != nil {
+		return nil, err
+	}
 	transport := p.Transport
 	if transport == nil {
 		transport = newTransport(orDefault(p.UpstreamTimeout, DefaultUpstreamTimeout))
@@ -471,14 +487,23 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	g.serve(w, r)
 }
 
-// covers reports whether the middleware covers method, compared ignoring
-// case as the middleware does.
+// covers reports whether the Proxy's fields or a route cover method,
+// compared ignoring case as the middleware does.
 func (g *gateway) covers(method string) bool {
 	return g.covered[method] || g.covered[strings.ToUpper(method)]
 }
 
+// defaultCovers reports whether the Proxy's own fields cover method.
+func (g *gateway) defaultCovers(method string) bool {
+	return g.defaultCovered[method] || g.defaultCovered[strings.ToUpper(method)]
+}
+
 func (g *gateway) serve(w http.ResponseWriter, r *http.Request) {
-	if !g.covers(r.Method) {
+	protected, covered := g.protected, g.defaultCovers(r.Method)
+	if rt := g.route(r); rt != nil {
+		protected, covered = rt.protected, true
+	}
+	if !covered {
 		// Through the middleware, which passes the request on to forward
 		// and marks the response if it carries a key.
 		pw := &passWriter{ResponseWriter: w}
@@ -486,13 +511,13 @@ func (g *gateway) serve(w http.ResponseWriter, r *http.Request) {
 		defer func() {
 			g.observe(r, Event{Kind: KindPassthrough, Event: idemhttp.Event{Status: pw.status, Duration: time.Since(start)}, UpstreamFailure: pw.failure})
 		}()
-		g.protected.ServeHTTP(pw, r)
+		protected.ServeHTTP(pw, r)
 		return
 	}
 	x := &exchange{parent: r.Context()}
 	x.trace.WroteHeaders = x.wroteHeaders
 	r = r.WithContext(httptrace.WithClientTrace(x, &x.trace))
-	g.protected.ServeHTTP(w, r)
+	protected.ServeHTTP(w, r)
 	if x.broke {
 		// The client got a truncated response: abort the connection so
 		// that it does not take it for a whole one (as ReverseProxy does).

@@ -44,6 +44,8 @@ type proxyConfig struct {
 	policySet       bool // --store-policy was given
 	webhook         string
 	webhookSecrets  string // --webhook-secret-file
+	routesPath      string // --routes
+	routes          []loadedRoute
 	adminListen     string
 	logFormat       string
 	logLevel        string
@@ -164,6 +166,7 @@ func registerProxyFlags(fs *cli.Set) *proxyConfig {
 		{Name: "key-from", Placeholder: "SOURCE", Value: cli.KeySource(&p.KeySource), Field: "KeySource", Usage: "where a covered request's key is: header:NAME, or json:POINTER for a member of a JSON body (an RFC 6901 JSON Pointer, e.g. json:/id); a body that is not JSON or lacks the member gets the 400 of a missing key"},
 		{Name: "webhook", Placeholder: "PROVIDER", Value: cli.String(&c.webhook), Usage: "receive webhooks from github, stripe, shopify or standard-webhooks: the key is the provider's delivery id (--key-from overrides it), the signature is checked before the key is taken when a secret is given (IDEM_WEBHOOK_SECRET or --webhook-secret-file; a bad one gets 401 and touches no record), --wait defaults to --lease, and without a secret only 2xx answers are stored (see docs/webhooks.md)"},
 		{Name: "webhook-secret-file", Placeholder: "FILE", Value: cli.String(&c.webhookSecrets), Usage: "file of the --webhook secrets, one per line (several during a rotation); the environment variable IDEM_WEBHOOK_SECRET may hold them instead, one per line"},
+		{Name: "routes", Placeholder: "FILE", Value: cli.String(&c.routesPath), Usage: "YAML or JSON file of routes: a method and path prefix each, with its own key_from, fingerprint, methods, store_policy, lease, wait and webhook; the other flags are the default route (see docs/webhooks.md)"},
 		{Name: "fingerprint", Placeholder: "SPEC", Value: cli.Fingerprint(&p.Fingerprint), Field: "Fingerprint", Usage: "what of a covered request's body tells a retry from another request with the same key (422): body, none, or json:POINTER,POINTER... (only those members, in canonical JSON); the method, path and query always count"},
 		{Name: "lease", Placeholder: "DURATION", Value: cli.Duration(&c.lease), Usage: "how long a request holds its key before another may take it over; extended while the upstream works"},
 		{Name: "retention", Placeholder: "DURATION", Value: cli.Duration(&c.retention), Usage: "how long responses are kept and replayed"},
@@ -324,12 +327,7 @@ func (c *proxyConfig) setupWebhook(getenv func(string) string) (bool, error) {
 	default:
 		text = getenv(webhookSecretEnv)
 	}
-	var secrets [][]byte
-	for line := range strings.Lines(text) {
-		if s := strings.TrimSpace(line); s != "" {
-			secrets = append(secrets, []byte(s))
-		}
-	}
+	secrets := parseSecrets(text)
 	if len(secrets) == 0 {
 		if c.webhookSecrets != "" {
 			return false, cli.Usagef("--webhook-secret-file %s holds no secret", c.webhookSecrets)
@@ -432,6 +430,9 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 	if err != nil {
 		return err
 	}
+	if c.routes, err = c.loadRoutes(e.getenv); err != nil {
+		return err
+	}
 	log := redact.Logger(newLogger(e, c.logFormat, c.logLevel), e.hider)
 	if c.webhook != "" && !verified {
 		log.Warn("--webhook without a secret: signatures are not checked, so only 2xx answers are stored (a forged delivery that carries a real delivery's id could otherwise store its answer for it); give the secret in "+webhookSecretEnv+" or --webhook-secret-file",
@@ -494,6 +495,23 @@ func (c *proxyConfig) build(st *openedStore, tr *tracing, errorHandler idemhttp.
 	}
 	p := &c.proxy
 	p.Executor, p.Logger, p.ErrorHandler, p.Policy, p.Wait = exec, log, errorHandler, c.policy(), c.waitFor()
+	execs := map[time.Duration]*idem.Executor{c.lease: exec}
+	p.Routes = nil
+	for _, lr := range c.routes {
+		rt := lr.route
+		if execs[lr.lease] == nil {
+			// Another lease: another Executor over the same store.
+			e, err := idem.New(tr.store(st.store),
+				idem.WithLease(lr.lease), idem.WithRetention(max(c.retention, lr.lease)), idem.WithMaxResultSize(readLimit),
+				idem.WithObserver(execMetrics.Observe))
+			if err != nil {
+				return nil, cli.Usagef("--routes: %v", err)
+			}
+			execs[lr.lease] = e
+		}
+		rt.Executor = execs[lr.lease]
+		p.Routes = append(p.Routes, rt)
+	}
 	metrics, err := prometheusidem.NewProxyMetrics(p.InFlight)
 	if err != nil {
 		return nil, err
@@ -522,6 +540,9 @@ func (c *proxyConfig) build(st *openedStore, tr *tracing, errorHandler idemhttp.
 		}
 		s.admin = &http.Server{Handler: adminHandler(reg, p), ReadHeaderTimeout: 10 * time.Second}
 		s.started = append(s.started, "admin", s.adminLn.Addr().String())
+	}
+	if len(c.routes) > 0 {
+		s.started = append(s.started, "routes", len(c.routes))
 	}
 	if c.webhook != "" {
 		s.started = append(s.started, "webhook", c.webhook, "key_from", p.KeySource.String(), "signatures_checked", p.Verifier != nil)
