@@ -41,6 +41,18 @@
 //
 // Other requests pass through to the upstream untouched.
 //
+// # Keys from anywhere, webhooks, routes
+//
+// The key is the Idempotency-Key field unless KeySource names another
+// field or a member of a JSON body (package keysource); Fingerprint says
+// what of the body tells a retry from another request. Verifier checks a
+// request's signature before its key is looked up (package webhook has
+// GitHub's, Stripe's, Shopify's and Standard Webhooks'): a forged
+// delivery that carries a real delivery's id gets 401 and touches no
+// record. Routes give method and path prefixes settings of their own, for
+// a proxy in front of several senders. docs/webhooks.md shows the binary's
+// flags for each provider.
+//
 // # Bounds
 //
 // By default a covered body may be 1 MiB (MaxBodySize), and take 30s to
