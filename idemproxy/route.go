@@ -39,6 +39,11 @@ type Route struct {
 	// store gives the route another lease or retention.
 	Executor *idem.Executor
 
+	// KeyOptional passes the route's covered requests without a key
+	// through, unprotected (a body without the key member included).
+	// false: the Proxy's KeyOptional.
+	KeyOptional bool
+
 	// KeySource, Fingerprint, Policy, Wait and Verifier are the Proxy's
 	// fields of the same name, for this route. A negative Wait: no wait,
 	// whatever the Proxy's.
@@ -200,7 +205,7 @@ func (p *Proxy) buildRoutes(g *gateway) error {
 func (p *Proxy) routeFields(rt Route) *Proxy {
 	q := &Proxy{
 		KeySource: p.KeySource, Fingerprint: p.Fingerprint, Policy: p.Policy, Wait: p.Wait, Verifier: p.Verifier,
-		KeyOptional: p.KeyOptional, ScopeHeader: p.ScopeHeader, AllowMissingScope: p.AllowMissingScope,
+		KeyOptional: p.KeyOptional || rt.KeyOptional, ScopeHeader: p.ScopeHeader, AllowMissingScope: p.AllowMissingScope,
 		MaxBodySize: p.MaxBodySize, MaxResponseSize: p.MaxResponseSize, MaxBodyMemory: p.MaxBodyMemory,
 		FailOpen: p.FailOpen, StreamAll: p.StreamAll, ErrorHandler: p.ErrorHandler, ProblemTypeBase: p.ProblemTypeBase,
 	}

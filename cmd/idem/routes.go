@@ -27,6 +27,7 @@ import (
 //	    key_from: json:/id
 //	    fingerprint: json:/type,/data
 //	    store_policy: only-2xx
+//	    require_key: false
 //	    lease: 1m
 type routesFile struct {
 	Routes []routeSpec `yaml:"routes"`
@@ -42,12 +43,13 @@ type routeSpec struct {
 	StorePolicy       string   `yaml:"store_policy"`
 	Lease             string   `yaml:"lease"`
 	Wait              string   `yaml:"wait"`
+	RequireKey        *bool    `yaml:"require_key"`
 	Webhook           string   `yaml:"webhook"`
 	WebhookSecretFile string   `yaml:"webhook_secret_file"`
 	WebhookSecretEnv  string   `yaml:"webhook_secret_env"`
 }
 
-const routeFields = "path, methods, key_from, fingerprint, store_policy, lease, wait, webhook, webhook_secret_file, webhook_secret_env"
+const routeFields = "path, methods, key_from, fingerprint, require_key, store_policy, lease, wait, webhook, webhook_secret_file, webhook_secret_env"
 
 // loadedRoute is a route of the file, ready but for its Executor, which
 // build makes for its lease.
@@ -157,6 +159,12 @@ func (c *proxyConfig) loadRoute(s routeSpec, getenv func(string) string) (loaded
 		if d == 0 {
 			rt.Wait = -1
 		}
+	}
+	if s.RequireKey != nil {
+		if *s.RequireKey && c.proxy.KeyOptional {
+			return lr, errors.New("require_key: true needs --require-key (the default route passes requests without a key through)")
+		}
+		rt.KeyOptional = !*s.RequireKey
 	}
 	policy := s.StorePolicy
 	if s.Webhook != "" {

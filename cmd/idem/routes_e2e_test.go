@@ -35,6 +35,9 @@ func TestProxyRoutes(t *testing.T) {
     key_from: json:/event/id
     fingerprint: json:/event
     lease: 1m
+  - path: /optional
+    key_from: json:/id
+    require_key: false
 `)
 	addr, admin := freeAddr(t), freeAddr(t)
 	p := launchProxyEnv(t, []string{"TEST_GITHUB_SECRET=" + string(secret)},
@@ -57,6 +60,12 @@ func TestProxyRoutes(t *testing.T) {
 	}
 	if res := send(t, "POST", p.url("/events"), "", `{"other":1}`); res.status != 400 {
 		t.Errorf("/events without the key: got %d, want 400", res.status)
+	}
+	// require_key: false passes a body without the key through.
+	for i := range 2 {
+		if res := send(t, "POST", p.url("/optional"), "", `{"x":1}`); res.status != 401 || res.replayed() {
+			t.Errorf("/optional without the key, %d: got %d replayed=%v, want the receiver's answer", i, res.status, res.replayed())
+		}
 	}
 	// The default route: Idempotency-Key.
 	if res := send(t, "POST", p.url("/api"), "", `{}`); res.status != 400 || !strings.Contains(res.body, "key-missing") {
