@@ -20,3 +20,10 @@ func TestReadmeEffectExample(t *testing.T) {
 	readmetest.Snippet(t, "docs/redis.md", "<!-- example: the body of ExampleWithEffect", "redisstore/example_test.go",
 		"func ExampleWithEffect() {")
 }
+
+// TestGRPCDocExample checks the snippet of docs/grpc.md against Example
+// in idemgrpc/example_test.go, which the idemgrpc tests run.
+func TestGRPCDocExample(t *testing.T) {
+	readmetest.Snippet(t, "docs/grpc.md", "<!-- example: the body of Example in idemgrpc/example_test.go", "idemgrpc/example_test.go",
+		"func Example() {")
+}
