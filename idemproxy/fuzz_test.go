@@ -157,7 +157,7 @@ func FuzzProxyRequest(f *testing.F) {
 	srv := httptest.NewServer(up)
 	f.Cleanup(srv.Close)
 	target, _ := url.Parse(srv.URL)
-	transport := newTransport(10 * time.Second)
+	transport := newTransport(10*time.Second, false)
 	f.Cleanup(transport.CloseIdleConnections)
 	var iters atomic.Int64
 

@@ -70,6 +70,13 @@ type Proxy struct {
 	// upstream and waits UpstreamTimeout for a response header.
 	Transport http.RoundTripper
 
+	// UpstreamH2C makes the default transport (Transport nil) speak HTTP/2
+	// without TLS to an http Target (h2c with prior knowledge), for an
+	// upstream that serves HTTP/2 only, such as a gRPC server. An https
+	// Target gets HTTP/2 when the upstream offers it (ALPN) whatever this
+	// says. The default is false: HTTP/1.1 to an http Target.
+	UpstreamH2C bool
+
 	// UpstreamTimeout bounds the wait for the upstream's response header
 	// when Transport is nil: then 504, and the key is left to its lease,
 	// since the upstream may have acted. 0: DefaultUpstreamTimeout (30s);
@@ -354,7 +361,7 @@ func (p *Proxy) build() (*gateway, error) {
 	}
 	transport := p.Transport
 	if transport == nil {
-		transport = newTransport(orDefault(p.UpstreamTimeout, DefaultUpstreamTimeout))
+		transport = newTransport(orDefault(p.UpstreamTimeout, DefaultUpstreamTimeout), p.UpstreamH2C)
 	}
 	g.rp = &httputil.ReverseProxy{
 		Rewrite:        g.rewrite,
@@ -431,9 +438,9 @@ func (p *Proxy) middlewareOptions(g *gateway, methods []string) []idemhttp.Optio
 }
 
 // newTransport returns the default transport: timeout bounds the wait for
-// a response header (0: none).
-func newTransport(timeout time.Duration) *http.Transport {
-	return &http.Transport{
+// a response header (0: none); h2c makes it speak HTTP/2 without TLS.
+func newTransport(timeout time.Duration, h2c bool) *http.Transport {
+	t := &http.Transport{
 		Proxy:                 http.ProxyFromEnvironment,
 		DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		ForceAttemptHTTP2:     true,
@@ -444,6 +451,12 @@ func newTransport(timeout time.Duration) *http.Transport {
 		ResponseHeaderTimeout: timeout,
 		ExpectContinueTimeout: time.Second,
 	}
+	if h2c {
+		t.Protocols = new(http.Protocols)
+		t.Protocols.SetUnencryptedHTTP2(true)
+		t.Protocols.SetHTTP2(true) // an https Target still works
+	}
+	return t
 }
 
 // ServeHTTP handles one request: a covered one through the idempotency

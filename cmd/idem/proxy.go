@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/cmd/idem/internal/certreload"
 	"github.com/idemgo/idem/cmd/idem/internal/cli"
 	"github.com/idemgo/idem/cmd/idem/internal/redact"
 	"github.com/idemgo/idem/cmd/idem/internal/size"
@@ -51,6 +52,9 @@ type proxyConfig struct {
 	logLevel        string
 	shutdownTimeout time.Duration
 	checkUpstream   bool
+	tlsCert         string
+	tlsKey          string
+	h2c             bool
 	tracing         tracingFlags
 	defs            []cli.Def // the flag table
 }
@@ -193,6 +197,10 @@ func registerProxyFlags(fs *cli.Set) *proxyConfig {
 		{Name: "log-format", Placeholder: "FORMAT", Value: cli.String(&c.logFormat), Usage: "log format: text or json"},
 		{Name: "log-level", Placeholder: "LEVEL", Value: cli.String(&c.logLevel), Usage: "log level: debug, info, warn or error"},
 		{Name: "check-upstream", Value: cli.Bool(&c.checkUpstream), Usage: "refuse to start when the upstream does not accept TCP connections"},
+		{Name: "tls-cert", Placeholder: "FILE", Value: cli.String(&c.tlsCert), Usage: "serve HTTPS (TLS 1.2 or later, HTTP/2 and HTTP/1.1) with this PEM certificate chain, with --tls-key; both are read again on SIGHUP and when they change"},
+		{Name: "tls-key", Placeholder: "FILE", Value: cli.String(&c.tlsKey), Usage: "the PEM private key of --tls-cert"},
+		{Name: "h2c", Value: cli.Bool(&c.h2c), Usage: "also serve HTTP/2 without TLS (h2c with prior knowledge, as gRPC clients without TLS send) beside HTTP/1.1"},
+		{Name: "upstream-h2c", Value: cli.Bool(&p.UpstreamH2C), Field: "UpstreamH2C", Usage: "speak HTTP/2 without TLS (h2c) to an http upstream, such as a gRPC server; an https upstream gets HTTP/2 when it offers it"},
 	}...)
 	c.defs = append(c.defs, c.tracing.flags()...)
 	fs.Define(c.defs...)
@@ -226,6 +234,7 @@ func (c *proxyConfig) validate() error {
 	return cli.FirstError(
 		c.store.validate(),
 		checkAddr("--listen", c.listen),
+		cli.Check((c.tlsCert == "") != (c.tlsKey == ""), "--tls-cert and --tls-key go together"),
 		checkAddr("--admin-listen", c.adminListen),
 		cli.Check(c.lease < time.Millisecond, "--lease %v is too short", c.lease),
 		cli.Check(c.retention < c.lease, "--retention %v is shorter than --lease %v", c.retention, c.lease),
@@ -480,7 +489,8 @@ type proxyServer struct {
 	ln      net.Listener
 	admin   *http.Server // nil without --admin-listen
 	adminLn net.Listener
-	started []any // the attributes of the start's log line
+	certs   *certreload.Reloader // nil without --tls-cert
+	started []any                // the attributes of the start's log line
 }
 
 // build makes the Executor, the Proxy, its metrics and its servers, and
@@ -528,11 +538,22 @@ func (c *proxyConfig) build(st *openedStore, tr *tracing, errorHandler idemhttp.
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}}
+	s.srv.Protocols = new(http.Protocols)
+	s.srv.Protocols.SetHTTP1(true)
+	s.srv.Protocols.SetUnencryptedHTTP2(c.h2c)
+	if c.tlsCert != "" {
+		if s.certs, err = certreload.New(c.tlsCert, c.tlsKey, log); err != nil {
+			return nil, cli.Usagef("%v", err)
+		}
+		s.srv.TLSConfig = s.certs.Config()
+		s.srv.Protocols.SetHTTP2(true)
+	}
 	if s.ln, err = net.Listen("tcp", c.listen); err != nil {
 		return nil, fmt.Errorf("cannot listen on %s: %v", c.listen, cli.Cause(err))
 	}
 	s.started = []any{"listen", s.ln.Addr().String(), "upstream", redact.URL(p.Target.String()), "store", st.describe,
-		"methods", strings.Join(p.Methods, ","), "lease", cli.FormatDuration(c.lease), "retention", cli.FormatDuration(c.retention)}
+		"methods", strings.Join(p.Methods, ","), "lease", cli.FormatDuration(c.lease), "retention", cli.FormatDuration(c.retention),
+		"tls", c.tlsCert != "", "h2c", c.h2c, "upstream_h2c", p.UpstreamH2C}
 	if c.adminListen != "" {
 		if s.adminLn, err = net.Listen("tcp", c.adminListen); err != nil {
 			s.ln.Close()
@@ -580,7 +601,12 @@ func (s *proxyServer) serve(ctx context.Context) error {
 	}
 	s.log.Info("idem proxy started", s.started...)
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- s.srv.Serve(s.ln) }()
+	if s.certs != nil {
+		s.certs.Watch(ctx, time.Second)
+		go func() { serveErr <- s.srv.ServeTLS(s.ln, "", "") }()
+	} else {
+		go func() { serveErr <- s.srv.Serve(s.ln) }()
+	}
 	select {
 	case err := <-serveErr:
 		return fmt.Errorf("serving on %s: %v", s.ln.Addr(), err)
