@@ -65,7 +65,7 @@ CHART_ENV = IDEM_HELM=$(HELM) IDEM_KUBECONFORM=$(KUBECONFORM) \
   IDEM_K8S_OPENAPI="$(foreach v,$(K8S_VERSIONS),$(call moddir,k8s.io/kubernetes@$(v))/api/openapi-spec/swagger.json:)" \
   IDEM_SERVICEMONITOR_CRD="$(call moddir,github.com/prometheus-operator/prometheus-operator@$(PROMOP_VERSION))/jsonnet/prometheus-operator/servicemonitors-crd.json"
 
-.PHONY: test vet race modules tidy build release image image-test chart-test stamp-test deploy-test manifests fuzz soak chaos chaos-long chaos-report bench bench-streams bench-consume bench-functions bench-http bench-proxy bench-resources bench-postgres check-redis check-brokers check-postgres demo
+.PHONY: test vet race modules tidy build release image image-test chart-test stamp-test deploy-test manifests fuzz soak chaos chaos-long chaos-report bench bench-streams bench-consume bench-functions bench-http bench-grpc bench-proxy bench-resources bench-postgres check-redis check-brokers check-postgres demo
 
 ## test: formatting, vet, the race-enabled tests of every module, each
 ## module built on its own (make modules), the short variant of the
@@ -203,6 +203,16 @@ bench-functions: check-redis
 	  | $(GO) run ./internal/benchratio -metric evalsha-redis-µs/call -base none \
 	  | $(GO) run ./internal/benchratio -metric fcall-redis-µs/call -base none \
 	  | $(GO) run ./internal/benchratio -metric fcall_ro-redis-µs/call -base none
+
+## bench-grpc: a unary gRPC call over loopback to a bare server and to one
+## with the idemgrpc interceptor (memstore), new keys and replays, 1 and 64
+## concurrent streams on one connection, beside idemhttp against its bare
+## handler in the same run; 5 interleaved rounds, medians and the ratios
+## to bare.
+bench-grpc:
+	cd idemgrpc && $(GO) test -c -o $(CURDIR)/bin/idemgrpc.test . && \
+	  for i in 1 2 3 4 5; do $(CURDIR)/bin/idemgrpc.test -test.run '^$$' -test.bench 'Unary|HTTP' -test.benchtime 5000x; done \
+	  | $(GO) run ../internal/benchratio -metric calls/s -base bare
 
 ## bench-http: idemhttp (both Redis clients), Fiber's idempotency middleware,
 ## a plain reverse proxy and the idem proxy against the bare handler under

@@ -35,8 +35,10 @@ require (
 	github.com/valkey-io/valkey-go v1.0.79 // indirect
 	go.etcd.io/bbolt v1.5.0 // indirect
 	golang.org/x/crypto v0.57.0 // indirect
+	golang.org/x/net v0.60.0 // indirect
 	golang.org/x/sync v0.23.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20261110000943-09e21b237f2c // indirect
 )
 
 require (
@@ -49,6 +51,7 @@ require (
 	github.com/idemgo/idem/consumer/nats v0.1.0
 	github.com/idemgo/idem/consumer/rabbitmq v0.1.0
 	github.com/idemgo/idem/consumer/sqs v0.1.0
+	github.com/idemgo/idem/idemgrpc v0.1.0
 	github.com/mattn/go-colorable v0.1.13 // indirect
 	github.com/mattn/go-isatty v0.0.16 // indirect
 	github.com/prometheus/client_golang v1.25.0 // indirect
@@ -60,6 +63,7 @@ require (
 	github.com/rs/zerolog v1.28.0
 	go.uber.org/atomic v1.12.0 // indirect
 	golang.org/x/sys v0.48.0 // indirect
-	google.golang.org/protobuf v1.36.12 // indirect
+	google.golang.org/grpc v1.85.0
+	google.golang.org/protobuf v1.36.12
 	gopkg.in/tomb.v1 v1.0.0-20141024135613-dd632973f1e7 // indirect
 )
