@@ -216,7 +216,8 @@ bench-grpc:
 
 ## bench-http: idemhttp (both Redis clients), Fiber's idempotency middleware,
 ## a plain reverse proxy and the idem proxy against the bare handler under
-## wrk (and the proxy taking a webhook's key from the body after its
+## wrk (and the proxy over h2c against HTTP/1.1 under a Go load generator,
+## and the proxy taking a webhook's key from the body after its
 ## signature against the same deliveries keyed by header), beside the floors that bound them, interleaved rounds, with the
 ## ratios of the performance targets (needs wrk; about 10 minutes;
 ## ARGS=-only=regexp narrows it).

@@ -12,6 +12,10 @@
 //   - a plain httputil.ReverseProxy (idle pool tuned) and the idem proxy
 //     (cmd/idem) on Redis and on its embedded store, all in front of the
 //     same upstream;
+//   - the idem proxy on Redis loaded over HTTP/1.1 and over h2c (--h2c,
+//     and --upstream-h2c to an upstream that speaks only h2c) by a Go load
+//     generator (loadgen.go; wrk speaks only HTTP/1.1), which shows what
+//     HTTP/2 end to end costs or saves, the same client on both rows;
 //   - the floor with each client (floor.go): the bare handler behind only
 //     the two plain Redis round trips and the held response that record
 //     before success needs, which bounds what any such middleware can reach
@@ -151,6 +155,9 @@ type server struct {
 	name, url, base string
 	pid             int  // the server's process; 0: this process
 	signed          bool // sent Stripe-signed deliveries (signedLua)
+	// client: "" to load the server with wrk; h1 or h2c to load it with
+	// the Go load generator (loadgen.go) speaking that protocol.
+	client string
 }
 
 type cell struct {
@@ -167,6 +174,10 @@ func main() {
 	flag.Parse()
 	if *plainProxy != "" {
 		servePlainProxy(*plainProxy, *listenAddr, *proxyFloor)
+		return
+	}
+	if *loadgenURL != "" {
+		serveLoadgen()
 		return
 	}
 	for _, bin := range []string{"wrk", "redis-server"} {
@@ -325,37 +336,43 @@ func main() {
 		flPxFi = "proxy floor: 2 synced writes (file)"
 		pxHdr  = "idem proxy, redis, signed, header key"
 		pxHook = "idem proxy, redis, webhook stripe"
+		// The idem proxy on Redis loaded by the Go load generator over
+		// HTTP/1.1 and over h2c (--h2c, and --upstream-h2c to an upstream
+		// that speaks only h2c): what HTTP/2 end to end costs or saves
+		// against HTTP/1.1, with the same client on both rows.
+		pxH1 = "idem proxy, redis, Go h1"
+		pxH2 = "idem proxy, redis, Go h2c"
 	)
 	want := func(name string) bool { return sel == nil || sel.MatchString(name) }
-	servers := []server{{bare, serve(labelled(bare, handler)), "", 0, false}}
+	servers := []server{{bare, serve(labelled(bare, handler)), "", 0, false, ""}}
 	if want(ruRow) {
-		servers = append(servers, server{ruRow, serve(labelled(ruRow, idemMW(ruStore))), bare, 0, false})
+		servers = append(servers, server{ruRow, serve(labelled(ruRow, idemMW(ruStore))), bare, 0, false, ""})
 	}
 	if want(vkRow) {
-		servers = append(servers, server{vkRow, serve(labelled(vkRow, idemMW(vkStore))), bare, 0, false})
+		servers = append(servers, server{vkRow, serve(labelled(vkRow, idemMW(vkStore))), bare, 0, false, ""})
 	}
 	if want(grRow) {
-		servers = append(servers, server{grRow, serve(labelled(grRow, idemMW(grStore))), bare, 0, false})
+		servers = append(servers, server{grRow, serve(labelled(grRow, idemMW(grStore))), bare, 0, false, ""})
 	}
 	if want(grAll) {
-		servers = append(servers, server{grAll, serve(labelled(grAll, idemMW(grStore, idemhttp.WithStreamAll(true)))), bare, 0, false})
+		servers = append(servers, server{grAll, serve(labelled(grAll, idemMW(grStore, idemhttp.WithStreamAll(true)))), bare, 0, false, ""})
 	}
 	if want(flRu) {
-		servers = append(servers, server{flRu, serve(labelled(flRu, floorMiddleware(floorRueidis{ru}, "bench-floor-ru:", handler))), bare, 0, false})
+		servers = append(servers, server{flRu, serve(labelled(flRu, floorMiddleware(floorRueidis{ru}, "bench-floor-ru:", handler))), bare, 0, false, ""})
 	}
 	if want(flGR) {
-		servers = append(servers, server{flGR, serve(labelled(flGR, floorMiddleware(floorGoRedis{gr}, "bench-floor-gr:", handler))), bare, 0, false})
+		servers = append(servers, server{flGR, serve(labelled(flGR, floorMiddleware(floorGoRedis{gr}, "bench-floor-gr:", handler))), bare, 0, false, ""})
 	}
 	if want(flSc) {
 		acq, cpl, err := storescripts.Capture(context.Background(), addr)
 		if err != nil {
 			log.Fatal(err)
 		}
-		servers = append(servers, server{flSc, serve(labelled(flSc, newScriptFloor(ru, acq, cpl).middleware("bench-floor-sc:", handler))), bare, 0, false})
+		servers = append(servers, server{flSc, serve(labelled(flSc, newScriptFloor(ru, acq, cpl).middleware("bench-floor-sc:", handler))), bare, 0, false, ""})
 	}
 	spawned := func(name, base, bin string, args ...string) server {
 		url, pid := spawn(bin, args...)
-		return server{name, url, base, pid, false}
+		return server{name, url, base, pid, false, ""}
 	}
 	if want(fiber) {
 		servers = append(servers, spawned(fiber, bare, fiberBin, "-redis", addr))
@@ -377,6 +394,18 @@ func main() {
 	}
 	if want(pxEmb) {
 		servers = append(servers, spawned(pxEmb, plain, idemBin, append(proxyArgs, "--data", filepath.Join(dir, "data"))...))
+	}
+
+	if want(pxH1) {
+		sv := spawned(pxH1, "", idemBin, append(proxyArgs, "--redis", "redis://"+addr, "--redis-prefix", "bench-px1:")...)
+		sv.client = "h1"
+		servers = append(servers, sv)
+	}
+	if want(pxH2) {
+		h2Args := []string{"proxy", "--upstream", serveH2C(handler, &closers), "--upstream-h2c", "--h2c", "--log-level", "error"}
+		sv := spawned(pxH2, pxH1, idemBin, append(h2Args, "--redis", "redis://"+addr, "--redis-prefix", "bench-px2:")...)
+		sv.client = "h2c"
+		servers = append(servers, sv)
 	}
 
 	// The same Stripe-signed deliveries (a JSON body with the event's id,
@@ -433,7 +462,12 @@ func main() {
 					primeReplay(s.url)
 				}
 				before := readCPU(s.pid, redisPID)
-				r := runWrk(s.url, script, c.conns, t, arg)
+				var r result
+				if s.client != "" {
+					r = runLoadgen(self, s.url, s.client, c.kind, c.conns, arg)
+				} else {
+					r = runWrk(s.url, script, c.conns, t, arg)
+				}
 				used := readCPU(s.pid, redisPID).minus(before)
 				if s.signed && c.kind == "new" && r.requests >= float64(signedCount()) {
 					log.Fatalf("httpbench: %s sent %.0f requests, as many as the %d distinct deliveries written: raise signedCount", s.name, r.requests, signedCount())
@@ -462,7 +496,7 @@ func main() {
 	// Where each request's CPU time goes, at 64 connections, where the two
 	// cores are busy: with every process CPU-bound, cores / total is the
 	// most requests per second the machine can serve in that setup.
-	fmt.Printf("\nCPU µs per request at 64 connections (medians): wrk, the server, this process (the proxies' upstream), redis-server\n")
+	fmt.Printf("\nCPU µs per request at 64 connections (medians): wrk (or the Go load generator), the server, this process (the proxies' upstream), redis-server\n")
 	fmt.Printf("%-30s %-7s %7s %7s %9s %7s %7s %12s\n", "server", "keys", "wrk", "server", "upstream", "redis", "total", "cores/total")
 	for _, s := range servers {
 		for _, c := range cells {
@@ -498,34 +532,39 @@ func main() {
 		min       float64
 		latencyUS bool // an added p50 in µs at most min, instead of a ratio at least min
 		bound     bool // not a target: the most a target on the same cell can reach
+		figure    bool // not a target: a ratio shown for what it is
 	}
 	targets := []target{
-		{"new keys: rueidis / Fiber", ruRow, fiber, "new64", 1.8, false, false},
-		{"new keys: go-redis / Fiber", grRow, fiber, "new64", 1.3, false, false},
-		{"  bound: floor (rueidis) / Fiber", flRu, fiber, "new64", 0, false, true},
-		{"  bound: floor (go-redis) / Fiber", flGR, fiber, "new64", 0, false, true},
-		{"  idem / floor, rueidis", ruRow, flRu, "new64", 0, false, true},
-		{"  idem / floor, go-redis", grRow, flGR, "new64", 0, false, true},
-		{"  bound: script floor / Fiber", flSc, fiber, "new64", 0, false, true},
-		{"  idem / script floor, rueidis", ruRow, flSc, "new64", 0, false, true},
-		{"  idem / script floor, go-redis", grRow, flSc, "new64", 0, false, true},
-		{"replays: rueidis / Fiber", ruRow, fiber, "replay64", 2, false, false},
-		{"replays: go-redis / Fiber", grRow, fiber, "replay64", 2, false, false},
-		{"replays: rueidis / bare", ruRow, bare, "replay64", 0.8, false, false},
-		{"replays: go-redis / bare", grRow, bare, "replay64", 0.8, false, false},
-		{"replay added p50, 1 conn, rueidis (µs)", ruRow, bare, "replay1", 20, true, false},
-		{"replay added p50, 1 conn, go-redis (µs)", grRow, bare, "replay1", 20, true, false},
-		{"replay added p50, 1 conn, Fiber (µs)", fiber, bare, "replay1", 0, true, false},
-		{"proxy new keys: idem (redis) / plain", pxRed, plain, "new64", 0.8, false, false},
-		{"  bound: proxy floor (rueidis) / plain", flPxRu, plain, "new64", 0, false, true},
-		{"  idem proxy (redis) / its floor", pxRed, flPxRu, "new64", 0, false, true},
-		{"proxy replays: idem (redis) / plain", pxRed, plain, "replay64", 2, false, false},
-		{"proxy new keys: idem (embedded) / plain", pxEmb, plain, "new64", 0.8, false, false},
-		{"  bound: proxy floor (file) / plain", flPxFi, plain, "new64", 0, false, true},
-		{"  idem proxy (embedded) / its floor", pxEmb, flPxFi, "new64", 0, false, true},
-		{"proxy replays: idem (embedded) / plain", pxEmb, plain, "replay64", 2, false, false},
-		{"webhook new: body key + signature / header", pxHook, pxHdr, "new64", 0.9, false, false},
-		{"webhook replays: body key + signature / header", pxHook, pxHdr, "replay64", 0.9, false, false},
+		{"new keys: rueidis / Fiber", ruRow, fiber, "new64", 1.8, false, false, false},
+		{"new keys: go-redis / Fiber", grRow, fiber, "new64", 1.3, false, false, false},
+		{"  bound: floor (rueidis) / Fiber", flRu, fiber, "new64", 0, false, true, false},
+		{"  bound: floor (go-redis) / Fiber", flGR, fiber, "new64", 0, false, true, false},
+		{"  idem / floor, rueidis", ruRow, flRu, "new64", 0, false, true, false},
+		{"  idem / floor, go-redis", grRow, flGR, "new64", 0, false, true, false},
+		{"  bound: script floor / Fiber", flSc, fiber, "new64", 0, false, true, false},
+		{"  idem / script floor, rueidis", ruRow, flSc, "new64", 0, false, true, false},
+		{"  idem / script floor, go-redis", grRow, flSc, "new64", 0, false, true, false},
+		{"replays: rueidis / Fiber", ruRow, fiber, "replay64", 2, false, false, false},
+		{"replays: go-redis / Fiber", grRow, fiber, "replay64", 2, false, false, false},
+		{"replays: rueidis / bare", ruRow, bare, "replay64", 0.8, false, false, false},
+		{"replays: go-redis / bare", grRow, bare, "replay64", 0.8, false, false, false},
+		{"replay added p50, 1 conn, rueidis (µs)", ruRow, bare, "replay1", 20, true, false, false},
+		{"replay added p50, 1 conn, go-redis (µs)", grRow, bare, "replay1", 20, true, false, false},
+		{"replay added p50, 1 conn, Fiber (µs)", fiber, bare, "replay1", 0, true, false, false},
+		{"proxy new keys: idem (redis) / plain", pxRed, plain, "new64", 0.8, false, false, false},
+		{"  bound: proxy floor (rueidis) / plain", flPxRu, plain, "new64", 0, false, true, false},
+		{"  idem proxy (redis) / its floor", pxRed, flPxRu, "new64", 0, false, true, false},
+		{"proxy replays: idem (redis) / plain", pxRed, plain, "replay64", 2, false, false, false},
+		{"proxy new keys: idem (embedded) / plain", pxEmb, plain, "new64", 0.8, false, false, false},
+		{"  bound: proxy floor (file) / plain", flPxFi, plain, "new64", 0, false, true, false},
+		{"  idem proxy (embedded) / its floor", pxEmb, flPxFi, "new64", 0, false, true, false},
+		{"proxy replays: idem (embedded) / plain", pxEmb, plain, "replay64", 2, false, false, false},
+		{"webhook new: body key + signature / header", pxHook, pxHdr, "new64", 0.9, false, false, false},
+		{"webhook replays: body key + signature / header", pxHook, pxHdr, "replay64", 0.9, false, false, false},
+		{"proxy new keys: h2c / HTTP/1.1 (Go client)", pxH2, pxH1, "new64", 0, false, false, true},
+		{"proxy replays: h2c / HTTP/1.1 (Go client)", pxH2, pxH1, "replay64", 0, false, false, true},
+		{"proxy new keys, 1 conn: h2c / HTTP/1.1", pxH2, pxH1, "new1", 0, false, false, true},
+		{"proxy replays, 1 conn: h2c / HTTP/1.1", pxH2, pxH1, "replay1", 0, false, false, true},
 	}
 	fmt.Printf("\n%-42s %8s %-26s %8s  %s\n", "target (64 connections unless said)", "median", "rounds", "goal", "met")
 	for _, tg := range targets {
@@ -554,8 +593,11 @@ func main() {
 		if tg.bound {
 			goal = "(bound)"
 		}
+		if tg.figure {
+			goal = "(figure)"
+		}
 		mark := map[bool]string{true: "yes", false: "NO"}[met]
-		if goal == "(peer)" || goal == "(bound)" {
+		if goal == "(peer)" || goal == "(bound)" || goal == "(figure)" {
 			mark = "-"
 		}
 		fmt.Printf("%-42s %8.2f %-26s %8s  %s\n", tg.what, m, strings.Join(per, " "), goal, mark)
@@ -647,11 +689,16 @@ var (
 )
 
 func runWrk(url, script string, conns, threads int, prefix string) result {
-	cmd := exec.Command("wrk", "-t", strconv.Itoa(threads), "-c", strconv.Itoa(conns),
-		"-d", duration.String(), "--latency", "-s", script, url, "--", prefix)
+	return parseLoad(exec.Command("wrk", "-t", strconv.Itoa(threads), "-c", strconv.Itoa(conns),
+		"-d", duration.String(), "--latency", "-s", script, url, "--", prefix))
+}
+
+// parseLoad runs cmd, wrk or the Go load generator (loadgen.go), and reads
+// the requests, requests/s and latencies it prints as wrk does.
+func parseLoad(cmd *exec.Cmd) result {
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		log.Fatalf("wrk: %v\n%s", err, out)
+		log.Fatalf("%s: %v\n%s", filepath.Base(cmd.Path), err, out)
 	}
 	if strings.Contains(string(out), "Non-2xx") {
 		log.Fatalf("wrk saw non-2xx responses:\n%s", out)
