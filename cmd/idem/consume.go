@@ -20,6 +20,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/cmd/idem/internal/brokerurl"
 	"github.com/idemgo/idem/cmd/idem/internal/cli"
 	"github.com/idemgo/idem/cmd/idem/internal/redact"
 	"github.com/idemgo/idem/consumer"
@@ -48,8 +49,8 @@ type consumeConfig struct {
 	logFormat       string
 	logLevel        string
 
-	broker  *brokerURL // --from, parsed
-	keySpec keySpec    // --key, parsed
+	broker  *brokerurl.URL // --from, parsed
+	keySpec keySpec        // --key, parsed
 }
 
 const consumeDoc = `
@@ -176,7 +177,7 @@ func (c *consumeConfig) validate() error {
 	if c.from == "" || c.handler.URL == "" {
 		return cli.Usagef("consume: --from and --to are required (e.g. --from 'redis-stream://127.0.0.1:6379/orders?group=billing' --to http://127.0.0.1:9000/messages)")
 	}
-	b, err := parseBrokerURL("--from", c.from)
+	b, err := brokerurl.Parse("--from", c.from)
 	if err != nil {
 		return cli.Usagef("consume: %v", err)
 	}
@@ -187,11 +188,11 @@ func (c *consumeConfig) validate() error {
 	_, levelErr := parseLevel(c.logLevel)
 	return cli.FirstError(
 		c.store.validate(),
-		cli.Check(!c.store.redis() && c.store.postgres == "" && b.kind != "redis-stream",
-			"consume: the embedded store is refused: a second consumer of %s (another replica, a pod restarted elsewhere) would run the messages again with its own records; give --redis, --redis-cluster, --redis-sentinel or --postgres", b.where),
-		cli.Check(b.kind == "redis-stream" && c.store.postgres != "", "consume: a Redis stream's records live on its Redis server (the key is completed and the entry acked in one script): drop --postgres"),
-		cli.Check(b.kind == "redis-stream" && b.query.Get("group") == "", "consume: --from %s has no group: add ?group=NAME", redact.URL(c.from)),
-		cli.Check(b.kind == "amqp" && b.exchange != "", "consume: --from %s names an exchange (routing-key=): consume reads a queue", redact.URL(c.from)),
+		cli.Check(!c.store.redis() && c.store.postgres == "" && b.Kind != "redis-stream",
+			"consume: the embedded store is refused: a second consumer of %s (another replica, a pod restarted elsewhere) would run the messages again with its own records; give --redis, --redis-cluster, --redis-sentinel or --postgres", b.Where),
+		cli.Check(b.Kind == "redis-stream" && c.store.postgres != "", "consume: a Redis stream's records live on its Redis server (the key is completed and the entry acked in one script): drop --postgres"),
+		cli.Check(b.Kind == "redis-stream" && b.Query.Get("group") == "", "consume: --from %s has no group: add ?group=NAME", redact.URL(c.from)),
+		cli.Check(b.Kind == "amqp" && b.Exchange != "", "consume: --from %s names an exchange (routing-key=): consume reads a queue", redact.URL(c.from)),
 		checkAddr("--admin-listen", c.adminListen),
 		cli.Check(c.lease < time.Millisecond, "--lease %v is too short", c.lease),
 		cli.Check(c.retention < c.lease, "--retention %v is shorter than --lease %v", c.retention, c.lease),
@@ -204,7 +205,7 @@ func (c *consumeConfig) validate() error {
 		cli.Check(c.logFormat != "text" && c.logFormat != "json", "invalid --log-format %q: want text or json", c.logFormat),
 		levelErr,
 		c.parseKey(),
-		cli.Check(b.kind == "sqs" && c.deadLetter == "", "consume: an SQS queue has no default dead-letter queue: give --dead-letter QUEUE-URL"),
+		cli.Check(b.Kind == "sqs" && c.deadLetter == "", "consume: an SQS queue has no default dead-letter queue: give --dead-letter QUEUE-URL"),
 	)
 }
 
@@ -224,12 +225,12 @@ func (c *consumeConfig) options(log *slog.Logger) []consumer.Option {
 	if c.passDuplicates {
 		opts = append(opts, consumer.WithPassDuplicates())
 	}
-	if c.deadLetter != "" && c.broker.kind != "sqs" { // SQS: New's argument
+	if c.deadLetter != "" && c.broker.Kind != "sqs" { // SQS: New's argument
 		opts = append(opts, consumer.WithDeadLetter(c.deadLetter))
 	}
 	scope := c.scope
 	if scope == "" {
-		scope = c.broker.target
+		scope = c.broker.Target
 	}
 	return append(opts, consumer.WithScope(scope))
 }
@@ -273,7 +274,7 @@ func runConsume(ctx context.Context, e *env, c *consumeConfig) error {
 
 	var draining atomic.Bool
 	var admin *http.Server
-	started := []any{"from", c.broker.where, "to", redact.URL(c.handler.URL), "store", st.describe,
+	started := []any{"from", c.broker.Where, "to", redact.URL(c.handler.URL), "store", st.describe,
 		"batch", c.batch, "concurrency", c.concurrency, "max_deliveries", c.maxDeliveries,
 		"lease", cli.FormatDuration(c.lease), "handler_timeout", cli.FormatDuration(c.handler.Timeout)}
 	if c.adminListen != "" {
@@ -303,17 +304,17 @@ func runConsume(ctx context.Context, e *env, c *consumeConfig) error {
 // flag, on the stream's server.
 func (c *consumeConfig) openStore(ctx context.Context) (*openedStore, error) {
 	b := c.broker
-	if b.kind != "redis-stream" {
+	if b.Kind != "redis-stream" {
 		return c.store.open(ctx, true)
 	}
 	if !c.store.redis() {
-		return c.store.openRedis(ctx, redis.NewClient(b.redis), fmt.Sprintf("redis %s db %d", b.redis.Addr, b.redis.DB))
+		return c.store.openRedis(ctx, redis.NewClient(b.Redis), fmt.Sprintf("redis %s db %d", b.Redis.Addr, b.Redis.DB))
 	}
 	if c.store.redisURL != "" {
 		opt, _ := redis.ParseURL(c.store.redisURL) // validated
-		if opt.Addr != b.redis.Addr || opt.DB != b.redis.DB {
+		if opt.Addr != b.Redis.Addr || opt.DB != b.Redis.DB {
 			return nil, cli.Usagef("consume: the records of Redis stream %s must live on its server (the key is completed and the entry acked in one script): --redis is %s db %d, the stream is on %s db %d; drop --redis or make them one",
-				b.target, opt.Addr, opt.DB, b.redis.Addr, b.redis.DB)
+				b.Target, opt.Addr, opt.DB, b.Redis.Addr, b.Redis.DB)
 		}
 	}
 	// --redis-cluster, --redis-sentinel: the stream is read through the
@@ -323,7 +324,7 @@ func (c *consumeConfig) openStore(ctx context.Context) (*openedStore, error) {
 
 // open builds the consumers of --from.
 func (c *consumeConfig) open(ctx context.Context, st *openedStore, exec *idem.Executor, log *slog.Logger) (*source, error) {
-	switch c.broker.kind {
+	switch c.broker.Kind {
 	case "redis-stream":
 		return c.openRedisStream(st, exec, log)
 	case "kafka":
@@ -352,7 +353,7 @@ func (c *consumeConfig) openRedisStream(st *openedStore, exec *idem.Executor, lo
 		}))
 	}
 	handle := func(ctx context.Context, m redis.XMessage) error {
-		return c.handler.Call(ctx, streamDelivery(b.target, keyField, m))
+		return c.handler.Call(ctx, streamDelivery(b.Target, keyField, m))
 	}
 	var cs []*redisstream.Consumer
 	for i := range c.concurrency {
@@ -360,7 +361,7 @@ func (c *consumeConfig) openRedisStream(st *openedStore, exec *idem.Executor, lo
 		if c.concurrency > 1 {
 			name += "-" + strconv.Itoa(i)
 		}
-		rc, err := redisstream.New(st.redis, b.target, b.query.Get("group"), name, exec, handle, opts...)
+		rc, err := redisstream.New(st.redis, b.Target, b.Query.Get("group"), name, exec, handle, opts...)
 		if err != nil {
 			return nil, cli.Usagef("consume: %v", err)
 		}

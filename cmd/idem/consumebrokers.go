@@ -32,9 +32,9 @@ import (
 // openKafka builds the member of the consumer group ?group= of the topic.
 func (c *consumeConfig) openKafka(exec *idem.Executor, log *slog.Logger) (*source, error) {
 	b := c.broker
-	group := b.query.Get("group")
+	group := b.Query.Get("group")
 	if group == "" {
-		return nil, cli.Usagef("consume: --from %s has no group: add ?group=NAME", b.where)
+		return nil, cli.Usagef("consume: --from %s has no group: add ?group=NAME", b.Where)
 	}
 	opts := append(c.options(log), consumer.WithConcurrency(c.concurrency))
 	if !c.keySpec.isDefault() {
@@ -47,7 +47,7 @@ func (c *consumeConfig) openKafka(exec *idem.Executor, log *slog.Logger) (*sourc
 	if h := c.keySpec.header(); h != "" {
 		keyHeader = h
 	}
-	kopts := []kgo.Opt{kgo.SeedBrokers(b.brokers...), kgo.ConsumerGroup(group), kgo.ConsumeTopics(b.target)}
+	kopts := []kgo.Opt{kgo.SeedBrokers(b.Brokers...), kgo.ConsumerGroup(group), kgo.ConsumeTopics(b.Target)}
 	kc, err := kafka.New(kopts, exec, func(ctx context.Context, r *kgo.Record) error {
 		h := deliveryHeader("kafka", r.Topic)
 		h.Set(sidecar.HeaderPartition, strconv.Itoa(int(r.Partition)))
@@ -85,7 +85,7 @@ func kafkaHeader(r *kgo.Record, name string) []string {
 // openAMQP builds the consumer of the queue.
 func (c *consumeConfig) openAMQP(exec *idem.Executor, log *slog.Logger) (*source, error) {
 	b := c.broker
-	queue := b.target
+	queue := b.Target
 	opts := append(c.options(log), consumer.WithConcurrency(c.concurrency))
 	if !c.keySpec.isDefault() {
 		k := c.keySpec
@@ -93,7 +93,7 @@ func (c *consumeConfig) openAMQP(exec *idem.Executor, log *slog.Logger) (*source
 			return k.key(func(name string) []string { return amqpHeader(d, name) }, d.Body, d.MessageId)
 		}))
 	}
-	rc, err := rabbitmq.New(b.amqpDial, queue, exec, func(ctx context.Context, d *amqp.Delivery) error {
+	rc, err := rabbitmq.New(b.AMQPDial, queue, exec, func(ctx context.Context, d *amqp.Delivery) error {
 		h := deliveryHeader("amqp", queue)
 		if d.MessageId != "" {
 			h.Set(sidecar.HeaderMessageID, d.MessageId)
@@ -126,35 +126,48 @@ func amqpHeader(d *amqp.Delivery, name string) []string {
 	return nil
 }
 
-// openNATS builds the consumers of the JetStream stream's durable
-// consumer ?consumer=, created (explicit acks, no server-side maximum of
-// deliveries, AckWait of --lease) if it does not exist.
-func (c *consumeConfig) openNATS(ctx context.Context, exec *idem.Executor, log *slog.Logger) (*source, error) {
+// natsDurable connects to the NATS server of --from and returns the
+// JetStream stream's durable consumer, created (explicit acks, no
+// server-side maximum of deliveries, AckWait of --lease) if it does not
+// exist. The caller closes nc.
+func (c *consumeConfig) natsDurable(ctx context.Context, durable string) (*nats.Conn, jetstream.JetStream, jetstream.Consumer, error) {
 	b := c.broker
-	durable := b.query.Get("consumer")
-	if durable == "" {
-		return nil, cli.Usagef("consume: --from %s has no consumer: add ?consumer=DURABLE", b.where)
-	}
-	nc, err := nats.Connect(b.natsServer, nats.Name("idem consume"), nats.MaxReconnects(-1))
+	nc, err := nats.Connect(b.NATSServer, nats.Name("idem consume"), nats.MaxReconnects(-1))
 	if err != nil {
-		return nil, fmt.Errorf("consume: %s: %v", b.where, err)
+		return nil, nil, nil, fmt.Errorf("consume: %s: %v", b.Where, err)
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		nc.Close()
-		return nil, err
+		return nil, nil, nil, err
 	}
 	cctx, cancel := context.WithTimeout(ctx, connectTimeout)
 	defer cancel()
-	cons, err := js.Consumer(cctx, b.target, durable)
+	cons, err := js.Consumer(cctx, b.Target, durable)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
-		cons, err = js.CreateConsumer(cctx, b.target, jetstream.ConsumerConfig{
+		cons, err = js.CreateConsumer(cctx, b.Target, jetstream.ConsumerConfig{
 			Durable: durable, AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: -1, AckWait: max(c.lease, time.Second),
 		})
 	}
 	if err != nil {
 		nc.Close()
-		return nil, fmt.Errorf("consume: consumer %s of JetStream stream %s at %s: %v", durable, b.target, b.natsServer, err)
+		return nil, nil, nil, fmt.Errorf("consume: consumer %s of JetStream stream %s at %s: %v", durable, b.Target, b.NATSServer, err)
+	}
+	return nc, js, cons, nil
+}
+
+// openNATS builds the consumers of the JetStream stream's durable
+// consumer ?consumer=, created (explicit acks, no server-side maximum of
+// deliveries, AckWait of --lease) if it does not exist.
+func (c *consumeConfig) openNATS(ctx context.Context, exec *idem.Executor, log *slog.Logger) (*source, error) {
+	b := c.broker
+	durable := b.Query.Get("consumer")
+	if durable == "" {
+		return nil, cli.Usagef("consume: --from %s has no consumer: add ?consumer=DURABLE", b.Where)
+	}
+	nc, js, cons, err := c.natsDurable(ctx, durable)
+	if err != nil {
+		return nil, err
 	}
 	opts := c.options(log)
 	if !c.keySpec.isDefault() {
@@ -167,7 +180,7 @@ func (c *consumeConfig) openNATS(ctx context.Context, exec *idem.Executor, log *
 	if h := c.keySpec.header(); h != "" {
 		keyHeader = h
 	}
-	stream := b.target
+	stream := b.Target
 	var ncs []*natsconsumer.Consumer
 	for range c.concurrency {
 		n, err := natsconsumer.New(js, cons, exec, func(ctx context.Context, m jetstream.Msg) error {
@@ -228,13 +241,13 @@ func natsID(m jetstream.Msg) string {
 // credential chain.
 func (c *consumeConfig) openSQS(ctx context.Context, exec *idem.Executor, log *slog.Logger) (*source, error) {
 	b := c.broker
-	client, err := b.sqsClient(ctx)
+	client, err := b.SQSClient(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("consume: %s: %v", b.where, err)
+		return nil, fmt.Errorf("consume: %s: %v", b.Where, err)
 	}
 	opts := append(c.options(log), consumer.WithConcurrency(c.concurrency))
 	if c.scope == "" {
-		opts = append(opts, consumer.WithScope(b.queueURL))
+		opts = append(opts, consumer.WithScope(b.QueueURL))
 	}
 	if !c.keySpec.isDefault() {
 		k := c.keySpec
@@ -246,8 +259,8 @@ func (c *consumeConfig) openSQS(ctx context.Context, exec *idem.Executor, log *s
 	if h := c.keySpec.header(); h != "" {
 		keyAttr = h
 	}
-	queue := b.target
-	sc, err := sqsconsumer.New(client, b.queueURL, c.deadLetter, exec, func(ctx context.Context, m types.Message) error {
+	queue := b.Target
+	sc, err := sqsconsumer.New(client, b.QueueURL, c.deadLetter, exec, func(ctx context.Context, m types.Message) error {
 		h := deliveryHeader("sqs", queue)
 		h.Set(sidecar.HeaderMessageID, deref(m.MessageId))
 		for name := range m.MessageAttributes {

@@ -7,14 +7,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	awsconfig "github.com/aws/aws-sdk-go-v2/config"
-	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/idemgo/idem/cmd/idem/internal/brokerurl"
 	"github.com/idemgo/idem/cmd/idem/internal/cli"
 	"github.com/idemgo/idem/cmd/idem/internal/redact"
 	"github.com/idemgo/idem/consumer/kafka"
@@ -86,83 +84,19 @@ type outboxRoute struct {
 	where string // the broker and destination, without secrets
 }
 
-// parseOutbox parses an --outbox value: [NAME=]URL (parseBrokerURL).
+// parseOutbox parses an --outbox value: [NAME=]URL (brokerurl.Parse).
 func parseOutbox(v string) (outboxRoute, error) {
 	name, raw := "", v
 	if i, j := strings.IndexByte(v, '='), strings.Index(v, "://"); i > 0 && (j < 0 || i < j) {
 		name, raw = v[:i], v[i+1:]
 	}
-	b, err := parseBrokerURL("--outbox", raw)
+	b, err := brokerurl.Parse("--outbox", raw)
 	if err != nil {
 		return outboxRoute{}, err
 	}
-	r := outboxRoute{raw: raw, name: b.target, where: b.where}
-	target := b.target
-	switch b.kind {
-	case "redis-stream":
-		opts := b.redis
-		r.open = func(context.Context) (pgoutbox.Sender, func(), error) {
-			rdb := redis.NewClient(opts)
-			s, err := redisstream.NewSender(rdb, target)
-			if err != nil {
-				rdb.Close()
-				return nil, nil, err
-			}
-			return s, func() { rdb.Close() }, nil
-		}
-	case "kafka":
-		brokers := b.brokers
-		r.open = func(context.Context) (pgoutbox.Sender, func(), error) {
-			cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-			if err != nil {
-				return nil, nil, err
-			}
-			s, err := kafka.NewSender(cl, target)
-			if err != nil {
-				cl.Close()
-				return nil, nil, err
-			}
-			return s, cl.Close, nil
-		}
-	case "amqp":
-		dial, exchange, key := b.amqpDial, b.exchange, b.routingKey
-		if _, err := rabbitmq.NewSender(dial, exchange, key); err != nil {
-			return outboxRoute{}, fmt.Errorf("--outbox %s: %v", redact.URL(raw), cli.Cause(err))
-		}
-		r.open = func(context.Context) (pgoutbox.Sender, func(), error) {
-			s, err := rabbitmq.NewSender(dial, exchange, key)
-			if err != nil {
-				return nil, nil, err
-			}
-			return s, func() { s.Close() }, nil
-		}
-	case "nats":
-		server := b.natsServer
-		r.where = fmt.Sprintf("NATS subject %s at %s", target, redact.URL(server))
-		r.open = func(context.Context) (pgoutbox.Sender, func(), error) {
-			nc, err := nats.Connect(server, nats.Name("idem outbox relay"), nats.MaxReconnects(-1))
-			if err != nil {
-				return nil, nil, err
-			}
-			js, err := jetstream.New(nc)
-			if err == nil {
-				var s *natsconsumer.Sender
-				if s, err = natsconsumer.NewSender(js, target); err == nil {
-					return s, nc.Close, nil
-				}
-			}
-			nc.Close()
-			return nil, nil, err
-		}
-	case "sqs":
-		r.open = func(ctx context.Context) (pgoutbox.Sender, func(), error) {
-			client, err := b.sqsClient(ctx)
-			if err != nil {
-				return nil, nil, err
-			}
-			s, err := sqsconsumer.NewSender(client, b.queueURL)
-			return s, func() {}, err
-		}
+	r := outboxRoute{raw: raw, name: b.Target, where: b.Where}
+	if err := outboxSenders[b.Kind](&r, b); err != nil {
+		return outboxRoute{}, err
 	}
 	if name != "" {
 		r.name = name
@@ -170,19 +104,93 @@ func parseOutbox(v string) (outboxRoute, error) {
 	return r, nil
 }
 
-// sqsClient returns an SQS client of b's endpoint, with the AWS SDK's
-// default credential chain.
-func (b *brokerURL) sqsClient(ctx context.Context) (*sqs.Client, error) {
-	var opts []func(*awsconfig.LoadOptions) error
-	if b.region != "" {
-		opts = append(opts, awsconfig.WithRegion(b.region))
+// outboxSenders set the opener of a route's sender, by broker kind
+// (brokerurl.URL.Kind).
+var outboxSenders = map[string]func(r *outboxRoute, b *brokerurl.URL) error{
+	"redis-stream": outboxRedisStream,
+	"kafka":        outboxKafka,
+	"amqp":         outboxAMQP,
+	"nats":         outboxNATS,
+	"sqs":          outboxSQS,
+}
+
+func outboxRedisStream(r *outboxRoute, b *brokerurl.URL) error {
+	opts, target := b.Redis, b.Target
+	r.open = func(context.Context) (pgoutbox.Sender, func(), error) {
+		rdb := redis.NewClient(opts)
+		s, err := redisstream.NewSender(rdb, target)
+		if err != nil {
+			rdb.Close()
+			return nil, nil, err
+		}
+		return s, func() { rdb.Close() }, nil
 	}
-	cfg, err := awsconfig.LoadDefaultConfig(ctx, opts...)
-	if err != nil {
-		return nil, err
+	return nil
+}
+
+func outboxKafka(r *outboxRoute, b *brokerurl.URL) error {
+	brokers, target := b.Brokers, b.Target
+	r.open = func(context.Context) (pgoutbox.Sender, func(), error) {
+		cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+		if err != nil {
+			return nil, nil, err
+		}
+		s, err := kafka.NewSender(cl, target)
+		if err != nil {
+			cl.Close()
+			return nil, nil, err
+		}
+		return s, cl.Close, nil
 	}
-	endpoint := b.endpoint
-	return sqs.NewFromConfig(cfg, func(o *sqs.Options) { o.BaseEndpoint = aws.String(endpoint) }), nil
+	return nil
+}
+
+func outboxAMQP(r *outboxRoute, b *brokerurl.URL) error {
+	dial, exchange, key := b.AMQPDial, b.Exchange, b.RoutingKey
+	if _, err := rabbitmq.NewSender(dial, exchange, key); err != nil {
+		return fmt.Errorf("--outbox %s: %v", redact.URL(r.raw), cli.Cause(err))
+	}
+	r.open = func(context.Context) (pgoutbox.Sender, func(), error) {
+		s, err := rabbitmq.NewSender(dial, exchange, key)
+		if err != nil {
+			return nil, nil, err
+		}
+		return s, func() { s.Close() }, nil
+	}
+	return nil
+}
+
+func outboxNATS(r *outboxRoute, b *brokerurl.URL) error {
+	server, target := b.NATSServer, b.Target
+	r.where = fmt.Sprintf("NATS subject %s at %s", target, redact.URL(server))
+	r.open = func(context.Context) (pgoutbox.Sender, func(), error) {
+		nc, err := nats.Connect(server, nats.Name("idem outbox relay"), nats.MaxReconnects(-1))
+		if err != nil {
+			return nil, nil, err
+		}
+		js, err := jetstream.New(nc)
+		if err == nil {
+			var s *natsconsumer.Sender
+			if s, err = natsconsumer.NewSender(js, target); err == nil {
+				return s, nc.Close, nil
+			}
+		}
+		nc.Close()
+		return nil, nil, err
+	}
+	return nil
+}
+
+func outboxSQS(r *outboxRoute, b *brokerurl.URL) error {
+	r.open = func(ctx context.Context) (pgoutbox.Sender, func(), error) {
+		client, err := b.SQSClient(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		s, err := sqsconsumer.NewSender(client, b.QueueURL)
+		return s, func() {}, err
+	}
+	return nil
 }
 
 // outboxRelay is a pgoutbox.Relay on the --outbox routes.

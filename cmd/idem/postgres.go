@@ -137,7 +137,14 @@ func (r *relayFlags) run(ctx context.Context, e *env, args []string) (err error)
 		}
 		defer func() { err = errors.Join(err, finish()) }()
 	}
-	rs, err := s.open(ctx, false) // Redis: --postgres is the gate's database here
+	return r.relayGate(ctx, e, pool, describe)
+}
+
+// relayGate relays the completions of the gate's database (pool, described
+// by describe) to the Redis store of the flags: once with --once, or else
+// every --interval until ctx ends.
+func (r *relayFlags) relayGate(ctx context.Context, e *env, pool *pgxpool.Pool, describe string) error {
+	rs, err := r.store.open(ctx, false) // Redis: --postgres is the gate's database here
 	if err != nil {
 		return err
 	}

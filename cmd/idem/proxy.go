@@ -22,6 +22,7 @@ import (
 	"github.com/idemgo/idem/cmd/idem/internal/certreload"
 	"github.com/idemgo/idem/cmd/idem/internal/cli"
 	"github.com/idemgo/idem/cmd/idem/internal/redact"
+	"github.com/idemgo/idem/cmd/idem/internal/routesfile"
 	"github.com/idemgo/idem/cmd/idem/internal/size"
 	"github.com/idemgo/idem/idemhttp"
 	"github.com/idemgo/idem/idemproxy"
@@ -46,7 +47,7 @@ type proxyConfig struct {
 	webhook         string
 	webhookSecrets  string // --webhook-secret-file
 	routesPath      string // --routes
-	routes          []loadedRoute
+	routes          []routesfile.Route
 	adminListen     string
 	logFormat       string
 	logLevel        string
@@ -336,7 +337,7 @@ func (c *proxyConfig) setupWebhook(getenv func(string) string) (bool, error) {
 	default:
 		text = getenv(webhookSecretEnv)
 	}
-	secrets := parseSecrets(text)
+	secrets := routesfile.ParseSecrets(text)
 	if len(secrets) == 0 {
 		if c.webhookSecrets != "" {
 			return false, cli.Usagef("--webhook-secret-file %s holds no secret", c.webhookSecrets)
@@ -380,9 +381,12 @@ var storePolicies = []struct {
 }
 
 // policy returns the Policy that --store-policy names, nil if none.
-func (c *proxyConfig) policy() idemhttp.Policy {
+func (c *proxyConfig) policy() idemhttp.Policy { return policyNamed(c.storePolicy) }
+
+// policyNamed returns the Policy of a --store-policy value, nil if none.
+func policyNamed(name string) idemhttp.Policy {
 	for _, p := range storePolicies {
-		if p.name == c.storePolicy {
+		if p.name == name {
 			return p.policy
 		}
 	}
@@ -439,7 +443,10 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 	if err != nil {
 		return err
 	}
-	if c.routes, err = c.loadRoutes(e.getenv); err != nil {
+	c.routes, err = routesfile.Load(c.routesPath, routesfile.Defaults{
+		Lease: c.lease, KeyOptional: c.proxy.KeyOptional, Methods: c.proxy.Methods, Policy: policyNamed, Getenv: e.getenv,
+	})
+	if err != nil {
 		return err
 	}
 	log := redact.Logger(newLogger(e, c.logFormat, c.logLevel), e.hider)
@@ -508,18 +515,18 @@ func (c *proxyConfig) build(st *openedStore, tr *tracing, errorHandler idemhttp.
 	execs := map[time.Duration]*idem.Executor{c.lease: exec}
 	p.Routes = nil
 	for _, lr := range c.routes {
-		rt := lr.route
-		if execs[lr.lease] == nil {
+		rt := lr.Route
+		if execs[lr.Lease] == nil {
 			// Another lease: another Executor over the same store.
 			e, err := idem.New(tr.store(st.store),
-				idem.WithLease(lr.lease), idem.WithRetention(max(c.retention, lr.lease)), idem.WithMaxResultSize(readLimit),
+				idem.WithLease(lr.Lease), idem.WithRetention(max(c.retention, lr.Lease)), idem.WithMaxResultSize(readLimit),
 				idem.WithObserver(execMetrics.Observe))
 			if err != nil {
 				return nil, cli.Usagef("--routes: %v", err)
 			}
-			execs[lr.lease] = e
+			execs[lr.Lease] = e
 		}
-		rt.Executor = execs[lr.lease]
+		rt.Executor = execs[lr.Lease]
 		p.Routes = append(p.Routes, rt)
 	}
 	metrics, err := prometheusidem.NewProxyMetrics(p.InFlight)
