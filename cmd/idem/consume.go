@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,7 +9,6 @@ import (
 	"net/http"
 	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,6 +20,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/cmd/idem/internal/brokerurl"
 	"github.com/idemgo/idem/cmd/idem/internal/cli"
+	"github.com/idemgo/idem/cmd/idem/internal/delivery"
 	"github.com/idemgo/idem/cmd/idem/internal/redact"
 	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/consumer/redisstream"
@@ -49,8 +48,8 @@ type consumeConfig struct {
 	logFormat       string
 	logLevel        string
 
-	broker  *brokerurl.URL // --from, parsed
-	keySpec keySpec        // --key, parsed
+	broker  *brokerurl.URL   // --from, parsed
+	keySpec delivery.KeySpec // --key, parsed
 }
 
 const consumeDoc = `
@@ -210,7 +209,7 @@ func (c *consumeConfig) validate() error {
 }
 
 func (c *consumeConfig) parseKey() error {
-	k, err := parseKeySpec(c.key)
+	k, err := delivery.ParseKeySpec(c.key)
 	c.keySpec = k
 	return err
 }
@@ -341,19 +340,12 @@ func (c *consumeConfig) open(ctx context.Context, st *openedStore, exec *idem.Ex
 func (c *consumeConfig) openRedisStream(st *openedStore, exec *idem.Executor, log *slog.Logger) (*source, error) {
 	b := c.broker
 	opts := c.options(log)
-	keyField := redisstream.DefaultKeyField
-	if h := c.keySpec.header(); h != "" {
-		keyField = h
-	}
-	if !c.keySpec.isDefault() {
-		k := c.keySpec
-		opts = append(opts, redisstream.WithKeyFunc(func(m redis.XMessage) string {
-			body, _ := streamBody(m)
-			return k.key(func(name string) []string { return streamField(m, name) }, body, m.ID)
-		}))
+	keyField := c.keySpec.HeaderOr(redisstream.DefaultKeyField)
+	if !c.keySpec.IsDefault() {
+		opts = append(opts, redisstream.WithKeyFunc(c.keySpec.RedisStreamKey))
 	}
 	handle := func(ctx context.Context, m redis.XMessage) error {
-		return c.handler.Call(ctx, streamDelivery(b.Target, keyField, m))
+		return c.handler.Call(ctx, delivery.RedisStream(b.Target, keyField, m))
 	}
 	var cs []*redisstream.Consumer
 	for i := range c.concurrency {
@@ -386,63 +378,6 @@ func (c *consumeConfig) openRedisStream(st *openedStore, exec *idem.Executor, lo
 		},
 		close: func() {},
 	}, nil
-}
-
-// streamDelivery translates a stream entry: its body (streamBody); the
-// key's field is left out of the headers, traceparent and tracestate
-// pass as they are, the other fields as Idem-Header-NAME.
-func streamDelivery(stream, keyField string, m redis.XMessage) sidecar.Delivery {
-	h := deliveryHeader("redis-stream", stream)
-	h.Set(sidecar.HeaderMessageID, m.ID)
-	body, isJSON := streamBody(m)
-	if isJSON {
-		h.Set("Content-Type", "application/json")
-	}
-	for k, v := range m.Values {
-		if k != redisstream.PayloadField && k != keyField {
-			s, _ := v.(string)
-			addMessageHeader(h, k, s)
-		}
-	}
-	return sidecar.Delivery{Body: body, Header: h}
-}
-
-// streamBody returns an entry's body: the field "payload" (what idem relay
-// --outbox writes), or else the entry's fields as a JSON object (isJSON).
-func streamBody(m redis.XMessage) (body []byte, isJSON bool) {
-	if p, ok := m.Values[redisstream.PayloadField].(string); ok {
-		return []byte(p), false
-	}
-	body, _ = json.Marshal(m.Values)
-	return body, true
-}
-
-// streamField returns an entry's field name, for --key header:NAME.
-func streamField(m redis.XMessage, name string) []string {
-	if v, ok := m.Values[name].(string); ok {
-		return []string{v}
-	}
-	return nil
-}
-
-// deliveryHeader returns the headers every delivery carries.
-func deliveryHeader(broker, topic string) http.Header {
-	h := http.Header{}
-	h.Set(sidecar.HeaderBroker, broker)
-	h.Set(sidecar.HeaderTopic, topic)
-	return h
-}
-
-// addMessageHeader adds a message's own header to h: traceparent,
-// tracestate and content-type as they are, the others as
-// Idem-Header-NAME.
-func addMessageHeader(h http.Header, name, value string) {
-	switch strings.ToLower(name) {
-	case "traceparent", "tracestate", "content-type":
-		h.Set(name, value)
-	default:
-		h.Add("Idem-Header-"+name, value)
-	}
 }
 
 // addStats adds the counters of b to a.

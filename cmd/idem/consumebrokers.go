@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"sync"
 	"time"
 
@@ -17,17 +16,17 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/cmd/idem/internal/cli"
+	"github.com/idemgo/idem/cmd/idem/internal/delivery"
 	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/consumer/kafka"
 	natsconsumer "github.com/idemgo/idem/consumer/nats"
 	"github.com/idemgo/idem/consumer/rabbitmq"
-	"github.com/idemgo/idem/consumer/sidecar"
 	sqsconsumer "github.com/idemgo/idem/consumer/sqs"
 )
 
-// The brokers other than Redis Streams (consume.go): each translates its
-// messages into sidecar.Delivery and --key into its adapter's key
-// function; the adapters do the rest.
+// The brokers other than Redis Streams (consume.go): package delivery
+// translates each one's messages into sidecar.Delivery and --key into its
+// adapter's key function; the adapters do the rest.
 
 // openKafka builds the member of the consumer group ?group= of the topic.
 func (c *consumeConfig) openKafka(exec *idem.Executor, log *slog.Logger) (*source, error) {
@@ -37,28 +36,13 @@ func (c *consumeConfig) openKafka(exec *idem.Executor, log *slog.Logger) (*sourc
 		return nil, cli.Usagef("consume: --from %s has no group: add ?group=NAME", b.Where)
 	}
 	opts := append(c.options(log), consumer.WithConcurrency(c.concurrency))
-	if !c.keySpec.isDefault() {
-		k := c.keySpec
-		opts = append(opts, kafka.WithKeyFunc(func(r *kgo.Record) string {
-			return k.key(func(name string) []string { return kafkaHeader(r, name) }, r.Value, kafkaID(r))
-		}))
+	if !c.keySpec.IsDefault() {
+		opts = append(opts, kafka.WithKeyFunc(c.keySpec.KafkaKey))
 	}
-	keyHeader := kafka.DefaultKeyHeader
-	if h := c.keySpec.header(); h != "" {
-		keyHeader = h
-	}
+	keyHeader := c.keySpec.HeaderOr(kafka.DefaultKeyHeader)
 	kopts := []kgo.Opt{kgo.SeedBrokers(b.Brokers...), kgo.ConsumerGroup(group), kgo.ConsumeTopics(b.Target)}
 	kc, err := kafka.New(kopts, exec, func(ctx context.Context, r *kgo.Record) error {
-		h := deliveryHeader("kafka", r.Topic)
-		h.Set(sidecar.HeaderPartition, strconv.Itoa(int(r.Partition)))
-		h.Set(sidecar.HeaderOffset, strconv.FormatInt(r.Offset, 10))
-		h.Set(sidecar.HeaderMessageID, kafkaID(r))
-		for _, rh := range r.Headers {
-			if rh.Key != keyHeader {
-				addMessageHeader(h, rh.Key, string(rh.Value))
-			}
-		}
-		return c.handler.Call(ctx, sidecar.Delivery{Body: r.Value, Header: h})
+		return c.handler.Call(ctx, delivery.Kafka(keyHeader, r))
 	}, opts...)
 	if err != nil {
 		return nil, cli.Usagef("consume: %v", err)
@@ -66,64 +50,21 @@ func (c *consumeConfig) openKafka(exec *idem.Executor, log *slog.Logger) (*sourc
 	return &source{run: kc.Run, stats: kc.Stats, close: func() {}}, nil
 }
 
-// kafkaID is a record's partition and offset: the same on every
-// redelivery of the record, another for another send of the same message.
-func kafkaID(r *kgo.Record) string {
-	return strconv.Itoa(int(r.Partition)) + "-" + strconv.FormatInt(r.Offset, 10)
-}
-
-func kafkaHeader(r *kgo.Record, name string) []string {
-	var out []string
-	for _, h := range r.Headers {
-		if h.Key == name {
-			out = append(out, string(h.Value))
-		}
-	}
-	return out
-}
-
 // openAMQP builds the consumer of the queue.
 func (c *consumeConfig) openAMQP(exec *idem.Executor, log *slog.Logger) (*source, error) {
 	b := c.broker
 	queue := b.Target
 	opts := append(c.options(log), consumer.WithConcurrency(c.concurrency))
-	if !c.keySpec.isDefault() {
-		k := c.keySpec
-		opts = append(opts, rabbitmq.WithKeyFunc(func(d *amqp.Delivery) string {
-			return k.key(func(name string) []string { return amqpHeader(d, name) }, d.Body, d.MessageId)
-		}))
+	if !c.keySpec.IsDefault() {
+		opts = append(opts, rabbitmq.WithKeyFunc(c.keySpec.AMQPKey))
 	}
 	rc, err := rabbitmq.New(b.AMQPDial, queue, exec, func(ctx context.Context, d *amqp.Delivery) error {
-		h := deliveryHeader("amqp", queue)
-		if d.MessageId != "" {
-			h.Set(sidecar.HeaderMessageID, d.MessageId)
-		}
-		if d.ContentType != "" {
-			h.Set("Content-Type", d.ContentType)
-		}
-		for name := range d.Headers {
-			if vs := amqpHeader(d, name); len(vs) == 1 {
-				addMessageHeader(h, name, vs[0])
-			}
-		}
-		return c.handler.Call(ctx, sidecar.Delivery{Body: d.Body, Header: h})
+		return c.handler.Call(ctx, delivery.AMQP(queue, d))
 	}, opts...)
 	if err != nil {
 		return nil, cli.Usagef("consume: %v", err)
 	}
 	return &source{run: rc.Run, stats: rc.Stats, close: func() {}}, nil
-}
-
-func amqpHeader(d *amqp.Delivery, name string) []string {
-	switch v := d.Headers[name].(type) {
-	case string:
-		return []string{v}
-	case []byte:
-		return []string{string(v)}
-	case int, int8, int16, int32, int64, uint8, uint16, uint32, uint64:
-		return []string{fmt.Sprint(v)}
-	}
-	return nil
 }
 
 // natsDurable connects to the NATS server of --from and returns the
@@ -170,31 +111,15 @@ func (c *consumeConfig) openNATS(ctx context.Context, exec *idem.Executor, log *
 		return nil, err
 	}
 	opts := c.options(log)
-	if !c.keySpec.isDefault() {
-		k := c.keySpec
-		opts = append(opts, natsconsumer.WithKeyFunc(func(m jetstream.Msg) string {
-			return k.key(func(name string) []string { return m.Headers().Values(name) }, m.Data(), natsID(m))
-		}))
+	if !c.keySpec.IsDefault() {
+		opts = append(opts, natsconsumer.WithKeyFunc(c.keySpec.NATSKey))
 	}
-	keyHeader := natsconsumer.DefaultKeyHeader
-	if h := c.keySpec.header(); h != "" {
-		keyHeader = h
-	}
+	keyHeader := c.keySpec.HeaderOr(natsconsumer.DefaultKeyHeader)
 	stream := b.Target
 	var ncs []*natsconsumer.Consumer
 	for range c.concurrency {
 		n, err := natsconsumer.New(js, cons, exec, func(ctx context.Context, m jetstream.Msg) error {
-			h := deliveryHeader("nats", stream)
-			h.Set(sidecar.HeaderMessageID, natsID(m))
-			h.Set("Idem-Subject", m.Subject())
-			for name, vs := range m.Headers() {
-				if name != keyHeader {
-					for _, v := range vs {
-						addMessageHeader(h, name, v)
-					}
-				}
-			}
-			return c.handler.Call(ctx, sidecar.Delivery{Body: m.Data(), Header: h})
+			return c.handler.Call(ctx, delivery.NATS(stream, keyHeader, m))
 		}, opts...)
 		if err != nil {
 			nc.Close()
@@ -227,16 +152,6 @@ func (c *consumeConfig) openNATS(ctx context.Context, exec *idem.Executor, log *
 	}, nil
 }
 
-// natsID is a message's sequence in its stream: the same on every
-// redelivery.
-func natsID(m jetstream.Msg) string {
-	md, err := m.Metadata()
-	if err != nil {
-		return ""
-	}
-	return strconv.FormatUint(md.Sequence.Stream, 10)
-}
-
 // openSQS builds the consumer of the queue, with the AWS SDK's default
 // credential chain.
 func (c *consumeConfig) openSQS(ctx context.Context, exec *idem.Executor, log *slog.Logger) (*source, error) {
@@ -249,43 +164,16 @@ func (c *consumeConfig) openSQS(ctx context.Context, exec *idem.Executor, log *s
 	if c.scope == "" {
 		opts = append(opts, consumer.WithScope(b.QueueURL))
 	}
-	if !c.keySpec.isDefault() {
-		k := c.keySpec
-		opts = append(opts, sqsconsumer.WithKeyFunc(func(m types.Message) string {
-			return k.key(func(name string) []string { return sqsAttribute(m, name) }, []byte(deref(m.Body)), deref(m.MessageId))
-		}))
+	if !c.keySpec.IsDefault() {
+		opts = append(opts, sqsconsumer.WithKeyFunc(c.keySpec.SQSKey))
 	}
-	keyAttr := sqsconsumer.DefaultKeyAttribute
-	if h := c.keySpec.header(); h != "" {
-		keyAttr = h
-	}
+	keyAttr := c.keySpec.HeaderOr(sqsconsumer.DefaultKeyAttribute)
 	queue := b.Target
 	sc, err := sqsconsumer.New(client, b.QueueURL, c.deadLetter, exec, func(ctx context.Context, m types.Message) error {
-		h := deliveryHeader("sqs", queue)
-		h.Set(sidecar.HeaderMessageID, deref(m.MessageId))
-		for name := range m.MessageAttributes {
-			if vs := sqsAttribute(m, name); len(vs) == 1 && name != keyAttr {
-				addMessageHeader(h, name, vs[0])
-			}
-		}
-		return c.handler.Call(ctx, sidecar.Delivery{Body: []byte(deref(m.Body)), Header: h})
+		return c.handler.Call(ctx, delivery.SQS(queue, keyAttr, m))
 	}, opts...)
 	if err != nil {
 		return nil, cli.Usagef("consume: %v", err)
 	}
 	return &source{run: sc.Run, stats: sc.Stats, close: func() {}}, nil
-}
-
-func sqsAttribute(m types.Message, name string) []string {
-	if a, ok := m.MessageAttributes[name]; ok && a.StringValue != nil {
-		return []string{*a.StringValue}
-	}
-	return nil
-}
-
-func deref(s *string) string {
-	if s == nil {
-		return ""
-	}
-	return *s
 }

@@ -1,4 +1,7 @@
-package main
+// Package delivery translates the messages of the brokers that `idem
+// consume` reads into sidecar.Delivery (the HTTP request the handler
+// gets), and finds their idempotency keys where --key says.
+package delivery
 
 import (
 	"strings"
@@ -8,20 +11,20 @@ import (
 	"github.com/idemgo/idem/keysource"
 )
 
-// keySpec is consume's --key: where a message's idempotency key is.
-type keySpec struct {
+// KeySpec is consume's --key: where a message's idempotency key is.
+type KeySpec struct {
 	spec   string
 	byID   bool                  // id: the broker's message ID
 	src    keysource.Source      // header:NAME, json:POINTER
 	hashed keysource.Fingerprint // hash:POINTER,...: the SHA-256 of those members
 }
 
-// parseKeySpec parses --key: "" (the adapter's default), id,
+// ParseKeySpec parses --key: "" (the adapter's default), id,
 // header:NAME, json:POINTER (package keysource) or hash:POINTER,POINTER…
 // (consumer.HashKey of those members of a JSON body, as keysource's
 // fingerprint selects them).
-func parseKeySpec(spec string) (keySpec, error) {
-	k := keySpec{spec: spec}
+func ParseKeySpec(spec string) (KeySpec, error) {
+	k := KeySpec{spec: spec}
 	switch {
 	case spec == "":
 	case spec == "id":
@@ -42,15 +45,24 @@ func parseKeySpec(spec string) (keySpec, error) {
 	return k, nil
 }
 
-// isDefault reports whether --key leaves the adapter's default.
-func (k keySpec) isDefault() bool { return k.spec == "" }
+// IsDefault reports whether --key leaves the adapter's default.
+func (k KeySpec) IsDefault() bool { return k.spec == "" }
 
-// header returns the header NAME of header:NAME, or "".
-func (k keySpec) header() string { return k.src.Header() }
+// Header returns the header NAME of header:NAME, or "".
+func (k KeySpec) Header() string { return k.src.Header() }
 
-// key returns the key of a message with the given header getter, body and
+// HeaderOr returns the header NAME of header:NAME, or else def (the
+// adapter's default key header).
+func (k KeySpec) HeaderOr(def string) string {
+	if h := k.Header(); h != "" {
+		return h
+	}
+	return def
+}
+
+// Key returns the key of a message with the given header getter, body and
 // broker ID; "" for none (the message is dead-lettered, consumer.ErrNoKey).
-func (k keySpec) key(header func(string) []string, body []byte, id string) string {
+func (k KeySpec) Key(header func(string) []string, body []byte, id string) string {
 	switch {
 	case k.byID:
 		return id

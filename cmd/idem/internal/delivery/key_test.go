@@ -1,4 +1,4 @@
-package main
+package delivery
 
 import (
 	"testing"
@@ -31,25 +31,25 @@ func TestKeySpec(t *testing.T) {
 		{"hash:/id", "", []byte("not json")},
 	} {
 		k := mustSpec(t, tc.spec)
-		if got := k.key(header, tc.body, "msg-1"); got != tc.want {
+		if got := k.Key(header, tc.body, "msg-1"); got != tc.want {
 			t.Errorf("--key %s: got %q, want %q", tc.spec, got, tc.want)
 		}
 	}
 	// The hash ignores the members not listed.
 	k := mustSpec(t, "hash:/order,/amount")
-	if a, b := k.key(nil, body, ""), k.key(nil, []byte(`{"amount":100,"order":{"n":7},"id":"other"}`), ""); a != b || a == "" {
+	if a, b := k.Key(nil, body, ""), k.Key(nil, []byte(`{"amount":100,"order":{"n":7},"id":"other"}`), ""); a != b || a == "" {
 		t.Errorf("hash of the same members: %q and %q, want one key", a, b)
 	}
 	for _, bad := range []string{"nope", "json:id", "hash:", "header:"} {
-		if _, err := parseKeySpec(bad); err == nil {
+		if _, err := ParseKeySpec(bad); err == nil {
 			t.Errorf("--key %q: got no error", bad)
 		}
 	}
 }
 
-func mustSpec(t *testing.T, spec string) keySpec {
+func mustSpec(t *testing.T, spec string) KeySpec {
 	t.Helper()
-	k, err := parseKeySpec(spec)
+	k, err := ParseKeySpec(spec)
 	if err != nil {
 		t.Fatal(err)
 	}
