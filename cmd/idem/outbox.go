@@ -7,19 +7,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-	"github.com/redis/go-redis/v9"
-	"github.com/twmb/franz-go/pkg/kgo"
-
-	"github.com/idemgo/idem/cmd/idem/internal/brokerurl"
 	"github.com/idemgo/idem/cmd/idem/internal/cli"
+	"github.com/idemgo/idem/cmd/idem/internal/outboxroute"
 	"github.com/idemgo/idem/cmd/idem/internal/redact"
-	"github.com/idemgo/idem/consumer/kafka"
-	natsconsumer "github.com/idemgo/idem/consumer/nats"
-	"github.com/idemgo/idem/consumer/rabbitmq"
-	"github.com/idemgo/idem/consumer/redisstream"
-	sqsconsumer "github.com/idemgo/idem/consumer/sqs"
 	"github.com/idemgo/idem/postgres/pgoutbox"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -76,127 +66,10 @@ func (o *outboxFlags) register(fs *cli.Set) {
 	fs.Duration(&o.retention, "outbox-retention", pgoutbox.DefaultRetention, "how long sent outbox rows are kept")
 }
 
-// outboxRoute is one --outbox value.
-type outboxRoute struct {
-	name  string // the destination
-	raw   string // the URL as given
-	open  func(context.Context) (pgoutbox.Sender, func(), error)
-	where string // the broker and destination, without secrets
-}
-
-// parseOutbox parses an --outbox value: [NAME=]URL (brokerurl.Parse).
-func parseOutbox(v string) (outboxRoute, error) {
-	name, raw := "", v
-	if i, j := strings.IndexByte(v, '='), strings.Index(v, "://"); i > 0 && (j < 0 || i < j) {
-		name, raw = v[:i], v[i+1:]
-	}
-	b, err := brokerurl.Parse("--outbox", raw)
-	if err != nil {
-		return outboxRoute{}, err
-	}
-	r := outboxRoute{raw: raw, name: b.Target, where: b.Where}
-	if err := outboxSenders[b.Kind](&r, b); err != nil {
-		return outboxRoute{}, err
-	}
-	if name != "" {
-		r.name = name
-	}
-	return r, nil
-}
-
-// outboxSenders set the opener of a route's sender, by broker kind
-// (brokerurl.URL.Kind).
-var outboxSenders = map[string]func(r *outboxRoute, b *brokerurl.URL) error{
-	"redis-stream": outboxRedisStream,
-	"kafka":        outboxKafka,
-	"amqp":         outboxAMQP,
-	"nats":         outboxNATS,
-	"sqs":          outboxSQS,
-}
-
-func outboxRedisStream(r *outboxRoute, b *brokerurl.URL) error {
-	opts, target := b.Redis, b.Target
-	r.open = func(context.Context) (pgoutbox.Sender, func(), error) {
-		rdb := redis.NewClient(opts)
-		s, err := redisstream.NewSender(rdb, target)
-		if err != nil {
-			rdb.Close()
-			return nil, nil, err
-		}
-		return s, func() { rdb.Close() }, nil
-	}
-	return nil
-}
-
-func outboxKafka(r *outboxRoute, b *brokerurl.URL) error {
-	brokers, target := b.Brokers, b.Target
-	r.open = func(context.Context) (pgoutbox.Sender, func(), error) {
-		cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-		if err != nil {
-			return nil, nil, err
-		}
-		s, err := kafka.NewSender(cl, target)
-		if err != nil {
-			cl.Close()
-			return nil, nil, err
-		}
-		return s, cl.Close, nil
-	}
-	return nil
-}
-
-func outboxAMQP(r *outboxRoute, b *brokerurl.URL) error {
-	dial, exchange, key := b.AMQPDial, b.Exchange, b.RoutingKey
-	if _, err := rabbitmq.NewSender(dial, exchange, key); err != nil {
-		return fmt.Errorf("--outbox %s: %v", redact.URL(r.raw), cli.Cause(err))
-	}
-	r.open = func(context.Context) (pgoutbox.Sender, func(), error) {
-		s, err := rabbitmq.NewSender(dial, exchange, key)
-		if err != nil {
-			return nil, nil, err
-		}
-		return s, func() { s.Close() }, nil
-	}
-	return nil
-}
-
-func outboxNATS(r *outboxRoute, b *brokerurl.URL) error {
-	server, target := b.NATSServer, b.Target
-	r.where = fmt.Sprintf("NATS subject %s at %s", target, redact.URL(server))
-	r.open = func(context.Context) (pgoutbox.Sender, func(), error) {
-		nc, err := nats.Connect(server, nats.Name("idem outbox relay"), nats.MaxReconnects(-1))
-		if err != nil {
-			return nil, nil, err
-		}
-		js, err := jetstream.New(nc)
-		if err == nil {
-			var s *natsconsumer.Sender
-			if s, err = natsconsumer.NewSender(js, target); err == nil {
-				return s, nc.Close, nil
-			}
-		}
-		nc.Close()
-		return nil, nil, err
-	}
-	return nil
-}
-
-func outboxSQS(r *outboxRoute, b *brokerurl.URL) error {
-	r.open = func(ctx context.Context) (pgoutbox.Sender, func(), error) {
-		client, err := b.SQSClient(ctx)
-		if err != nil {
-			return nil, nil, err
-		}
-		s, err := sqsconsumer.NewSender(client, b.QueueURL)
-		return s, func() {}, err
-	}
-	return nil
-}
-
 // outboxRelay is a pgoutbox.Relay on the --outbox routes.
 type outboxRelay struct {
 	relay  *pgoutbox.Relay
-	routes []outboxRoute
+	routes []outboxroute.Route
 	closes []func()
 }
 
@@ -227,21 +100,21 @@ func (o *outboxFlags) open(ctx context.Context, pool *pgxpool.Pool) (*outboxRela
 	out := &outboxRelay{}
 	senders := make(map[string]pgoutbox.Sender)
 	for _, v := range o.routes {
-		r, err := parseOutbox(v)
+		r, err := outboxroute.Parse(v)
 		if err != nil {
 			out.close()
 			return nil, cli.Usagef("relay: %v", err)
 		}
-		if _, dup := senders[r.name]; dup {
+		if _, dup := senders[r.Name]; dup {
 			out.close()
-			return nil, cli.Usagef("relay: two --outbox routes for destination %q: name one of them (--outbox NAME=URL)", r.name)
+			return nil, cli.Usagef("relay: two --outbox routes for destination %q: name one of them (--outbox NAME=URL)", r.Name)
 		}
-		s, closeFn, err := r.open(ctx)
+		s, closeFn, err := r.Open(ctx)
 		if err != nil {
 			out.close()
-			return nil, fmt.Errorf("relay: --outbox %s: %v", redact.URL(r.raw), err)
+			return nil, fmt.Errorf("relay: --outbox %s: %v", redact.URL(r.Raw), err)
 		}
-		senders[r.name] = s
+		senders[r.Name] = s
 		out.routes = append(out.routes, r)
 		out.closes = append(out.closes, closeFn)
 	}
@@ -264,7 +137,7 @@ func (r *outboxRelay) close() {
 func (r *outboxRelay) describe() string {
 	var parts []string
 	for _, rt := range r.routes {
-		parts = append(parts, fmt.Sprintf("%s → %s", rt.name, rt.where))
+		parts = append(parts, fmt.Sprintf("%s → %s", rt.Name, rt.Where))
 	}
 	return strings.Join(parts, ", ")
 }
