@@ -32,7 +32,9 @@ func TestProxyMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	target, _ := url.Parse(up.URL)
-	p := &idemproxy.Proxy{Target: target, Executor: exec}
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	p := &idemproxy.Proxy{Target: target, Executor: exec, Transport: tr}
 	m, err := prometheusidem.NewProxyMetrics(p.InFlight, prometheusidem.WithConstLabels(prometheus.Labels{"proxy": "a"}))
 	if err != nil {
 		t.Fatal(err)
@@ -59,7 +61,12 @@ func TestProxyMetrics(t *testing.T) {
 	do(http.MethodPost, "/a", "k")
 	do(http.MethodPost, "/a", "")
 	do(http.MethodGet, "/a", "")
-	up.Close() // the next call cannot reach it
+	// The next call cannot reach the upstream: it dials, and is refused.
+	// Without closing the idle connection, the call could instead be
+	// written on the connection the upstream closed, an error after the
+	// request may have been sent (outcome unknown), not "unreachable".
+	up.Close()
+	tr.CloseIdleConnections()
 	do(http.MethodPost, "/a", "k2")
 
 	for name, want := range map[string]float64{
