@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgo/idem"
@@ -25,6 +24,7 @@ import (
 	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/consumer/redisstream"
 	"github.com/idemgo/idem/consumer/sidecar"
+	"github.com/idemgo/idem/idemproxy"
 )
 
 // consumeConfig is the configuration of `idem consume`.
@@ -397,28 +397,13 @@ func addStats(a, b consumer.Stats) consumer.Stats {
 // consumeAdmin serves /healthz, /readyz (503 while draining or while the
 // store's last check failed) and /metrics.
 func consumeAdmin(reg *prometheus.Registry, st *openedStore, draining *atomic.Bool) http.Handler {
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		fmt.Fprintln(w, "ok")
-	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		var err error
+	return adminMux(reg, func(context.Context) error {
+		if draining.Load() {
+			return idemproxy.ErrDraining
+		}
 		if st.health != nil {
-			err = st.health()
+			return st.health()
 		}
-		switch {
-		case draining.Load():
-			w.WriteHeader(http.StatusServiceUnavailable)
-			fmt.Fprintln(w, "not ready: shutting down")
-		case err != nil:
-			w.WriteHeader(http.StatusServiceUnavailable)
-			fmt.Fprintf(w, "not ready: %v\n", storeError(err))
-		default:
-			fmt.Fprintln(w, "ready")
-		}
+		return nil
 	})
-	return mux
 }

@@ -664,6 +664,14 @@ func (s *proxyServer) drain(timeout time.Duration) {
 // (idemproxy.Proxy.Ready: the store answers, its last check found it fit,
 // and the proxy is not shutting down).
 func adminHandler(reg *prometheus.Registry, p *idemproxy.Proxy) http.Handler {
+	return adminMux(reg, p.Ready)
+}
+
+// adminMux serves /metrics of reg, /healthz (the process runs) and /readyz:
+// 200 when ready returns nil, else 503 saying why (idemproxy.ErrDraining:
+// shutting down; any other error: the store's). idem proxy and idem
+// consume serve the same probes.
+func adminMux(reg *prometheus.Registry, ready func(context.Context) error) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
@@ -674,7 +682,7 @@ func adminHandler(reg *prometheus.Registry, p *idemproxy.Proxy) http.Handler {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
-		switch err := p.Ready(ctx); {
+		switch err := ready(ctx); {
 		case err == nil:
 			fmt.Fprintln(w, "ready")
 		case errors.Is(err, idemproxy.ErrDraining):
