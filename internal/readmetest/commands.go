@@ -21,19 +21,7 @@ type Command struct {
 // doc that contains marker. It fails t when there is none.
 func Commands(t testing.TB, doc, marker string) []Command {
 	t.Helper()
-	text, err := os.ReadFile(doc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, after, ok := strings.Cut(string(text), marker)
-	if !ok {
-		t.Fatalf("%s has no line with %q", doc, marker)
-	}
-	_, block, ok := strings.Cut(after, "```sh\n")
-	if !ok {
-		t.Fatalf("%s has no shell block after %q", doc, marker)
-	}
-	block, _, _ = strings.Cut(block, "```")
+	block := fenced(t, doc, marker, "```sh\n", "shell block")
 	var out []Command
 	for line := range strings.Lines(block) {
 		line = strings.TrimSpace(line)
@@ -46,9 +34,10 @@ func Commands(t testing.TB, doc, marker string) []Command {
 	return out
 }
 
-// Block returns the text of the first ``` block after the line of doc
-// that contains marker, for a document that shows a program's output.
-func Block(t testing.TB, doc, marker string) string {
+// fenced returns the text between open, the first one after the line of
+// doc that contains marker, and the next ``` fence. It fails t, naming
+// what, when there is none.
+func fenced(t testing.TB, doc, marker, open, what string) string {
 	t.Helper()
 	text, err := os.ReadFile(doc)
 	if err != nil {
@@ -58,11 +47,10 @@ func Block(t testing.TB, doc, marker string) string {
 	if !ok {
 		t.Fatalf("%s has no line with %q", doc, marker)
 	}
-	_, block, ok := strings.Cut(after, "```")
+	_, block, ok := strings.Cut(after, open)
 	if !ok {
-		t.Fatalf("%s has no block after %q", doc, marker)
+		t.Fatalf("%s has no %s after %q", doc, what, marker)
 	}
-	_, block, _ = strings.Cut(block, "\n")
 	block, _, _ = strings.Cut(block, "```")
 	return block
 }

@@ -15,19 +15,7 @@ import (
 // src. An example's "// Output:" comment is not part of the body.
 func Snippet(t testing.TB, readme, marker, src, decl string) {
 	t.Helper()
-	text, err := os.ReadFile(readme)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, after, ok := strings.Cut(string(text), marker)
-	if !ok {
-		t.Fatalf("%s has no line with %q", readme, marker)
-	}
-	_, block, ok := strings.Cut(after, "```go\n")
-	if !ok {
-		t.Fatalf("%s has no Go block after %q", readme, marker)
-	}
-	block, _, _ = strings.Cut(block, "```")
+	block := fenced(t, readme, marker, "```go\n", "Go block")
 
 	code, err := os.ReadFile(src)
 	if err != nil {
