@@ -359,25 +359,43 @@ func (c *consumeConfig) openRedisStream(st *openedStore, exec *idem.Executor, lo
 		}
 		cs = append(cs, rc)
 	}
+	return sourceOf(cs, nil, func() {}), nil
+}
+
+// runner is a broker consumer of the consumer package's adapters.
+type runner interface {
+	Run(ctx context.Context) error
+	Stats() consumer.Stats
+}
+
+// sourceOf is the source of the consumers cs, run at once until every one
+// has returned, their statistics summed; a Run's error that is stopped
+// (the adapter's clean stop; nil for none) is no error; close ends what
+// they share.
+func sourceOf[C runner](cs []C, stopped error, close func()) *source {
 	return &source{
 		run: func(ctx context.Context) error {
 			errs := make([]error, len(cs))
 			var wg sync.WaitGroup
-			for i, rc := range cs {
-				wg.Go(func() { errs[i] = rc.Run(ctx) })
+			for i, c := range cs {
+				wg.Go(func() {
+					if err := c.Run(ctx); !errors.Is(err, stopped) {
+						errs[i] = err
+					}
+				})
 			}
 			wg.Wait()
 			return errors.Join(errs...)
 		},
 		stats: func() consumer.Stats {
 			var s consumer.Stats
-			for _, rc := range cs {
-				s = addStats(s, rc.Stats())
+			for _, c := range cs {
+				s = addStats(s, c.Stats())
 			}
 			return s
 		},
-		close: func() {},
-	}, nil
+		close: close,
+	}
 }
 
 // addStats adds the counters of b to a.

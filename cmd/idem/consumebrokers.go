@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
@@ -127,29 +126,7 @@ func (c *consumeConfig) openNATS(ctx context.Context, exec *idem.Executor, log *
 		}
 		ncs = append(ncs, n)
 	}
-	return &source{
-		run: func(ctx context.Context) error {
-			errs := make([]error, len(ncs))
-			var wg sync.WaitGroup
-			for i, n := range ncs {
-				wg.Go(func() {
-					if err := n.Run(ctx); !errors.Is(err, natsconsumer.ErrStopped) {
-						errs[i] = err
-					}
-				})
-			}
-			wg.Wait()
-			return errors.Join(errs...)
-		},
-		stats: func() consumer.Stats {
-			var s consumer.Stats
-			for _, n := range ncs {
-				s = addStats(s, n.Stats())
-			}
-			return s
-		},
-		close: nc.Close,
-	}, nil
+	return sourceOf(ncs, natsconsumer.ErrStopped, nc.Close), nil
 }
 
 // openSQS builds the consumer of the queue, with the AWS SDK's default
