@@ -239,12 +239,14 @@ bench-resources: check-redis
 	bash internal/httpbench/proxy/resources.sh
 
 ## bench-postgres: the commit gate side by side in one run: a bare
-## transaction, the gate's Postgres part alone (on memstore), its Redis
-## part alone, the hybrid gate (Redis + Postgres, with each client) and
-## pgstore, with the CPU per key of each process (needs PostgreSQL, see
-## check-postgres; starts its own redis-server).
+## transaction, a hand-written idempotency-keys row in the same
+## transaction (the anchor), the gate's Postgres part alone (on memstore),
+## its Redis part alone, the hybrid gate (Redis + Postgres, with each
+## client) and pgstore, with the CPU and WAL bytes per key (needs
+## PostgreSQL, see check-postgres; starts its own redis-server).
+## ARGS="-modes memgate,hybrid -runs 5" narrows it.
 bench-postgres: check-redis check-postgres
-	cd postgres && $(GO) run ./internal/pgbench
+	cd postgres && $(GO) run ./internal/pgbench $(ARGS)
 
 ## build: bin/idem (BUILD_OUT) from the working tree, stamped (see STAMP).
 BUILD_OUT ?= $(CURDIR)/bin/idem

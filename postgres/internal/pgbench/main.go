@@ -1,6 +1,8 @@
 // Command pgbench measures the commit gate side by side in one run (make
 // bench-postgres): the same handler, one INSERT in a transaction, run
-// without idem ("bare tx"), through pggate on redisstore ("hybrid gate",
+// without idem ("bare tx"), with an idempotency-keys row written by hand
+// in the same transaction ("hand-written keys row", the fair anchor: what a
+// careful team writes without idem), through pggate on redisstore ("hybrid gate",
 // with go-redis, the client most users have, and with rueidis)
 // and through pggate on pgstore ("pgstore gate"). It prints new keys per
 // second at 1 and 64 concurrent callers and replays per second at 64, the
@@ -13,7 +15,10 @@
 // Redis work, without Postgres). For every mode the table also gives the
 // time per key at 1 caller and the CPU time per key at 64 callers of the
 // Postgres server processes, redis-server and the benchmark's own process
-// (Linux /proc), which tell where each mode's time goes.
+// (Linux /proc), which tell where each mode's time goes, and the WAL bytes
+// per key at 64 callers (the server's WAL insert position before and after,
+// as pg_stat_wal's wal_bytes counts it, but exact at once; it counts the
+// whole server: other databases' writes in the same seconds count too).
 //
 // It starts its own redis-server (no persistence, a free loopback port) and
 // makes a schema of its own in IDEM_POSTGRES_URL, dropped at the end.
@@ -21,6 +26,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"net"
@@ -44,6 +50,7 @@ import (
 	"github.com/idemgo/idem/postgres/pgtest"
 	"github.com/idemgo/idem/redisstore"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
@@ -52,7 +59,7 @@ import (
 func main() {
 	duration := flag.Duration("duration", 2*time.Second, "length of one measurement")
 	runs := flag.Int("runs", 3, "measurements per cell; the median is printed")
-	only := flag.String("modes", "", "comma-separated modes to run (bare,memgate,lifecycle,hybrid,hybrid-rueidis,pgstore,pgstore-quiet); all by default (bare always runs)")
+	only := flag.String("modes", "", "comma-separated modes to run (bare,handwritten,memgate,lifecycle,hybrid,hybrid-rueidis,pgstore,pgstore-quiet); all by default (bare and handwritten always run)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
 	if *cpuprofile != "" {
@@ -104,6 +111,14 @@ func run(duration time.Duration, runs int, only string) error {
 	if _, err := pool.Exec(ctx, `CREATE TABLE bench_effects (id bigint NOT NULL)`); err != nil {
 		return err
 	}
+	// The hand-written idempotency-keys table: the unique key, the
+	// request's fingerprint, the stored response and when it was made (for
+	// a janitor that deletes by age without an index, as in Brandur Leach's
+	// design).
+	if _, err := pool.Exec(ctx, `CREATE TABLE bench_idempotency_keys (
+  key text PRIMARY KEY, fingerprint bytea NOT NULL, response bytea NOT NULL, created_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		return err
+	}
 	rdb := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 80})
 	defer rdb.Close()
 
@@ -115,6 +130,31 @@ func run(duration time.Duration, runs int, only string) error {
 		}
 		defer tx.Rollback(ctx)
 		if err := insert(ctx, tx, id); err != nil {
+			return false, err
+		}
+		return false, tx.Commit(ctx)
+	}
+	// hand-written keys row: the effect and the key's row in one
+	// transaction; the key's unique index decides, and a conflict rolls
+	// the effect back and replays the stored response.
+	handwritten := func(ctx context.Context, id int64) (bool, error) {
+		key := "bench/" + strconv.FormatInt(id, 10)
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return false, err
+		}
+		defer tx.Rollback(ctx)
+		if err := insert(ctx, tx, id); err != nil {
+			return false, err
+		}
+		_, err = tx.Exec(ctx, `INSERT INTO bench_idempotency_keys (key, fingerprint, response) VALUES ($1, $2, $3)`, key, []byte{}, []byte("ok"))
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && pe.Code == "23505" {
+			tx.Rollback(ctx)
+			var resp []byte
+			return true, pool.QueryRow(ctx, `SELECT response FROM bench_idempotency_keys WHERE key = $1`, key).Scan(&resp)
+		}
+		if err != nil {
 			return false, err
 		}
 		return false, tx.Commit(ctx)
@@ -205,11 +245,11 @@ func run(duration time.Duration, runs int, only string) error {
 		op   op
 	}
 	var modes []mode
-	for _, m := range []mode{{"bare", "bare tx", bare}, {"memgate", "gate, in-process store (its Postgres part)", gated(mg)},
+	for _, m := range []mode{{"bare", "bare tx", bare}, {"handwritten", "hand-written keys row", handwritten}, {"memgate", "gate, in-process store (its Postgres part)", gated(mg)},
 		{"lifecycle", "Redis lifecycle, no Postgres (the gate's Redis part)", lifecycle}, {"hybrid", "hybrid gate (Redis + Postgres)", gated(hg)},
 		{"hybrid-rueidis", "hybrid gate, rueidis client", gated(rg)}, {"pgstore", "pgstore gate (Postgres only)", gated(pg)},
 		{"pgstore-quiet", "pgstore gate, WithNotify(false)", gated(pgq)}} {
-		if only == "" || m.flag == "bare" || slices.Contains(strings.Split(only, ","), m.flag) {
+		if only == "" || m.flag == "bare" || m.flag == "handwritten" || slices.Contains(strings.Split(only, ","), m.flag) {
 			modes = append(modes, m)
 		}
 	}
@@ -217,6 +257,7 @@ func run(duration time.Duration, runs int, only string) error {
 	type cells struct {
 		new1, new64, replay64 float64
 		cpu                   cpuTimes // per key at 64 callers
+		wal                   float64  // bytes per key at 64 callers
 	}
 	results := make([]cells, len(modes))
 	for r := range runs {
@@ -226,14 +267,17 @@ func run(duration time.Duration, runs int, only string) error {
 			if err != nil {
 				return fmt.Errorf("%s: %w", m.name, err)
 			}
-			before := readCPU(redisPID)
+			settle(ctx, pool)
+			before, walBefore := readCPU(redisPID), walBytes(ctx, pool)
 			n64, err := measure(ctx, m.op, 64, duration, func() int64 { return next.Add(1) }, false)
 			if err != nil {
 				return fmt.Errorf("%s: %w", m.name, err)
 			}
 			keys := n64 * duration.Seconds()
 			used := readCPU(redisPID).minus(before)
-			samples[i] = append(samples[i], [6]float64{n1, n64, 0, used.postgres / keys, used.redis / keys, used.self / keys})
+			settle(ctx, pool) // the gate's marker writes relayed in a later statement
+			wal := float64(walBytes(ctx, pool)-walBefore) / keys
+			samples[i] = append(samples[i], [7]float64{n1, n64, 0, used.postgres / keys, used.redis / keys, used.self / keys, wal})
 			if i == 0 {
 				continue
 			}
@@ -254,29 +298,31 @@ func run(duration time.Duration, runs int, only string) error {
 	}
 	for i := range modes {
 		results[i] = cells{median(samples[i], 0), median(samples[i], 1), median(samples[i], 2),
-			cpuTimes{median(samples[i], 3), median(samples[i], 4), median(samples[i], 5)}}
+			cpuTimes{median(samples[i], 3), median(samples[i], 4), median(samples[i], 5)}, median(samples[i], 6)}
 	}
 	var version string
 	pool.QueryRow(ctx, `SHOW server_version`).Scan(&version)
 	fmt.Printf("pggate benchmark: PostgreSQL %s and redis-server on loopback, one INSERT per transaction, GOMAXPROCS %d, medians of %d runs of %v\n\n",
 		version, runtime.GOMAXPROCS(0), runs, duration)
-	fmt.Println("| mode | new keys/s, 1 caller | µs/key, 1 caller | new keys/s, 64 callers | × bare (64) | replays/s, 64 callers | CPU µs/key at 64: Postgres | Redis | Go | total |")
-	fmt.Println("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Println("| mode | new keys/s, 1 caller | µs/key, 1 caller | × hand-written (1) | new keys/s, 64 callers | × bare (64) | × hand-written (64) | replays/s, 64 callers | CPU µs/key at 64: Postgres | Redis | Go | total | WAL B/key at 64 | × hand-written |")
+	fmt.Println("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	hw := results[1] // the hand-written keys row always runs second
 	for i, m := range modes {
 		rep := "—"
 		if i > 0 {
 			rep = fmt.Sprintf("%.0f", results[i].replay64)
 		}
-		c := results[i].cpu
-		fmt.Printf("| %s | %.0f | %.0f | %.0f | %.2f | %s | %.0f | %.0f | %.0f | %.0f |\n", m.name, results[i].new1, 1e6/results[i].new1,
-			results[i].new64, results[i].new64/results[0].new64, rep, c.postgres*1e6, c.redis*1e6, c.self*1e6, (c.postgres+c.redis+c.self)*1e6)
+		r := results[i]
+		c := r.cpu
+		fmt.Printf("| %s | %.0f | %.0f | %.2f | %.0f | %.2f | %.2f | %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.2f |\n", m.name, r.new1, 1e6/r.new1, r.new1/hw.new1,
+			r.new64, r.new64/results[0].new64, r.new64/hw.new64, rep, c.postgres*1e6, c.redis*1e6, c.self*1e6, (c.postgres+c.redis+c.self)*1e6, r.wal, r.wal/hw.wal)
 	}
 	return nil
 }
 
-var samples = map[int][][6]float64{}
+var samples = map[int][][7]float64{}
 
-func median(s [][6]float64, col int) float64 {
+func median(s [][7]float64, col int) float64 {
 	v := make([]float64, len(s))
 	for i := range s {
 		v[i] = s[i][col]
@@ -311,6 +357,28 @@ func measure(ctx context.Context, o op, callers int, d time.Duration, id func() 
 	}
 	wg.Wait()
 	return float64(done.Load()) / time.Since(start).Seconds(), firstErr
+}
+
+// walBytes is the position up to which the server has inserted WAL, in
+// bytes (the whole server, every database). It is exact at once, where
+// pg_stat_wal's wal_bytes lags: backends report it at most once a second.
+func walBytes(ctx context.Context, pool *pgxpool.Pool) int64 {
+	var n int64
+	pool.QueryRow(ctx, `SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint`).Scan(&n)
+	return n
+}
+
+// settle waits, at most 2 s, until every completion row is marked relayed:
+// the gate marks them in batches after its commits (every 100 ms), and
+// that UPDATE is part of a key's cost.
+func settle(ctx context.Context, pool *pgxpool.Pool) {
+	for range 100 {
+		var pending bool
+		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM idem_completions WHERE NOT relayed)`).Scan(&pending); err != nil || !pending {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // startRedis starts redis-server without persistence on a free loopback
