@@ -24,6 +24,7 @@ import (
 	"github.com/idemgo/idem/cmd/idem/internal/redact"
 	"github.com/idemgo/idem/cmd/idem/internal/routesfile"
 	"github.com/idemgo/idem/cmd/idem/internal/size"
+	"github.com/idemgo/idem/cmd/idem/internal/tracing"
 	"github.com/idemgo/idem/idemhttp"
 	"github.com/idemgo/idem/idemproxy"
 	"github.com/idemgo/idem/prometheusidem"
@@ -470,7 +471,7 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 	if err != nil {
 		return err
 	}
-	defer tr.shutdown(log)
+	defer tr.Shutdown(log)
 	s, err := c.build(st, tr, errorHandler, log)
 	if err != nil {
 		return err
@@ -502,9 +503,9 @@ type proxyServer struct {
 
 // build makes the Executor, the Proxy, its metrics and its servers, and
 // opens their listeners.
-func (c *proxyConfig) build(st *openedStore, tr *tracing, errorHandler idemhttp.ErrorHandler, log *slog.Logger) (*proxyServer, error) {
+func (c *proxyConfig) build(st *openedStore, tr *tracing.Tracing, errorHandler idemhttp.ErrorHandler, log *slog.Logger) (*proxyServer, error) {
 	reg, execMetrics := newRegistry(st.store)
-	exec, err := idem.New(tr.store(st.store),
+	exec, err := idem.New(tr.Store(st.store),
 		idem.WithLease(c.lease), idem.WithRetention(c.retention), idem.WithMaxResultSize(readLimit),
 		idem.WithObserver(execMetrics.Observe))
 	if err != nil {
@@ -518,7 +519,7 @@ func (c *proxyConfig) build(st *openedStore, tr *tracing, errorHandler idemhttp.
 		rt := lr.Route
 		if execs[lr.Lease] == nil {
 			// Another lease: another Executor over the same store.
-			e, err := idem.New(tr.store(st.store),
+			e, err := idem.New(tr.Store(st.store),
 				idem.WithLease(lr.Lease), idem.WithRetention(max(c.retention, lr.Lease)), idem.WithMaxResultSize(readLimit),
 				idem.WithObserver(execMetrics.Observe))
 			if err != nil {
@@ -535,7 +536,7 @@ func (c *proxyConfig) build(st *openedStore, tr *tracing, errorHandler idemhttp.
 	}
 	reg.MustRegister(metrics)
 	p.Observer = metrics.Observe
-	handler := tr.handler(p)
+	handler := tr.Handler(p)
 	if err := p.Init(); err != nil {
 		return nil, c.fieldError(err)
 	}

@@ -1,13 +1,14 @@
-package main
+package tracing
 
 import (
 	"context"
 	"testing"
 
-	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/memstore"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/memstore"
 )
 
 // TestTracedStoreKeepsWatcher: the store the proxy runs on, traced, is
@@ -20,8 +21,7 @@ func TestTracedStoreKeepsWatcher(t *testing.T) {
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	tr := &tracing{tp: tp}
-	store := tr.store(ms)
+	store := newTracing(tp).Store(ms)
 	w, ok := store.(idem.Watcher)
 	if !ok {
 		t.Fatal("the traced store is not an idem.Watcher, want one")
@@ -43,21 +43,33 @@ func TestTracedStoreKeepsWatcher(t *testing.T) {
 	}
 }
 
+// TestNilTracing: tracing off hands the store and the proxy back as they
+// are.
+func TestNilTracing(t *testing.T) {
+	ms, err := memstore.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tr *Tracing
+	if got := tr.Store(ms); got != idem.Store(ms) {
+		t.Errorf("Store: got %T, want the store itself", got)
+	}
+	tr.Shutdown(nil)
+}
+
 func TestExportURL(t *testing.T) {
 	for _, tt := range []struct{ endpoint, want string }{
 		{"http://127.0.0.1:4318", "http://127.0.0.1:4318/v1/traces"},
 		{"http://127.0.0.1:4318/", "http://127.0.0.1:4318/v1/traces"},
 		{"https://collector.example:443/otlp/v1/traces", "https://collector.example:443/otlp/v1/traces"},
 	} {
-		f := tracingFlags{endpoint: tt.endpoint, serviceName: "idem"}
-		if got, err := f.exportURL(); err != nil || got != tt.want {
-			t.Errorf("exportURL(%q): got %q, %v, want %q", tt.endpoint, got, err, tt.want)
+		if got, err := ExportURL(tt.endpoint); err != nil || got != tt.want {
+			t.Errorf("ExportURL(%q): got %q, %v, want %q", tt.endpoint, got, err, tt.want)
 		}
 	}
 	for _, bad := range []string{"127.0.0.1:4318", "ftp://x", "http://", "::"} {
-		f := tracingFlags{endpoint: bad, serviceName: "idem"}
-		if err := f.validate(); err == nil {
-			t.Errorf("validate(%q): got nil, want an error", bad)
+		if _, err := ExportURL(bad); err == nil {
+			t.Errorf("ExportURL(%q): got nil, want an error", bad)
 		}
 	}
 }
