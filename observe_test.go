@@ -12,9 +12,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/redistest"
 	"github.com/idemgo/idem/memstore"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/testkit/redistest"
 )
 
 // newRedisStore returns a redisstore on a new redis-server started with

@@ -3,7 +3,7 @@ package idem_test
 import (
 	"testing"
 
-	"github.com/idemgo/idem/internal/readmetest"
+	"github.com/idemgo/idem/testkit/readmetest"
 )
 
 // TestReadmeExample checks that the snippet in README.md is the body of

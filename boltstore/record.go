@@ -5,7 +5,7 @@ import (
 	"fmt"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/statemachine"
+	"github.com/idemgo/idem/storekit/statemachine"
 )
 
 // recordVersion is the first byte of every encoded record. A change of the

@@ -3,7 +3,7 @@ package idemproxy_test
 import (
 	"testing"
 
-	"github.com/idemgo/idem/internal/readmetest"
+	"github.com/idemgo/idem/testkit/readmetest"
 )
 
 // TestReadmeExample checks that the proxy snippet in the repository's

@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/statemachine"
-	"github.com/idemgo/idem/internal/watchset"
+	"github.com/idemgo/idem/storekit/statemachine"
+	"github.com/idemgo/idem/storekit/watchset"
 )
 
 // Option configures a Store.

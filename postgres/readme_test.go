@@ -3,7 +3,7 @@ package postgres_test
 import (
 	"testing"
 
-	"github.com/idemgo/idem/internal/readmetest"
+	"github.com/idemgo/idem/testkit/readmetest"
 )
 
 // The Go snippets of the module's README and of the repository's

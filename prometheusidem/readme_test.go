@@ -3,7 +3,7 @@ package prometheusidem_test
 import (
 	"testing"
 
-	"github.com/idemgo/idem/internal/readmetest"
+	"github.com/idemgo/idem/testkit/readmetest"
 )
 
 // TestReadmeExample checks that the Prometheus snippet in the

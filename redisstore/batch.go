@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/statemachine"
+	"github.com/idemgo/idem/storekit/statemachine"
 )
 
 var _ idem.BatchStore = (*Store)(nil)

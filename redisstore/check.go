@@ -9,8 +9,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemgo/idem/internal/redisinfo"
 	"github.com/idemgo/idem/redisstore/internal/backend"
+	"github.com/idemgo/idem/redisstore/redisinfo"
 )
 
 // StartCheckTimeout bounds the checks that New and NewRueidis make.

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/redistest"
+	"github.com/idemgo/idem/testkit/redistest"
 )
 
 // TestDeleteWakesWaiters: on every client and topology, a watch of an

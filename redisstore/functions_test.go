@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/redistest"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/testkit/redistest"
 )
 
 // foreignLibrary is another application's library: idem must leave it as

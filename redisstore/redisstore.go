@@ -11,11 +11,11 @@ import (
 	"unsafe"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/statemachine"
 	"github.com/idemgo/idem/redisstore/internal/backend"
 	"github.com/idemgo/idem/redisstore/internal/goredis"
 	rueidisbackend "github.com/idemgo/idem/redisstore/internal/rueidis"
 	valkeybackend "github.com/idemgo/idem/redisstore/internal/valkey"
+	"github.com/idemgo/idem/storekit/statemachine"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
 	"github.com/valkey-io/valkey-go"

@@ -6,7 +6,7 @@ import (
 	"strconv"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/redisinfo"
+	"github.com/idemgo/idem/redisstore/redisinfo"
 )
 
 // StatsSample is the most records Stats counts.

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/statemachine"
 	"github.com/idemgo/idem/redisstore/internal/backend"
+	"github.com/idemgo/idem/storekit/statemachine"
 )
 
 var (

@@ -3,8 +3,8 @@ package redisstore_test
 import (
 	"testing"
 
-	"github.com/idemgo/idem/internal/redistest"
 	"github.com/idemgo/idem/storetest"
+	"github.com/idemgo/idem/testkit/redistest"
 )
 
 // TestWaitingDoAcrossClients runs the waiting Do (idem.WithWait) with one

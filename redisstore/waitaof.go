@@ -7,9 +7,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/idemgo/idem/internal/redisinfo"
 	"github.com/idemgo/idem/redisstore/internal/backend"
 	"github.com/idemgo/idem/redisstore/internal/goredis"
+	"github.com/idemgo/idem/redisstore/redisinfo"
 	"github.com/redis/go-redis/v9"
 )
 

@@ -22,7 +22,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem/chaos/chaostest"
-	"github.com/idemgo/idem/internal/redistest"
+	"github.com/idemgo/idem/testkit/redistest"
 )
 
 // store is one store the proxy runs on in these tests.

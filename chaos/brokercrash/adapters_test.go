@@ -30,9 +30,9 @@ import (
 	"github.com/idemgo/idem/consumer/rabbitmq"
 	"github.com/idemgo/idem/consumer/redisstream"
 	sqsconsumer "github.com/idemgo/idem/consumer/sqs"
-	"github.com/idemgo/idem/internal/redistest"
-	"github.com/idemgo/idem/internal/sqsfake"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/testkit/redistest"
+	"github.com/idemgo/idem/testkit/sqsfake"
 )
 
 // Environment of a child, set by a broker's env.

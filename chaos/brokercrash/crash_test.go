@@ -20,7 +20,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/chaos/chaostest"
 	"github.com/idemgo/idem/consumer"
-	"github.com/idemgo/idem/internal/redistest"
+	"github.com/idemgo/idem/testkit/redistest"
 )
 
 // TestMain runs a consumer role when chaostest.StartChild started this

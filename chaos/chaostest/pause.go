@@ -4,7 +4,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/idemgo/idem/internal/redistest"
+	"github.com/idemgo/idem/testkit/redistest"
 )
 
 // Pause sends SIGSTOP to the process and returns once the kernel reports it

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem/chaos/chaostest"
-	"github.com/idemgo/idem/internal/redistest"
+	"github.com/idemgo/idem/testkit/redistest"
 )
 
 func TestEvictingRedis(t *testing.T) {

@@ -12,8 +12,8 @@ import (
 	"github.com/anishathalye/porcupine"
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/chaos/chaostest"
-	"github.com/idemgo/idem/internal/redistest"
 	"github.com/idemgo/idem/memstore"
+	"github.com/idemgo/idem/testkit/redistest"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
 )

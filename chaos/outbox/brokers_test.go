@@ -31,10 +31,10 @@ import (
 	"github.com/idemgo/idem/consumer/rabbitmq"
 	"github.com/idemgo/idem/consumer/redisstream"
 	sqsconsumer "github.com/idemgo/idem/consumer/sqs"
-	"github.com/idemgo/idem/internal/redistest"
-	"github.com/idemgo/idem/internal/sqsfake"
 	"github.com/idemgo/idem/postgres/pgoutbox"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/testkit/redistest"
+	"github.com/idemgo/idem/testkit/sqsfake"
 )
 
 // Every broker's Sender is a pgoutbox.Sender, though their modules do not

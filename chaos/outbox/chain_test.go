@@ -31,11 +31,11 @@ import (
 	"github.com/idemgo/idem/consumer/rabbitmq"
 	"github.com/idemgo/idem/consumer/redisstream"
 	"github.com/idemgo/idem/idemhttp"
-	"github.com/idemgo/idem/internal/redistest"
 	"github.com/idemgo/idem/postgres/pggate"
 	"github.com/idemgo/idem/postgres/pgoutbox"
 	"github.com/idemgo/idem/postgres/pgtest"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/testkit/redistest"
 )
 
 // Environment of the chain's services, besides envPG, envCtl, envStopEvery

@@ -12,9 +12,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgo/idem/chaos/chaostest"
-	"github.com/idemgo/idem/internal/redistest"
 	"github.com/idemgo/idem/postgres/pgoutbox"
 	"github.com/idemgo/idem/postgres/pgtest"
+	"github.com/idemgo/idem/testkit/redistest"
 )
 
 // stopEvery puts a kill point at one key in stopEvery.

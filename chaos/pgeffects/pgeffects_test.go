@@ -15,10 +15,10 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/chaos/chaostest"
-	"github.com/idemgo/idem/internal/redistest"
 	"github.com/idemgo/idem/postgres/pggate"
 	"github.com/idemgo/idem/postgres/pgtest"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/testkit/redistest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"

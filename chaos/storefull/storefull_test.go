@@ -16,7 +16,7 @@ import (
 
 	"github.com/idemgo/idem/chaos/chaostest"
 	"github.com/idemgo/idem/idemhttp"
-	"github.com/idemgo/idem/internal/redistest"
+	"github.com/idemgo/idem/testkit/redistest"
 )
 
 // The timing of the fault: the store refuses writes for fullFor, then

@@ -13,7 +13,7 @@ import (
 
 	"github.com/idemgo/idem/chaos/chaostest"
 	"github.com/idemgo/idem/idemhttp"
-	"github.com/idemgo/idem/internal/redistest"
+	"github.com/idemgo/idem/testkit/redistest"
 )
 
 // streamLease is the proxy's lease in TestStreamNotRecorded: the

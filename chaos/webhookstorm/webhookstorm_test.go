@@ -18,7 +18,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem/chaos/chaostest"
-	"github.com/idemgo/idem/internal/redistest"
+	"github.com/idemgo/idem/testkit/redistest"
 	"github.com/idemgo/idem/webhook"
 )
 

@@ -22,8 +22,8 @@ import (
 	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/consumer/rabbitmq"
 	"github.com/idemgo/idem/consumer/redisstream"
-	"github.com/idemgo/idem/internal/redistest"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/testkit/redistest"
 )
 
 // The benchmarks of make bench-consume: idem consume (the binary, handing

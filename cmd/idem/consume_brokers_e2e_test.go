@@ -13,8 +13,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/idemgo/idem/internal/redistest"
-	"github.com/idemgo/idem/internal/sqsfake"
+	"github.com/idemgo/idem/testkit/redistest"
+	"github.com/idemgo/idem/testkit/sqsfake"
 )
 
 // consumeMessage is one message the broker tests send: its key (where the

@@ -15,8 +15,8 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer/sidecar"
-	"github.com/idemgo/idem/internal/redistest"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/testkit/redistest"
 )
 
 // handlerCall is one request the test handler got.

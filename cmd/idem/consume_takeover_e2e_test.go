@@ -18,7 +18,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemgo/idem/internal/redistest"
+	"github.com/idemgo/idem/testkit/redistest"
 )
 
 // effectHandler applies each call's effect (a count per key) after the

@@ -19,11 +19,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/idemgo/idem/internal/redistest"
-	"github.com/idemgo/idem/internal/sqsfake"
 	"github.com/idemgo/idem/postgres/pggate"
 	"github.com/idemgo/idem/postgres/pgoutbox"
 	"github.com/idemgo/idem/postgres/pgtest"
+	"github.com/idemgo/idem/testkit/redistest"
+	"github.com/idemgo/idem/testkit/sqsfake"
 )
 
 // outboxSchema returns the URL of a new schema with the outbox table, and a

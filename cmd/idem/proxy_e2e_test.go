@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemgo/idem/internal/redistest"
+	"github.com/idemgo/idem/testkit/redistest"
 )
 
 // TestProxyBasics: a duplicate is replayed, 100 concurrent identical

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemgo/idem/internal/redistest"
+	"github.com/idemgo/idem/testkit/redistest"
 )
 
 // TestProxyCompletionRefused: Redis refuses the completion (out of memory

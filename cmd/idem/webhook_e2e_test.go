@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemgo/idem/internal/redistest"
+	"github.com/idemgo/idem/testkit/redistest"
 	"github.com/idemgo/idem/webhook"
 )
 

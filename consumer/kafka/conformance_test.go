@@ -11,7 +11,7 @@ import (
 	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/consumer/consumertest"
 	"github.com/idemgo/idem/consumer/kafka"
-	"github.com/idemgo/idem/internal/prooftest"
+	"github.com/idemgo/idem/testkit/prooftest"
 )
 
 // TestConformance runs the adapter conformance suite on kfake.

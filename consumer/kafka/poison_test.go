@@ -12,8 +12,8 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/consumer/kafka"
-	"github.com/idemgo/idem/internal/prooftest"
 	"github.com/idemgo/idem/memstore"
+	"github.com/idemgo/idem/testkit/prooftest"
 )
 
 // TestPanicDeadLetteredAcrossRestarts: a handler that always panics does

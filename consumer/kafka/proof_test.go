@@ -15,9 +15,9 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/consumer/kafka"
-	"github.com/idemgo/idem/internal/prooftest"
-	"github.com/idemgo/idem/internal/redistest"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/testkit/prooftest"
+	"github.com/idemgo/idem/testkit/redistest"
 )
 
 // proofMessages is the number of messages of TestProof:

@@ -9,7 +9,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer/kafka"
-	"github.com/idemgo/idem/internal/prooftest"
+	"github.com/idemgo/idem/testkit/prooftest"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 

@@ -15,9 +15,9 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
 	natsconsumer "github.com/idemgo/idem/consumer/nats"
-	"github.com/idemgo/idem/internal/redistest"
 	"github.com/idemgo/idem/memstore"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/testkit/redistest"
 )
 
 // BenchmarkConsume measures messages/s through one consumer loop, side by

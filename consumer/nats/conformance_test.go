@@ -12,7 +12,7 @@ import (
 	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/consumer/consumertest"
 	natsconsumer "github.com/idemgo/idem/consumer/nats"
-	"github.com/idemgo/idem/internal/prooftest"
+	"github.com/idemgo/idem/testkit/prooftest"
 )
 
 // TestConformance runs the adapter conformance suite on a real nats-server

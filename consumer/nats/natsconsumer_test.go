@@ -15,8 +15,8 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
 	natsconsumer "github.com/idemgo/idem/consumer/nats"
-	"github.com/idemgo/idem/internal/prooftest"
 	"github.com/idemgo/idem/memstore"
+	"github.com/idemgo/idem/testkit/prooftest"
 )
 
 func nopHandler(context.Context, jetstream.Msg) error { return nil }

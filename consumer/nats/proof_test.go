@@ -18,9 +18,9 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
 	natsconsumer "github.com/idemgo/idem/consumer/nats"
-	"github.com/idemgo/idem/internal/prooftest"
-	"github.com/idemgo/idem/internal/redistest"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/testkit/prooftest"
+	"github.com/idemgo/idem/testkit/redistest"
 )
 
 // proofMessages is the default size of the proof; IDEM_PROOF_MESSAGES

@@ -11,7 +11,7 @@ import (
 
 	"github.com/idemgo/idem"
 	natsconsumer "github.com/idemgo/idem/consumer/nats"
-	"github.com/idemgo/idem/internal/prooftest"
+	"github.com/idemgo/idem/testkit/prooftest"
 )
 
 // TestSenderToConsumer: messages a Sender published reach a Consumer under

@@ -10,7 +10,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/consumer/consumertest"
-	"github.com/idemgo/idem/internal/prooftest"
+	"github.com/idemgo/idem/testkit/prooftest"
 )
 
 // TestConformance runs the adapter conformance suite on a real RabbitMQ.

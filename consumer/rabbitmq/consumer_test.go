@@ -13,7 +13,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
-	"github.com/idemgo/idem/internal/prooftest"
+	"github.com/idemgo/idem/testkit/prooftest"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 

@@ -12,7 +12,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
-	"github.com/idemgo/idem/internal/prooftest"
+	"github.com/idemgo/idem/testkit/prooftest"
 )
 
 func newTestSender(t *testing.T, queue string, opts ...SenderOption) *Sender {

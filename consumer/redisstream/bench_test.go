@@ -9,10 +9,10 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
-	"github.com/idemgo/idem/internal/proccpu"
-	"github.com/idemgo/idem/internal/redisinfo"
-	"github.com/idemgo/idem/internal/redistest"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/redisstore/redisinfo"
+	"github.com/idemgo/idem/testkit/proccpu"
+	"github.com/idemgo/idem/testkit/redistest"
 	"github.com/redis/go-redis/v9"
 )
 

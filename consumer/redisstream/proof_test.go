@@ -14,9 +14,9 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
-	"github.com/idemgo/idem/internal/prooftest"
-	"github.com/idemgo/idem/internal/redistest"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/testkit/prooftest"
+	"github.com/idemgo/idem/testkit/redistest"
 )
 
 // sink is the side effect of the proof: a table keyed by message key whose

@@ -12,10 +12,10 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
 	sqsconsumer "github.com/idemgo/idem/consumer/sqs"
-	"github.com/idemgo/idem/internal/prooftest"
-	"github.com/idemgo/idem/internal/redistest"
-	"github.com/idemgo/idem/internal/sqsfake"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/testkit/prooftest"
+	"github.com/idemgo/idem/testkit/redistest"
+	"github.com/idemgo/idem/testkit/sqsfake"
 )
 
 // BenchmarkConsume measures messages/s through one Consumer (one receive

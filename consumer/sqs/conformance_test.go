@@ -12,8 +12,8 @@ import (
 	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/consumer/consumertest"
 	sqsconsumer "github.com/idemgo/idem/consumer/sqs"
-	"github.com/idemgo/idem/internal/prooftest"
-	"github.com/idemgo/idem/internal/sqsfake"
+	"github.com/idemgo/idem/testkit/prooftest"
+	"github.com/idemgo/idem/testkit/sqsfake"
 )
 
 // TestConformance runs the adapter conformance suite on the in-test SQS

@@ -16,8 +16,8 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
 	sqsconsumer "github.com/idemgo/idem/consumer/sqs"
-	"github.com/idemgo/idem/internal/prooftest"
-	"github.com/idemgo/idem/internal/sqsfake"
+	"github.com/idemgo/idem/testkit/prooftest"
+	"github.com/idemgo/idem/testkit/sqsfake"
 )
 
 // waitFor polls cond every 20ms until it holds or timeout passes.

@@ -13,8 +13,8 @@ import (
 
 	"github.com/idemgo/idem"
 	sqsconsumer "github.com/idemgo/idem/consumer/sqs"
-	"github.com/idemgo/idem/internal/sqsfake"
 	"github.com/idemgo/idem/memstore"
+	"github.com/idemgo/idem/testkit/sqsfake"
 )
 
 // The example runs against the package's in-process SQS fake; with real

@@ -12,7 +12,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
-	"github.com/idemgo/idem/internal/sqsfake"
+	"github.com/idemgo/idem/testkit/sqsfake"
 )
 
 // fakeSQS is an sqsfake.Server behind a real HTTP listener.

@@ -12,8 +12,8 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
 	sqsconsumer "github.com/idemgo/idem/consumer/sqs"
-	"github.com/idemgo/idem/internal/sqsfake"
 	"github.com/idemgo/idem/memstore"
+	"github.com/idemgo/idem/testkit/sqsfake"
 )
 
 // TestLeaseLost: when another owner takes the key over while the handler

@@ -3,7 +3,7 @@ package sqsconsumer_test
 import (
 	"testing"
 
-	"github.com/idemgo/idem/internal/readmetest"
+	"github.com/idemgo/idem/testkit/readmetest"
 )
 
 // TestReadmeExample checks that the snippet in README.md is the body of

@@ -12,8 +12,8 @@ import (
 
 	"github.com/idemgo/idem"
 	sqsconsumer "github.com/idemgo/idem/consumer/sqs"
-	"github.com/idemgo/idem/internal/prooftest"
-	"github.com/idemgo/idem/internal/sqsfake"
+	"github.com/idemgo/idem/testkit/prooftest"
+	"github.com/idemgo/idem/testkit/sqsfake"
 )
 
 // TestSenderToConsumer: messages a Sender sent, one of them twice (a relay

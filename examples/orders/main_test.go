@@ -10,7 +10,7 @@ import (
 
 	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/consumer/redisstream"
-	"github.com/idemgo/idem/internal/redistest"
+	"github.com/idemgo/idem/testkit/redistest"
 	"github.com/redis/go-redis/v9"
 )
 

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/idemgo/idem/consumer/redisstream"
-	"github.com/idemgo/idem/internal/readmetest"
-	"github.com/idemgo/idem/internal/redistest"
+	"github.com/idemgo/idem/testkit/readmetest"
+	"github.com/idemgo/idem/testkit/redistest"
 )
 
 // TestReadmeCommands runs the README's redis-cli commands against a

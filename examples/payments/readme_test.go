@@ -9,8 +9,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemgo/idem/internal/readmetest"
 	"github.com/idemgo/idem/memstore"
+	"github.com/idemgo/idem/testkit/readmetest"
 )
 
 // TestReadmeCommands runs the curl commands of the README against the

@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemgo/idem/internal/redistest"
 	"github.com/idemgo/idem/postgres/pgtest"
+	"github.com/idemgo/idem/testkit/redistest"
 )
 
 // TestRun runs the example in both modes against a schema of its own: as

@@ -6,7 +6,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/idemgo/idem/internal/redisinfo"
+	"github.com/idemgo/idem/redisstore/redisinfo"
 	"github.com/redis/go-redis/v9"
 )
 

@@ -19,8 +19,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemgo/idem/internal/redistest"
 	"github.com/idemgo/idem/internal/storescripts"
+	"github.com/idemgo/idem/testkit/redistest"
 )
 
 // TestFloor: with each client, the floor runs the handler once per key,

@@ -74,9 +74,9 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemhttp"
-	"github.com/idemgo/idem/internal/proccpu"
 	"github.com/idemgo/idem/internal/storescripts"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/testkit/proccpu"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
 	"github.com/valkey-io/valkey-go"

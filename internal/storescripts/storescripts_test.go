@@ -3,8 +3,8 @@ package storescripts_test
 import (
 	"testing"
 
-	"github.com/idemgo/idem/internal/redistest"
 	"github.com/idemgo/idem/internal/storescripts"
+	"github.com/idemgo/idem/testkit/redistest"
 )
 
 // TestCapture: the digests are of scripts loaded on the server, they are

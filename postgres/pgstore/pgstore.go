@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/statemachine"
 	"github.com/idemgo/idem/postgres/internal/pgq"
 	"github.com/idemgo/idem/postgres/pggate"
+	"github.com/idemgo/idem/storekit/statemachine"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 

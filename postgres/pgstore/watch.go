@@ -5,7 +5,7 @@ import (
 	"fmt"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/watchset"
+	"github.com/idemgo/idem/storekit/watchset"
 	"github.com/jackc/pgx/v5"
 )
 

@@ -18,10 +18,10 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/cmd/idem/internal/size"
-	"github.com/idemgo/idem/internal/redisinfo"
 	"github.com/idemgo/idem/postgres/pggate"
 	"github.com/idemgo/idem/postgres/pgstore"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/redisstore/redisinfo"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 )

@@ -12,7 +12,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/aws/smithy-go"
 
-	"github.com/idemgo/idem/internal/sqsfake"
+	"github.com/idemgo/idem/testkit/sqsfake"
 )
 
 func setup(t *testing.T) (*sqsfake.Server, *sqs.Client) {

@@ -3,6 +3,9 @@
 // watchers of one key share one channel, closed by the next Wake of the key
 // (and then forgotten, so that a later watch gets a new channel), or by
 // Close.
+//
+// It is public, beside storekit, so that a store in another module
+// (postgres/pgstore) or outside the repository shares it.
 package watchset
 
 import (

@@ -10,6 +10,9 @@
 // and returns the record to store and whether it changed. A function never
 // modifies its input; the returned record shares the input's and the
 // request's result bytes.
+//
+// It is public, beside storekit, so that a store in another module
+// (postgres/pgstore) or outside the repository follows the same rules.
 package statemachine
 
 import (

@@ -1,6 +1,10 @@
 // Package redisinfo reads the replies of INFO and CLUSTER INFO and the
 // server version they report, for redisstore's start check and idem
 // doctor, and the server's CPU time, for the benchmarks.
+//
+// It is public so that every module of the repository can use it (idem
+// doctor in cmd/idem, the benchmarks); its API is not covered by the
+// modules' compatibility promise and may change in any release.
 package redisinfo
 
 import (

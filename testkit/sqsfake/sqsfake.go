@@ -24,6 +24,11 @@
 // its receive count over maxReceiveCount. Request signatures are not
 // checked, FIFO ordering and message groups are not implemented, and
 // batch-entry ids are not validated beyond presence.
+//
+// It lives in testkit, the packages that serve idem's own tests and those
+// who write a store or a broker adapter for idem (docs/design.md#where-new-code-goes);
+// its API is not covered by the modules' compatibility promise and may
+// change in any release.
 package sqsfake
 
 import (

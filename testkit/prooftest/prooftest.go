@@ -1,6 +1,11 @@
 // Package prooftest holds what the broker adapters' tests share: the
 // proof's size, a fenced sink that stands for the side effect, and helpers
 // that build an Executor or Processor on a memstore and run a consumer.
+//
+// It lives in testkit, the packages that serve idem's own tests and those
+// who write a store or a broker adapter for idem (docs/design.md#where-new-code-goes);
+// its API is not covered by the modules' compatibility promise and may
+// change in any release.
 package prooftest
 
 import (

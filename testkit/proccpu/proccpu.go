@@ -2,6 +2,11 @@
 // Linux's /proc; Self: this one, with getrusage), for the benchmarks that
 // say where each request's, key's or message's time goes (the load
 // generator, the server, Redis, Postgres).
+//
+// It lives in testkit, the packages that serve idem's own tests and those
+// who write a store or a broker adapter for idem (docs/design.md#where-new-code-goes);
+// its API is not covered by the modules' compatibility promise and may
+// change in any release.
 package proccpu
 
 import (

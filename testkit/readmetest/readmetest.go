@@ -1,6 +1,11 @@
 // Package readmetest checks that a Go snippet in a README is the body of a
 // function that the tests compile (and, for an example with output, run),
 // so that what a reader copies is code that works.
+//
+// It lives in testkit, the packages that serve idem's own tests and those
+// who write a store or a broker adapter for idem (docs/design.md#where-new-code-goes);
+// its API is not covered by the modules' compatibility promise and may
+// change in any release.
 package readmetest
 
 import (

@@ -27,4 +27,9 @@
 // Methods that take a testing.TB report failures with t.Fatal, so they must
 // be called from the goroutine running the test; Server.Command reports
 // errors as values and may be called from any goroutine.
+//
+// It lives in testkit, the packages that serve idem's own tests and those
+// who write a store or a broker adapter for idem (docs/design.md#where-new-code-goes);
+// its API is not covered by the modules' compatibility promise and may
+// change in any release.
 package redistest
