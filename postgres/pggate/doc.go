@@ -61,6 +61,35 @@
 // committed response replayed. A response the middleware does not store
 // (a released key, a panic) rolls the transaction back.
 //
+// # Multi-step requests
+//
+// A request that writes locally, calls another system and writes again
+// (create the order, charge the card, record the charge) is a Flow of
+// named steps that Gate.Run runs in order. Each Local step commits in a
+// transaction of its own that also records the recovery point (the step's
+// name and the State the steps share) in the key's completion row, so a
+// retry resumes after the last recorded step and never repeats a
+// committed one; the last step completes the row, and a finished request
+// replays. A Foreign step is given a key derived from the request's digest
+// and its name (DerivedKey), stable across retries, to send as the other
+// system's Idempotency-Key: if the process stops before the next local
+// step recorded its result, the step runs again and the other system
+// replays its answer.
+//
+//	flow := &pggate.Flow[pgx.Tx]{Name: "checkout", Steps: []pggate.Step[pgx.Tx]{
+//		pggate.Local("order", createOrder),
+//		pggate.Foreign[pgx.Tx]("charge", chargeCard), // sends key as Idempotency-Key
+//		pggate.Local("record", recordCharge),
+//	}}
+//	gate.Register(flow) // for the completer
+//	res, err := gate.Run(ctx, key, fingerprint, flow, input)
+//
+// A request abandoned mid-way (its owner died; its claim, a lease from
+// the last recorded step, ran out) is finished by the completer
+// (Gate.Complete, run by every Gate every WithCompleteInterval) with the
+// flow registered under its name, or marked failed with the reason once it
+// is older than WithGiveUpAfter; a retry then gets an *idem.FailedError.
+//
 // # Guarantees
 //
 // Exactly one transaction commits an effect per key within the retention

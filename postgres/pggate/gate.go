@@ -32,6 +32,9 @@ const (
 	DefaultRelayDelay    = 5 * time.Second
 	DefaultSweepInterval = time.Minute
 	DefaultBatchSize     = 500
+
+	DefaultCompleteInterval = 5 * time.Second
+	DefaultGiveUpAfter      = time.Hour
 )
 
 // Errors of the gate. Test for them with errors.Is.
@@ -71,6 +74,8 @@ type config struct {
 	sweepInterval time.Duration
 	batch         int
 	log           *slog.Logger
+	complete      time.Duration
+	giveUp        time.Duration
 }
 
 // WithRelayInterval sets how often the gate's background goroutine relays
@@ -94,6 +99,17 @@ func WithSweepInterval(d time.Duration) Option { return func(c *config) { c.swee
 // janitor handles. The default is DefaultBatchSize (500).
 func WithBatchSize(n int) Option { return func(c *config) { c.batch = n } }
 
+// WithCompleteInterval sets how often the gate's background goroutine runs
+// the completer (see Gate.Complete). Zero disables it. The default is
+// DefaultCompleteInterval (5s).
+func WithCompleteInterval(d time.Duration) Option { return func(c *config) { c.complete = d } }
+
+// WithGiveUpAfter sets how long after its first recorded step an
+// unfinished multi-step request is given up by the completer: it is marked
+// failed, with the reason, and retries get an *idem.FailedError. The
+// default is DefaultGiveUpAfter (1h).
+func WithGiveUpAfter(d time.Duration) Option { return func(c *config) { c.giveUp = d } }
+
 // WithLogger sets where the background relay and janitor report their
 // errors. The default is slog.Default().
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.log = l } }
@@ -110,6 +126,9 @@ type Gate[T any] struct {
 	relayer idem.Relayer
 	txc     TxCompleter // nil unless the store lives in this database
 	cfg     config
+
+	flowsMu sync.Mutex
+	flows   map[string]*Flow[T] // Register
 
 	marks   chan string // digests whose completion the store holds
 	stop    chan struct{}
@@ -147,13 +166,17 @@ func newGate[T any](e *idem.Executor, db pgq.DB[T], opts []Option) (*Gate[T], er
 		sweepInterval: DefaultSweepInterval,
 		batch:         DefaultBatchSize,
 		log:           slog.Default(),
+		complete:      DefaultCompleteInterval,
+		giveUp:        DefaultGiveUpAfter,
 	}
 	for _, o := range opts {
 		o(&c)
 	}
 	switch {
-	case c.relayInterval < 0 || c.relayDelay < 0 || c.sweepInterval < 0:
-		return nil, fmt.Errorf("%w: negative relay interval, relay delay or sweep interval", idem.ErrInvalid)
+	case c.relayInterval < 0 || c.relayDelay < 0 || c.sweepInterval < 0 || c.complete < 0:
+		return nil, fmt.Errorf("%w: negative relay interval, relay delay, sweep or complete interval", idem.ErrInvalid)
+	case c.giveUp <= 0:
+		return nil, fmt.Errorf("%w: give-up bound %v is not positive", idem.ErrInvalid, c.giveUp)
 	case c.batch <= 0:
 		return nil, fmt.Errorf("%w: batch size %d is not positive", idem.ErrInvalid, c.batch)
 	case c.log == nil:
@@ -271,7 +294,8 @@ func (g *Gate[T]) Do(ctx context.Context, key idem.Key, fingerprint string, fn f
 const insertCompletion = `INSERT INTO idem_completions AS c (digest, fingerprint, fence, result, expires_at, relayed)
 VALUES ($1, $2, $3, $4, now() + $5 * interval '1 microsecond', $6)
 ON CONFLICT (digest) DO UPDATE SET fingerprint = excluded.fingerprint, fence = excluded.fence,
-  result = excluded.result, created_at = excluded.created_at, expires_at = excluded.expires_at, relayed = excluded.relayed
+  result = excluded.result, created_at = excluded.created_at, expires_at = excluded.expires_at, relayed = excluded.relayed,
+  progress = NULL
 WHERE c.expires_at <= now()`
 
 // deleteExpired and insertNew are insertCompletion in two statements, for
@@ -414,10 +438,14 @@ func (g *Gate[T]) load(ctx context.Context, key string) (idem.Completion, error)
 		fp     []byte
 		leftUS int64
 	)
-	err := g.db.QueryRow(ctx, `SELECT fingerprint, fence, result, (extract(epoch FROM expires_at - now()) * 1000000)::bigint
-FROM idem_completions WHERE digest = $1`, key).Scan(&fp, &c.Fence, &c.Result, &leftUS)
+	var unfinished bool
+	err := g.db.QueryRow(ctx, `SELECT fingerprint, fence, result, (extract(epoch FROM expires_at - now()) * 1000000)::bigint, progress IS NOT NULL
+FROM idem_completions WHERE digest = $1`, key).Scan(&fp, &c.Fence, &c.Result, &leftUS, &unfinished)
 	if err != nil {
 		return c, fmt.Errorf("pggate: the transaction was rolled back (a completion committed first) and reading it failed: %w", err)
+	}
+	if unfinished {
+		return c, fmt.Errorf("pggate: the transaction was rolled back: %w (an unfinished multi-step request, see Gate.Run)", ErrNotFlow)
 	}
 	c.Fingerprint = string(fp)
 	c.Retention = time.Duration(leftUS) * time.Microsecond

@@ -33,7 +33,7 @@ func (g *Gate[T]) background() {
 		stops = append(stops, t.Stop)
 		return t.C
 	}
-	relayC, sweepC, markC := tick(g.cfg.relayInterval), tick(g.cfg.sweepInterval), tick(markEvery)
+	relayC, sweepC, markC, completeC := tick(g.cfg.relayInterval), tick(g.cfg.sweepInterval), tick(markEvery), tick(g.cfg.complete)
 	var pending []string
 	flush := func() {
 		if len(pending) == 0 {
@@ -69,6 +69,10 @@ func (g *Gate[T]) background() {
 		case <-relayC:
 			if _, err := g.Relay(ctx); err != nil {
 				g.cfg.log.Warn("pggate: relay", "error", err)
+			}
+		case <-completeC:
+			if _, _, err := g.Complete(ctx); err != nil {
+				g.cfg.log.Warn("pggate: completer", "error", err)
 			}
 		case <-sweepC:
 			if _, err := g.Sweep(ctx); err != nil {

@@ -218,6 +218,12 @@ func Aborted(err error) bool {
 	return errors.As(err, &a)
 }
 
+// NoRows reports whether err is the error of a QueryRow that found no row
+// (pgx's or database/sql's).
+func NoRows(err error) bool {
+	return errors.Is(err, pgx.ErrNoRows) || errors.Is(err, sql.ErrNoRows)
+}
+
 // ConflictOn reports whether err is a unique violation on table.
 func ConflictOn(err error, table string) bool {
 	var pe *pgconn.PgError
