@@ -240,7 +240,9 @@ func (g *Gate[T]) Run(ctx context.Context, key idem.Key, fingerprint string, f *
 		return idem.Result{}, errors.Join(err, a.Release(sctx))
 	}
 	_ = a.Handoff(sctx, idem.ObservedExecuted)
-	g.relayed(sctx, a, blob)
+	// The store gets the completion after the commit, pgstore too: the
+	// steps' transactions do not complete its record (Do's does).
+	g.relay(sctx, a.Key(), idem.Completion{Fingerprint: a.Fingerprint(), Fence: a.Lease().Fence, Result: blob, Retention: g.e.Retention()})
 	return idem.Result{Value: run.p.State.Result, Fence: a.Lease().Fence}, nil
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/memstore"
 	"github.com/idemgo/idem/postgres/pggate"
+	"github.com/idemgo/idem/postgres/pgstore"
 	"github.com/idemgo/idem/postgres/pgtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -386,5 +387,50 @@ func TestDoRefusesUnfinishedFlow(t *testing.T) {
 	_, err := v.gate.Do(t.Context(), key, "", func(context.Context, pgx.Tx) ([]byte, error) { return []byte("x"), nil })
 	if !errors.Is(err, pggate.ErrNotFlow) {
 		t.Fatalf("got %v, want ErrNotFlow", err)
+	}
+}
+
+// TestRunOnPgstore: on pgstore the steps' transactions do not complete the
+// record, so Run gives the store the completion after the last commit; a
+// retry then replays from the store (without it, the record stayed
+// IN_PROGRESS and the retry got an *idem.InProgressError).
+func TestRunOnPgstore(t *testing.T) {
+	pool, _ := pgtest.Pool(t)
+	ps, err := pgstore.New(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ps.Close() })
+	if err := ps.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	e, err := idem.New(ps, idem.WithLease(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := pggate.New(e, pool, pggate.WithRelayInterval(0), pggate.WithCompleteInterval(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Close() })
+	if err := g.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(t.Context(), `CREATE TABLE orders (id text NOT NULL); CREATE TABLE charges (order_id text NOT NULL, charge text NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	proc, url := newProcessor(t)
+	key := idem.Key{Scope: "checkout", ID: "o-pg"}
+	f := checkout(url, func(string) error { return nil }, func() error { return nil })
+	first, err := g.Run(t.Context(), key, "fp", f, []byte("o-pg"))
+	if err != nil || first.Replayed {
+		t.Fatalf("first: %q replayed=%v, %v", first.Value, first.Replayed, err)
+	}
+	again, err := g.Run(t.Context(), key, "fp", f, []byte("o-pg"))
+	if err != nil || !again.Replayed || string(again.Value) != string(first.Value) {
+		t.Fatalf("retry: got %q replayed=%v, %v; want %q replayed", again.Value, again.Replayed, err, first.Value)
+	}
+	if p := proc.chargesOf("o-pg"); p != 1 {
+		t.Fatalf("charges at the processor %d, want 1", p)
 	}
 }
