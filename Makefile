@@ -208,11 +208,13 @@ bench-functions: check-redis
 ## with the idemgrpc interceptor (memstore), new keys and replays, 1 and 64
 ## concurrent streams on one connection, beside idemhttp against its bare
 ## handler in the same run; 5 interleaved rounds, medians and the ratios
-## to bare.
+## to bare, with the process's CPU time and allocations per call; then the
+## interceptor alone, in process (BenchmarkInterceptor).
 bench-grpc:
 	cd idemgrpc && $(GO) test -c -o $(CURDIR)/bin/idemgrpc.test . && \
-	  for i in 1 2 3 4 5; do $(CURDIR)/bin/idemgrpc.test -test.run '^$$' -test.bench 'Unary|HTTP' -test.benchtime 5000x; done \
-	  | $(GO) run ../internal/benchratio -metric calls/s -base bare
+	  for i in 1 2 3 4 5; do $(CURDIR)/bin/idemgrpc.test -test.run '^$$' -test.bench 'Unary|HTTP' -test.benchtime 5000x -test.benchmem; done \
+	  | $(GO) run ../internal/benchratio -metric calls/s -base bare -also cpu-µs/call,allocs/op && \
+	  $(CURDIR)/bin/idemgrpc.test -test.run '^$$' -test.bench 'Interceptor' -test.benchtime 50000x -test.count 3
 
 ## bench-http: idemhttp (both Redis clients), Fiber's idempotency middleware,
 ## a plain reverse proxy and the idem proxy against the bare handler under

@@ -39,12 +39,21 @@ const (
 var errBadRecord = errors.New("idemgrpc: stored outcome cannot be decoded")
 
 func (o *outcome) encode() ([]byte, error) {
-	b := []byte{recordVersion}
+	var sb []byte
+	size := 1
 	if o.status != nil {
-		sb, err := proto.MarshalOptions{Deterministic: true}.Marshal(o.status)
-		if err != nil {
+		var err error
+		if sb, err = deterministic.Marshal(o.status); err != nil {
 			return nil, fmt.Errorf("idemgrpc: encoding the status: %w", err)
 		}
+		size += fieldSize(fieldStatus, len(sb))
+	} else {
+		size += fieldSize(fieldType, len(o.typeName)) + fieldSize(fieldMessage, len(o.message))
+	}
+	size += mdSize(fieldHeader, o.header) + mdSize(fieldTrailer, o.trailer)
+	b := make([]byte, 1, size) // the record's one allocation
+	b[0] = recordVersion
+	if o.status != nil {
 		b = protowire.AppendTag(b, fieldStatus, protowire.BytesType)
 		b = protowire.AppendBytes(b, sb)
 	} else {
@@ -56,6 +65,21 @@ func (o *outcome) encode() ([]byte, error) {
 	b = appendMD(b, fieldHeader, o.header)
 	b = appendMD(b, fieldTrailer, o.trailer)
 	return b, nil
+}
+
+// fieldSize is the encoded size of a bytes field of n bytes.
+func fieldSize(num protowire.Number, n int) int {
+	return protowire.SizeTag(num) + protowire.SizeBytes(n)
+}
+
+func mdSize(field protowire.Number, md metadata.MD) int {
+	n := 0
+	for k, vs := range md {
+		for _, v := range vs {
+			n += fieldSize(field, len(k)+1+len(v))
+		}
+	}
+	return n
 }
 
 func appendMD(b []byte, field protowire.Number, md metadata.MD) []byte {
@@ -71,21 +95,21 @@ func appendMD(b []byte, field protowire.Number, md metadata.MD) []byte {
 	return b
 }
 
-func decodeOutcome(b []byte) (*outcome, error) {
+func decodeOutcome(b []byte) (outcome, error) {
+	var o outcome
 	if len(b) == 0 || b[0] != recordVersion {
-		return nil, errBadRecord
+		return o, errBadRecord
 	}
 	b = b[1:]
-	o := &outcome{}
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 || typ != protowire.BytesType {
-			return nil, errBadRecord
+			return o, errBadRecord
 		}
 		b = b[n:]
 		v, n := protowire.ConsumeBytes(b)
 		if n < 0 {
-			return nil, errBadRecord
+			return o, errBadRecord
 		}
 		b = b[n:]
 		switch num {
@@ -96,12 +120,12 @@ func decodeOutcome(b []byte) (*outcome, error) {
 		case fieldStatus:
 			o.status = &spb.Status{}
 			if err := proto.Unmarshal(v, o.status); err != nil {
-				return nil, fmt.Errorf("%w: %v", errBadRecord, err)
+				return o, fmt.Errorf("%w: %v", errBadRecord, err)
 			}
 		case fieldHeader, fieldTrailer:
 			k, val, ok := strings.Cut(string(v), "\x00")
 			if !ok {
-				return nil, errBadRecord
+				return o, errBadRecord
 			}
 			md := &o.header
 			if num == fieldTrailer {

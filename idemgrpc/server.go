@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -46,6 +47,7 @@ type Server struct {
 	principal   func(ctx context.Context) (string, error)
 	policy      Policy
 	wait        time.Duration
+	waitOpt     idem.CallOption // idem.WaitFor(wait), made once
 	failOpen    bool
 }
 
@@ -59,6 +61,8 @@ func New(exec *idem.Executor, opts ...Option) (*Server, error) {
 	for _, o := range opts {
 		o(s)
 	}
+	s.keyName = strings.ToLower(s.keyName) // as metadata keys arrive
+	s.waitOpt = idem.WaitFor(s.wait)
 	switch {
 	case s.keyName == "":
 		return nil, fmt.Errorf("%w: idemgrpc: empty key metadata name", idem.ErrInvalid)
@@ -91,7 +95,7 @@ func (s *Server) UnaryServerInterceptor() grpc.UnaryServerInterceptor { return s
 func (s *Server) StreamServerInterceptor() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		if s.covers(info.FullMethod) {
-			if md, _ := metadata.FromIncomingContext(ss.Context()); len(md.Get(s.keyName)) > 0 {
+			if len(metadata.ValueFromIncomingContext(ss.Context(), s.keyName)) > 0 {
 				return status.Errorf(codes.Unimplemented, "idemgrpc: %s is a stream: idempotency keys are supported on unary methods only", info.FullMethod)
 			}
 		}
@@ -103,8 +107,9 @@ func (s *Server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	if !s.covers(info.FullMethod) {
 		return handler(ctx, req)
 	}
-	md, _ := metadata.FromIncomingContext(ctx)
-	ids := md.Get(s.keyName)
+	// Only the key's values, not a copy of the whole metadata
+	// (FromIncomingContext lowercases and copies every entry).
+	ids := metadata.ValueFromIncomingContext(ctx, s.keyName)
 	switch {
 	case len(ids) == 0 && s.keyOptional:
 		return handler(ctx, req)
@@ -133,7 +138,7 @@ func (s *Server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	if err := key.Validate(); err != nil {
 		return nil, keyStatus(codes.InvalidArgument, ReasonInvalid, s.keyName, err.Error()).Err()
 	}
-	actx, a, err := s.exec.Begin(ctx, key, fp, idem.WaitFor(s.wait))
+	actx, a, err := s.exec.Begin(ctx, key, fp, s.waitOpt)
 	if err != nil {
 		if s.failOpen && storeDown(err) {
 			return handler(ctx, req)
@@ -146,22 +151,39 @@ func (s *Server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	return s.run(ctx, actx, a, req, info, handler)
 }
 
-// fingerprint is SHA-256 over the full method name and the deterministic
-// protobuf encoding of the request.
+// fingerprint is SHA-256 over the full method name, a zero byte and the
+// deterministic protobuf encoding of the request.
 func fingerprint(fullMethod string, req any) (string, error) {
 	m, ok := req.(proto.Message)
 	if !ok {
 		return "", status.Errorf(codes.Internal, "idemgrpc: the request of %s is a %T, not a protobuf message", fullMethod, req)
 	}
-	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
+	buf := getBuf()
+	defer putBuf(buf)
+	b := append(append((*buf)[:0], fullMethod...), 0)
+	b, err := deterministic.MarshalAppend(b, m)
 	if err != nil {
 		return "", status.Errorf(codes.Internal, "idemgrpc: encoding the request: %v", err)
 	}
-	h := sha256.New()
-	h.Write([]byte(fullMethod))
-	h.Write([]byte{0})
-	h.Write(b)
-	return string(h.Sum(nil)), nil
+	*buf = b
+	sum := sha256.Sum256(b)
+	return string(sum[:]), nil
+}
+
+var deterministic = proto.MarshalOptions{Deterministic: true}
+
+// bufs holds the buffers that requests and responses are encoded into
+// before they are hashed or copied into a record.
+var bufs = sync.Pool{New: func() any { return new([]byte) }}
+
+func getBuf() *[]byte { return bufs.Get().(*[]byte) }
+
+// putBuf returns buf to the pool, unless it grew past 64 KiB: one large
+// message must not keep its buffer alive in the pool.
+func putBuf(buf *[]byte) {
+	if cap(*buf) <= 64<<10 {
+		bufs.Put(buf)
+	}
 }
 
 // storeDown reports whether Begin failed because the store did not answer
@@ -197,7 +219,7 @@ func (s *Server) run(ctx, actx context.Context, a *idem.Attempt, req any, info *
 		_ = a.Abandon()
 		return resp, herr
 	}
-	o := &outcome{}
+	var o outcome
 	o.header, o.trailer = cs.metadata()
 	if herr != nil {
 		o.status = status.Convert(herr).Proto()
@@ -209,13 +231,16 @@ func (s *Server) run(ctx, actx context.Context, a *idem.Attempt, req any, info *
 			_ = a.Fail(sctx, fmt.Errorf("idemgrpc: the response of %s is a %T, not a protobuf message", info.FullMethod, resp))
 			return resp, herr
 		}
-		b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
+		buf := getBuf()
+		defer putBuf(buf)
+		b, err := deterministic.MarshalAppend((*buf)[:0], m)
 		if err != nil {
 			_ = a.Fail(sctx, fmt.Errorf("idemgrpc: encoding the response: %w", err))
 			return resp, herr
 		}
+		*buf = b
 		o.typeName = string(m.ProtoReflect().Descriptor().FullName())
-		o.message = b
+		o.message = b // copied by encode
 	}
 	blob, err := o.encode()
 	if err != nil {
@@ -242,8 +267,12 @@ func replay(ctx context.Context, blob []byte) (any, error) {
 	if err != nil {
 		return nil, corrupt(err)
 	}
-	h := metadata.Join(o.header, metadata.Pairs(ReplayedMetadata, "true"))
-	_ = grpc.SetHeader(ctx, h)
+	// The decoded header is this call's own: the mark joins it there.
+	if o.header == nil {
+		o.header = make(metadata.MD, 1)
+	}
+	o.header[ReplayedMetadata] = append(o.header[ReplayedMetadata], "true")
+	_ = grpc.SetHeader(ctx, o.header)
 	if len(o.trailer) > 0 {
 		_ = grpc.SetTrailer(ctx, o.trailer)
 	}

@@ -1,0 +1,5 @@
+//go:build !race
+
+package idemgrpc_test
+
+const raceEnabled = false
