@@ -239,6 +239,7 @@ type Processor struct {
 	log            *slog.Logger
 	onLeaseLost    func(context.Context, idem.LeaseLost)
 	passDuplicates bool
+	parallel       int
 
 	stats struct {
 		processed, replayed, retried, dead, invalid, panics, redelivered, errors, abandoned atomic.Int64
@@ -386,73 +387,102 @@ func (p *Processor) check(m Message) error {
 // is to run or ran successfully and it is not committed yet).
 func (b *Batch) Held(i int) bool { return b.held[i] != nil }
 
-// Handle runs h, in order, for every message whose key the batch holds. A
-// panic in h (or runtime.Goexit) is recovered and handled as an error
-// wrapping ErrPanic. A failed message's key is released for a redelivery
-// or, after the maximum of deliveries or for an error marked with
-// idem.Terminal, stored as FAILED and the message dead-lettered. Once the
-// batch's context is done, no handler starts: the remaining keys are
-// released (ErrStopping); a handler still running then is waited for at
-// most AbandonAfter, then abandoned (ErrAbandoned: its key is left to its
-// lease, its message retried).
+// Handle runs h for every message whose key the batch holds: in order,
+// one at a time, or up to WithParallelHandlers at once (the keys of a
+// batch are distinct: a repeat follows the first, so one key's messages
+// never run at the same time). A panic in h (or runtime.Goexit) is
+// recovered and handled as an error wrapping ErrPanic. A failed message's
+// key is released for a redelivery or, after the maximum of deliveries or
+// for an error marked with idem.Terminal, stored as FAILED and the message
+// dead-lettered. Once the batch's context is done, no handler starts: the
+// remaining keys are released (ErrStopping); a handler still running then
+// is waited for at most AbandonAfter, then abandoned (ErrAbandoned: its key
+// is left to its lease, its message retried). Handle returns when every
+// handler returned or was abandoned: nothing is completed or acknowledged
+// before (Commit).
 func (b *Batch) Handle(h Handler) {
-	p := b.p
-	sctx := context.WithoutCancel(b.ctx)
-	for i, m := range b.msgs {
-		if b.dups != nil && b.dups[i] != nil {
-			b.passDuplicate(h, i)
-			continue
+	n := b.p.parallel
+	if n <= 1 {
+		for i := range b.msgs {
+			b.handle(h, i)
 		}
-		a := b.held[i]
-		if a == nil {
-			continue
-		}
-		ran := false
-		var err error
-		if cerr := b.ctx.Err(); cerr != nil {
-			err = fmt.Errorf("%w: %w", ErrStopping, cerr)
-		} else if b.ctxs[i].Err() != nil {
-			err = context.Cause(b.ctxs[i]) // the lease was lost before the handler started
-		} else {
-			start := time.Now()
-			var abandoned bool
-			abandoned, err = b.run(b.ctxs[i], h, i, a.Key())
-			b.durations[i] = time.Since(start)
-			if abandoned {
-				// The handler may still complete its work: neither release
-				// the key (another owner would run it at once, beside
-				// this one) nor store anything. Its lease ends, and the
-				// next owner takes the key over with a higher fence.
-				_ = a.Abandon()
-				b.held[i] = nil
-				b.results[i] = Result{Action: Retry, Delay: max(time.Until(a.LeaseDeadline()), time.Millisecond), Err: ErrAbandoned}
-				continue
-			}
-			ran = true
-		}
-		if err == nil {
-			b.done[i] = true
-			continue
-		}
-		b.held[i] = nil
-		if !errors.Is(err, ErrStopping) && (idem.IsTerminal(err) || p.lastTry(m, a)) {
-			ferr := a.Fail(sctx, err)
-			if ran {
-				b.leaseLost(i, a, ferr, err)
-			}
-			b.results[i] = Result{Action: DeadLetter, Err: errors.Join(err, ferr)}
-			if ferr != nil && !errors.Is(ferr, idem.ErrLeaseLost) {
-				// The failure was not stored: retry rather than lose it.
-				b.results[i] = Result{Action: Retry, Delay: p.retryDelay, Err: errors.Join(err, ferr)}
-			}
-			continue
-		}
-		rerr := a.Release(sctx)
-		if ran {
-			b.leaseLost(i, a, rerr, err)
-		}
-		b.results[i] = Result{Action: Retry, Delay: p.retryDelay, Err: errors.Join(err, rerr)}
+		return
 	}
+	sem := make(chan struct{}, n)
+	var wg sync.WaitGroup
+	for i := range b.msgs {
+		if b.held[i] == nil && (b.dups == nil || b.dups[i] == nil) {
+			continue // nothing to run: skip without taking a slot
+		}
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			b.handle(h, i)
+		})
+	}
+	wg.Wait()
+}
+
+// handle runs h for message i if the batch holds its key (or passes it on
+// as a duplicate) and settles its attempt on failure. Calls for distinct
+// i may run at the same time: each touches only the i-th slots.
+func (b *Batch) handle(h Handler, i int) {
+	p := b.p
+	m := b.msgs[i]
+	sctx := context.WithoutCancel(b.ctx)
+	if b.dups != nil && b.dups[i] != nil {
+		b.passDuplicate(h, i)
+		return
+	}
+	a := b.held[i]
+	if a == nil {
+		return
+	}
+	ran := false
+	var err error
+	if cerr := b.ctx.Err(); cerr != nil {
+		err = fmt.Errorf("%w: %w", ErrStopping, cerr)
+	} else if b.ctxs[i].Err() != nil {
+		err = context.Cause(b.ctxs[i]) // the lease was lost before the handler started
+	} else {
+		start := time.Now()
+		var abandoned bool
+		abandoned, err = b.run(b.ctxs[i], h, i, a.Key())
+		b.durations[i] = time.Since(start)
+		if abandoned {
+			// The handler may still complete its work: neither release
+			// the key (another owner would run it at once, beside
+			// this one) nor store anything. Its lease ends, and the
+			// next owner takes the key over with a higher fence.
+			_ = a.Abandon()
+			b.held[i] = nil
+			b.results[i] = Result{Action: Retry, Delay: max(time.Until(a.LeaseDeadline()), time.Millisecond), Err: ErrAbandoned}
+			return
+		}
+		ran = true
+	}
+	if err == nil {
+		b.done[i] = true
+		return
+	}
+	b.held[i] = nil
+	if !errors.Is(err, ErrStopping) && (idem.IsTerminal(err) || p.lastTry(m, a)) {
+		ferr := a.Fail(sctx, err)
+		if ran {
+			b.leaseLost(i, a, ferr, err)
+		}
+		b.results[i] = Result{Action: DeadLetter, Err: errors.Join(err, ferr)}
+		if ferr != nil && !errors.Is(ferr, idem.ErrLeaseLost) {
+			// The failure was not stored: retry rather than lose it.
+			b.results[i] = Result{Action: Retry, Delay: p.retryDelay, Err: errors.Join(err, ferr)}
+		}
+		return
+	}
+	rerr := a.Release(sctx)
+	if ran {
+		b.leaseLost(i, a, rerr, err)
+	}
+	b.results[i] = Result{Action: Retry, Delay: p.retryDelay, Err: errors.Join(err, rerr)}
 }
 
 // lastTry reports whether m, whose key a holds, is dead-lettered if its

@@ -459,3 +459,78 @@ func TestSetResult(t *testing.T) {
 		t.Error("SetResult in a duplicate's handler: got true, want false")
 	}
 }
+
+// TestParallelHandlers: with WithParallelHandlers(n), n handlers of a
+// batch run at the same time and never more; a repeat of a key within the
+// batch does not run; nothing is completed before every handler returned;
+// failures are settled per message as in order. Each handler of the first
+// n waits until n are running, so the test cannot pass with handlers run
+// one at a time.
+func TestParallelHandlers(t *testing.T) {
+	const n = 4
+	p := newProcessor(t, consumer.WithParallelHandlers(n), consumer.WithMaxDeliveries(1))
+	exec := p.Executor()
+	var msgs []consumer.Message
+	for i := range 3 * n {
+		msgs = append(msgs, consumer.Message{Key: "k" + string(rune('a'+i)), Deliveries: 1})
+	}
+	msgs = append(msgs, consumer.Message{Key: "ka", Deliveries: 1}) // a repeat: follows the first
+	var running, peak, calls atomic.Int64
+	allIn := make(chan struct{})
+	var once sync.Once
+	h := func(ctx context.Context, i int) error {
+		calls.Add(1)
+		r := running.Add(1)
+		defer running.Add(-1)
+		for {
+			p := peak.Load()
+			if r <= p || peak.CompareAndSwap(p, r) {
+				break
+			}
+		}
+		if r == n {
+			once.Do(func() { close(allIn) })
+		}
+		select {
+		case <-allIn:
+		case <-time.After(10 * time.Second):
+			t.Errorf("handler %d: got %d handlers running at once, want %d", i, running.Load(), n)
+		}
+		// Record before ack: no key of the batch is completed while a
+		// handler runs.
+		if _, a, err := exec.Begin(context.WithoutCancel(ctx), p.Key(msgs[0].Key), ""); err == nil {
+			t.Errorf("handler %d: key %q could be acquired again while the batch runs (replayed %v)", i, msgs[0].Key, a.Replayed())
+		}
+		if msgs[i].Key == "kb" {
+			return idem.Terminal(errors.New("poison"))
+		}
+		if msgs[i].Key == "kc" {
+			return errors.New("flaky")
+		}
+		return nil
+	}
+	got := p.Process(t.Context(), msgs, h)
+	if c := calls.Load(); c != int64(3*n) {
+		t.Errorf("got %d handler calls, want %d (the repeat does not run)", c, 3*n)
+	}
+	if pk := peak.Load(); pk != n {
+		t.Errorf("got at most %d handlers at once, want %d", pk, n)
+	}
+	for i, r := range got {
+		want := consumer.Ack
+		switch msgs[i].Key {
+		case "kb", "kc": // terminal, and the last delivery of a flaky one
+			want = consumer.DeadLetter
+		}
+		if r.Action != want {
+			t.Errorf("message %d (%s): got %v (%v), want %v", i, msgs[i].Key, r.Action, r.Err, want)
+		}
+	}
+	if !got[len(got)-1].Replayed {
+		t.Errorf("the repeat: got %+v, want a replayed Ack", got[len(got)-1])
+	}
+	s := p.Stats()
+	if s.Processed != int64(3*n-2) || s.DeadLettered != 2 || s.Replayed != 1 {
+		t.Errorf("got %+v, want %d processed, 2 dead-lettered, 1 replayed", s, 3*n-2)
+	}
+}

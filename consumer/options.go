@@ -34,6 +34,9 @@ type Config struct {
 	// Concurrency is how many batches are processed at the same time
 	// (WithConcurrency).
 	Concurrency int
+	// ParallelHandlers is how many handlers of one batch run at the same
+	// time (WithParallelHandlers); 1 runs them in order.
+	ParallelHandlers int
 	// ShutdownTimeout bounds the wait for in-flight handlers once Run's
 	// context is done (WithShutdownTimeout).
 	ShutdownTimeout time.Duration
@@ -77,8 +80,8 @@ func AdapterOption[T any](f func(*T)) Option {
 // validates the shared settings and returns the Processor on exec and the
 // resulting Config. Adapters call it in their constructor, with their own
 // defaults; fields left zero in defaults get the Processor's defaults
-// (max deliveries 5, retry delay 1s, batch size 1, concurrency 1, shutdown
-// timeout 30s, slog.Default()). Errors wrap idem.ErrInvalid.
+// (max deliveries 5, retry delay 1s, batch size 1, concurrency 1, parallel
+// handlers 1, shutdown timeout 30s, slog.Default()). Errors wrap idem.ErrInvalid.
 func Setup(exec *idem.Executor, defaults Config, adapter any, opts []Option) (*Processor, Config, error) {
 	c := defaults
 	c.Adapter = adapter
@@ -96,6 +99,9 @@ func Setup(exec *idem.Executor, defaults Config, adapter any, opts []Option) (*P
 	}
 	if c.Concurrency == 0 {
 		c.Concurrency = 1
+	}
+	if c.ParallelHandlers == 0 {
+		c.ParallelHandlers = 1
 	}
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = 30 * time.Second
@@ -120,6 +126,8 @@ func Setup(exec *idem.Executor, defaults Config, adapter any, opts []Option) (*P
 		bad = fmt.Sprintf("batch size %d is not positive", c.BatchSize)
 	case c.Concurrency < 1:
 		bad = fmt.Sprintf("concurrency %d is not positive", c.Concurrency)
+	case c.ParallelHandlers < 1:
+		bad = fmt.Sprintf("parallel handlers %d is not positive", c.ParallelHandlers)
 	case c.ShutdownTimeout < 0:
 		bad = fmt.Sprintf("shutdown timeout %v is negative", c.ShutdownTimeout)
 	case c.Logger == nil:
@@ -131,6 +139,7 @@ func Setup(exec *idem.Executor, defaults Config, adapter any, opts []Option) (*P
 	p := &Processor{
 		exec: exec, scope: c.Scope, maxDeliveries: c.MaxDeliveries, retryDelay: c.RetryDelay,
 		commit: c.Commit, onEvent: c.EventHook, log: c.Logger, onLeaseLost: c.OnLeaseLost, passDuplicates: c.PassDuplicates,
+		parallel: c.ParallelHandlers,
 	}
 	if p.commit == nil {
 		p.commit = func(ctx context.Context, _ []Message, attempts []*idem.Attempt, values [][]byte) []error {
@@ -167,6 +176,16 @@ func WithBatchSize(n int) Option { return func(c *Config) { c.BatchSize = n } }
 // The default is the adapter's.
 func WithConcurrency(n int) Option { return func(c *Config) { c.Concurrency = n } }
 
+// WithParallelHandlers sets how many handlers of one batch run at the same
+// time. A batch's keys are distinct (a repeat of a key follows the first
+// and does not run), so one key's messages still run one after the other;
+// messages of distinct keys no longer run in the broker's order. The keys
+// are completed, and the messages acknowledged, once every handler of the
+// batch returned, as with 1. Handlers, and the hooks (WithOnLeaseLost),
+// are then called from up to n goroutines at once. The default is 1: in
+// order, one at a time.
+func WithParallelHandlers(n int) Option { return func(c *Config) { c.ParallelHandlers = n } }
+
 // WithShutdownTimeout bounds how long Run waits for in-flight handlers
 // once its context is done; then their contexts are cancelled, their keys
 // released and their messages left for redelivery. A handler that ignores
@@ -201,8 +220,9 @@ func WithLogger(l *slog.Logger) Option { return func(c *Config) { c.Logger = l }
 // the message will run again there, with a higher fence), with the key,
 // the fence and the handler's error (nil if it succeeded). The message is
 // not acknowledged. f can undo the handler's work or flag it; it is
-// called from the goroutine that processes the batch, after the handler
-// and before the batch's acknowledgements. The default is none.
+// called after the handler and before the batch's acknowledgements, from
+// the goroutine that processes the batch (with WithParallelHandlers, from
+// the handler's slot: from up to n goroutines at once). The default is none.
 func WithOnLeaseLost(f func(ctx context.Context, l idem.LeaseLost)) Option {
 	return func(c *Config) { c.OnLeaseLost = f }
 }

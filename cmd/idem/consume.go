@@ -37,6 +37,7 @@ type consumeConfig struct {
 	handler         sidecar.Handler
 	maxDeliveries   int
 	concurrency     int
+	parallel        int
 	batch           int
 	retryDelay      time.Duration
 	passDuplicates  bool
@@ -107,6 +108,14 @@ would run them again. A Redis stream's records must live on the stream's
 server (the key is completed and the entry acked in one script): without a
 store flag they do.
 
+Each batch of --batch messages is acquired in one store call, its calls
+to the handler run --parallel at a time (the default 1: one at a time, in
+the broker's order), and its keys are completed, and its messages acked,
+once every call answered. A batch's keys are distinct (a repeat of a key
+waits for the first), so --parallel never runs one key twice at once; it
+only gives up the order between distinct keys. --concurrency batches run
+at once.
+
 On SIGTERM or SIGINT, consume stops fetching, lets the handlers in flight
 finish for up to --shutdown-timeout (then cancels them; their messages are
 delivered again), and exits. With --admin-listen it serves /healthz,
@@ -133,7 +142,7 @@ func consumeCommand() *command {
 func registerConsumeFlags(fs *cli.Set) *consumeConfig {
 	c := &consumeConfig{
 		lease: idem.DefaultLease, retention: idem.DefaultRetention,
-		maxDeliveries: 5, concurrency: 1, batch: 10, retryDelay: time.Second,
+		maxDeliveries: 5, concurrency: 1, parallel: 1, batch: 10, retryDelay: time.Second,
 		shutdownTimeout: 30 * time.Second, logFormat: "text", logLevel: "info",
 	}
 	c.handler.Timeout, c.handler.MaxResult = sidecar.DefaultTimeout, sidecar.DefaultMaxResult
@@ -156,7 +165,8 @@ func registerConsumeFlags(fs *cli.Set) *consumeConfig {
 		{Name: "max-deliveries", Placeholder: "N", Value: cli.Int(&c.maxDeliveries), Usage: "deliveries of a failing message before it is dead-lettered (0: retry forever)"},
 		{Name: "retry-delay", Placeholder: "DURATION", Value: cli.Duration(&c.retryDelay), Usage: "delay before a failed message is delivered again (a Redis stream: at least --lease, the claim idle time)"},
 		{Name: "concurrency", Placeholder: "N", Value: cli.Int(&c.concurrency), Usage: "batches handled at the same time (a Redis stream: N consumers of the group)"},
-		{Name: "batch", Placeholder: "N", Value: cli.Int(&c.batch), Usage: "messages fetched, acquired and completed together; the handler gets them one at a time, in order"},
+		{Name: "batch", Placeholder: "N", Value: cli.Int(&c.batch), Usage: "messages fetched, acquired and completed together (acked once every call of the batch answered)"},
+		{Name: "parallel", Placeholder: "N", Value: cli.Int(&c.parallel), Usage: "calls to the handler of one batch at the same time (a batch's keys are distinct, so one key's messages never run at once; 1: one at a time, in the broker's order)"},
 		{Name: "pass-duplicates", Value: cli.Bool(&c.passDuplicates), Usage: "call the handler for a duplicate of a completed key too, with Idempotent-Replayed: true (its answer only delays the ack)"},
 		{Name: "on-lease-lost", Placeholder: "URL", Value: cli.String(&c.handler.LeaseLostURL), Secret: cli.URLSecret, Usage: "POST {\"scope\",\"key\",\"fence\",\"reason\"} here when a handler's lease was lost (another consumer runs the message again)"},
 		{Name: "dead-letter", Placeholder: "NAME", Value: cli.String(&c.deadLetter), Usage: "where dead letters go: a stream, topic, queue, subject or SQS queue URL (empty: the adapter's default, STREAM:dlq for a Redis stream)"},
@@ -199,6 +209,7 @@ func (c *consumeConfig) validate() error {
 		cli.Check(c.maxDeliveries < 0, "--max-deliveries %d is negative", c.maxDeliveries),
 		cli.Check(c.concurrency < 1, "--concurrency %d must be at least 1", c.concurrency),
 		cli.Check(c.batch < 1 || c.batch > 10000, "--batch %d is not in 1..10000", c.batch),
+		cli.Check(c.parallel < 1 || c.parallel > c.batch, "--parallel %d is not in 1..--batch (%d)", c.parallel, c.batch),
 		cli.Check(c.retryDelay < 0, "--retry-delay %v is negative", c.retryDelay),
 		cli.Check(c.shutdownTimeout <= 0, "--shutdown-timeout must be positive"),
 		cli.Check(c.logFormat != "text" && c.logFormat != "json", "invalid --log-format %q: want text or json", c.logFormat),
@@ -218,7 +229,7 @@ func (c *consumeConfig) parseKey() error {
 func (c *consumeConfig) options(log *slog.Logger) []consumer.Option {
 	opts := []consumer.Option{
 		consumer.WithMaxDeliveries(c.maxDeliveries), consumer.WithRetryDelay(c.retryDelay),
-		consumer.WithBatchSize(c.batch), consumer.WithShutdownTimeout(c.shutdownTimeout),
+		consumer.WithBatchSize(c.batch), consumer.WithParallelHandlers(c.parallel), consumer.WithShutdownTimeout(c.shutdownTimeout),
 		consumer.WithLogger(log), consumer.WithOnLeaseLost(c.handler.OnLeaseLost),
 	}
 	if c.passDuplicates {
@@ -250,6 +261,7 @@ func runConsume(ctx context.Context, e *env, c *consumeConfig) error {
 	redisLog.l.Store(log)
 	c.store.logger = log
 	c.handler.Logger = log
+	c.handler.Conns = max(64, c.concurrency*c.parallel)
 	if c.name == "" {
 		host, _ := os.Hostname()
 		c.name = fmt.Sprintf("%s-%d", host, os.Getpid())
@@ -274,7 +286,7 @@ func runConsume(ctx context.Context, e *env, c *consumeConfig) error {
 	var draining atomic.Bool
 	var admin *http.Server
 	started := []any{"from", c.broker.Where, "to", redact.URL(c.handler.URL), "store", st.describe,
-		"batch", c.batch, "concurrency", c.concurrency, "max_deliveries", c.maxDeliveries,
+		"batch", c.batch, "parallel", c.parallel, "concurrency", c.concurrency, "max_deliveries", c.maxDeliveries,
 		"lease", cli.FormatDuration(c.lease), "handler_timeout", cli.FormatDuration(c.handler.Timeout)}
 	if c.adminListen != "" {
 		ln, err := net.Listen("tcp", c.adminListen)

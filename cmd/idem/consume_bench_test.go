@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"net/http"
 	"net/http/httptest"
@@ -215,6 +216,10 @@ func benchKeys(n int) []string {
 	return keys
 }
 
+// benchParallel is the sidecar's --parallel: every call of a batch at
+// once (IDEM_BENCH_PARALLEL overrides it).
+var benchParallel = cmp.Or(os.Getenv("IDEM_BENCH_PARALLEL"), "100")
+
 // runSidecar starts idem consume on br to sink and returns its process.
 func runSidecar(b *testing.B, br benchBroker, srv *redistest.Server, sink *benchSink, group string) *proc {
 	h := httptest.NewServer(sink)
@@ -223,7 +228,7 @@ func runSidecar(b *testing.B, br benchBroker, srv *redistest.Server, sink *bench
 	if strings.HasSuffix(from, "group=") {
 		from += group
 	}
-	p := startIdemB(b, "consume", "--from", from, "--to", h.URL, "--redis", "redis://"+srv.Addr(), "--batch", "100", "--log-level", "warn")
+	p := startIdemB(b, "consume", "--from", from, "--to", h.URL, "--redis", "redis://"+srv.Addr(), "--batch", "100", "--parallel", benchParallel, "--log-level", "warn")
 	return p
 }
 

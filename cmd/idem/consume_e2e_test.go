@@ -300,3 +300,65 @@ func TestConsumeRefusesEmbeddedStore(t *testing.T) {
 		t.Errorf("got code %d, stderr %q; want %d and why the embedded store is refused", code, stderr, exitUsage)
 	}
 }
+
+// TestConsumeParallel: with --parallel 4 the handler gets four calls of a
+// batch at once and never more, and no entry is acked while a call of its
+// batch runs (record before ack); every key is called once.
+func TestConsumeParallel(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	rdb := srv.GoRedis(t)
+	const parallel, n = 4, 8
+	var mu sync.Mutex
+	running, peak, calls := 0, 0, map[string]int{}
+	all, release := make(chan struct{}), make(chan struct{})
+	h := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		running++
+		peak = max(peak, running)
+		calls[r.Header.Get("Idempotency-Key")]++
+		if running == parallel && len(calls) == parallel {
+			close(all)
+		}
+		mu.Unlock()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+		mu.Lock()
+		running--
+		mu.Unlock()
+	}))
+	t.Cleanup(h.Close)
+	for i := range n {
+		xadd(t, rdb, "par", "key", "k"+strconv.Itoa(i), "payload", "x")
+	}
+	p := startIdem(t, "consume", "--from", "redis-stream://"+srv.Addr()+"/par?group=g", "--to", h.URL,
+		"--batch", strconv.Itoa(n), "--parallel", strconv.Itoa(parallel), "--handler-timeout", "30s")
+	select {
+	case <-all:
+	case <-time.After(30 * time.Second):
+		mu.Lock()
+		defer mu.Unlock()
+		t.Fatalf("got %d calls running at once, want %d", running, parallel)
+	}
+	if got := pendingCount(t, rdb, "par", "g"); got != n {
+		t.Errorf("pending while the batch's calls run: %d, want %d (nothing acked before every call answered)", got, n)
+	}
+	close(release)
+	waitFor(t, "every entry acked", func() bool {
+		return pendingCount(t, rdb, "par", "g") == 0 && lastDelivered(t, rdb, "par", "g")
+	})
+	p.terminate()
+	p.wait()
+	mu.Lock()
+	defer mu.Unlock()
+	if peak != parallel || len(calls) != n {
+		t.Errorf("got %d calls at once and %d keys called, want %d and %d", peak, len(calls), parallel, n)
+	}
+	for k, c := range calls {
+		if c != 1 {
+			t.Errorf("%s: %d calls, want 1", k, c)
+		}
+	}
+}

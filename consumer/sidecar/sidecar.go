@@ -71,9 +71,14 @@ type Handler struct {
 	// URL is where each message is POSTed (required).
 	URL string
 	// Client sends the requests. The default is a client that does not
-	// follow redirects (a 3xx is retried) and keeps up to 64 idle
+	// follow redirects (a 3xx is retried) and keeps up to Conns idle
 	// connections to the handler.
 	Client *http.Client
+	// Conns is how many keep-alive connections to the handler the default
+	// Client keeps open between calls: size it to the calls that run at
+	// once (batches at once times the handlers of a batch at once), so that
+	// no call waits for a new connection. The default is 64.
+	Conns int
 	// Timeout bounds each call; the call is then cancelled and the
 	// message retried. The default is DefaultTimeout (30s).
 	Timeout time.Duration
@@ -125,7 +130,11 @@ func (h *Handler) init() {
 		h.client = h.Client
 		if h.client == nil {
 			t := http.DefaultTransport.(*http.Transport).Clone()
-			t.MaxIdleConns, t.MaxIdleConnsPerHost = 64, 64
+			conns := h.Conns
+			if conns <= 0 {
+				conns = 64
+			}
+			t.MaxIdleConns, t.MaxIdleConnsPerHost = conns, conns
 			h.client = &http.Client{
 				Transport:     t,
 				CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
@@ -159,8 +168,8 @@ func (h *Handler) Check() error {
 			return fmt.Errorf("%w: sidecar: %s %q is not an http:// or https:// URL", idem.ErrInvalid, name, raw)
 		}
 	}
-	if h.Timeout < 0 || h.MaxResult < 0 {
-		return fmt.Errorf("%w: sidecar: negative Timeout or MaxResult", idem.ErrInvalid)
+	if h.Timeout < 0 || h.MaxResult < 0 || h.Conns < 0 {
+		return fmt.Errorf("%w: sidecar: negative Timeout, MaxResult or Conns", idem.ErrInvalid)
 	}
 	return nil
 }
