@@ -20,6 +20,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/chaos/chaostest"
+	"github.com/idemgo/idem/consumer/redisstream"
 	"github.com/idemgo/idem/postgres/pggate"
 	"github.com/idemgo/idem/postgres/pgoutbox"
 	"github.com/idemgo/idem/postgres/pgtest"
@@ -318,7 +319,8 @@ func TestStepsKilledAtEveryBoundary(t *testing.T) {
 					}
 				}
 			}
-			var doubleOrders, doubleCharges, doubleRows, doubleMsgs, missing int
+			processed, sends := downstream(t, rdb, pool, m)
+			var doubleOrders, doubleCharges, doubleRows, doubleMsgs, doubleProcessed, missing int
 			for _, o := range orders {
 				var no, nc, nm int
 				pool.QueryRow(t.Context(), `SELECT (SELECT count(*) FROM orders WHERE id = $1), (SELECT count(*) FROM charges WHERE order_id = $1),
@@ -326,9 +328,10 @@ func TestStepsKilledAtEveryBoundary(t *testing.T) {
 				proc.mu.Lock()
 				np := proc.charges[o]
 				proc.mu.Unlock()
-				if no == 0 || nc == 0 || nm == 0 || np == 0 {
+				if no == 0 || nc == 0 || nm == 0 || np == 0 || processed["order-paid/"+o] == 0 {
 					missing++
 				}
+				doubleProcessed += max(processed["order-paid/"+o]-1, 0)
 				doubleOrders += max(no-1, 0)
 				doubleRows += max(nc-1, 0)
 				doubleMsgs += max(nm-1, 0)
@@ -346,13 +349,14 @@ func TestStepsKilledAtEveryBoundary(t *testing.T) {
 				"extra_charges_at_processor": strconv.Itoa(doubleCharges), "extra_orders": strconv.Itoa(doubleOrders),
 				"extra_charge_rows": strconv.Itoa(doubleRows), "extra_messages": strconv.Itoa(doubleMsgs),
 				"finished_by_completer": strconv.Itoa(completed), "stuck_after_completer": strconv.Itoa(stuck),
+				"stream_entries": strconv.Itoa(sends), "extra_processed_downstream": strconv.Itoa(doubleProcessed),
 			})
 			switch {
-			case m == "gate" && (doubleCharges+doubleOrders+doubleRows+doubleMsgs+missing+stuck != 0):
-				t.Errorf("gate: extra charges %d, orders %d, charge rows %d, messages %d; %d orders missing an effect, %d stuck after the completer; want 0 each",
-					doubleCharges, doubleOrders, doubleRows, doubleMsgs, missing, stuck)
-			case m == "control" && (doubleCharges == 0 || doubleOrders == 0):
-				t.Errorf("control: extra charges %d, orders %d; want some of each (the duplicates the steps prevent)", doubleCharges, doubleOrders)
+			case m == "gate" && (doubleCharges+doubleOrders+doubleRows+doubleMsgs+doubleProcessed+missing+stuck != 0):
+				t.Errorf("gate: extra charges %d, orders %d, charge rows %d, messages %d, processed downstream %d; %d orders missing an effect, %d stuck after the completer; want 0 each",
+					doubleCharges, doubleOrders, doubleRows, doubleMsgs, doubleProcessed, missing, stuck)
+			case m == "control" && (doubleCharges == 0 || doubleOrders == 0 || doubleProcessed == 0):
+				t.Errorf("control: extra charges %d, orders %d, processed downstream %d; want some of each (the duplicates the steps and the consumer's key prevent)", doubleCharges, doubleOrders, doubleProcessed)
 			}
 		})
 	}
@@ -387,4 +391,93 @@ func finishByCompleter(t *testing.T, g *pggate.Gate[pgx.Tx], pool *pgxpool.Pool,
 		}
 		time.Sleep(100 * time.Millisecond) // the dead owner's claim runs out
 	}
+}
+
+// lossy is a Sender whose broker confirmation is lost for the first send
+// of every other message: the entry is in the stream, the relay does not
+// know and sends it again (at least once).
+type lossy struct {
+	inner pgoutbox.Sender
+	mu    sync.Mutex
+	seen  map[string]bool
+	n     int
+	sent  int
+}
+
+func (l *lossy) Send(ctx context.Context, key string, payload []byte, headers map[string]string) error {
+	if err := l.inner.Send(ctx, key, payload, headers); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.sent++
+	if !l.seen[key] {
+		l.seen[key] = true
+		if l.n++; l.n%2 == 0 {
+			return errors.New("confirmation lost")
+		}
+	}
+	return nil
+}
+
+// downstream relays the outbox to a Redis stream through lossy, then
+// processes every entry of the stream as a consumer does: in mode gate
+// through an idem Executor keyed by the message's key (the consumer's
+// deduplication), in the control each entry as it comes. It returns how
+// many times each key was processed and how many entries the stream got.
+func downstream(t *testing.T, rdb *redis.Client, pool *pgxpool.Pool, m string) (map[string]int, int) {
+	t.Helper()
+	s, err := redisstream.NewSender(rdb, "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &lossy{inner: s, seen: map[string]bool{}}
+	relay, err := pgoutbox.New(pool, map[string]pgoutbox.Sender{"orders": l}, pgoutbox.WithBackoff(10*time.Millisecond, 50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(waitTimeout)
+	for {
+		if _, err := relay.Send(t.Context()); err != nil {
+			t.Logf("relay: %v", err)
+		}
+		var unsent int
+		if err := pool.QueryRow(t.Context(), `SELECT count(*) FROM idem_outbox WHERE sent_at IS NULL`).Scan(&unsent); err != nil {
+			t.Fatal(err)
+		}
+		if unsent == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d outbox rows unsent after %v", unsent, waitTimeout)
+		}
+		time.Sleep(20 * time.Millisecond) // the failed rows' backoff
+	}
+	rs, err := redisstore.New(rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exec, err := idem.New(rs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entries, err := rdb.XRange(t.Context(), "orders", "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	processed := map[string]int{}
+	for _, e := range entries {
+		key, _ := e.Values[redisstream.DefaultKeyField].(string)
+		if m == "control" {
+			processed[key]++
+			continue
+		}
+		if _, err := exec.Do(t.Context(), idem.Key{Scope: "downstream", ID: key}, "", func(context.Context) ([]byte, error) {
+			processed[key]++
+			return []byte("ok"), nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return processed, len(entries)
 }
