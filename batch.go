@@ -6,37 +6,9 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/idemgo/idem/storekit"
 )
-
-// BatchStore is implemented by stores that acquire and complete many keys in
-// about one round trip (redisstore pipelines the scripts). Executor's
-// BeginBatch and CommitBatch use it when the store has it, also beneath
-// wrappers that follow the Unwrapper convention (StoreAs), and fall back to
-// one call per key otherwise. A wrapper (a decorator for tracing or
-// metrics) should implement it itself when it can, or Unwrap. Each key keeps its own outcome and error, with
-// the meaning of Acquire's and Complete's.
-type BatchStore interface {
-	AcquireBatch(ctx context.Context, keys []string, reqs []AcquireRequest) ([]Acquisition, []error)
-	CompleteBatch(ctx context.Context, keys []string, leases []Lease, results [][]byte, retention time.Duration) []error
-}
-
-// EffectBatchStore is a BatchStore that completes a batch whose records
-// carry effects (SetEffect) in about one round trip too (redisstore
-// pipelines one call per record with an effect). CommitBatch uses it, for
-// a batch with effects, when the store or a store it unwraps to has it
-// (StoreAs: a wrapper without it is bypassed, as for CompleteEffect);
-// otherwise it commits each attempt with an effect alone, with Commit.
-//
-// This is part of the store-writer API, like Store.
-type EffectBatchStore interface {
-	BatchStore
-	EffectStore
-	// CompleteEffectBatch is CompleteBatch where effects[i], when not
-	// nil, is applied with the completion of keys[i] as CompleteEffect
-	// applies it: each record's effect and completion stay one atomic
-	// call, and a record whose effect failed gets an *EffectError.
-	CompleteEffectBatch(ctx context.Context, keys []string, leases []Lease, results [][]byte, retention time.Duration, effects []*Effect) []error
-}
 
 // Began is the outcome of one key of BeginBatch: what Begin returns.
 type Began struct {
@@ -45,7 +17,7 @@ type Began struct {
 	Err     error
 }
 
-// BeginBatch is Begin for many keys at once: on a BatchStore the
+// BeginBatch is Begin for many keys at once: on a storekit.BatchStore the
 // acquisitions go in one pipeline. Each key gets the outcome Begin would
 // give it; a key that appears twice is acquired once, the second gets an
 // *InProgressError. fingerprints must have one entry per key. As Begin, it
@@ -59,7 +31,7 @@ func (e *Executor) BeginBatch(ctx context.Context, keys []Key, fingerprints []st
 		}
 		return out
 	}
-	bs, ok := StoreAs[BatchStore](e.store)
+	bs, ok := storekit.StoreAs[storekit.BatchStore](e.store)
 	if !ok {
 		for i, k := range keys {
 			c, a, err := e.begin(ctx, k, fingerprints[i])
@@ -68,27 +40,27 @@ func (e *Executor) BeginBatch(ctx context.Context, keys []Key, fingerprints []st
 		return out
 	}
 	skeys := make([]string, 0, len(keys))
-	reqs := make([]AcquireRequest, 0, len(keys))
+	reqs := make([]storekit.AcquireRequest, 0, len(keys))
 	idx := make([]int, 0, len(keys))
 	for i, k := range keys {
 		if err := k.Validate(); err != nil {
 			out[i] = Began{Ctx: ctx, Err: err}
 			continue
 		}
-		if len(fingerprints[i]) > MaxFingerprintLen {
-			out[i] = Began{Ctx: ctx, Err: invalidf("fingerprint is %d bytes, over the limit of %d", len(fingerprints[i]), MaxFingerprintLen)}
+		if len(fingerprints[i]) > storekit.MaxFingerprintLen {
+			out[i] = Began{Ctx: ctx, Err: invalidf("fingerprint is %d bytes, over the limit of %d", len(fingerprints[i]), storekit.MaxFingerprintLen)}
 			continue
 		}
 		skey, owner := e.keyAndOwner(k)
 		skeys = append(skeys, skey)
-		reqs = append(reqs, AcquireRequest{Fingerprint: fingerprints[i], Owner: owner, Lease: e.lease, Retention: e.retention, MaxAttempts: e.maxAttempts})
+		reqs = append(reqs, storekit.AcquireRequest{Fingerprint: fingerprints[i], Owner: owner, Lease: e.lease, Retention: e.retention, MaxAttempts: e.maxAttempts})
 		idx = append(idx, i)
 	}
 	if len(skeys) == 0 {
 		return out
 	}
 	// Repeat the acquisitions whose outcome is unknown, as Begin does.
-	var acqs []Acquisition
+	var acqs []storekit.Acquisition
 	sent := time.Now()
 	r := acquireRepeats()
 	errs := r.batch(ctx, func(js []int) []error {
@@ -122,13 +94,13 @@ func (e *Executor) BeginBatch(ctx context.Context, keys []Key, fingerprints []st
 	return out
 }
 
-// CommitBatch is Commit for many attempts at once: on a BatchStore the
+// CommitBatch is Commit for many attempts at once: on a storekit.BatchStore the
 // completions go in one pipeline, those of attempts with an effect too on
-// an EffectBatchStore. It returns one error per attempt, with Commit's
+// a storekit.EffectBatchStore. It returns one error per attempt, with Commit's
 // meaning; a nil or replayed attempt gets nil. values must have one entry
 // per attempt; the store does not keep them.
 func (e *Executor) CommitBatch(ctx context.Context, attempts []*Attempt, values [][]byte) []error {
-	bs, ok := StoreAs[BatchStore](e.store)
+	bs, ok := storekit.StoreAs[storekit.BatchStore](e.store)
 	if !ok {
 		errs := make([]error, len(attempts))
 		if len(values) != len(attempts) {
@@ -145,7 +117,7 @@ func (e *Executor) CommitBatch(ctx context.Context, attempts []*Attempt, values 
 		return errs
 	}
 	// CompleteBatch applies no effects: a batch with effects goes to the
-	// EffectBatchStore (the innermost store, as CompleteEffect does),
+	// storekit.EffectBatchStore (the innermost store, as CompleteEffect does),
 	// or else each attempt with an effect is committed alone.
 	var alone []int
 	if len(values) == len(attempts) {
@@ -155,8 +127,8 @@ func (e *Executor) CommitBatch(ctx context.Context, attempts []*Attempt, values 
 			}
 		}
 	}
-	if ebs, ok := StoreAs[EffectBatchStore](e.store); ok && len(alone) > 0 {
-		return e.CommitBatchWith(ctx, attempts, values, func(ctx context.Context, cs []BatchCompletion) []error {
+	if ebs, ok := storekit.StoreAs[storekit.EffectBatchStore](e.store); ok && len(alone) > 0 {
+		return e.CommitBatchWith(ctx, attempts, values, func(ctx context.Context, cs []storekit.BatchCompletion) []error {
 			keys, leases, blobs := completionArgs(cs)
 			effects := make([]*Effect, len(cs))
 			for k, c := range cs {
@@ -172,7 +144,7 @@ func (e *Executor) CommitBatch(ctx context.Context, attempts []*Attempt, values 
 			batch[i] = nil
 		}
 	}
-	errs := e.CommitBatchWith(ctx, batch, values, func(ctx context.Context, cs []BatchCompletion) []error {
+	errs := e.CommitBatchWith(ctx, batch, values, func(ctx context.Context, cs []storekit.BatchCompletion) []error {
 		keys, leases, blobs := completionArgs(cs)
 		return bs.CompleteBatch(ctx, keys, leases, blobs, e.retention)
 	})
@@ -183,8 +155,8 @@ func (e *Executor) CommitBatch(ctx context.Context, attempts []*Attempt, values 
 }
 
 // completionArgs returns the keys, leases and results of cs, the arguments
-// of BatchStore.CompleteBatch.
-func completionArgs(cs []BatchCompletion) (keys []string, leases []Lease, blobs [][]byte) {
+// of storekit.BatchStore.CompleteBatch.
+func completionArgs(cs []storekit.BatchCompletion) (keys []string, leases []Lease, blobs [][]byte) {
 	keys = make([]string, len(cs))
 	leases = make([]Lease, len(cs))
 	blobs = make([][]byte, len(cs))
@@ -194,41 +166,21 @@ func completionArgs(cs []BatchCompletion) (keys []string, leases []Lease, blobs 
 	return keys, leases, blobs
 }
 
-// BatchCompletion is one record that CommitBatchWith asks its store call to
-// complete.
-type BatchCompletion struct {
-	// Index is the position of the attempt in CommitBatchWith's attempts.
-	Index int
-	// Key is the store key; Lease the acquisition being completed.
-	Key   string
-	Lease Lease
-	// Result is the value as the Executor stores it (compressed and
-	// sealed as configured): the blob to write, opaque to the store.
-	Result []byte
-	// Retention is how long the COMPLETED record is kept.
-	Retention time.Duration
-	// Effect, if not nil, is the attempt's effect (SetEffect): the store
-	// call applies it atomically with this completion, as
-	// EffectStore.CompleteEffect does, and answers an *EffectError when it
-	// fails.
-	Effect *Effect
-}
-
 // CommitBatchWith is CommitBatch with the store call made by complete, for
 // a store call that does more in the same atomic step as the completions
 // (redisstore's CompleteAndAckBatch acknowledges a stream entry with each
 // one). The Executor checks sizes, encodes the values, ends the attempts
 // and repeats, with the same arguments, the elements of complete's answer
-// whose outcome is unknown (OutcomeUnknown), for up to one lease, as Commit
+// whose outcome is unknown (storekit.OutcomeUnknown), for up to one lease, as Commit
 // does. complete must answer one error per element of cs with the meaning
 // of Store.Complete's, and must be safe to call again with a subset of the
 // completions it was given. A value over the size limit is committed with
 // Commit (which fails the key) without complete. An attempt's effect is in
-// its BatchCompletion; when complete answers that it failed (ErrEffect),
+// its storekit.BatchCompletion; when complete answers that it failed (ErrEffect),
 // the attempt ends as Commit's does then: released or FAILED per the
 // failure policy, or already FAILED by the store (ErrEffectPartial). CommitBatchWith returns one error per attempt; a nil or
 // replayed attempt gets nil.
-func (e *Executor) CommitBatchWith(ctx context.Context, attempts []*Attempt, values [][]byte, complete func(ctx context.Context, cs []BatchCompletion) []error) []error {
+func (e *Executor) CommitBatchWith(ctx context.Context, attempts []*Attempt, values [][]byte, complete func(ctx context.Context, cs []storekit.BatchCompletion) []error) []error {
 	errs := make([]error, len(attempts))
 	if len(values) != len(attempts) || complete == nil {
 		for i := range errs {
@@ -236,7 +188,7 @@ func (e *Executor) CommitBatchWith(ctx context.Context, attempts []*Attempt, val
 		}
 		return errs
 	}
-	cs := make([]BatchCompletion, 0, len(attempts))
+	cs := make([]storekit.BatchCompletion, 0, len(attempts))
 	for i, a := range attempts {
 		if a == nil || a.replayed {
 			continue
@@ -263,7 +215,7 @@ func (e *Executor) CommitBatchWith(ctx context.Context, attempts []*Attempt, val
 				continue
 			}
 		}
-		cs = append(cs, BatchCompletion{Index: i, Key: a.key, Lease: a.lease, Result: blob, Retention: e.retention, Effect: a.effect})
+		cs = append(cs, storekit.BatchCompletion{Index: i, Key: a.key, Lease: a.lease, Result: blob, Retention: e.retention, Effect: a.effect})
 	}
 	if len(cs) == 0 {
 		return errs

@@ -8,6 +8,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/memstore"
+	"github.com/idemgo/idem/storekit"
 )
 
 func TestBatch(t *testing.T) {
@@ -17,7 +18,7 @@ func TestBatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	keys := []idem.Key{{ID: "a"}, {ID: "done"}, {ID: "a"}, {ID: ""}, {ID: "b"}}
-	fps := []string{"", "", "", "", strings.Repeat("f", idem.MaxFingerprintLen+1)}
+	fps := []string{"", "", "", "", strings.Repeat("f", storekit.MaxFingerprintLen+1)}
 	began := e.BeginBatch(ctx, keys, fps)
 	if began[0].Err != nil || began[0].Attempt == nil || began[0].Attempt.Replayed() {
 		t.Fatalf("new key: got %+v", began[0])
@@ -74,7 +75,7 @@ func TestBatchFallback(t *testing.T) {
 	if errs := e.CommitBatch(ctx, []*idem.Attempt{began[0].Attempt, nil}, [][]byte{[]byte("v"), nil}); errs[0] != nil || errs[1] != nil {
 		t.Fatalf("fallback CommitBatch: %v", errs)
 	}
-	if rec, _ := s.Get(ctx, idem.Key{ID: "x"}.Digest()); rec.State != idem.StateCompleted {
+	if rec, _ := s.Get(ctx, idem.Key{ID: "x"}.Digest()); rec.State != storekit.StateCompleted {
 		t.Fatalf("record after fallback commit: got %v", rec.State)
 	}
 }

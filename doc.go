@@ -38,11 +38,10 @@
 // CommitBatch, and CommitBatchWith for a store call that completes more in
 // the same atomic step (a stream acknowledgement).
 //
-// Store writers implement Store (and optionally BatchStore, Watcher,
-// Relayer, EffectStore) and use the validation helpers (ValidateStoreKey,
-// ValidateLease, AcquireRequest.Validate, …); wrappers of a store implement
-// Unwrapper so that StoreAs finds the capabilities beneath them. The
-// storetest package is their conformance suite.
+// Store writers import package storekit, the contract (storekit.Store, of
+// which Store here is an alias), its optional capabilities, the record
+// types, the validators and the errors a store returns; the storetest
+// package is their conformance suite.
 //
 // # Guarantees
 //

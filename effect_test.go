@@ -14,6 +14,8 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/memstore"
+
+	"github.com/idemgo/idem/storekit"
 )
 
 // effectStore is an EffectStore on memstore for the Executor's tests: an
@@ -54,21 +56,21 @@ func (s *effectStore) completeEffect(ctx context.Context, key string, lease idem
 	if err != nil {
 		return err
 	}
-	if rec.State == idem.StateCompleted && rec.Fence == lease.Fence {
+	if rec.State == storekit.StateCompleted && rec.Fence == lease.Fence {
 		return nil // a repetition: applied already
 	}
-	if rec.State != idem.StateInProgress || rec.Owner != lease.Owner || rec.Fence != lease.Fence {
+	if rec.State != storekit.StateInProgress || rec.Owner != lease.Owner || rec.Fence != lease.Fence {
 		return idem.ErrLeaseLost
 	}
 	if err := s.effects[e.Name](e); err != nil {
 		if errors.Is(err, errWrote) {
 			// As redisstore does: the key ends FAILED in the same call.
-			if _, ferr := s.Fail(ctx, key, lease, idem.Failure{Result: e.PartialResult(), Terminal: true, Retention: retention}); ferr != nil {
+			if _, ferr := s.Fail(ctx, key, lease, storekit.Failure{Result: e.PartialResult(), Terminal: true, Retention: retention}); ferr != nil {
 				return ferr
 			}
-			return &idem.EffectError{Name: e.Name, Message: err.Error(), Partial: true}
+			return &storekit.EffectError{Name: e.Name, Message: err.Error(), Partial: true}
 		}
-		return &idem.EffectError{Name: e.Name, Message: err.Error()}
+		return &storekit.EffectError{Name: e.Name, Message: err.Error()}
 	}
 	s.applied = append(s.applied, e)
 	return s.Complete(ctx, key, lease, result, retention)
@@ -170,9 +172,9 @@ func TestFailingEffectReleasesOrFails(t *testing.T) {
 			_, err := exec.Do(t.Context(), key, "", func(ctx context.Context) ([]byte, error) {
 				return []byte("v"), idem.SetEffect(ctx, idem.Effect{Name: "fail"})
 			})
-			var ee *idem.EffectError
+			var ee *storekit.EffectError
 			if !errors.As(err, &ee) || ee.Name != "fail" || ee.Message != "out of stock" {
-				t.Fatalf("got %v, want an *EffectError", err)
+				t.Fatalf("got %v, want an *storekit.EffectError", err)
 			}
 			if idem.IsTerminal(err) != terminal {
 				t.Fatalf("IsTerminal: got %v, want %v", idem.IsTerminal(err), terminal)
@@ -181,9 +183,9 @@ func TestFailingEffectReleasesOrFails(t *testing.T) {
 				t.Fatalf("got %d CompleteEffect calls, want 1 (an effect error is not repeated)", s.calls)
 			}
 			rec, err := s.Get(t.Context(), key.Digest())
-			want := idem.StateReleased
+			want := storekit.StateReleased
 			if terminal {
-				want = idem.StateFailed
+				want = storekit.StateFailed
 			}
 			if err != nil || rec.State != want {
 				t.Fatalf("record: got %v, %v, want %v", rec.State, err, want)
@@ -288,7 +290,7 @@ func TestCommitBatchWithPassesEffects(t *testing.T) {
 		}
 	}
 	var got []string
-	errs := exec.CommitBatchWith(t.Context(), attempts, make([][]byte, 3), func(ctx context.Context, cs []idem.BatchCompletion) []error {
+	errs := exec.CommitBatchWith(t.Context(), attempts, make([][]byte, 3), func(ctx context.Context, cs []storekit.BatchCompletion) []error {
 		out := make([]error, len(cs))
 		for k, c := range cs {
 			if c.Effect == nil {
@@ -307,7 +309,7 @@ func TestCommitBatchWithPassesEffects(t *testing.T) {
 	if errs[0] != nil || !errors.Is(errs[1], idem.ErrEffect) || errs[2] != nil {
 		t.Fatalf("errors: got %v, want nil, an effect error, nil", errs)
 	}
-	for i, want := range []idem.State{idem.StateCompleted, idem.StateReleased, idem.StateCompleted} {
+	for i, want := range []storekit.State{storekit.StateCompleted, storekit.StateReleased, storekit.StateCompleted} {
 		rec, err := s.Get(t.Context(), attempts[i].Key())
 		if err != nil || rec.State != want {
 			t.Fatalf("record %d: got %v, %v, want %v", i, rec.State, err, want)

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/idemgo/idem/storekit"
 )
 
 // Sentinel errors. Test for them with errors.Is: stores and the Executor wrap
@@ -14,7 +16,7 @@ var (
 	// record: another caller took the key over after the lease expired, the
 	// record was deleted, or it already left IN_PROGRESS. The caller's work
 	// may have to be compensated; its result was not stored.
-	ErrLeaseLost = errors.New("idem: lease lost")
+	ErrLeaseLost = storekit.ErrLeaseLost
 
 	// ErrInProgress is returned by Do and Begin when another caller holds
 	// the key and its lease has not expired. The returned error is an
@@ -31,14 +33,11 @@ var (
 	// exhausted. The returned error is a *FailedError.
 	ErrFailed = errors.New("idem: operation failed")
 
-	// ErrNotFound is returned by Store.Get when no record exists for the key.
-	ErrNotFound = errors.New("idem: record not found")
-
 	// ErrInvalid is wrapped by every error that reports bad input (an empty
 	// or oversized key, a fingerprint that is too long, a non-positive
 	// lease, a result over the size limit, ...). Such input never reaches a
 	// store.
-	ErrInvalid = errors.New("idem: invalid input")
+	ErrInvalid = storekit.ErrInvalid
 
 	// ErrResultTooLarge is returned (wrapping ErrInvalid) when a result is
 	// larger than the configured maximum stored size.
@@ -53,21 +52,21 @@ var (
 	// the write). A primary cut off from its replicas answers every call
 	// with it, where without WAIT it would acknowledge writes that the
 	// failover then loses (RELIABILITY.md, Sentinel partition).
-	ErrNotDurable = errors.New("idem: write not acknowledged by enough replicas")
+	ErrNotDurable = storekit.ErrNotDurable
 
-	// ErrEffect is wrapped by the *EffectError a store returns when an
-	// attempt's effect failed (see EffectStore): the record was not
+	// ErrEffect is wrapped by the *storekit.EffectError a store returns when an
+	// attempt's effect failed (see storekit.EffectStore): the record was not
 	// completed.
-	ErrEffect = errors.New("idem: effect failed")
+	ErrEffect = storekit.ErrEffect
 
-	// ErrEffectPartial is wrapped by the *EffectError a store returns when
+	// ErrEffectPartial is wrapped by the *storekit.EffectError a store returns when
 	// an attempt's effect failed after it may have written (it wraps
 	// ErrEffect): Redis does not undo what the effect wrote before it
 	// failed, so the store ended the key FAILED in the same call, and no
 	// retry applies the effect again. Do and Commit return it marked with
 	// Terminal; a broker consumer dead-letters the message with it. What
 	// the effect wrote needs looking at.
-	ErrEffectPartial = fmt.Errorf("%w after it may have partly applied", ErrEffect)
+	ErrEffectPartial = storekit.ErrEffectPartial
 
 	// ErrCorruptResult is returned when a stored result cannot be decoded:
 	// it was written by an incompatible version, sealed with another key, or
@@ -134,17 +133,6 @@ func IsTerminal(err error) bool {
 
 func invalidf(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, args...)...)
-}
-
-// OutcomeUnknown reports whether err, returned by a Store call, leaves the
-// call's outcome unknown: the transition may or may not have happened (a
-// timeout, a broken connection, a server error), and repeating the call
-// with the same arguments resolves it (see Store). It is false for nil and
-// for the errors that answer the call: ErrLeaseLost, ErrNotFound,
-// ErrInvalid, ErrNotDurable and ErrEffect.
-func OutcomeUnknown(err error) bool {
-	return err != nil && !errors.Is(err, ErrLeaseLost) && !errors.Is(err, ErrNotFound) &&
-		!errors.Is(err, ErrInvalid) && !errors.Is(err, ErrNotDurable) && !errors.Is(err, ErrEffect)
 }
 
 // errAttemptEnded is returned by the methods of an Attempt that already

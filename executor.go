@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/idemgo/idem/storekit"
 )
 
 // Defaults of the Executor's options.
@@ -74,7 +76,7 @@ func WithEncryption(aead cipher.AEAD) Option { return func(e *Executor) { e.code
 // holds (IN_PROGRESS) to be released or to end, instead of returning an
 // *InProgressError at once; then they replay the stored result, return the
 // stored failure, or take the key and run. The wait is woken by the
-// store's notification when the store implements Watcher (memstore,
+// store's notification when the store implements storekit.Watcher (memstore,
 // boltstore, redisstore and pgstore do), and polls otherwise (see Await);
 // it never lasts past the holder's lease. A call still waiting after d
 // returns an *InProgressError whose RetryAfter is the lease left. A call
@@ -181,7 +183,7 @@ func (e *Executor) keyAndOwner(key Key) (skey, owner string) {
 	b = append(b, e.ownerPrefix...)
 	b = strconv.AppendUint(b, e.ownerSeq.Add(1), 36)
 	s := string(b)
-	return s[:DigestLen], s[DigestLen:]
+	return s[:storekit.DigestLen], s[storekit.DigestLen:]
 }
 
 // beater holds an attempt's reusable timers: the heartbeat, and the
@@ -288,7 +290,7 @@ type Result struct {
 //
 // Once fn has run, the store call that ends the attempt (complete, fail or
 // release) is repeated with the same lease while it fails with an error
-// that leaves its outcome unknown (see OutcomeUnknown), for up to one lease:
+// that leaves its outcome unknown (see storekit.OutcomeUnknown), for up to one lease:
 // giving up at once would leave the key IN_PROGRESS, to be taken over and
 // run again after the lease. So while the store is unreachable, such a Do
 // returns after up to one lease. The same holds for Commit, Abort, Release
@@ -429,11 +431,11 @@ func (e *Executor) begin(ctx context.Context, key Key, fingerprint string) (cont
 	if err := key.Validate(); err != nil {
 		return ctx, nil, err
 	}
-	if len(fingerprint) > MaxFingerprintLen {
-		return ctx, nil, invalidf("fingerprint is %d bytes, over the limit of %d", len(fingerprint), MaxFingerprintLen)
+	if len(fingerprint) > storekit.MaxFingerprintLen {
+		return ctx, nil, invalidf("fingerprint is %d bytes, over the limit of %d", len(fingerprint), storekit.MaxFingerprintLen)
 	}
 	skey, owner := e.keyAndOwner(key)
-	req := AcquireRequest{
+	req := storekit.AcquireRequest{
 		Fingerprint: fingerprint,
 		Owner:       owner,
 		Lease:       e.lease,
@@ -449,7 +451,7 @@ func (e *Executor) begin(ctx context.Context, key Key, fingerprint string) (cont
 	// the key held by nobody until the lease ends. A few quick repetitions
 	// cover a dropped reply without delaying the error of a store that is
 	// down by more than about 70ms.
-	for r := acquireRepeats(); OutcomeUnknown(err) && r.wait(ctx); {
+	for r := acquireRepeats(); storekit.OutcomeUnknown(err) && r.wait(ctx); {
 		acq, err = e.store.Acquire(ctx, skey, req)
 	}
 	if e.observer != nil {
@@ -468,7 +470,7 @@ func (e *Executor) begin(ctx context.Context, key Key, fingerprint string) (cont
 // begun turns an acquisition of key (store key skey) with fingerprint fp,
 // whose acquire was sent at sent and took store, into Begin's results, and
 // tells the Observer when no attempt starts.
-func (e *Executor) begun(ctx context.Context, skey string, key Key, fp string, acq Acquisition, sent time.Time, store time.Duration) (context.Context, *Attempt, error) {
+func (e *Executor) begun(ctx context.Context, skey string, key Key, fp string, acq storekit.Acquisition, sent time.Time, store time.Duration) (context.Context, *Attempt, error) {
 	c, a, err := e.acquired(ctx, skey, fp, acq, sent)
 	if e.observer != nil {
 		if a != nil && !a.replayed {
@@ -481,24 +483,24 @@ func (e *Executor) begun(ctx context.Context, skey string, key Key, fp string, a
 }
 
 // acquired is begun without the Observer.
-func (e *Executor) acquired(ctx context.Context, skey, fp string, acq Acquisition, sent time.Time) (context.Context, *Attempt, error) {
+func (e *Executor) acquired(ctx context.Context, skey, fp string, acq storekit.Acquisition, sent time.Time) (context.Context, *Attempt, error) {
 	switch acq.Outcome {
-	case Acquired, TakenOver:
-	case Replay:
-		if acq.State == StateFailed && len(acq.Result) == 0 {
+	case storekit.Acquired, storekit.TakenOver:
+	case storekit.Replay:
+		if acq.State == storekit.StateFailed && len(acq.Result) == 0 {
 			return ctx, nil, &FailedError{Replayed: true} // attempts exhausted
 		}
 		v, err := e.codec.decode(skey, acq.Result)
 		if err != nil {
 			return ctx, nil, err
 		}
-		if acq.State == StateFailed {
+		if acq.State == storekit.StateFailed {
 			return ctx, nil, &FailedError{Message: string(v), Replayed: true}
 		}
 		return ctx, &Attempt{e: e, key: skey, replayed: true, value: v, finished: true}, nil
-	case InProgress:
+	case storekit.InProgress:
 		return ctx, nil, &InProgressError{RetryAfter: acq.RetryAfter}
-	case Mismatch:
+	case storekit.Mismatch:
 		return ctx, nil, ErrMismatch
 	default:
 		return ctx, nil, fmt.Errorf("idem: store returned unknown outcome %d", acq.Outcome)
@@ -705,8 +707,8 @@ func (a *Attempt) Abort(ctx context.Context, cause error) error {
 
 // failedOrReleased returns the outcome of an attempt whose failure moved
 // the record to st.
-func failedOrReleased(st State) Observed {
-	if st == StateFailed {
+func failedOrReleased(st storekit.State) Observed {
+	if st == storekit.StateFailed {
 		return ObservedExecuted
 	}
 	return ObservedReleased
@@ -733,7 +735,7 @@ func (a *Attempt) Fail(ctx context.Context, cause error) error {
 
 // fail stores a failure and returns the state the record moved to; the
 // attempt has ended.
-func (a *Attempt) fail(ctx context.Context, cause error, terminal bool) (State, error) {
+func (a *Attempt) fail(ctx context.Context, cause error, terminal bool) (storekit.State, error) {
 	msg := ""
 	if cause != nil {
 		msg = cause.Error()
@@ -836,34 +838,34 @@ func (a *Attempt) finish(ctx context.Context, op ending, blob []byte, terminal b
 
 // finishFail is finish for endFail; it returns the state the record moved
 // to.
-func (a *Attempt) finishFail(ctx context.Context, blob []byte, terminal bool) (State, error) {
+func (a *Attempt) finishFail(ctx context.Context, blob []byte, terminal bool) (storekit.State, error) {
 	return a.finishState(ctx, endFail, blob, terminal)
 }
 
 // finishState is finish, returning the state Store.Fail answered (for
 // endFail). With an Observer, the time of the calls is added to the
 // attempt's store time.
-func (a *Attempt) finishState(ctx context.Context, op ending, blob []byte, terminal bool) (State, error) {
+func (a *Attempt) finishState(ctx context.Context, op ending, blob []byte, terminal bool) (storekit.State, error) {
 	if a.obs != nil {
 		defer func(start time.Time) { a.obs.storeTime += time.Since(start) }(time.Now())
 	}
 	var r repeater // set at the first unknown outcome
-	var st State
+	var st storekit.State
 	for {
 		var err error
 		switch op {
 		case endComplete:
 			if a.effect != nil {
-				// SetEffect checked that the store is an EffectStore,
+				// SetEffect checked that the store is a storekit.EffectStore,
 				// or unwraps to one. The completion goes to that store:
 				// only it applies the effect atomically with the write.
-				es, _ := StoreAs[EffectStore](a.e.store)
+				es, _ := storekit.StoreAs[storekit.EffectStore](a.e.store)
 				err = es.CompleteEffect(ctx, a.key, a.lease, blob, a.e.retention, *a.effect)
 			} else {
 				err = a.e.store.Complete(ctx, a.key, a.lease, blob, a.e.retention)
 			}
 		case endFail:
-			st, err = a.e.store.Fail(ctx, a.key, a.lease, Failure{
+			st, err = a.e.store.Fail(ctx, a.key, a.lease, storekit.Failure{
 				Result:      blob,
 				Terminal:    terminal,
 				Retention:   a.e.retention,
@@ -872,7 +874,7 @@ func (a *Attempt) finishState(ctx context.Context, op ending, blob []byte, termi
 		case endRelease:
 			err = a.e.store.Release(ctx, a.key, a.lease, a.e.retention)
 		}
-		if !OutcomeUnknown(err) {
+		if !storekit.OutcomeUnknown(err) {
 			return st, err
 		}
 		if r.pause == 0 {
@@ -930,7 +932,7 @@ func (r *repeater) batch(ctx context.Context, call func(idx []int) []error) []er
 	for {
 		var again []int
 		for i, err := range errs {
-			if OutcomeUnknown(err) {
+			if storekit.OutcomeUnknown(err) {
 				again = append(again, i)
 			}
 		}
@@ -944,7 +946,7 @@ func (r *repeater) batch(ctx context.Context, call func(idx []int) []error) []er
 }
 
 // repeatUnknown makes a batch of store calls and repeats, with the same
-// arguments, those whose error leaves the outcome unknown (OutcomeUnknown),
+// arguments, those whose error leaves the outcome unknown (storekit.OutcomeUnknown),
 // as the Store contract allows, pausing from 10ms up to 1s, for at most d
 // in all or until ctx is done. call(nil) makes the whole batch and returns
 // one error per element; call(idx) makes again the elements listed in idx

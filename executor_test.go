@@ -13,6 +13,8 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/memstore"
+
+	"github.com/idemgo/idem/storekit"
 )
 
 func newExec(t *testing.T, opts ...idem.Option) (*idem.Executor, *memstore.Store) {
@@ -128,7 +130,7 @@ func TestHeartbeatKeepsTheLease(t *testing.T) {
 		t.Fatalf("long Do: got %+v, %v", r, err)
 	}
 	rec, err := s.Get(t.Context(), key.Digest())
-	if err != nil || rec.State != idem.StateCompleted || rec.Fence != fence || rec.Attempts != 1 {
+	if err != nil || rec.State != storekit.StateCompleted || rec.Fence != fence || rec.Attempts != 1 {
 		t.Fatalf("record: got %+v, %v, want COMPLETED by fence %d in 1 attempt", rec, err, fence)
 	}
 }
@@ -157,7 +159,7 @@ func TestLeaseLostCancelsTheOperation(t *testing.T) {
 	if !errors.Is(err, idem.ErrLeaseLost) {
 		t.Fatalf("Do: got %v, want ErrLeaseLost", err)
 	}
-	if _, err := s.Get(t.Context(), key.Digest()); !errors.Is(err, idem.ErrNotFound) {
+	if _, err := s.Get(t.Context(), key.Digest()); !errors.Is(err, storekit.ErrNotFound) {
 		t.Fatalf("the lost owner's result was stored: Get got %v", err)
 	}
 }
@@ -174,7 +176,7 @@ func TestPanicReleasesTheKey(t *testing.T) {
 		e.Do(t.Context(), key, "", func(context.Context) ([]byte, error) { panic("boom") })
 	}()
 	rec, err := s.Get(t.Context(), key.Digest())
-	if err != nil || rec.State != idem.StateReleased {
+	if err != nil || rec.State != storekit.StateReleased {
 		t.Fatalf("after a panic: got %+v, %v, want RELEASED", rec, err)
 	}
 	r, err := e.Do(t.Context(), key, "", func(context.Context) ([]byte, error) { return []byte("second try"), nil })
@@ -222,7 +224,7 @@ func TestResultTooLarge(t *testing.T) {
 	if !errors.Is(err, idem.ErrResultTooLarge) || string(r.Value) != "more than ten bytes" {
 		t.Fatalf("Do: got %+v, %v, want the value and ErrResultTooLarge", r, err)
 	}
-	if rec, _ := s.Get(t.Context(), key.Digest()); rec.State != idem.StateFailed {
+	if rec, _ := s.Get(t.Context(), key.Digest()); rec.State != storekit.StateFailed {
 		t.Fatalf("record: got %v, want FAILED (the operation ran; running it again could repeat it)", rec.State)
 	}
 }
@@ -255,8 +257,8 @@ func TestBadInput(t *testing.T) {
 		fp   string
 	}{
 		{"empty key", idem.Key{}, ""},
-		{"long key", idem.Key{ID: strings.Repeat("k", idem.MaxKeyLen+1)}, ""},
-		{"long fingerprint", idem.Key{ID: "k"}, strings.Repeat("f", idem.MaxFingerprintLen+1)},
+		{"long key", idem.Key{ID: strings.Repeat("k", storekit.MaxKeyLen+1)}, ""},
+		{"long fingerprint", idem.Key{ID: "k"}, strings.Repeat("f", storekit.MaxFingerprintLen+1)},
 	} {
 		if _, err := e.Do(t.Context(), tc.key, tc.fp, fn); !errors.Is(err, idem.ErrInvalid) {
 			t.Errorf("Do with %s: got %v, want ErrInvalid", tc.name, err)

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/storekit"
 )
 
 // digestInput is the byte string whose SHA-256 Key.Digest documents: the
@@ -24,7 +25,7 @@ func digestInput(k idem.Key) []byte {
 // never share a record (a SHA-256 collision aside). The seeds include pairs
 // that a plain concatenation would confuse ("ab"+"c" and "a"+"bc").
 func FuzzKeyDigest(f *testing.F) {
-	long := strings.Repeat("k", idem.MaxKeyLen)
+	long := strings.Repeat("k", storekit.MaxKeyLen)
 	for _, s := range [][4]string{
 		{"ab", "c", "a", "bc"},
 		{"", "abc", "abc", ""},
@@ -41,10 +42,10 @@ func FuzzKeyDigest(f *testing.F) {
 		k1, k2 := idem.Key{Scope: scope1, ID: id1}, idem.Key{Scope: scope2, ID: id2}
 		for _, k := range []idem.Key{k1, k2} {
 			d := k.Digest()
-			if len(d) != idem.DigestLen {
-				t.Fatalf("Digest(%q) = %q: %d characters, want %d", k, d, len(d), idem.DigestLen)
+			if len(d) != storekit.DigestLen {
+				t.Fatalf("Digest(%q) = %q: %d characters, want %d", k, d, len(d), storekit.DigestLen)
 			}
-			if err := idem.ValidateStoreKey(d); err != nil {
+			if err := storekit.ValidateStoreKey(d); err != nil {
 				t.Fatalf("Digest(%q) = %q is not a valid store key: %v", k, d, err)
 			}
 			sum := sha256.Sum256(digestInput(k))

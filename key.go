@@ -4,6 +4,8 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/binary"
+
+	"github.com/idemgo/idem/storekit"
 )
 
 // Key is an idempotency key: the client's ID within a scope. Two keys with the
@@ -13,7 +15,7 @@ type Key struct {
 	// Scope is the namespace of ID: for example an operation name, an HTTP
 	// method and route, or a principal. It may be empty.
 	Scope string
-	// ID is the client's idempotency key: 1 to MaxKeyLen bytes.
+	// ID is the client's idempotency key: 1 to storekit.MaxKeyLen bytes.
 	ID string
 	// Kind, if set, names the kind of Scope for an Observer (see
 	// WithObserver), where Scope itself would make too many metric
@@ -23,26 +25,23 @@ type Key struct {
 	Kind string
 }
 
-// Validate reports whether k may be used: ID must be 1 to MaxKeyLen bytes.
+// Validate reports whether k may be used: ID must be 1 to storekit.MaxKeyLen bytes.
 func (k Key) Validate() error {
 	if k.ID == "" {
 		return invalidf("empty idempotency key")
 	}
-	if len(k.ID) > MaxKeyLen {
-		return invalidf("idempotency key is %d bytes, over the limit of %d", len(k.ID), MaxKeyLen)
+	if len(k.ID) > storekit.MaxKeyLen {
+		return invalidf("idempotency key is %d bytes, over the limit of %d", len(k.ID), storekit.MaxKeyLen)
 	}
 	return nil
 }
-
-// DigestLen is the length of the strings returned by Key.Digest.
-const DigestLen = 22
 
 // Digest returns the key under which stores keep k's record: the first 128
 // bits of SHA-256 over the scope's length, the scope and the ID, encoded as
 // 22 characters of unpadded base64url. Raw keys never reach a store, a log
 // or a metric label; the digest does.
 func (k Key) Digest() string {
-	var out [DigestLen]byte
+	var out [storekit.DigestLen]byte
 	return string(k.appendDigest(out[:0]))
 }
 

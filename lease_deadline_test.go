@@ -9,6 +9,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/memstore"
+	"github.com/idemgo/idem/storekit"
 )
 
 // delayedStore delays the calls of a Store as a slow network does: Acquire
@@ -22,7 +23,7 @@ type delayedStore struct {
 
 var errUnreachable = errors.New("test: store unreachable")
 
-func (s *delayedStore) Acquire(ctx context.Context, key string, req idem.AcquireRequest) (idem.Acquisition, error) {
+func (s *delayedStore) Acquire(ctx context.Context, key string, req storekit.AcquireRequest) (storekit.Acquisition, error) {
 	time.Sleep(s.reqDelay) // the request travels
 	a, err := s.Store.Acquire(ctx, key, req)
 	time.Sleep(s.replyDelay) // the reply travels
@@ -70,7 +71,7 @@ func TestNoStartAfterTheLease(t *testing.T) {
 		t.Fatalf("Do: got %v, want ErrLeaseLost", err)
 	}
 	rec, err := ms.Get(t.Context(), key.Digest())
-	if err != nil || rec.State != idem.StateReleased {
+	if err != nil || rec.State != storekit.StateReleased {
 		t.Fatalf("record: got %v, %v, want RELEASED", rec.State, err)
 	}
 }

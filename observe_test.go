@@ -15,6 +15,8 @@ import (
 	"github.com/idemgo/idem/memstore"
 	"github.com/idemgo/idem/redisstore"
 	"github.com/idemgo/idem/testkit/redistest"
+
+	"github.com/idemgo/idem/storekit"
 )
 
 // newRedisStore returns a redisstore on a new redis-server started with
@@ -63,9 +65,9 @@ type faultStore struct {
 
 var errInjected = errors.New("injected store failure")
 
-func (s *faultStore) Acquire(ctx context.Context, key string, req idem.AcquireRequest) (idem.Acquisition, error) {
+func (s *faultStore) Acquire(ctx context.Context, key string, req storekit.AcquireRequest) (storekit.Acquisition, error) {
 	if s.failAcquire.Load() {
-		return idem.Acquisition{}, errInjected
+		return storekit.Acquisition{}, errInjected
 	}
 	return s.Store.Acquire(ctx, key, req)
 }
@@ -186,7 +188,7 @@ func testObserverOutcomes(t *testing.T, store idem.Store) {
 		t.Fatal(err)
 	}
 	if o := want("takeover", idem.ObservedExecuted); !o.TakenOver {
-		t.Error("takeover: got TakenOver false, want true")
+		t.Error("takeover: got storekit.TakenOver false, want true")
 	}
 
 	// Lease lost: the record is deleted under the attempt and acquired by
@@ -332,7 +334,7 @@ func TestObserverHandoff(t *testing.T) {
 		t.Fatalf("got %+v, want one executed", got)
 	}
 	// The record stays IN_PROGRESS: Handoff makes no store call.
-	if r, err := s.Get(ctx, key.Digest()); err != nil || r.State != idem.StateInProgress {
+	if r, err := s.Get(ctx, key.Digest()); err != nil || r.State != storekit.StateInProgress {
 		t.Fatalf("record: got %v, %v, want IN_PROGRESS", r.State, err)
 	}
 }

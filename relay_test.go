@@ -7,10 +7,12 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/memstore"
+
+	"github.com/idemgo/idem/storekit"
 )
 
 // wrapped decorates a store and hides its optional methods, as a tracing
-// wrapper does; with unwrap set it implements idem.Unwrapper.
+// wrapper does; with unwrap set it implements storekit.Unwrapper.
 type wrapped struct {
 	idem.Store
 }
@@ -24,18 +26,18 @@ func TestStoreAsLooksThroughWrappers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := idem.StoreAs[idem.Relayer](ms); !ok {
-		t.Fatal("StoreAs[Relayer](memstore): got false, want true")
+	if _, ok := storekit.StoreAs[storekit.Relayer](ms); !ok {
+		t.Fatal("storekit.StoreAs[storekit.Relayer](memstore): got false, want true")
 	}
-	if _, ok := idem.StoreAs[idem.Relayer](wrapped{ms}); ok {
-		t.Fatal("StoreAs through a wrapper without Unwrap: got true, want false")
+	if _, ok := storekit.StoreAs[storekit.Relayer](wrapped{ms}); ok {
+		t.Fatal("storekit.StoreAs through a wrapper without Unwrap: got true, want false")
 	}
-	r, ok := idem.StoreAs[idem.Relayer](unwrapping{wrapped{unwrapping{wrapped{ms}}}})
-	if !ok || r != idem.Relayer(ms) {
-		t.Fatalf("StoreAs through two unwrapping wrappers: got %v %v, want the memstore", r, ok)
+	r, ok := storekit.StoreAs[storekit.Relayer](unwrapping{wrapped{unwrapping{wrapped{ms}}}})
+	if !ok || r != storekit.Relayer(ms) {
+		t.Fatalf("storekit.StoreAs through two unwrapping wrappers: got %v %v, want the memstore", r, ok)
 	}
-	if _, ok := idem.StoreAs[idem.Relayer](unwrapping{wrapped{nil}}); ok {
-		t.Fatal("StoreAs of a wrapper of nil: got true, want false")
+	if _, ok := storekit.StoreAs[storekit.Relayer](unwrapping{wrapped{nil}}); ok {
+		t.Fatal("storekit.StoreAs of a wrapper of nil: got true, want false")
 	}
 }
 

@@ -10,6 +10,8 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/memstore"
+
+	"github.com/idemgo/idem/storekit"
 )
 
 // errNet stands for a network error: the call's outcome is unknown.
@@ -31,11 +33,11 @@ type lossy struct {
 	acquires    atomic.Int64
 }
 
-func (s *lossy) Acquire(ctx context.Context, key string, req idem.AcquireRequest) (idem.Acquisition, error) {
+func (s *lossy) Acquire(ctx context.Context, key string, req storekit.AcquireRequest) (storekit.Acquisition, error) {
 	s.acquires.Add(1)
 	a, err := s.Store.Acquire(ctx, key, req)
 	if s.acquireLost.Add(-1) >= 0 {
-		return idem.Acquisition{}, errNet
+		return storekit.Acquisition{}, errNet
 	}
 	return a, err
 }
@@ -63,8 +65,8 @@ func (s *lossy) CompleteBatch(ctx context.Context, keys []string, ls []idem.Leas
 	return errs
 }
 
-func (s *lossy) AcquireBatch(ctx context.Context, keys []string, reqs []idem.AcquireRequest) ([]idem.Acquisition, []error) {
-	acqs := make([]idem.Acquisition, len(keys))
+func (s *lossy) AcquireBatch(ctx context.Context, keys []string, reqs []storekit.AcquireRequest) ([]storekit.Acquisition, []error) {
+	acqs := make([]storekit.Acquisition, len(keys))
 	errs := make([]error, len(keys))
 	for i := range keys {
 		acqs[i], errs[i] = s.Acquire(ctx, keys[i], reqs[i])
@@ -72,8 +74,8 @@ func (s *lossy) AcquireBatch(ctx context.Context, keys []string, reqs []idem.Acq
 	return acqs, errs
 }
 
-func (s *lossy) Fail(ctx context.Context, key string, l idem.Lease, f idem.Failure) (idem.State, error) {
-	var st idem.State
+func (s *lossy) Fail(ctx context.Context, key string, l idem.Lease, f storekit.Failure) (storekit.State, error) {
+	var st storekit.State
 	err := s.lose(func() (err error) { st, err = s.Store.Fail(ctx, key, l, f); return err })
 	return st, err
 }
@@ -142,8 +144,8 @@ func TestEndingCallsAreRepeated(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				want := map[string]idem.State{"complete": idem.StateCompleted, "commit batch": idem.StateCompleted,
-					"fail": idem.StateFailed, "release": idem.StateReleased}[end]
+				want := map[string]storekit.State{"complete": storekit.StateCompleted, "commit batch": storekit.StateCompleted,
+					"fail": storekit.StateFailed, "release": storekit.StateReleased}[end]
 				if rec.State != want {
 					t.Fatalf("state %v, want %v", rec.State, want)
 				}
@@ -186,8 +188,8 @@ func TestEndingCallGivesUpAfterALease(t *testing.T) {
 	if s.calls.Load() < 3 {
 		t.Fatalf("the complete was sent %d times, want it repeated", s.calls.Load())
 	}
-	if idem.OutcomeUnknown(nil) || idem.OutcomeUnknown(idem.ErrLeaseLost) || !idem.OutcomeUnknown(errNet) {
-		t.Fatal("OutcomeUnknown misclassifies")
+	if storekit.OutcomeUnknown(nil) || storekit.OutcomeUnknown(idem.ErrLeaseLost) || !storekit.OutcomeUnknown(errNet) {
+		t.Fatal("storekit.OutcomeUnknown misclassifies")
 	}
 }
 
@@ -218,7 +220,7 @@ func TestLostAcquireReplyIsRepeated(t *testing.T) {
 		t.Fatalf("acquires: %d, want 3 (two replies lost)", got)
 	}
 	rec, err := ms.Get(t.Context(), idem.Key{ID: "k"}.Digest())
-	if err != nil || rec.State != idem.StateCompleted || rec.Fence != r.Fence {
+	if err != nil || rec.State != storekit.StateCompleted || rec.Fence != r.Fence {
 		t.Fatalf("record %+v, %v; want COMPLETED with fence %d", rec, err, r.Fence)
 	}
 }

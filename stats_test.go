@@ -11,6 +11,7 @@ import (
 	"github.com/idemgo/idem/boltstore"
 	"github.com/idemgo/idem/memstore"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/storekit"
 )
 
 // TestStats checks that memstore, boltstore and redisstore count their
@@ -37,9 +38,9 @@ func TestStats(t *testing.T) {
 	for name, newStore := range stores {
 		t.Run(name, func(t *testing.T) {
 			store := newStore(t)
-			ss, ok := idem.StoreAs[idem.StatsStore](store)
+			ss, ok := storekit.StoreAs[storekit.StatsStore](store)
 			if !ok {
-				t.Fatalf("%T is not an idem.StatsStore", store)
+				t.Fatalf("%T is not a storekit.StatsStore", store)
 			}
 			e, err := idem.New(store)
 			if err != nil {
@@ -119,7 +120,7 @@ func TestStatsSampled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !st.Sampled || st.Records[idem.StateCompleted] != redisstore.StatsSample {
-		t.Errorf("got %d completed, sampled %v, want %d, sampled", st.Records[idem.StateCompleted], st.Sampled, redisstore.StatsSample)
+	if !st.Sampled || st.Records[storekit.StateCompleted] != redisstore.StatsSample {
+		t.Errorf("got %d completed, sampled %v, want %d, sampled", st.Records[storekit.StateCompleted], st.Sampled, redisstore.StatsSample)
 	}
 }

@@ -5,25 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"time"
-)
 
-// Watcher is implemented by stores that can wake callers waiting for a
-// record to leave IN_PROGRESS, across processes (redisstore publishes on a
-// channel that shares the record's hash tag). Executor.Await uses it when the
-// store has it and polls otherwise.
-type Watcher interface {
-	// Watch starts watching key. The returned channel is closed or receives
-	// a value at the latest once the record leaves IN_PROGRESS through
-	// Complete, Fail, Release or Delete after Watch returned. stop releases
-	// the watch; it must be called.
-	Watch(ctx context.Context, key string) (changed <-chan struct{}, stop func(), err error)
-}
+	"github.com/idemgo/idem/storekit"
+)
 
 // Await blocks until key's record is not IN_PROGRESS (it completed, failed,
 // was released, was deleted, or its lease expired) or ctx is done, and
 // returns nil or ctx's error. Callers then call Begin or Do again to get the
-// replay or the key; WithWait and WaitFor make Do and Begin do all of it. On a store that implements Watcher (also beneath
-// wrappers that unwrap to it, see StoreAs), Await is woken by
+// replay or the key; WithWait and WaitFor make Do and Begin do all of it. On a store that implements storekit.Watcher (also beneath
+// wrappers that unwrap to it, see storekit.StoreAs), Await is woken by
 // the store's notification (and looks again every second in case one was
 // lost); otherwise it polls every 50ms. It never waits past the lease's end.
 func (e *Executor) Await(ctx context.Context, key Key) error {
@@ -31,7 +21,7 @@ func (e *Executor) Await(ctx context.Context, key Key) error {
 		return err
 	}
 	skey := key.Digest()
-	w, _ := StoreAs[Watcher](e.store)
+	w, _ := storekit.StoreAs[storekit.Watcher](e.store)
 	for {
 		var changed <-chan struct{}
 		stop := func() {}
@@ -43,7 +33,7 @@ func (e *Executor) Await(ctx context.Context, key Key) error {
 			changed, stop = ch, s
 		}
 		rec, err := e.store.Get(ctx, skey)
-		if errors.Is(err, ErrNotFound) {
+		if errors.Is(err, storekit.ErrNotFound) {
 			stop()
 			return nil
 		}
@@ -52,7 +42,7 @@ func (e *Executor) Await(ctx context.Context, key Key) error {
 			return fmt.Errorf("idem: get: %w", err)
 		}
 		left := rec.LeaseUntil.Sub(rec.Now)
-		if rec.State != StateInProgress || left <= 0 {
+		if rec.State != storekit.StateInProgress || left <= 0 {
 			stop()
 			return nil
 		}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/storekit"
 )
 
 // BenchmarkLifecycle measures new-key requests as the Executor makes them:
@@ -34,8 +35,8 @@ func BenchmarkLifecycle(b *testing.B) {
 			request := func() {
 				t0 := time.Now()
 				key := idem.Key{ID: fmt.Sprint(seq.Add(1))}.Digest()
-				a, err := s.Acquire(b.Context(), key, idem.AcquireRequest{Fingerprint: "fingerprint", Owner: "owner", Lease: 30 * time.Second, Retention: 24 * time.Hour})
-				if err != nil || a.Outcome != idem.Acquired {
+				a, err := s.Acquire(b.Context(), key, storekit.AcquireRequest{Fingerprint: "fingerprint", Owner: "owner", Lease: 30 * time.Second, Retention: 24 * time.Hour})
+				if err != nil || a.Outcome != storekit.Acquired {
 					b.Fatalf("Acquire: %v %v", a.Outcome, err)
 				}
 				if err := s.Complete(b.Context(), key, a.Lease, result, 24*time.Hour); err != nil {
@@ -80,7 +81,7 @@ func BenchmarkReplay(b *testing.B) {
 	result := make([]byte, 200)
 	for i := range keys {
 		keys[i] = idem.Key{ID: fmt.Sprint(i)}.Digest()
-		a, err := s.Acquire(b.Context(), keys[i], idem.AcquireRequest{Fingerprint: "fp", Owner: "o", Lease: time.Minute, Retention: time.Hour})
+		a, err := s.Acquire(b.Context(), keys[i], storekit.AcquireRequest{Fingerprint: "fp", Owner: "o", Lease: time.Minute, Retention: time.Hour})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -94,8 +95,8 @@ func BenchmarkReplay(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			key := keys[seq.Add(1)%nkeys]
-			a, err := s.Acquire(b.Context(), key, idem.AcquireRequest{Fingerprint: "fp", Owner: "o2", Lease: time.Minute, Retention: time.Hour})
-			if err != nil || a.Outcome != idem.Replay || len(a.Result) != len(result) {
+			a, err := s.Acquire(b.Context(), key, storekit.AcquireRequest{Fingerprint: "fp", Owner: "o2", Lease: time.Minute, Retention: time.Hour})
+			if err != nil || a.Outcome != storekit.Replay || len(a.Result) != len(result) {
 				b.Fatalf("Acquire: %+v %v", a, err)
 			}
 		}
@@ -112,7 +113,7 @@ func BenchmarkLogAppend(b *testing.B) {
 	}
 	defer w.close()
 	w.sync = func(*os.File) error { return nil }
-	rec := encode(&record{State: idem.StateInProgress, Fence: 1 << 50, Attempts: 1, Created: 1 << 50, LeaseUntil: 1 << 50, ExpiresAt: 1 << 50, Fingerprint: "fingerprint", Owner: "owner"})
+	rec := encode(&record{State: storekit.StateInProgress, Fence: 1 << 50, Attempts: 1, Created: 1 << 50, LeaseUntil: 1 << 50, ExpiresAt: 1 << 50, Fingerprint: "fingerprint", Owner: "owner"})
 	es := []logEntry{{key: idem.Key{ID: "1"}.Digest(), val: rec}}
 	b.ReportAllocs()
 	for b.Loop() {

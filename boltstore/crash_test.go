@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/storekit"
 )
 
 // crashEnv names the file the helper process writes to; the helper does
@@ -59,8 +60,8 @@ func crashHelper(path string) {
 			defer wg.Done()
 			for {
 				key := idem.Key{Scope: "crash", ID: fmt.Sprint(round, "-", seq.Add(1))}.Digest()
-				a, err := s.Acquire(ctx, key, idem.AcquireRequest{Fingerprint: "fp", Owner: "helper", Lease: time.Minute, Retention: time.Hour})
-				if err == nil && a.Outcome != idem.Acquired {
+				a, err := s.Acquire(ctx, key, storekit.AcquireRequest{Fingerprint: "fp", Owner: "helper", Lease: time.Minute, Retention: time.Hour})
+				if err == nil && a.Outcome != storekit.Acquired {
 					err = fmt.Errorf("outcome %v", a.Outcome)
 				}
 				if err == nil {
@@ -155,7 +156,7 @@ func TestCrash(t *testing.T) {
 			if err != nil {
 				t.Fatalf("acknowledged key %s after the crash: %v", key, err)
 			}
-			if rec.State != idem.StateCompleted || rec.Fence != fence || string(rec.Result) != key {
+			if rec.State != storekit.StateCompleted || rec.Fence != fence || string(rec.Result) != key {
 				t.Fatalf("acknowledged key %s after the crash: got %v fence %d result %q, want COMPLETED fence %d", key, rec.State, rec.Fence, rec.Result, fence)
 			}
 		}
@@ -168,7 +169,7 @@ func TestCrash(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		a, err := s.Acquire(ctx, fmt.Sprint("after-crash-", round), idem.AcquireRequest{Owner: "t", Lease: time.Millisecond, Retention: time.Millisecond})
+		a, err := s.Acquire(ctx, fmt.Sprint("after-crash-", round), storekit.AcquireRequest{Owner: "t", Lease: time.Millisecond, Retention: time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}

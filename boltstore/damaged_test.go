@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/storekit"
 )
 
 // TestOpenDamagedFile checks that Open reports a damaged file (truncated,
@@ -52,7 +52,7 @@ func TestOpenDamagedFile(t *testing.T) {
 				wg.Go(func() {
 					for i := w; i < 2000; i += 32 {
 						key := fmt.Sprintf("%064x", i)
-						a, err := s.Acquire(t.Context(), key, idem.AcquireRequest{Fingerprint: "f", Owner: "o", Lease: time.Minute, Retention: time.Hour, MaxAttempts: 3})
+						a, err := s.Acquire(t.Context(), key, storekit.AcquireRequest{Fingerprint: "f", Owner: "o", Lease: time.Minute, Retention: time.Hour, MaxAttempts: 3})
 						if err == nil {
 							err = s.Complete(t.Context(), key, a.Lease, make([]byte, 300), time.Hour)
 						}

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/memstore"
+	"github.com/idemgo/idem/storekit"
 )
 
 // TestSameAsMemstore runs random operations, leases that expire and
@@ -49,14 +49,14 @@ func testSameAsMemstore(t *testing.T, seed uint64, ops int) {
 	keys := []string{"key-a", "key-b", "key-c"}
 	durations := []time.Duration{time.Millisecond, 20 * time.Millisecond, time.Second, time.Hour}
 	steps := []time.Duration{0, 0, 0, time.Microsecond, time.Millisecond, 15 * time.Millisecond, 700 * time.Millisecond, 2 * time.Second}
-	leases := map[string][]idem.Lease{} // by key, latest last
+	leases := map[string][]storekit.Lease{} // by key, latest last
 	var owners []string
 	seen := map[string]int{} // outcomes and errors, to show what was covered
-	pickLease := func(key string) idem.Lease {
+	pickLease := func(key string) storekit.Lease {
 		ls := leases[key]
 		switch n := rng.IntN(10); {
 		case len(ls) == 0 || n == 0:
-			return idem.Lease{Owner: "nobody", Fence: 1 + rng.Int64N(1<<50)}
+			return storekit.Lease{Owner: "nobody", Fence: 1 + rng.Int64N(1<<50)}
 		case n < 7:
 			return ls[len(ls)-1]
 		default:
@@ -80,7 +80,7 @@ func testSameAsMemstore(t *testing.T, seed uint64, ops int) {
 			if len(owners) > 0 && rng.IntN(5) == 0 {
 				owner = owners[rng.IntN(len(owners))] // a repeated call
 			}
-			req := idem.AcquireRequest{
+			req := storekit.AcquireRequest{
 				Fingerprint: []string{"fp", "fp", "fp", "other"}[rng.IntN(4)],
 				Owner:       owner,
 				Lease:       lease,
@@ -97,7 +97,7 @@ func testSameAsMemstore(t *testing.T, seed uint64, ops int) {
 			if !reflect.DeepEqual(got, want) {
 				t.Fatalf("op %d Acquire(%s, %+v):\nboltstore %+v\nmemstore  %+v", i, key, req, got, want)
 			}
-			if got.Outcome == idem.Acquired || got.Outcome == idem.TakenOver {
+			if got.Outcome == storekit.Acquired || got.Outcome == storekit.TakenOver {
 				leases[key] = append(leases[key], got.Lease)
 				owners = append(owners, owner)
 			}
@@ -110,7 +110,7 @@ func testSameAsMemstore(t *testing.T, seed uint64, ops int) {
 			seen[fmt.Sprint("complete err=", err != nil)]++
 		case op < 11:
 			l := pickLease(key)
-			f := idem.Failure{Result: []byte("failure"), Terminal: rng.IntN(3) == 0, Retention: dur(), MaxAttempts: []int{0, 2}[rng.IntN(2)]}
+			f := storekit.Failure{Result: []byte("failure"), Terminal: rng.IntN(3) == 0, Retention: dur(), MaxAttempts: []int{0, 2}[rng.IntN(2)]}
 			got, gerr := bs.Fail(ctx, key, l, f)
 			want, werr := ms.Fail(ctx, key, l, f)
 			sameErr(i, "Fail", gerr, werr)
@@ -130,7 +130,7 @@ func testSameAsMemstore(t *testing.T, seed uint64, ops int) {
 			sameErr(i, "Delete", bs.Delete(ctx, key), ms.Delete(ctx, key))
 		case op < 17:
 			// Bad input is rejected alike.
-			l := idem.Lease{Owner: "", Fence: 1}
+			l := storekit.Lease{Owner: "", Fence: 1}
 			sameErr(i, "Complete with bad lease", bs.Complete(ctx, key, l, nil, time.Second), ms.Complete(ctx, key, l, nil, time.Second))
 			sameErr(i, "Extend with bad duration", bs.Extend(ctx, key, pickLease(key), 0), ms.Extend(ctx, key, pickLease(key), 0))
 		case op < 18:

@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/fsync"
+	"github.com/idemgo/idem/storekit"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -150,7 +150,7 @@ func TestLogCorruptFrame(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mustAcquire(t, s, "k", newReq("o", time.Minute), idem.Acquired)
+	mustAcquire(t, s, "k", newReq("o", time.Minute), storekit.Acquired)
 	// A frame of the current generation, with a bad entry kind, written as
 	// the writer would after the store's frames.
 	bad := &wal{files: s.log.files, gen: s.log.gen, seq: s.log.seq, at: s.log.at, secret: s.log.secret, sync: s.log.sync}
@@ -209,15 +209,15 @@ func TestRecoverFromLog(t *testing.T) {
 	clock := newFakeClock()
 	s := openTest(t, filepath.Join(t.TempDir(), "idem.db"), WithClock(clock.Now), WithSweepInterval(0))
 	ctx := t.Context()
-	a := mustAcquire(t, s, "in-file", newReq("o", time.Minute), idem.Acquired)
+	a := mustAcquire(t, s, "in-file", newReq("o", time.Minute), storekit.Acquired)
 	if err := s.Complete(ctx, "in-file", a.Lease, []byte("r1"), time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	mustAcquire(t, s, "deleted", newReq("o", time.Minute), idem.Acquired)
+	mustAcquire(t, s, "deleted", newReq("o", time.Minute), storekit.Acquired)
 	if _, err := s.requestCheckpoint(ctx); err != nil {
 		t.Fatal(err)
 	}
-	b := mustAcquire(t, s, "in-log", newReq("o", time.Minute), idem.Acquired)
+	b := mustAcquire(t, s, "in-log", newReq("o", time.Minute), storekit.Acquired)
 	if err := s.Complete(ctx, "in-log", b.Lease, []byte("r2"), time.Hour); err != nil {
 		t.Fatal(err)
 	}
@@ -234,7 +234,7 @@ func TestRecoverFromLog(t *testing.T) {
 				t.Fatalf("%s after the crash: got %+v, %v; want result %q", key, rec, err, want)
 			}
 		}
-		if _, err := c.Get(ctx, "deleted"); !errors.Is(err, idem.ErrNotFound) {
+		if _, err := c.Get(ctx, "deleted"); !errors.Is(err, storekit.ErrNotFound) {
 			t.Fatalf("deleted key after the crash: got %v, want ErrNotFound", err)
 		}
 		if recs, _ := onDisk(t, c); recs != 2 || inOverlay(c) != 0 {
@@ -242,7 +242,7 @@ func TestRecoverFromLog(t *testing.T) {
 		}
 		// The fence of the record only the log held is the last issued.
 		clock.Add(-time.Hour)
-		n := mustAcquire(t, c, "new", newReq("o", time.Minute), idem.Acquired)
+		n := mustAcquire(t, c, "new", newReq("o", time.Minute), storekit.Acquired)
 		if n.Lease.Fence <= b.Lease.Fence {
 			t.Fatalf("fence after recovery: got %d, want > %d", n.Lease.Fence, b.Lease.Fence)
 		}
@@ -256,7 +256,7 @@ func TestRecoverFromLog(t *testing.T) {
 func TestLogWriteFails(t *testing.T) {
 	s := openTest(t, filepath.Join(t.TempDir(), "idem.db"), WithSweepInterval(0))
 	ctx := t.Context()
-	mustAcquire(t, s, "k", newReq("o", time.Minute), idem.Acquired)
+	mustAcquire(t, s, "k", newReq("o", time.Minute), storekit.Acquired)
 	l := &s.log.files[s.log.gen%2]
 	bad, err := os.Open(l.f.Name()) // read-only: writes fail
 	if err != nil {
@@ -275,11 +275,11 @@ func TestLogWriteFails(t *testing.T) {
 	if err := s.write(ctx, swap); err != nil {
 		t.Fatal(err)
 	}
-	mustAcquire(t, s, "k2", newReq("o", time.Minute), idem.Acquired)
-	mustAcquire(t, s, "k", newReq("o2", time.Minute), idem.InProgress)
+	mustAcquire(t, s, "k2", newReq("o", time.Minute), storekit.Acquired)
+	mustAcquire(t, s, "k", newReq("o2", time.Minute), storekit.InProgress)
 	crashCopy(t, s, filepath.Join(t.TempDir(), "copy.db"), func(copy string) {
 		c := openTest(t, copy, WithSweepInterval(0))
-		for key, want := range map[string]error{"k": nil, "k2": nil, "a-longer-key-that-fails": idem.ErrNotFound} {
+		for key, want := range map[string]error{"k": nil, "k2": nil, "a-longer-key-that-fails": storekit.ErrNotFound} {
 			if _, err := c.Get(ctx, key); !errors.Is(err, want) {
 				t.Fatalf("%s after the crash: got %v, want %v", key, err, want)
 			}
@@ -293,7 +293,7 @@ func TestLogWriteFails(t *testing.T) {
 func TestLogSyncFails(t *testing.T) {
 	s := openTest(t, filepath.Join(t.TempDir(), "idem.db"), WithSweepInterval(0))
 	ctx := t.Context()
-	mustAcquire(t, s, "k", newReq("o", time.Minute), idem.Acquired)
+	mustAcquire(t, s, "k", newReq("o", time.Minute), storekit.Acquired)
 	failing := errors.New("EIO")
 	set := func(sync func(*os.File) error) {
 		if err := s.write(ctx, func(t *txn) error { t.s.log.sync = sync; return nil }); err != nil {
@@ -308,8 +308,8 @@ func TestLogSyncFails(t *testing.T) {
 	if _, err := s.Acquire(ctx, "k3", newReq("o", time.Minute)); !errors.Is(err, failing) {
 		t.Fatalf("Acquire after a failed sync: got %v, want the failed sync's error", err)
 	}
-	mustAcquire(t, s, "k", newReq("o2", time.Minute), idem.InProgress)
-	if _, err := s.Get(ctx, "k2"); !errors.Is(err, idem.ErrNotFound) {
+	mustAcquire(t, s, "k", newReq("o2", time.Minute), storekit.InProgress)
+	if _, err := s.Get(ctx, "k2"); !errors.Is(err, storekit.ErrNotFound) {
 		t.Fatalf("Get of the write whose sync failed: got %v, want ErrNotFound", err)
 	}
 }
@@ -347,7 +347,7 @@ func TestCheckpointUnderLoad(t *testing.T) {
 		keys = append(keys, key)
 		// The key just completed and one completed earlier, at random.
 		for _, k := range []string{key, keys[rand.IntN(len(keys))]} {
-			if rec, err := s.Get(ctx, k); err != nil || rec.State != idem.StateCompleted || string(rec.Result) != k {
+			if rec, err := s.Get(ctx, k); err != nil || rec.State != storekit.StateCompleted || string(rec.Result) != k {
 				t.Fatalf("%s, acknowledged: got %v %q, %v", k, rec.State, rec.Result, err)
 			}
 		}
@@ -375,7 +375,7 @@ func TestOpenFormat1(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mustAcquire(t, s, "k", newReq("o", time.Minute), idem.Acquired)
+	mustAcquire(t, s, "k", newReq("o", time.Minute), storekit.Acquired)
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -406,8 +406,8 @@ func TestOpenFormat1(t *testing.T) {
 		}
 	}
 	s = openTest(t, path, WithSweepInterval(0))
-	mustAcquire(t, s, "k", newReq("o2", time.Minute), idem.InProgress)
-	mustAcquire(t, s, "k2", newReq("o", time.Minute), idem.Acquired)
+	mustAcquire(t, s, "k", newReq("o2", time.Minute), storekit.InProgress)
+	mustAcquire(t, s, "k2", newReq("o", time.Minute), storekit.Acquired)
 	if len(s.logStart.secret) != 8 {
 		t.Fatalf("log secret of %d bytes", len(s.logStart.secret))
 	}

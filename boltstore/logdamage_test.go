@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/storekit"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -400,7 +400,7 @@ func TestLogDamagedMiddle(t *testing.T) {
 	const n = 300
 	for i := range n {
 		key := fmt.Sprint("key-", i)
-		a := mustAcquire(t, s, key, newReq("o", time.Minute), idem.Acquired)
+		a := mustAcquire(t, s, key, newReq("o", time.Minute), storekit.Acquired)
 		if err := s.Complete(ctx, key, a.Lease, []byte(key), time.Hour); err != nil {
 			t.Fatal(err)
 		}
@@ -453,7 +453,7 @@ func TestLogDamagedMiddle(t *testing.T) {
 		c = openTest(t, copy, WithSweepInterval(0))
 		completed := 0
 		for i := range n {
-			if rec, err := c.Get(ctx, fmt.Sprint("key-", i)); err == nil && rec.State == idem.StateCompleted {
+			if rec, err := c.Get(ctx, fmt.Sprint("key-", i)); err == nil && rec.State == storekit.StateCompleted {
 				completed++
 			}
 		}
@@ -473,7 +473,7 @@ func TestRecover(t *testing.T) {
 		t.Fatalf("Recover of no store: got %v, want ErrNotExist", err)
 	}
 	s := openTest(t, path, WithSweepInterval(0))
-	mustAcquire(t, s, "k", newReq("o", time.Minute), idem.Acquired)
+	mustAcquire(t, s, "k", newReq("o", time.Minute), storekit.Acquired)
 	if _, err := Recover(path, WithLockTimeout(10*time.Millisecond)); !errors.Is(err, ErrLocked) {
 		t.Fatalf("Recover of an open store: got %v, want ErrLocked", err)
 	}
@@ -485,7 +485,7 @@ func TestRecover(t *testing.T) {
 			}
 		}
 		c := openTest(t, copy, WithSweepInterval(0))
-		mustAcquire(t, c, "k", newReq("o2", time.Minute), idem.InProgress)
+		mustAcquire(t, c, "k", newReq("o2", time.Minute), storekit.InProgress)
 		if recs, _ := onDisk(t, c); recs != 1 {
 			t.Fatalf("after Recover: %d records in the file, want 1", recs)
 		}
@@ -501,7 +501,7 @@ func TestOpenFormat2Log(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mustAcquire(t, s, "in-file", newReq("o", time.Minute), idem.Acquired)
+	mustAcquire(t, s, "in-file", newReq("o", time.Minute), storekit.Acquired)
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -520,7 +520,7 @@ func TestOpenFormat2Log(t *testing.T) {
 	if err != nil || db.Close() != nil {
 		t.Fatal(err)
 	}
-	rec := encode(&record{State: idem.StateCompleted, Fence: 7, Fingerprint: "fp", Owner: "o", ExpiresAt: time.Now().Add(time.Hour).UnixMicro(), Result: []byte("r")})
+	rec := encode(&record{State: storekit.StateCompleted, Fence: 7, Fingerprint: "fp", Owner: "o", ExpiresAt: time.Now().Add(time.Hour).UnixMicro(), Result: []byte("r")})
 	var log []byte
 	for _, es := range [][]logEntry{{{key: "in-log", val: rec}}, {{key: "in-file"}}} {
 		log = append(log, legacyFrame(5, secret, 7, es)...)
@@ -534,7 +534,7 @@ func TestOpenFormat2Log(t *testing.T) {
 	if r, err := s.Get(t.Context(), "in-log"); err != nil || string(r.Result) != "r" {
 		t.Fatalf("record of the format 2 log: got %+v, %v", r, err)
 	}
-	if _, err := s.Get(t.Context(), "in-file"); !errors.Is(err, idem.ErrNotFound) {
+	if _, err := s.Get(t.Context(), "in-file"); !errors.Is(err, storekit.ErrNotFound) {
 		t.Fatalf("record deleted by the format 2 log: got %v, want ErrNotFound", err)
 	}
 	err = s.db.View(func(tx *bolt.Tx) error {

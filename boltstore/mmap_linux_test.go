@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/storekit"
 )
 
 // TestOpenUnderAddressSpaceLimit: where a limit of the address space
@@ -53,7 +53,7 @@ func TestOpenUnderAddressSpaceLimit(t *testing.T) {
 		t.Fatalf("Open under a limit of %d bytes of address space: %v", limit, err)
 	}
 	defer s.Close()
-	a := mustAcquire(t, s, "k", newReq("o", time.Minute), idem.Acquired)
+	a := mustAcquire(t, s, "k", newReq("o", time.Minute), storekit.Acquired)
 	if err := s.Complete(t.Context(), "k", a.Lease, []byte("r"), time.Hour); err != nil {
 		t.Fatal(err)
 	}

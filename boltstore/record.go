@@ -4,7 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/storekit/statemachine"
 )
 
@@ -19,7 +19,7 @@ type record = statemachine.Record
 // Encoding, version 1:
 //
 //	byte     version (1)
-//	byte     state (idem.State)
+//	byte     state (storekit.State)
 //	uvarint  fence
 //	uvarint  attempts
 //	varint   created
@@ -113,8 +113,8 @@ func decode(b []byte, copyResult bool) (*record, error) {
 	if b[0] != recordVersion {
 		return nil, fmt.Errorf("%w: record version %d, want %d (written by another version of boltstore?)", ErrCorrupt, b[0], recordVersion)
 	}
-	r := &record{State: idem.State(b[1])}
-	if r.State < idem.StateInProgress || r.State > idem.StateFailed {
+	r := &record{State: storekit.State(b[1])}
+	if r.State < storekit.StateInProgress || r.State > storekit.StateFailed {
 		return nil, fmt.Errorf("%w: record: unknown state %d", ErrCorrupt, b[1])
 	}
 	d := decoder{b: b[2:]}
@@ -123,8 +123,8 @@ func decode(b []byte, copyResult bool) (*record, error) {
 	r.Created = d.varint("created")
 	r.LeaseUntil = d.varint("lease end")
 	r.ExpiresAt = d.varint("expiry")
-	r.Fingerprint = string(d.bytes("fingerprint", idem.MaxFingerprintLen))
-	r.Owner = string(d.bytes("owner", idem.MaxOwnerLen))
+	r.Fingerprint = string(d.bytes("fingerprint", storekit.MaxFingerprintLen))
+	r.Owner = string(d.bytes("owner", storekit.MaxOwnerLen))
 	res := d.bytes("result", 1<<32)
 	if d.err != nil {
 		return nil, d.err

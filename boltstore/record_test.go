@@ -7,16 +7,16 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/storekit"
 )
 
 func TestRecordRoundTrip(t *testing.T) {
 	for _, r := range []*record{
-		{State: idem.StateInProgress, Fingerprint: "fp", Owner: "o", Fence: 1, Attempts: 1, Created: 1, LeaseUntil: 2, ExpiresAt: 3},
-		{State: idem.StateCompleted, Fingerprint: strings.Repeat("f", idem.MaxFingerprintLen), Owner: strings.Repeat("o", idem.MaxOwnerLen),
+		{State: storekit.StateInProgress, Fingerprint: "fp", Owner: "o", Fence: 1, Attempts: 1, Created: 1, LeaseUntil: 2, ExpiresAt: 3},
+		{State: storekit.StateCompleted, Fingerprint: strings.Repeat("f", storekit.MaxFingerprintLen), Owner: strings.Repeat("o", storekit.MaxOwnerLen),
 			Fence: 1<<63 - 1, Attempts: 1<<31 - 1, Created: -5, ExpiresAt: 1 << 60, Result: bytes.Repeat([]byte{0, 0xff}, 1<<16)},
-		{State: idem.StateFailed, Fence: 42, Attempts: 3},
-		{State: idem.StateReleased, Fence: 7, Attempts: 2, Created: 1795262400000000, ExpiresAt: 1795262400000001},
+		{State: storekit.StateFailed, Fence: 42, Attempts: 3},
+		{State: storekit.StateReleased, Fence: 7, Attempts: 2, Created: 1795262400000000, ExpiresAt: 1795262400000001},
 	} {
 		b := encode(r)
 		got, err := decode(b, true)
@@ -29,7 +29,7 @@ func TestRecordRoundTrip(t *testing.T) {
 	}
 	// The encoding is compact: a typical IN_PROGRESS record (digest
 	// fingerprint, executor owner token) takes well under 100 bytes.
-	r := &record{State: idem.StateInProgress, Fingerprint: strings.Repeat("f", 43), Owner: "AAAAAAAAAAAA.1z", Fence: 1795262400000000,
+	r := &record{State: storekit.StateInProgress, Fingerprint: strings.Repeat("f", 43), Owner: "AAAAAAAAAAAA.1z", Fence: 1795262400000000,
 		Attempts: 1, Created: 1795262400000000, LeaseUntil: 1795262430000000, ExpiresAt: 1795262460000000}
 	if n := len(encode(r)); n > 100 {
 		t.Errorf("encoded IN_PROGRESS record: %d bytes", n)
@@ -37,7 +37,7 @@ func TestRecordRoundTrip(t *testing.T) {
 }
 
 func TestDecodeErrors(t *testing.T) {
-	good := encode(&record{State: idem.StateCompleted, Fingerprint: "fp", Owner: "o", Fence: 9, Attempts: 1, Result: []byte("res")})
+	good := encode(&record{State: storekit.StateCompleted, Fingerprint: "fp", Owner: "o", Fence: 9, Attempts: 1, Result: []byte("res")})
 	for name, b := range map[string][]byte{
 		"empty":             nil,
 		"one byte":          {recordVersion},
@@ -57,8 +57,8 @@ func TestDecodeErrors(t *testing.T) {
 }
 
 func FuzzDecode(f *testing.F) {
-	f.Add(encode(&record{State: idem.StateCompleted, Fingerprint: "fp", Owner: "o", Fence: 9, Attempts: 1, Result: []byte("res")}))
-	f.Add(encode(&record{State: idem.StateInProgress, Fence: 1, LeaseUntil: -1}))
+	f.Add(encode(&record{State: storekit.StateCompleted, Fingerprint: "fp", Owner: "o", Fence: 9, Attempts: 1, Result: []byte("res")}))
+	f.Add(encode(&record{State: storekit.StateInProgress, Fence: 1, LeaseUntil: -1}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r, err := decode(b, false)
 		if err != nil {

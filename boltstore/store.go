@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/storekit/statemachine"
 	"github.com/idemgo/idem/storekit/watchset"
 	bolt "go.etcd.io/bbolt"
@@ -86,7 +87,7 @@ var (
 // read the log right refuses the file instead.
 const formatVersion = 3
 
-// Store is a durable idem.Store and idem.Watcher in one bbolt file. It is
+// Store is a durable storekit.Store and storekit.Watcher in one bbolt file. It is
 // safe for concurrent use by multiple goroutines of one process; the file is
 // locked so that no other process (or Store) can open it at the same time.
 // Every method that changes a record returns only after the change is
@@ -124,10 +125,10 @@ type Store struct {
 }
 
 var (
-	_ idem.StatsStore = (*Store)(nil)
-	_ idem.Store      = (*Store)(nil)
-	_ idem.Watcher    = (*Store)(nil)
-	_ idem.Relayer    = (*Store)(nil)
+	_ storekit.StatsStore = (*Store)(nil)
+	_ storekit.Store      = (*Store)(nil)
+	_ storekit.Watcher    = (*Store)(nil)
+	_ storekit.Relayer    = (*Store)(nil)
 )
 
 // Open opens the store kept in the file at path, creating the file (not its
@@ -466,15 +467,15 @@ func decodeStored(key string, v []byte) (*record, error) {
 	return r, nil
 }
 
-// Acquire implements idem.Store. Outcomes that change nothing (Replay,
+// Acquire implements storekit.Store. Outcomes that change nothing (Replay,
 // InProgress, Mismatch, and Acquired for a repeated call of the owner) are
 // answered from a read transaction; the others are committed to disk before
 // Acquire returns.
-func (s *Store) Acquire(ctx context.Context, key string, req idem.AcquireRequest) (idem.Acquisition, error) {
+func (s *Store) Acquire(ctx context.Context, key string, req storekit.AcquireRequest) (storekit.Acquisition, error) {
 	if err := statemachine.CheckAcquire(ctx, key, req); err != nil {
-		return idem.Acquisition{}, err
+		return storekit.Acquisition{}, err
 	}
-	var out idem.Acquisition
+	var out storekit.Acquisition
 	answered := false
 	err := s.lookup(key, func(r *record) error {
 		if r == nil {
@@ -492,7 +493,7 @@ func (s *Store) Acquire(ctx context.Context, key string, req idem.AcquireRequest
 		return out, err
 	}
 	err = s.write(ctx, func(t *txn) error {
-		out = idem.Acquisition{}
+		out = storekit.Acquisition{}
 		return t.acquire(key, req, &out)
 	})
 	return out, err
@@ -506,7 +507,7 @@ func clone(b []byte) []byte {
 }
 
 // acquire is Acquire's transition. A Replay's result is copied.
-func (t *txn) acquire(key string, req idem.AcquireRequest, out *idem.Acquisition) error {
+func (t *txn) acquire(key string, req storekit.AcquireRequest, out *storekit.Acquisition) error {
 	sl, err := t.load(key)
 	if err != nil {
 		return err
@@ -545,8 +546,8 @@ func (s *Store) change(ctx context.Context, key string, size int, notify bool, t
 	return terr
 }
 
-// Complete implements idem.Store. It returns once the result is on disk.
-func (s *Store) Complete(ctx context.Context, key string, lease idem.Lease, result []byte, retention time.Duration) error {
+// Complete implements storekit.Store. It returns once the result is on disk.
+func (s *Store) Complete(ctx context.Context, key string, lease storekit.Lease, result []byte, retention time.Duration) error {
 	if err := statemachine.CheckOwned(ctx, key, lease, "retention", retention); err != nil {
 		return err
 	}
@@ -555,9 +556,9 @@ func (s *Store) Complete(ctx context.Context, key string, lease idem.Lease, resu
 	})
 }
 
-// RelayCompletion implements idem.Relayer. It returns once the record is
+// RelayCompletion implements storekit.Relayer. It returns once the record is
 // on disk.
-func (s *Store) RelayCompletion(ctx context.Context, key string, c idem.Completion) error {
+func (s *Store) RelayCompletion(ctx context.Context, key string, c storekit.Completion) error {
 	if err := statemachine.CheckRelay(ctx, key, c); err != nil {
 		return err
 	}
@@ -567,15 +568,15 @@ func (s *Store) RelayCompletion(ctx context.Context, key string, c idem.Completi
 	})
 }
 
-// Fail implements idem.Store.
-func (s *Store) Fail(ctx context.Context, key string, lease idem.Lease, f idem.Failure) (idem.State, error) {
+// Fail implements storekit.Store.
+func (s *Store) Fail(ctx context.Context, key string, lease storekit.Lease, f storekit.Failure) (storekit.State, error) {
 	if err := statemachine.CheckOwned(ctx, key, lease, "", 0); err != nil {
 		return 0, err
 	}
 	if err := f.Validate(); err != nil {
 		return 0, err
 	}
-	var state idem.State
+	var state storekit.State
 	err := s.change(ctx, key, len(f.Result), true, func(cur *record, now int64) (next record, changed bool, err error) {
 		next, changed, state, err = statemachine.Fail(cur, lease, f, now)
 		return next, changed, err
@@ -586,8 +587,8 @@ func (s *Store) Fail(ctx context.Context, key string, lease idem.Lease, f idem.F
 	return state, nil
 }
 
-// Extend implements idem.Store.
-func (s *Store) Extend(ctx context.Context, key string, lease idem.Lease, d time.Duration) error {
+// Extend implements storekit.Store.
+func (s *Store) Extend(ctx context.Context, key string, lease storekit.Lease, d time.Duration) error {
 	if err := statemachine.CheckOwned(ctx, key, lease, "lease", d); err != nil {
 		return err
 	}
@@ -597,8 +598,8 @@ func (s *Store) Extend(ctx context.Context, key string, lease idem.Lease, d time
 	})
 }
 
-// Release implements idem.Store.
-func (s *Store) Release(ctx context.Context, key string, lease idem.Lease, retention time.Duration) error {
+// Release implements storekit.Store.
+func (s *Store) Release(ctx context.Context, key string, lease storekit.Lease, retention time.Duration) error {
 	if err := statemachine.CheckOwned(ctx, key, lease, "retention", retention); err != nil {
 		return err
 	}
@@ -607,15 +608,15 @@ func (s *Store) Release(ctx context.Context, key string, lease idem.Lease, reten
 	})
 }
 
-// Get implements idem.Store. The returned Result is a copy.
-func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
-	if err := idem.ValidateStoreKey(key); err != nil {
-		return idem.Record{}, err
+// Get implements storekit.Store. The returned Result is a copy.
+func (s *Store) Get(ctx context.Context, key string) (storekit.Record, error) {
+	if err := storekit.ValidateStoreKey(key); err != nil {
+		return storekit.Record{}, err
 	}
 	if err := ctx.Err(); err != nil {
-		return idem.Record{}, err
+		return storekit.Record{}, err
 	}
-	var rec idem.Record
+	var rec storekit.Record
 	found := false
 	err := s.lookup(key, func(r *record) error {
 		if r == nil {
@@ -629,18 +630,18 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 		return nil
 	})
 	if err != nil {
-		return idem.Record{}, err
+		return storekit.Record{}, err
 	}
 	if !found {
-		return idem.Record{}, idem.ErrNotFound
+		return storekit.Record{}, storekit.ErrNotFound
 	}
 	return rec, nil
 }
 
-// Delete implements idem.Store. It returns once the deletion is on disk. It
+// Delete implements storekit.Store. It returns once the deletion is on disk. It
 // also removes a record that cannot be decoded (see ErrCorrupt).
 func (s *Store) Delete(ctx context.Context, key string) error {
-	if err := idem.ValidateStoreKey(key); err != nil {
+	if err := storekit.ValidateStoreKey(key); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
@@ -656,14 +657,14 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 type Entry struct {
 	// Key is the store key (a digest made by idem.Key.Digest).
 	Key    string
-	Record idem.Record
+	Record storekit.Record
 }
 
-// Stats implements idem.StatsStore: it counts every live record of one
+// Stats implements storekit.StatsStore: it counts every live record of one
 // snapshot (it decodes each; about a microsecond per record). MemoryUsed is
 // the size of the file and the log; there is no limit.
-func (s *Store) Stats(ctx context.Context) (idem.Stats, error) {
-	var st idem.Stats
+func (s *Store) Stats(ctx context.Context) (storekit.Stats, error) {
+	var st storekit.Stats
 	err := s.snapshot(func(tx *bolt.Tx, ov map[string][]byte) error {
 		st.MemoryUsed = tx.Size() + s.log.size()
 		return s.live(ctx, tx, ov, func(_ []byte, r *record, now int64) bool {

@@ -11,14 +11,15 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/storekit"
 	bolt "go.etcd.io/bbolt"
 )
 
-func newReq(owner string, lease time.Duration) idem.AcquireRequest {
-	return idem.AcquireRequest{Fingerprint: "fp", Owner: owner, Lease: lease, Retention: time.Hour}
+func newReq(owner string, lease time.Duration) storekit.AcquireRequest {
+	return storekit.AcquireRequest{Fingerprint: "fp", Owner: owner, Lease: lease, Retention: time.Hour}
 }
 
-func mustAcquire(t *testing.T, s *Store, key string, r idem.AcquireRequest, want idem.Outcome) idem.Acquisition {
+func mustAcquire(t *testing.T, s *Store, key string, r storekit.AcquireRequest, want storekit.Outcome) storekit.Acquisition {
 	t.Helper()
 	a, err := s.Acquire(t.Context(), key, r)
 	if err != nil {
@@ -36,38 +37,38 @@ func TestOutcomes(t *testing.T) {
 	s := openTest(t, filepath.Join(t.TempDir(), "idem.db"), WithClock(clock.Now))
 	ctx := t.Context()
 
-	a := mustAcquire(t, s, "k", newReq("o1", time.Second), idem.Acquired)
+	a := mustAcquire(t, s, "k", newReq("o1", time.Second), storekit.Acquired)
 	if want := clock.Now().UnixMicro(); a.Lease.Fence != want {
 		t.Errorf("first fence: got %d, want the clock in µs %d", a.Lease.Fence, want)
 	}
-	if ip := mustAcquire(t, s, "k", newReq("o2", time.Second), idem.InProgress); ip.RetryAfter != time.Second {
+	if ip := mustAcquire(t, s, "k", newReq("o2", time.Second), storekit.InProgress); ip.RetryAfter != time.Second {
 		t.Errorf("RetryAfter: got %v, want 1s", ip.RetryAfter)
 	}
-	if again := mustAcquire(t, s, "k", newReq("o1", time.Second), idem.Acquired); again.Lease != a.Lease {
+	if again := mustAcquire(t, s, "k", newReq("o1", time.Second), storekit.Acquired); again.Lease != a.Lease {
 		t.Errorf("repeated Acquire: got %+v, want %+v", again.Lease, a.Lease)
 	}
 	mismatch := newReq("o2", time.Second)
 	mismatch.Fingerprint = "other"
-	mustAcquire(t, s, "k", mismatch, idem.Mismatch)
+	mustAcquire(t, s, "k", mismatch, storekit.Mismatch)
 
 	clock.Add(time.Second)
-	b := mustAcquire(t, s, "k", newReq("o2", time.Second), idem.TakenOver)
+	b := mustAcquire(t, s, "k", newReq("o2", time.Second), storekit.TakenOver)
 	if b.PreviousOwner != "o1" || b.Lease.Fence <= a.Lease.Fence || b.Attempts != 2 {
 		t.Errorf("takeover: got %+v, want previous owner o1, fence > %d, attempts 2", b, a.Lease.Fence)
 	}
 	if err := s.Complete(ctx, "k", b.Lease, []byte("done"), time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	r := mustAcquire(t, s, "k", newReq("o3", time.Second), idem.Replay)
-	if r.State != idem.StateCompleted || string(r.Result) != "done" || r.Attempts != 2 {
+	r := mustAcquire(t, s, "k", newReq("o3", time.Second), storekit.Replay)
+	if r.State != storekit.StateCompleted || string(r.Result) != "done" || r.Attempts != 2 {
 		t.Errorf("replay: got %+v, want COMPLETED done attempts 2", r)
 	}
 
-	c := mustAcquire(t, s, "k2", newReq("o4", time.Second), idem.Acquired)
-	if st, err := s.Fail(ctx, "k2", c.Lease, idem.Failure{Result: []byte("no"), Terminal: true, Retention: time.Hour}); err != nil || st != idem.StateFailed {
+	c := mustAcquire(t, s, "k2", newReq("o4", time.Second), storekit.Acquired)
+	if st, err := s.Fail(ctx, "k2", c.Lease, storekit.Failure{Result: []byte("no"), Terminal: true, Retention: time.Hour}); err != nil || st != storekit.StateFailed {
 		t.Fatalf("Fail: got %v, %v", st, err)
 	}
-	if r := mustAcquire(t, s, "k2", newReq("o5", time.Second), idem.Replay); r.State != idem.StateFailed || string(r.Result) != "no" {
+	if r := mustAcquire(t, s, "k2", newReq("o5", time.Second), storekit.Replay); r.State != storekit.StateFailed || string(r.Result) != "no" {
 		t.Errorf("replay of FAILED: got %+v", r)
 	}
 }
@@ -78,19 +79,19 @@ func TestStaleOwner(t *testing.T) {
 	clock := newFakeClock()
 	s := openTest(t, filepath.Join(t.TempDir(), "idem.db"), WithClock(clock.Now))
 	ctx := t.Context()
-	first := mustAcquire(t, s, "k", newReq("o1", time.Second), idem.Acquired)
+	first := mustAcquire(t, s, "k", newReq("o1", time.Second), storekit.Acquired)
 	clock.Add(1500 * time.Millisecond) // past the lease, before the record expires
-	second := mustAcquire(t, s, "k", newReq("o2", time.Minute), idem.TakenOver)
-	calls := map[string]func(l idem.Lease) error{
-		"Complete": func(l idem.Lease) error { return s.Complete(ctx, "k", l, []byte("x"), time.Hour) },
-		"Fail": func(l idem.Lease) error {
-			_, err := s.Fail(ctx, "k", l, idem.Failure{Terminal: true, Retention: time.Hour})
+	second := mustAcquire(t, s, "k", newReq("o2", time.Minute), storekit.TakenOver)
+	calls := map[string]func(l storekit.Lease) error{
+		"Complete": func(l storekit.Lease) error { return s.Complete(ctx, "k", l, []byte("x"), time.Hour) },
+		"Fail": func(l storekit.Lease) error {
+			_, err := s.Fail(ctx, "k", l, storekit.Failure{Terminal: true, Retention: time.Hour})
 			return err
 		},
-		"Extend":  func(l idem.Lease) error { return s.Extend(ctx, "k", l, time.Hour) },
-		"Release": func(l idem.Lease) error { return s.Release(ctx, "k", l, time.Hour) },
+		"Extend":  func(l storekit.Lease) error { return s.Extend(ctx, "k", l, time.Hour) },
+		"Release": func(l storekit.Lease) error { return s.Release(ctx, "k", l, time.Hour) },
 	}
-	stale := map[string]idem.Lease{
+	stale := map[string]storekit.Lease{
 		"taken over":  first.Lease,
 		"other owner": {Owner: "o1", Fence: second.Lease.Fence},
 		"older fence": {Owner: "o2", Fence: second.Lease.Fence - 1},
@@ -107,7 +108,7 @@ func TestStaleOwner(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rec.State != idem.StateInProgress || rec.Owner != "o2" || rec.Fence != second.Lease.Fence || !rec.LeaseUntil.Equal(clock.Now().Add(time.Minute)) {
+	if rec.State != storekit.StateInProgress || rec.Owner != "o2" || rec.Fence != second.Lease.Fence || !rec.LeaseUntil.Equal(clock.Now().Add(time.Minute)) {
 		t.Fatalf("record after stale calls: got %+v", rec)
 	}
 }
@@ -122,12 +123,12 @@ func TestRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := mustAcquire(t, s, "done", newReq("o1", time.Second), idem.Acquired)
+	a := mustAcquire(t, s, "done", newReq("o1", time.Second), storekit.Acquired)
 	if err := s.Complete(ctx, "done", a.Lease, []byte("result"), time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	held := mustAcquire(t, s, "held", newReq("o2", time.Minute), idem.Acquired)
-	gone := mustAcquire(t, s, "gone", newReq("o3", time.Minute), idem.Acquired)
+	held := mustAcquire(t, s, "held", newReq("o2", time.Minute), storekit.Acquired)
+	gone := mustAcquire(t, s, "gone", newReq("o3", time.Minute), storekit.Acquired)
 	if err := s.Delete(ctx, "gone"); err != nil {
 		t.Fatal(err)
 	}
@@ -141,18 +142,18 @@ func TestRestart(t *testing.T) {
 	clock.Add(-24 * time.Hour) // the fence must grow all the same
 	s = openTest(t, path, WithClock(clock.Now))
 	clock.Add(24*time.Hour + time.Second)
-	if r := mustAcquire(t, s, "done", newReq("o4", time.Second), idem.Replay); string(r.Result) != "result" {
+	if r := mustAcquire(t, s, "done", newReq("o4", time.Second), storekit.Replay); string(r.Result) != "result" {
 		t.Errorf("replay after restart: got %q, want result", r.Result)
 	}
 	rec, err := s.Get(ctx, "held")
-	if err != nil || rec.State != idem.StateInProgress || rec.Fence != held.Lease.Fence || rec.Owner != "o2" {
+	if err != nil || rec.State != storekit.StateInProgress || rec.Fence != held.Lease.Fence || rec.Owner != "o2" {
 		t.Fatalf("held record after restart: got %+v, %v", rec, err)
 	}
 	if err := s.Complete(ctx, "held", held.Lease, []byte("late"), time.Hour); err != nil {
 		t.Fatalf("owner completes after restart: %v", err)
 	}
 	clock.Add(-48 * time.Hour)
-	again := mustAcquire(t, s, "gone", newReq("o5", time.Second), idem.Acquired)
+	again := mustAcquire(t, s, "gone", newReq("o5", time.Second), storekit.Acquired)
 	if again.Lease.Fence <= gone.Lease.Fence {
 		t.Fatalf("fence after restart, delete and a clock that went back: got %d, want > %d", again.Lease.Fence, gone.Lease.Fence)
 	}
@@ -224,7 +225,7 @@ func TestExpiry(t *testing.T) {
 	const n = 100
 	for i := range n {
 		key := fmt.Sprint("k", i)
-		a := mustAcquire(t, s, key, newReq("o", time.Second), idem.Acquired)
+		a := mustAcquire(t, s, key, newReq("o", time.Second), storekit.Acquired)
 		if i%2 == 0 {
 			if err := s.Complete(ctx, key, a.Lease, []byte("r"), time.Minute); err != nil {
 				t.Fatal(err)
@@ -233,13 +234,13 @@ func TestExpiry(t *testing.T) {
 	}
 	// The IN_PROGRESS records expire 2 leases and a grace after they were
 	// acquired.
-	clock.Add(2*time.Second + idem.InProgressGrace)
+	clock.Add(2*time.Second + storekit.InProgressGrace)
 	for i := range n {
 		_, err := s.Get(ctx, fmt.Sprint("k", i))
 		if i%2 == 0 && err != nil {
 			t.Fatalf("completed record: %v", err)
 		}
-		if i%2 == 1 && !errors.Is(err, idem.ErrNotFound) {
+		if i%2 == 1 && !errors.Is(err, storekit.ErrNotFound) {
 			t.Fatalf("abandoned record 2 leases and a grace later: got %v, want ErrNotFound", err)
 		}
 	}
@@ -248,7 +249,7 @@ func TestExpiry(t *testing.T) {
 	}
 	// Checkpoints sweep as they go.
 	for i := range 10 {
-		mustAcquire(t, s, fmt.Sprint("new", i), newReq("o", time.Hour), idem.Acquired)
+		mustAcquire(t, s, fmt.Sprint("new", i), newReq("o", time.Hour), storekit.Acquired)
 	}
 	if recs, idx := onDisk(t, s); recs != 0 || idx != 0 {
 		t.Fatalf("before a checkpoint: %d records and %d index entries in the file, want none", recs, idx)
@@ -267,7 +268,7 @@ func TestExpiry(t *testing.T) {
 		t.Fatalf("after the sweep: %d records and %d index entries on disk, want 10", recs, idx)
 	}
 	// An expired record is replaced, not replayed.
-	a := mustAcquire(t, s, "k0", newReq("o", time.Second), idem.Acquired)
+	a := mustAcquire(t, s, "k0", newReq("o", time.Second), storekit.Acquired)
 	if a.Attempts != 1 {
 		t.Fatalf("attempts of a record acquired after expiry: got %d, want 1", a.Attempts)
 	}
@@ -277,7 +278,7 @@ func TestBackgroundSweeper(t *testing.T) {
 	clock := newFakeClock()
 	s := openTest(t, filepath.Join(t.TempDir(), "idem.db"), WithClock(clock.Now), WithSweepInterval(5*time.Millisecond))
 	for i := range 2*sweepBatch + 10 {
-		mustAcquire(t, s, fmt.Sprint("k", i), newReq("o", time.Millisecond), idem.Acquired)
+		mustAcquire(t, s, fmt.Sprint("k", i), newReq("o", time.Millisecond), storekit.Acquired)
 	}
 	clock.Add(time.Minute)
 	deadline := time.Now().Add(10 * time.Second)
@@ -297,13 +298,13 @@ func TestBackgroundSweeper(t *testing.T) {
 func TestCorruptRecord(t *testing.T) {
 	s := openTest(t, filepath.Join(t.TempDir(), "idem.db"))
 	ctx := t.Context()
-	a := mustAcquire(t, s, "bad", newReq("o", time.Minute), idem.Acquired)
-	mustAcquire(t, s, "good", newReq("o", time.Minute), idem.Acquired)
+	a := mustAcquire(t, s, "bad", newReq("o", time.Minute), storekit.Acquired)
+	mustAcquire(t, s, "good", newReq("o", time.Minute), storekit.Acquired)
 	if _, err := s.requestCheckpoint(ctx); err != nil {
 		t.Fatal(err)
 	}
 	err := s.db.Update(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketRecords).Put([]byte("bad"), []byte{recordVersion, byte(idem.StateInProgress), 0xff})
+		return tx.Bucket(bucketRecords).Put([]byte("bad"), []byte{recordVersion, byte(storekit.StateInProgress), 0xff})
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -337,7 +338,7 @@ func TestCorruptRecord(t *testing.T) {
 	if err := s.Delete(ctx, "bad"); err != nil {
 		t.Fatalf("Delete of the corrupt record: %v", err)
 	}
-	mustAcquire(t, s, "bad", newReq("o3", time.Minute), idem.Acquired)
+	mustAcquire(t, s, "bad", newReq("o3", time.Minute), storekit.Acquired)
 	if _, err := s.Get(ctx, "good"); err != nil {
 		t.Fatal(err)
 	}
@@ -346,7 +347,7 @@ func TestCorruptRecord(t *testing.T) {
 func TestWatch(t *testing.T) {
 	s := openTest(t, filepath.Join(t.TempDir(), "idem.db"))
 	ctx := t.Context()
-	a := mustAcquire(t, s, "k", newReq("o", time.Minute), idem.Acquired)
+	a := mustAcquire(t, s, "k", newReq("o", time.Minute), storekit.Acquired)
 	ch1, stop1, err := s.Watch(ctx, "k")
 	if err != nil {
 		t.Fatal(err)
@@ -428,7 +429,7 @@ func TestClosed(t *testing.T) {
 	default:
 		t.Error("Close did not close the watch channel")
 	}
-	l := idem.Lease{Owner: "o", Fence: 1}
+	l := storekit.Lease{Owner: "o", Fence: 1}
 	calls := map[string]error{
 		"Acquire":  func() error { _, err := s.Acquire(ctx, "k", newReq("o", time.Second)); return err }(),
 		"Complete": s.Complete(ctx, "k", l, nil, time.Hour),
@@ -451,7 +452,7 @@ func TestCancelledContext(t *testing.T) {
 	if _, err := s.Acquire(ctx, "k", newReq("o", time.Second)); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Acquire: got %v, want context.Canceled", err)
 	}
-	if _, err := s.Get(t.Context(), "k"); !errors.Is(err, idem.ErrNotFound) {
+	if _, err := s.Get(t.Context(), "k"); !errors.Is(err, storekit.ErrNotFound) {
 		t.Fatalf("a cancelled Acquire wrote: Get got %v", err)
 	}
 	// Contexts that end while calls are queued: each call either fails with
@@ -471,7 +472,7 @@ func TestCancelledContext(t *testing.T) {
 				t.Errorf("Acquire succeeded but Get: %v", gerr)
 			case err != nil && !errors.Is(err, context.DeadlineExceeded):
 				t.Errorf("Acquire: %v", err)
-			case err != nil && !errors.Is(gerr, idem.ErrNotFound):
+			case err != nil && !errors.Is(gerr, storekit.ErrNotFound):
 				t.Errorf("Acquire failed with %v but the record exists (%v)", err, gerr)
 			}
 		}()
@@ -484,14 +485,14 @@ func TestList(t *testing.T) {
 	s := openTest(t, filepath.Join(t.TempDir(), "idem.db"), WithClock(clock.Now))
 	ctx := t.Context()
 	for i := range 5 {
-		mustAcquire(t, s, fmt.Sprint("k", i), newReq(fmt.Sprint("o", i), time.Duration(i+1)*time.Second), idem.Acquired)
+		mustAcquire(t, s, fmt.Sprint("k", i), newReq(fmt.Sprint("o", i), time.Duration(i+1)*time.Second), storekit.Acquired)
 	}
-	clock.Add(2*time.Second + idem.InProgressGrace) // k0 expired (2 leases of 1s and the grace)
+	clock.Add(2*time.Second + storekit.InProgressGrace) // k0 expired (2 leases of 1s and the grace)
 	got, err := s.List(ctx, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(got) != 4 || got[0].Key != "k1" || got[3].Key != "k4" || got[0].Record.Owner != "o1" || got[0].Record.State != idem.StateInProgress {
+	if len(got) != 4 || got[0].Key != "k1" || got[3].Key != "k4" || got[0].Record.Owner != "o1" || got[0].Record.State != storekit.StateInProgress {
 		t.Fatalf("List: got %+v, want k1..k4", got)
 	}
 	if got, err := s.List(ctx, 2); err != nil || len(got) != 2 || got[1].Key != "k2" {
@@ -550,7 +551,7 @@ func TestCloseWhileBusy(t *testing.T) {
 	wg.Wait()
 	s = openTest(t, path)
 	for _, key := range done {
-		if rec, err := s.Get(ctx, key); err != nil || rec.State != idem.StateCompleted {
+		if rec, err := s.Get(ctx, key); err != nil || rec.State != storekit.StateCompleted {
 			t.Fatalf("%s after Close and Open: got %v, %v", key, rec.State, err)
 		}
 	}
@@ -563,11 +564,11 @@ func TestNoChangeNoSync(t *testing.T) {
 	s := openTest(t, filepath.Join(t.TempDir(), "idem.db"), WithSweepInterval(0))
 	ctx := t.Context()
 	pageWrites := func() int64 { return s.log.frames.Load() }
-	a := mustAcquire(t, s, "k", newReq("o", time.Minute), idem.Acquired)
+	a := mustAcquire(t, s, "k", newReq("o", time.Minute), storekit.Acquired)
 	if err := s.Release(ctx, "k", a.Lease, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	b := mustAcquire(t, s, "k2", newReq("o2", time.Minute), idem.Acquired)
+	b := mustAcquire(t, s, "k2", newReq("o2", time.Minute), storekit.Acquired)
 	before := pageWrites()
 	if err := s.Complete(ctx, "k", a.Lease, nil, time.Hour); !errors.Is(err, idem.ErrLeaseLost) {
 		t.Fatalf("stale Complete: got %v, want ErrLeaseLost", err)
@@ -578,8 +579,8 @@ func TestNoChangeNoSync(t *testing.T) {
 	if err := s.Delete(ctx, "absent"); err != nil {
 		t.Fatal(err)
 	}
-	mustAcquire(t, s, "k2", newReq("o3", time.Minute), idem.InProgress)
-	if again := mustAcquire(t, s, "k2", newReq("o2", time.Minute), idem.Acquired); again.Lease != b.Lease {
+	mustAcquire(t, s, "k2", newReq("o3", time.Minute), storekit.InProgress)
+	if again := mustAcquire(t, s, "k2", newReq("o2", time.Minute), storekit.Acquired); again.Lease != b.Lease {
 		t.Fatalf("repeated Acquire: got %+v, want %+v", again.Lease, b.Lease)
 	}
 	if after := pageWrites(); after != before {

@@ -3,15 +3,15 @@ package boltstore
 import (
 	"context"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/storekit"
 )
 
-// Watch implements idem.Watcher within this process: the returned channel
+// Watch implements storekit.Watcher within this process: the returned channel
 // is closed once Complete, Fail, Release or Delete of key is committed
 // after Watch returned, or when the store is closed. stop releases the
 // watch; it must be called and may be called more than once.
 func (s *Store) Watch(ctx context.Context, key string) (<-chan struct{}, func(), error) {
-	if err := idem.ValidateStoreKey(key); err != nil {
+	if err := storekit.ValidateStoreKey(key); err != nil {
 		return nil, nil, err
 	}
 	s.mu.RLock()

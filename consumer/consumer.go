@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/storekit"
 )
 
 // ErrNoKey is the error of a message whose key extractor found no key.
@@ -377,8 +378,8 @@ func (p *Processor) check(m Message) error {
 	if err := p.Key(m.Key).Validate(); err != nil {
 		return fmt.Errorf("consumer: %w", err)
 	}
-	if len(m.Fingerprint) > idem.MaxFingerprintLen {
-		return fmt.Errorf("consumer: %w: fingerprint is %d bytes, over the limit of %d", idem.ErrInvalid, len(m.Fingerprint), idem.MaxFingerprintLen)
+	if len(m.Fingerprint) > storekit.MaxFingerprintLen {
+		return fmt.Errorf("consumer: %w: fingerprint is %d bytes, over the limit of %d", idem.ErrInvalid, len(m.Fingerprint), storekit.MaxFingerprintLen)
 	}
 	return nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/memstore"
+	"github.com/idemgo/idem/storekit"
 )
 
 func newProcessor(t *testing.T, opts ...consumer.Option) *consumer.Processor {
@@ -137,10 +138,10 @@ func TestPanicIsAnError(t *testing.T) {
 // forever.
 func TestPoisonLengthsDeadLetteredAtOnce(t *testing.T) {
 	p := newProcessor(t)
-	long := strings.Repeat("k", idem.MaxKeyLen+1)
+	long := strings.Repeat("k", storekit.MaxKeyLen+1)
 	batch := []consumer.Message{
 		{Key: long, Deliveries: 1},
-		{Key: "ok", Fingerprint: strings.Repeat("f", idem.MaxFingerprintLen+1), Deliveries: 1},
+		{Key: "ok", Fingerprint: strings.Repeat("f", storekit.MaxFingerprintLen+1), Deliveries: 1},
 	}
 	ran := 0
 	got := p.Process(t.Context(), batch, func(context.Context, int) error { ran++; return nil })
@@ -351,7 +352,7 @@ func TestStuckHandlerAbandoned(t *testing.T) {
 	}
 	digest := p.Key("stuck").Digest()
 	rec, err := s.Get(t.Context(), digest)
-	if err != nil || rec.State != idem.StateInProgress || rec.Fence != fence {
+	if err != nil || rec.State != storekit.StateInProgress || rec.Fence != fence {
 		t.Fatalf("record: %v fence %d (%v), want IN_PROGRESS under the stuck handler's fence %d", rec.State, rec.Fence, err, fence)
 	}
 	leaseUntil := rec.LeaseUntil
@@ -369,7 +370,7 @@ func TestStuckHandlerAbandoned(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if rec.State != idem.StateInProgress || rec.Fence != fence || !rec.LeaseUntil.Equal(leaseUntil) {
+	if rec.State != storekit.StateInProgress || rec.Fence != fence || !rec.LeaseUntil.Equal(leaseUntil) {
 		t.Fatalf("record once the lease ended: %v fence %d lease until %v, want IN_PROGRESS, fence %d, lease until %v (not completed, not extended)",
 			rec.State, rec.Fence, rec.LeaseUntil, fence, leaseUntil)
 	}
@@ -399,7 +400,7 @@ func TestCancelledHandlerNotAbandoned(t *testing.T) {
 	if st := p.Stats(); st.Abandoned != 0 {
 		t.Errorf("stats %+v, want 0 abandoned", st)
 	}
-	if rec, err := p.Executor().Store().Get(t.Context(), p.Key("k").Digest()); err != nil || rec.State != idem.StateReleased {
+	if rec, err := p.Executor().Store().Get(t.Context(), p.Key("k").Digest()); err != nil || rec.State != storekit.StateReleased {
 		t.Errorf("record: %v (%v), want RELEASED", rec.State, err)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/testkit/redistest"
 )
 
@@ -37,7 +38,7 @@ func TestRefusedEffectOnLastTryFailsTheKey(t *testing.T) {
 		runs++
 		return idem.SetEffect(ctx, idem.Effect{Name: "refuse"})
 	}
-	state := func(key string) idem.State {
+	state := func(key string) storekit.State {
 		t.Helper()
 		rec, err := store.Get(ctx, p.Key(key).Digest())
 		if err != nil {
@@ -49,12 +50,12 @@ func TestRefusedEffectOnLastTryFailsTheKey(t *testing.T) {
 		msg   consumer.Message
 		want  consumer.Action
 		runs  int
-		state idem.State
+		state storekit.State
 	}{
-		{consumer.Message{Key: "k", Deliveries: 1}, consumer.Retry, 1, idem.StateReleased},
-		{consumer.Message{Key: "k", Deliveries: 2}, consumer.DeadLetter, 2, idem.StateFailed},
-		{consumer.Message{Key: "k", Deliveries: 3}, consumer.DeadLetter, 2, idem.StateFailed}, // a copy: the handler does not run
-		{consumer.Message{Key: "last", Deliveries: 1, Last: true}, consumer.DeadLetter, 3, idem.StateFailed},
+		{consumer.Message{Key: "k", Deliveries: 1}, consumer.Retry, 1, storekit.StateReleased},
+		{consumer.Message{Key: "k", Deliveries: 2}, consumer.DeadLetter, 2, storekit.StateFailed},
+		{consumer.Message{Key: "k", Deliveries: 3}, consumer.DeadLetter, 2, storekit.StateFailed}, // a copy: the handler does not run
+		{consumer.Message{Key: "last", Deliveries: 1, Last: true}, consumer.DeadLetter, 3, storekit.StateFailed},
 	}
 	for i, s := range steps {
 		r := p.Process(ctx, []consumer.Message{s.msg}, h)[0]

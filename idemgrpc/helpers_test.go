@@ -12,6 +12,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemgrpc"
 	"github.com/idemgo/idem/memstore"
+	"github.com/idemgo/idem/storekit"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -184,8 +185,8 @@ func call(t testing.TB, cc *grpc.ClientConn, method, key, v string) (*wrapperspb
 // downStore is a store whose acquisitions fail as an unreachable one's do.
 type downStore struct{ idem.Store }
 
-func (downStore) Acquire(context.Context, string, idem.AcquireRequest) (idem.Acquisition, error) {
-	return idem.Acquisition{}, errors.New("connection refused")
+func (downStore) Acquire(context.Context, string, storekit.AcquireRequest) (storekit.Acquisition, error) {
+	return storekit.Acquisition{}, errors.New("connection refused")
 }
 
 func wrapString(s string) *wrapperspb.StringValue { return wrapperspb.String(s) }

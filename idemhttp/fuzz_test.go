@@ -13,6 +13,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/canonjson"
 	"github.com/idemgo/idem/internal/httpsyntax"
+	"github.com/idemgo/idem/storekit"
 )
 
 func FuzzParseKey(f *testing.F) {
@@ -31,8 +32,8 @@ func FuzzParseKey(f *testing.F) {
 			}
 			return
 		}
-		if len(k) < 1 || len(k) > idem.MaxKeyLen {
-			t.Fatalf("ParseKey(%q) = %q: length %d out of [1, %d]", v, k, len(k), idem.MaxKeyLen)
+		if len(k) < 1 || len(k) > storekit.MaxKeyLen {
+			t.Fatalf("ParseKey(%q) = %q: length %d out of [1, %d]", v, k, len(k), storekit.MaxKeyLen)
 		}
 		for i := 0; i < len(k); i++ {
 			if k[i] < 0x20 || k[i] > 0x7e {
@@ -97,7 +98,7 @@ func FuzzFingerprint(f *testing.F) {
 		if !bytes.Equal(got, body) {
 			t.Fatalf("body: got %q, want %q", got, body)
 		}
-		if len(fp) != fingerprintLen || len(fp) > idem.MaxFingerprintLen {
+		if len(fp) != fingerprintLen || len(fp) > storekit.MaxFingerprintLen {
 			t.Fatalf("fingerprint length %d, want %d", len(fp), fingerprintLen)
 		}
 		// Streamed in small reads, the fingerprint is the same.

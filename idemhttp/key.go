@@ -4,7 +4,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/storekit"
 )
 
 // ErrInvalidKey is wrapped by the errors ParseKey returns. The middleware
@@ -25,7 +25,7 @@ var ErrInvalidKey = errors.New("idemhttp: invalid idempotency key")
 // characters are the same key. Spaces and tabs around the value are ignored,
 // as HTTP does.
 //
-// The key must be 1 to idem.MaxKeyLen (255) characters long after
+// The key must be 1 to storekit.MaxKeyLen (255) characters long after
 // unquoting. Any violation returns an error wrapping ErrInvalidKey.
 func ParseKey(value string) (string, error) {
 	value = trimOWS(value)
@@ -34,8 +34,8 @@ func ParseKey(value string) (string, error) {
 	}
 	// A quoted value may need two bytes per character plus the quotes; a
 	// longer one cannot be valid. This bounds the work on hostile input.
-	if len(value) > 2*idem.MaxKeyLen+2 {
-		return "", fmt.Errorf("%w: the key is %d characters long, over the limit of %d", ErrInvalidKey, len(value), idem.MaxKeyLen)
+	if len(value) > 2*storekit.MaxKeyLen+2 {
+		return "", fmt.Errorf("%w: the key is %d characters long, over the limit of %d", ErrInvalidKey, len(value), storekit.MaxKeyLen)
 	}
 	var key string
 	if value[0] == '"' {
@@ -55,8 +55,8 @@ func ParseKey(value string) (string, error) {
 	switch {
 	case key == "":
 		return "", fmt.Errorf("%w: the key is empty", ErrInvalidKey)
-	case len(key) > idem.MaxKeyLen:
-		return "", fmt.Errorf("%w: the key is %d characters long, over the limit of %d", ErrInvalidKey, len(key), idem.MaxKeyLen)
+	case len(key) > storekit.MaxKeyLen:
+		return "", fmt.Errorf("%w: the key is %d characters long, over the limit of %d", ErrInvalidKey, len(key), storekit.MaxKeyLen)
 	}
 	return key, nil
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemhttp"
 	"github.com/idemgo/idem/memstore"
+	"github.com/idemgo/idem/storekit"
 )
 
 func TestMemstore(t *testing.T) {
@@ -920,9 +921,9 @@ func (s *flakyStore) err() error {
 	return nil
 }
 
-func (s *flakyStore) Acquire(ctx context.Context, key string, req idem.AcquireRequest) (idem.Acquisition, error) {
+func (s *flakyStore) Acquire(ctx context.Context, key string, req storekit.AcquireRequest) (storekit.Acquisition, error) {
 	if err := s.err(); err != nil {
-		return idem.Acquisition{}, err
+		return storekit.Acquisition{}, err
 	}
 	return s.Store.Acquire(ctx, key, req)
 }
@@ -934,7 +935,7 @@ func (s *flakyStore) Complete(ctx context.Context, key string, lease idem.Lease,
 	return s.Store.Complete(ctx, key, lease, result, retention)
 }
 
-func (s *flakyStore) Fail(ctx context.Context, key string, lease idem.Lease, f idem.Failure) (idem.State, error) {
+func (s *flakyStore) Fail(ctx context.Context, key string, lease idem.Lease, f storekit.Failure) (storekit.State, error) {
 	if err := s.err(); err != nil {
 		return 0, err
 	}
@@ -955,9 +956,9 @@ func (s *flakyStore) Release(ctx context.Context, key string, lease idem.Lease, 
 	return s.Store.Release(ctx, key, lease, retention)
 }
 
-func (s *flakyStore) Get(ctx context.Context, key string) (idem.Record, error) {
+func (s *flakyStore) Get(ctx context.Context, key string) (storekit.Record, error) {
 	if err := s.err(); err != nil {
-		return idem.Record{}, err
+		return storekit.Record{}, err
 	}
 	return s.Store.Get(ctx, key)
 }
@@ -1063,7 +1064,7 @@ func testCommitFails(t *testing.T, newStore func(t *testing.T) idem.Store) {
 	// The key was neither stored nor released: until the lease ends a
 	// retry gets 409, then it runs again.
 	rec, err := fs.Get(t.Context(), idemhttp.PathKey("POST", "/payments", "k").Digest())
-	if err != nil || rec.State != idem.StateInProgress {
+	if err != nil || rec.State != storekit.StateInProgress {
 		t.Fatalf("record: got %v, %v, want IN_PROGRESS", rec.State, err)
 	}
 	if time.Since(start) < 250*time.Millisecond { // the lease was not over yet
@@ -1494,7 +1495,7 @@ func testAbandon(t *testing.T, newStore func(t *testing.T) idem.Store) {
 		t.Errorf("OutcomeAbandoned.String(): got %q, want \"abandoned\"", got)
 	}
 	rec, err := store.Get(t.Context(), idemhttp.PathKey("POST", "/payments", "k").Digest())
-	if err != nil || rec.State != idem.StateInProgress {
+	if err != nil || rec.State != storekit.StateInProgress {
 		t.Fatalf("record: got %v, %v, want IN_PROGRESS", rec.State, err)
 	}
 	res := post(h, "k", "x")
@@ -1563,7 +1564,7 @@ func testPathKey(t *testing.T, newStore func(t *testing.T) idem.Store) {
 				if other == tt.key {
 					continue
 				}
-				if _, err := store.Get(t.Context(), other.Digest()); !errors.Is(err, idem.ErrNotFound) {
+				if _, err := store.Get(t.Context(), other.Digest()); !errors.Is(err, storekit.ErrNotFound) {
 					t.Errorf("Get(%q): got %v, want ErrNotFound", other.Scope, err)
 				}
 			}

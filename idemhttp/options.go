@@ -48,7 +48,7 @@ func WithHeader(name string) Option {
 // whose body is not JSON or lacks the member, or holds null there, is
 // answered as one without a key (400, TypeKeyMissing, or passed through
 // with WithKeyRequired(false)); one whose member is not a string or a
-// number, or is empty or longer than idem.MaxKeyLen bytes, gets 400
+// number, or is empty or longer than storekit.MaxKeyLen bytes, gets 400
 // (TypeKeyInvalid). The body is read (up to WithMaxBodySize) before the
 // key is known. The default is header:Idempotency-Key.
 func WithKeySource(s keysource.Source) Option {
@@ -207,7 +207,7 @@ func WithMaxResponseSize(n int) Option {
 // for the first request to finish, and then get its replayed response (or
 // run the handler itself if the first request released the key) instead of
 // an immediate 409. It is woken by the store's notification when the store
-// implements idem.Watcher (memstore and redisstore do), so that waiting does
+// implements storekit.Watcher (memstore and redisstore do), so that waiting does
 // not poll the store. A request still waiting after d gets 409. The wait
 // is the Executor's (idem.WaitFor), counted from the request's start. The
 // default is the Executor's own (idem.WithWait; no waiting unless set).

@@ -19,6 +19,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/testkit/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -209,7 +210,7 @@ func TestStreamEndWithheld(t *testing.T) {
 				// little after its lease, which the refused completion's
 				// repetitions may have outlasted.
 				rec, err := store.Get(t.Context(), idemhttp.PathKey(http.MethodPost, "/events", key).Digest())
-				if !errors.Is(err, idem.ErrNotFound) && (err != nil || rec.State != idem.StateInProgress) {
+				if !errors.Is(err, storekit.ErrNotFound) && (err != nil || rec.State != storekit.StateInProgress) {
 					t.Errorf("record: got %v, %v, want IN_PROGRESS or expired", rec.State, err)
 				}
 			})

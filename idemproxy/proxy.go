@@ -19,6 +19,7 @@ import (
 	"github.com/idemgo/idem/idemhttp"
 	"github.com/idemgo/idem/internal/httpsyntax"
 	"github.com/idemgo/idem/keysource"
+	"github.com/idemgo/idem/storekit"
 )
 
 // Defaults of the Proxy's fields: what their zero value stands for.
@@ -644,7 +645,7 @@ type healthReporter interface{ Health() error }
 // Ready reports whether the proxy should be sent requests, for a
 // readiness probe: nil when its store answers a read (of a key no request
 // uses) and, if the store reports its health (a Health() error method, as
-// redisstore's with WithServerCheck; found through idem.StoreAs), its
+// redisstore's with WithServerCheck; found through storekit.StoreAs), its
 // last check found it fit. It returns ErrDraining once Drain was called,
 // the error of Init, an error wrapping the store's when the read failed,
 // or the store's health finding as it is. Bound its time with ctx. A
@@ -658,10 +659,10 @@ func (p *Proxy) Ready(ctx context.Context) error {
 		return err
 	}
 	store := p.Executor.Store()
-	if _, err := store.Get(ctx, readyProbeKey); err != nil && !errors.Is(err, idem.ErrNotFound) {
+	if _, err := store.Get(ctx, readyProbeKey); err != nil && !errors.Is(err, storekit.ErrNotFound) {
 		return fmt.Errorf("store: %w", err)
 	}
-	if h, ok := idem.StoreAs[healthReporter](store); ok {
+	if h, ok := storekit.StoreAs[healthReporter](store); ok {
 		return h.Health()
 	}
 	return nil

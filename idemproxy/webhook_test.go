@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemhttp"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/webhook"
 )
 
@@ -125,7 +125,7 @@ func TestWebhookForgedFirst(t *testing.T) {
 				t.Fatalf("forged: got %d %q, want 401 signature-invalid", res.status, res.body)
 			}
 			key := idemhttp.PathKey("POST", "/hooks", id)
-			if _, err := exec.Store().Get(t.Context(), key.Digest()); err != idem.ErrNotFound {
+			if _, err := exec.Store().Get(t.Context(), key.Digest()); err != storekit.ErrNotFound {
 				t.Fatalf("the forged delivery's key: got %v, want no record", err)
 			}
 			if n, denied := rc.count(id); n != 0 || denied != 0 {

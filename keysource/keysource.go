@@ -7,8 +7,8 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/httpsyntax"
+	"github.com/idemgo/idem/storekit"
 )
 
 // ErrNoKey is wrapped by the errors Source.Key returns when the message
@@ -20,7 +20,7 @@ var ErrNoKey = errors.New("keysource: no idempotency key")
 // ErrInvalidKey is wrapped by the errors Source.Key returns when the key
 // is there but cannot be used: a header field that appears more than
 // once; a JSON member that is not a string or a number, or a string that
-// is empty, longer than idem.MaxKeyLen bytes or not UTF-8. An HTTP layer
+// is empty, longer than storekit.MaxKeyLen bytes or not UTF-8. An HTTP layer
 // answers it as an invalid key (idemhttp: 400, TypeKeyInvalid).
 var ErrInvalidKey = errors.New("keysource: invalid idempotency key")
 
@@ -128,8 +128,8 @@ func (s Source) Key(header func(name string) []string, body []byte) (string, err
 	switch {
 	case key == "":
 		return "", fmt.Errorf("%w: the member %s is an empty string", ErrInvalidKey, s.pointer)
-	case len(key) > idem.MaxKeyLen:
-		return "", fmt.Errorf("%w: the member %s is %d bytes long, over the limit of %d", ErrInvalidKey, s.pointer, len(key), idem.MaxKeyLen)
+	case len(key) > storekit.MaxKeyLen:
+		return "", fmt.Errorf("%w: the member %s is %d bytes long, over the limit of %d", ErrInvalidKey, s.pointer, len(key), storekit.MaxKeyLen)
 	case !utf8.ValidString(key):
 		return "", fmt.Errorf("%w: the member %s is not valid UTF-8", ErrInvalidKey, s.pointer)
 	}

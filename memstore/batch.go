@@ -5,13 +5,14 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/storekit"
 )
 
-var _ idem.BatchStore = (*Store)(nil)
+var _ storekit.BatchStore = (*Store)(nil)
 
-// AcquireBatch implements idem.BatchStore: Acquire for each key, in order.
-func (s *Store) AcquireBatch(ctx context.Context, keys []string, reqs []idem.AcquireRequest) ([]idem.Acquisition, []error) {
-	out := make([]idem.Acquisition, len(keys))
+// AcquireBatch implements storekit.BatchStore: Acquire for each key, in order.
+func (s *Store) AcquireBatch(ctx context.Context, keys []string, reqs []storekit.AcquireRequest) ([]storekit.Acquisition, []error) {
+	out := make([]storekit.Acquisition, len(keys))
 	errs := make([]error, len(keys))
 	for i, k := range keys {
 		if i >= len(reqs) {
@@ -23,8 +24,8 @@ func (s *Store) AcquireBatch(ctx context.Context, keys []string, reqs []idem.Acq
 	return out, errs
 }
 
-// CompleteBatch implements idem.BatchStore: Complete for each key, in order.
-func (s *Store) CompleteBatch(ctx context.Context, keys []string, leases []idem.Lease, results [][]byte, retention time.Duration) []error {
+// CompleteBatch implements storekit.BatchStore: Complete for each key, in order.
+func (s *Store) CompleteBatch(ctx context.Context, keys []string, leases []storekit.Lease, results [][]byte, retention time.Duration) []error {
 	errs := make([]error, len(keys))
 	for i, k := range keys {
 		if i >= len(leases) || i >= len(results) {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/storekit/statemachine"
 	"github.com/idemgo/idem/storekit/watchset"
 )
@@ -23,7 +24,7 @@ func WithClock(now func() time.Time) Option { return func(s *Store) { s.now = no
 // does not grow (and rehash) its map step by step. The default is 0.
 func WithCapacity(n int) Option { return func(s *Store) { s.capacity = n } }
 
-// Store is an in-process idem.Store: a map guarded by a mutex. The zero value
+// Store is an in-process storekit.Store: a map guarded by a mutex. The zero value
 // is not usable; call New. It is safe for concurrent use.
 type Store struct {
 	now      func() time.Time
@@ -37,10 +38,10 @@ type Store struct {
 }
 
 var (
-	_ idem.Store      = (*Store)(nil)
-	_ idem.Watcher    = (*Store)(nil)
-	_ idem.Relayer    = (*Store)(nil)
-	_ idem.StatsStore = (*Store)(nil)
+	_ storekit.Store      = (*Store)(nil)
+	_ storekit.Watcher    = (*Store)(nil)
+	_ storekit.Relayer    = (*Store)(nil)
+	_ storekit.StatsStore = (*Store)(nil)
 )
 
 // New returns an empty Store.
@@ -67,11 +68,11 @@ func (s *Store) Len() int {
 	return len(s.records)
 }
 
-// Stats implements idem.StatsStore: it counts every live record, holding
+// Stats implements storekit.StatsStore: it counts every live record, holding
 // the store's lock meanwhile (about 10ns per record). Memory is not
 // reported.
-func (s *Store) Stats(ctx context.Context) (idem.Stats, error) {
-	var st idem.Stats
+func (s *Store) Stats(ctx context.Context) (storekit.Stats, error) {
+	var st storekit.Stats
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.micros()
@@ -129,10 +130,10 @@ func (s *Store) sweep(now int64) {
 	}
 }
 
-// Acquire implements idem.Store.
-func (s *Store) Acquire(ctx context.Context, key string, req idem.AcquireRequest) (idem.Acquisition, error) {
+// Acquire implements storekit.Store.
+func (s *Store) Acquire(ctx context.Context, key string, req storekit.AcquireRequest) (storekit.Acquisition, error) {
 	if err := statemachine.CheckAcquire(ctx, key, req); err != nil {
-		return idem.Acquisition{}, err
+		return storekit.Acquisition{}, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -145,9 +146,9 @@ func (s *Store) Acquire(ctx context.Context, key string, req idem.AcquireRequest
 	return out, nil
 }
 
-// Complete implements idem.Store. The store keeps result without copying it:
+// Complete implements storekit.Store. The store keeps result without copying it:
 // the caller must not modify it afterwards.
-func (s *Store) Complete(ctx context.Context, key string, lease idem.Lease, result []byte, retention time.Duration) error {
+func (s *Store) Complete(ctx context.Context, key string, lease storekit.Lease, result []byte, retention time.Duration) error {
 	if err := statemachine.CheckOwned(ctx, key, lease, "retention", retention); err != nil {
 		return err
 	}
@@ -163,9 +164,9 @@ func (s *Store) Complete(ctx context.Context, key string, lease idem.Lease, resu
 	return err
 }
 
-// RelayCompletion implements idem.Relayer. The store keeps c.Result
+// RelayCompletion implements storekit.Relayer. The store keeps c.Result
 // without copying it.
-func (s *Store) RelayCompletion(ctx context.Context, key string, c idem.Completion) error {
+func (s *Store) RelayCompletion(ctx context.Context, key string, c storekit.Completion) error {
 	if err := statemachine.CheckRelay(ctx, key, c); err != nil {
 		return err
 	}
@@ -180,8 +181,8 @@ func (s *Store) RelayCompletion(ctx context.Context, key string, c idem.Completi
 	return nil
 }
 
-// Fail implements idem.Store.
-func (s *Store) Fail(ctx context.Context, key string, lease idem.Lease, f idem.Failure) (idem.State, error) {
+// Fail implements storekit.Store.
+func (s *Store) Fail(ctx context.Context, key string, lease storekit.Lease, f storekit.Failure) (storekit.State, error) {
 	if err := statemachine.CheckOwned(ctx, key, lease, "", 0); err != nil {
 		return 0, err
 	}
@@ -200,8 +201,8 @@ func (s *Store) Fail(ctx context.Context, key string, lease idem.Lease, f idem.F
 	return state, err
 }
 
-// Extend implements idem.Store.
-func (s *Store) Extend(ctx context.Context, key string, lease idem.Lease, d time.Duration) error {
+// Extend implements storekit.Store.
+func (s *Store) Extend(ctx context.Context, key string, lease storekit.Lease, d time.Duration) error {
 	if err := statemachine.CheckOwned(ctx, key, lease, "lease", d); err != nil {
 		return err
 	}
@@ -217,8 +218,8 @@ func (s *Store) Extend(ctx context.Context, key string, lease idem.Lease, d time
 	return nil
 }
 
-// Release implements idem.Store.
-func (s *Store) Release(ctx context.Context, key string, lease idem.Lease, retention time.Duration) error {
+// Release implements storekit.Store.
+func (s *Store) Release(ctx context.Context, key string, lease storekit.Lease, retention time.Duration) error {
 	if err := statemachine.CheckOwned(ctx, key, lease, "retention", retention); err != nil {
 		return err
 	}
@@ -234,27 +235,27 @@ func (s *Store) Release(ctx context.Context, key string, lease idem.Lease, reten
 	return err
 }
 
-// Get implements idem.Store. The returned Result is a copy.
-func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
-	if err := idem.ValidateStoreKey(key); err != nil {
-		return idem.Record{}, err
+// Get implements storekit.Store. The returned Result is a copy.
+func (s *Store) Get(ctx context.Context, key string) (storekit.Record, error) {
+	if err := storekit.ValidateStoreKey(key); err != nil {
+		return storekit.Record{}, err
 	}
 	if err := ctx.Err(); err != nil {
-		return idem.Record{}, err
+		return storekit.Record{}, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.micros()
 	r := s.lookup(key, now)
 	if r == nil {
-		return idem.Record{}, idem.ErrNotFound
+		return storekit.Record{}, storekit.ErrNotFound
 	}
 	return r.Public(now), nil
 }
 
-// Delete implements idem.Store.
+// Delete implements storekit.Store.
 func (s *Store) Delete(ctx context.Context, key string) error {
-	if err := idem.ValidateStoreKey(key); err != nil {
+	if err := storekit.ValidateStoreKey(key); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
@@ -270,10 +271,10 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 // notify wakes the watchers of key. It is called with s.mu held.
 func (s *Store) notify(key string) { s.watchers.Wake(key) }
 
-// Watch implements idem.Watcher. It registers the watch with s.mu held, so
+// Watch implements storekit.Watcher. It registers the watch with s.mu held, so
 // that a change committed after Watch returned wakes it.
 func (s *Store) Watch(ctx context.Context, key string) (<-chan struct{}, func(), error) {
-	if err := idem.ValidateStoreKey(key); err != nil {
+	if err := storekit.ValidateStoreKey(key); err != nil {
 		return nil, nil, err
 	}
 	s.mu.Lock()

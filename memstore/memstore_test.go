@@ -3,14 +3,14 @@ package memstore_test
 import (
 	"testing"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/memstore"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/storetest"
 )
 
 func TestConformance(t *testing.T) {
 	t.Parallel()
-	storetest.Run(t, func(t *testing.T) idem.Store {
+	storetest.Run(t, func(t *testing.T) storekit.Store {
 		s, err := memstore.New()
 		if err != nil {
 			t.Fatal(err)

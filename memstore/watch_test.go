@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/storekit"
 )
 
 func TestWatchStopForgetsTheKey(t *testing.T) {
@@ -25,7 +25,7 @@ func TestWatchStopForgetsTheKey(t *testing.T) {
 	// A notification still reaches a live watcher.
 	ch3, stop3, _ := s.Watch(ctx, "k")
 	defer stop3()
-	a, err := s.Acquire(ctx, "k", idem.AcquireRequest{Owner: "o", Lease: time.Minute, Retention: time.Hour})
+	a, err := s.Acquire(ctx, "k", storekit.AcquireRequest{Owner: "o", Lease: time.Minute, Retention: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"time"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/storekit"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -28,7 +28,7 @@ const (
 	SpanDelete   = "idem.delete"
 	SpanWatch    = "idem.watch"
 	// SpanAcquireBatch and SpanCompleteBatch cover one batch call of a
-	// store that batches (idem.BatchStore); a store that does not batch
+	// store that batches (storekit.BatchStore); a store that does not batch
 	// gets one Acquire or Complete span per key under them.
 	SpanAcquireBatch  = "idem.acquire_batch"
 	SpanCompleteBatch = "idem.complete_batch"
@@ -100,12 +100,12 @@ func WithAttributes(attrs ...attribute.KeyValue) Option {
 // error. The decorator returns inner's results and errors unchanged and is
 // safe for concurrent use as inner is.
 //
-// If inner implements idem.Watcher (or unwraps to one, see idem.StoreAs),
+// If inner implements storekit.Watcher (or unwraps to one, see storekit.StoreAs),
 // so does the returned store (Watch gets
 // a span too), so that Executor.Await keeps being woken rather than
 // polling. That is why Store returns the interface and not a concrete type:
 // the type differs by whether inner watches.
-func Store(inner idem.Store, opts ...Option) idem.Store {
+func Store(inner storekit.Store, opts ...Option) storekit.Store {
 	var c config
 	for _, o := range opts {
 		o(&c)
@@ -118,7 +118,7 @@ func Store(inner idem.Store, opts ...Option) idem.Store {
 		tracer: c.tp.Tracer(ScopeName),
 		attrs:  c.attrs,
 	}
-	if w, ok := idem.StoreAs[idem.Watcher](inner); ok {
+	if w, ok := storekit.StoreAs[storekit.Watcher](inner); ok {
 		return &watchingStore{tracedStore: s, w: w}
 	}
 	return &s
@@ -126,42 +126,42 @@ func Store(inner idem.Store, opts ...Option) idem.Store {
 
 // tracedStore is the decorator of a store that does not watch.
 type tracedStore struct {
-	inner  idem.Store
+	inner  storekit.Store
 	tracer trace.Tracer
 	attrs  []attribute.KeyValue
 }
 
-// watchingStore is the decorator of a store that is also an idem.Watcher.
+// watchingStore is the decorator of a store that is also a storekit.Watcher.
 type watchingStore struct {
 	tracedStore
-	w idem.Watcher
+	w storekit.Watcher
 }
 
 var (
-	_ idem.Store      = (*tracedStore)(nil)
-	_ idem.Store      = (*watchingStore)(nil)
-	_ idem.Watcher    = (*watchingStore)(nil)
-	_ idem.BatchStore = (*tracedStore)(nil)
-	_ idem.Unwrapper  = (*tracedStore)(nil)
+	_ storekit.Store      = (*tracedStore)(nil)
+	_ storekit.Store      = (*watchingStore)(nil)
+	_ storekit.Watcher    = (*watchingStore)(nil)
+	_ storekit.BatchStore = (*tracedStore)(nil)
+	_ storekit.Unwrapper  = (*tracedStore)(nil)
 )
 
-// Unwrap returns the decorated store, so that idem.StoreAs finds the
+// Unwrap returns the decorated store, so that storekit.StoreAs finds the
 // capabilities the decorator does not trace itself.
-func (s *tracedStore) Unwrap() idem.Store { return s.inner }
+func (s *tracedStore) Unwrap() storekit.Store { return s.inner }
 
-// AcquireBatch implements idem.BatchStore with one span for the batch: a
+// AcquireBatch implements storekit.BatchStore with one span for the batch: a
 // store that batches keeps its one round trip under the decorator; one
 // that does not gets one Acquire per key.
-func (s *tracedStore) AcquireBatch(ctx context.Context, keys []string, reqs []idem.AcquireRequest) ([]idem.Acquisition, []error) {
+func (s *tracedStore) AcquireBatch(ctx context.Context, keys []string, reqs []storekit.AcquireRequest) ([]storekit.Acquisition, []error) {
 	ctx, span := s.tracer.Start(ctx, SpanAcquireBatch, trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(append([]attribute.KeyValue{KeyBatchSize.Int(len(keys))}, s.attrs...)...))
 	defer span.End()
-	if bs, ok := idem.StoreAs[idem.BatchStore](s.inner); ok {
+	if bs, ok := storekit.StoreAs[storekit.BatchStore](s.inner); ok {
 		out, errs := bs.AcquireBatch(ctx, keys, reqs)
 		recordFirst(span, errs)
 		return out, errs
 	}
-	out := make([]idem.Acquisition, len(keys))
+	out := make([]storekit.Acquisition, len(keys))
 	errs := make([]error, len(keys))
 	for i, k := range keys {
 		if i < len(reqs) {
@@ -171,12 +171,12 @@ func (s *tracedStore) AcquireBatch(ctx context.Context, keys []string, reqs []id
 	return out, errs
 }
 
-// CompleteBatch implements idem.BatchStore as AcquireBatch does.
-func (s *tracedStore) CompleteBatch(ctx context.Context, keys []string, leases []idem.Lease, results [][]byte, retention time.Duration) []error {
+// CompleteBatch implements storekit.BatchStore as AcquireBatch does.
+func (s *tracedStore) CompleteBatch(ctx context.Context, keys []string, leases []storekit.Lease, results [][]byte, retention time.Duration) []error {
 	ctx, span := s.tracer.Start(ctx, SpanCompleteBatch, trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(append([]attribute.KeyValue{KeyBatchSize.Int(len(keys))}, s.attrs...)...))
 	defer span.End()
-	if bs, ok := idem.StoreAs[idem.BatchStore](s.inner); ok {
+	if bs, ok := storekit.StoreAs[storekit.BatchStore](s.inner); ok {
 		errs := bs.CompleteBatch(ctx, keys, leases, results, retention)
 		recordFirst(span, errs)
 		return errs
@@ -217,15 +217,15 @@ func end(span trace.Span, err error) {
 	span.End()
 }
 
-func (s *tracedStore) Acquire(ctx context.Context, key string, req idem.AcquireRequest) (idem.Acquisition, error) {
+func (s *tracedStore) Acquire(ctx context.Context, key string, req storekit.AcquireRequest) (storekit.Acquisition, error) {
 	ctx, span := s.start(ctx, SpanAcquire, key)
 	a, err := s.inner.Acquire(ctx, key, req)
 	if err == nil && span.IsRecording() {
 		span.SetAttributes(KeyOutcome.String(a.Outcome.String()), KeyAttempts.Int(a.Attempts))
 		switch a.Outcome {
-		case idem.Acquired, idem.TakenOver:
+		case storekit.Acquired, storekit.TakenOver:
 			span.SetAttributes(KeyFence.Int64(a.Lease.Fence))
-		case idem.Replay:
+		case storekit.Replay:
 			span.SetAttributes(KeyState.String(a.State.String()))
 		}
 	}
@@ -233,7 +233,7 @@ func (s *tracedStore) Acquire(ctx context.Context, key string, req idem.AcquireR
 	return a, err
 }
 
-func (s *tracedStore) Complete(ctx context.Context, key string, lease idem.Lease, result []byte, retention time.Duration) error {
+func (s *tracedStore) Complete(ctx context.Context, key string, lease storekit.Lease, result []byte, retention time.Duration) error {
 	ctx, span := s.start(ctx, SpanComplete, key)
 	span.SetAttributes(KeyFence.Int64(lease.Fence))
 	err := s.inner.Complete(ctx, key, lease, result, retention)
@@ -241,7 +241,7 @@ func (s *tracedStore) Complete(ctx context.Context, key string, lease idem.Lease
 	return err
 }
 
-func (s *tracedStore) Fail(ctx context.Context, key string, lease idem.Lease, f idem.Failure) (idem.State, error) {
+func (s *tracedStore) Fail(ctx context.Context, key string, lease storekit.Lease, f storekit.Failure) (storekit.State, error) {
 	ctx, span := s.start(ctx, SpanFail, key)
 	span.SetAttributes(KeyFence.Int64(lease.Fence))
 	st, err := s.inner.Fail(ctx, key, lease, f)
@@ -252,7 +252,7 @@ func (s *tracedStore) Fail(ctx context.Context, key string, lease idem.Lease, f 
 	return st, err
 }
 
-func (s *tracedStore) Extend(ctx context.Context, key string, lease idem.Lease, d time.Duration) error {
+func (s *tracedStore) Extend(ctx context.Context, key string, lease storekit.Lease, d time.Duration) error {
 	ctx, span := s.start(ctx, SpanExtend, key)
 	span.SetAttributes(KeyFence.Int64(lease.Fence))
 	err := s.inner.Extend(ctx, key, lease, d)
@@ -260,7 +260,7 @@ func (s *tracedStore) Extend(ctx context.Context, key string, lease idem.Lease, 
 	return err
 }
 
-func (s *tracedStore) Release(ctx context.Context, key string, lease idem.Lease, retention time.Duration) error {
+func (s *tracedStore) Release(ctx context.Context, key string, lease storekit.Lease, retention time.Duration) error {
 	ctx, span := s.start(ctx, SpanRelease, key)
 	span.SetAttributes(KeyFence.Int64(lease.Fence))
 	err := s.inner.Release(ctx, key, lease, retention)
@@ -268,7 +268,7 @@ func (s *tracedStore) Release(ctx context.Context, key string, lease idem.Lease,
 	return err
 }
 
-func (s *tracedStore) Get(ctx context.Context, key string) (idem.Record, error) {
+func (s *tracedStore) Get(ctx context.Context, key string) (storekit.Record, error) {
 	ctx, span := s.start(ctx, SpanGet, key)
 	r, err := s.inner.Get(ctx, key)
 	switch {
@@ -276,7 +276,7 @@ func (s *tracedStore) Get(ctx context.Context, key string) (idem.Record, error) 
 		span.SetAttributes(KeyFound.Bool(true), KeyState.String(r.State.String()),
 			KeyFence.Int64(r.Fence), KeyAttempts.Int(r.Attempts))
 		end(span, nil)
-	case errors.Is(err, idem.ErrNotFound):
+	case errors.Is(err, storekit.ErrNotFound):
 		// An absent record is an answer, not a failure.
 		span.SetAttributes(KeyFound.Bool(false))
 		end(span, nil)
@@ -293,7 +293,7 @@ func (s *tracedStore) Delete(ctx context.Context, key string) error {
 	return err
 }
 
-// Watch implements idem.Watcher. Its span covers setting the watch up, not
+// Watch implements storekit.Watcher. Its span covers setting the watch up, not
 // the wait that follows.
 func (s *watchingStore) Watch(ctx context.Context, key string) (<-chan struct{}, func(), error) {
 	ctx, span := s.start(ctx, SpanWatch, key)

@@ -10,6 +10,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/memstore"
 	"github.com/idemgo/idem/otelidem"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/storetest"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -20,7 +21,7 @@ import (
 
 // newTraced returns a memstore decorated with otelidem and the recorder of
 // its spans.
-func newTraced(t *testing.T, opts ...otelidem.Option) (idem.Store, *tracetest.SpanRecorder) {
+func newTraced(t *testing.T, opts ...otelidem.Option) (storekit.Store, *tracetest.SpanRecorder) {
 	t.Helper()
 	ms, err := memstore.New()
 	if err != nil {
@@ -100,8 +101,8 @@ func wantError(t *testing.T, s sdktrace.ReadOnlySpan, target error) {
 	}
 }
 
-func acquireReq(owner string) idem.AcquireRequest {
-	return idem.AcquireRequest{Fingerprint: "fp", Owner: owner, Lease: time.Minute, Retention: time.Hour}
+func acquireReq(owner string) storekit.AcquireRequest {
+	return storekit.AcquireRequest{Fingerprint: "fp", Owner: owner, Lease: time.Minute, Retention: time.Hour}
 }
 
 func TestSpans(t *testing.T) {
@@ -110,7 +111,7 @@ func TestSpans(t *testing.T) {
 	key := idem.Key{Scope: "s", ID: "k1"}.Digest()
 
 	a, err := st.Acquire(ctx, key, acquireReq("o1"))
-	if err != nil || a.Outcome != idem.Acquired {
+	if err != nil || a.Outcome != storekit.Acquired {
 		t.Fatalf("Acquire: got %v, %v, want acquired", a.Outcome, err)
 	}
 	s := lastSpan(t, rec, "idem.acquire")
@@ -122,7 +123,7 @@ func TestSpans(t *testing.T) {
 	wantNoError(t, s)
 
 	// The same key from another owner while it is held.
-	if a2, err := st.Acquire(ctx, key, acquireReq("o2")); err != nil || a2.Outcome != idem.InProgress {
+	if a2, err := st.Acquire(ctx, key, acquireReq("o2")); err != nil || a2.Outcome != storekit.InProgress {
 		t.Fatalf("Acquire: got %v, %v, want in-progress", a2.Outcome, err)
 	}
 	wantAttr(t, lastSpan(t, rec, "idem.acquire"), otelidem.KeyOutcome, attribute.StringValue("in-progress"))
@@ -142,7 +143,7 @@ func TestSpans(t *testing.T) {
 	wantAttr(t, s, otelidem.KeyFence, attribute.Int64Value(a.Lease.Fence))
 	wantNoError(t, s)
 
-	if a3, err := st.Acquire(ctx, key, acquireReq("o3")); err != nil || a3.Outcome != idem.Replay {
+	if a3, err := st.Acquire(ctx, key, acquireReq("o3")); err != nil || a3.Outcome != storekit.Replay {
 		t.Fatalf("Acquire: got %v, %v, want replay", a3.Outcome, err)
 	}
 	s = lastSpan(t, rec, "idem.acquire")
@@ -151,7 +152,7 @@ func TestSpans(t *testing.T) {
 
 	mm := acquireReq("o4")
 	mm.Fingerprint = "other"
-	if a4, err := st.Acquire(ctx, key, mm); err != nil || a4.Outcome != idem.Mismatch {
+	if a4, err := st.Acquire(ctx, key, mm); err != nil || a4.Outcome != storekit.Mismatch {
 		t.Fatalf("Acquire: got %v, %v, want mismatch", a4.Outcome, err)
 	}
 	wantAttr(t, lastSpan(t, rec, "idem.acquire"), otelidem.KeyOutcome, attribute.StringValue("mismatch"))
@@ -174,7 +175,7 @@ func TestSpans(t *testing.T) {
 	wantNoError(t, s)
 
 	// Get of an absent record: ErrNotFound is an answer, not an error.
-	if _, err := st.Get(ctx, key); !errors.Is(err, idem.ErrNotFound) {
+	if _, err := st.Get(ctx, key); !errors.Is(err, storekit.ErrNotFound) {
 		t.Fatalf("Get: got %v, want ErrNotFound", err)
 	}
 	s = lastSpan(t, rec, "idem.get")
@@ -199,7 +200,7 @@ func TestFailAndRelease(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			state, err := st.Fail(ctx, key, a.Lease, idem.Failure{Terminal: tc.terminal, Retention: time.Hour})
+			state, err := st.Fail(ctx, key, a.Lease, storekit.Failure{Terminal: tc.terminal, Retention: time.Hour})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -226,7 +227,7 @@ func TestFailAndRelease(t *testing.T) {
 	wantNoError(t, s)
 
 	a2, err := st.Acquire(ctx, key, acquireReq("o2"))
-	if err != nil || a2.Outcome != idem.Acquired {
+	if err != nil || a2.Outcome != storekit.Acquired {
 		t.Fatalf("Acquire after Release: got %v, %v, want acquired", a2.Outcome, err)
 	}
 }
@@ -239,7 +240,7 @@ func TestErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stale := idem.Lease{Owner: "someone-else", Fence: a.Lease.Fence}
+	stale := storekit.Lease{Owner: "someone-else", Fence: a.Lease.Fence}
 
 	for _, tc := range []struct {
 		name string
@@ -250,7 +251,7 @@ func TestErrors(t *testing.T) {
 		{"extend", func() error { return st.Extend(ctx, key, stale, time.Minute) }, "idem.extend"},
 		{"release", func() error { return st.Release(ctx, key, stale, time.Hour) }, "idem.release"},
 		{"fail", func() error {
-			_, err := st.Fail(ctx, key, stale, idem.Failure{Retention: time.Hour})
+			_, err := st.Fail(ctx, key, stale, storekit.Failure{Retention: time.Hour})
 			return err
 		}, "idem.fail"},
 	} {
@@ -264,7 +265,7 @@ func TestErrors(t *testing.T) {
 	}
 
 	t.Run("invalid", func(t *testing.T) {
-		_, err := st.Acquire(ctx, key, idem.AcquireRequest{Owner: "o"}) // no lease
+		_, err := st.Acquire(ctx, key, storekit.AcquireRequest{Owner: "o"}) // no lease
 		if !errors.Is(err, idem.ErrInvalid) {
 			t.Fatalf("got %v, want ErrInvalid", err)
 		}
@@ -277,14 +278,14 @@ func TestErrors(t *testing.T) {
 }
 
 // plainStore hides the Watcher of the store it holds.
-type plainStore struct{ idem.Store }
+type plainStore struct{ storekit.Store }
 
 func TestWatcherPreserved(t *testing.T) {
 	ctx := t.Context()
 	st, rec := newTraced(t)
-	w, ok := st.(idem.Watcher)
+	w, ok := st.(storekit.Watcher)
 	if !ok {
-		t.Fatal("the decorated memstore is not an idem.Watcher, want one")
+		t.Fatal("the decorated memstore is not a storekit.Watcher, want one")
 	}
 	key := idem.Key{ID: "w"}.Digest()
 	a, err := st.Acquire(ctx, key, acquireReq("o1"))
@@ -310,31 +311,31 @@ func TestWatcherPreserved(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := otelidem.Store(plainStore{ms}).(idem.Watcher); ok {
-		t.Error("the decorated store without Watch is an idem.Watcher, want not")
+	if _, ok := otelidem.Store(plainStore{ms}).(storekit.Watcher); ok {
+		t.Error("the decorated store without Watch is a storekit.Watcher, want not")
 	}
 	// A watcher beneath another wrapper (one that unwraps) is found too,
 	// so Watch keeps its span.
-	if _, ok := otelidem.Store(unwrapping{plainStore{ms}}).(idem.Watcher); !ok {
-		t.Error("the decorated store over a wrapper of memstore is not an idem.Watcher, want one")
+	if _, ok := otelidem.Store(unwrapping{plainStore{ms}}).(storekit.Watcher); !ok {
+		t.Error("the decorated store over a wrapper of memstore is not a storekit.Watcher, want one")
 	}
 }
 
 // unwrapping hides the optional methods of the store it wraps and unwraps
-// to it, as a decorator that follows idem.Unwrapper does.
+// to it, as a decorator that follows storekit.Unwrapper does.
 type unwrapping struct{ plainStore }
 
-func (u unwrapping) Unwrap() idem.Store { return u.Store }
+func (u unwrapping) Unwrap() storekit.Store { return u.Store }
 
 // TestConformance runs the store conformance suite (optional capabilities
 // included) on a decorated memstore, and on a decorated wrapper of one.
 func TestConformance(t *testing.T) {
-	for name, wrap := range map[string]func(*memstore.Store) idem.Store{
-		"memstore":         func(ms *memstore.Store) idem.Store { return otelidem.Store(ms) },
-		"wrapped memstore": func(ms *memstore.Store) idem.Store { return otelidem.Store(unwrapping{plainStore{ms}}) },
+	for name, wrap := range map[string]func(*memstore.Store) storekit.Store{
+		"memstore":         func(ms *memstore.Store) storekit.Store { return otelidem.Store(ms) },
+		"wrapped memstore": func(ms *memstore.Store) storekit.Store { return otelidem.Store(unwrapping{plainStore{ms}}) },
 	} {
 		t.Run(name, func(t *testing.T) {
-			storetest.Run(t, func(t *testing.T) idem.Store {
+			storetest.Run(t, func(t *testing.T) storekit.Store {
 				ms, err := memstore.New()
 				if err != nil {
 					t.Fatal(err)
@@ -403,9 +404,9 @@ type batching struct {
 	acquires, completes int
 }
 
-func (b *batching) AcquireBatch(ctx context.Context, keys []string, reqs []idem.AcquireRequest) ([]idem.Acquisition, []error) {
+func (b *batching) AcquireBatch(ctx context.Context, keys []string, reqs []storekit.AcquireRequest) ([]storekit.Acquisition, []error) {
 	b.acquires++
-	out := make([]idem.Acquisition, len(keys))
+	out := make([]storekit.Acquisition, len(keys))
 	errs := make([]error, len(keys))
 	for i, k := range keys {
 		out[i], errs[i] = b.Acquire(ctx, k, reqs[i])
@@ -413,7 +414,7 @@ func (b *batching) AcquireBatch(ctx context.Context, keys []string, reqs []idem.
 	return out, errs
 }
 
-func (b *batching) CompleteBatch(ctx context.Context, keys []string, leases []idem.Lease, results [][]byte, retention time.Duration) []error {
+func (b *batching) CompleteBatch(ctx context.Context, keys []string, leases []storekit.Lease, results [][]byte, retention time.Duration) []error {
 	b.completes++
 	errs := make([]error, len(keys))
 	for i, k := range keys {
@@ -463,7 +464,7 @@ func TestBatchStorePreserved(t *testing.T) {
 	if fmt.Sprint(names) != fmt.Sprint([]string{otelidem.SpanAcquireBatch, otelidem.SpanCompleteBatch}) {
 		t.Fatalf("spans %v, want one per batch call", names)
 	}
-	if got, ok := idem.StoreAs[*batching](otelidem.Store(inner)); !ok || got != inner {
+	if got, ok := storekit.StoreAs[*batching](otelidem.Store(inner)); !ok || got != inner {
 		t.Fatal("StoreAs does not find the decorated store through Unwrap")
 	}
 }

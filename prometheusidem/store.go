@@ -8,13 +8,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/storekit"
 )
 
 // DefaultStatsTimeout is the default of WithStatsTimeout.
 const DefaultStatsTimeout = 5 * time.Second
 
 // StoreCollector is a prometheus.Collector of gauges read from a store
-// (idem.StatsStore) at every scrape:
+// (storekit.StatsStore) at every scrape:
 //
 //	idem_store_records{state}                  records by state (IN_PROGRESS, COMPLETED, RELEASED, FAILED)
 //	idem_store_records_sampled                 1 when the counts are of a sample (redisstore: at most 1000)
@@ -25,7 +26,7 @@ const DefaultStatsTimeout = 5 * time.Second
 //
 // It is safe for concurrent use.
 type StoreCollector struct {
-	s       idem.StatsStore
+	s       storekit.StatsStore
 	timeout time.Duration
 
 	records, sampled, oldest, used, limit, up *prometheus.Desc
@@ -43,12 +44,12 @@ func WithStatsTimeout(d time.Duration) StoreOption {
 var _ prometheus.Collector = (*StoreCollector)(nil)
 
 // NewStoreCollector returns a collector of store's gauges. store must be an
-// idem.StatsStore, or wrap one (idem.StoreAs): memstore, boltstore and
+// storekit.StatsStore, or wrap one (storekit.StoreAs): memstore, boltstore and
 // redisstore are. Register it with a prometheus.Registerer.
 func NewStoreCollector(store idem.Store, opts ...StoreOption) (*StoreCollector, error) {
-	ss, ok := idem.StoreAs[idem.StatsStore](store)
+	ss, ok := storekit.StoreAs[storekit.StatsStore](store)
 	if !ok {
-		return nil, errors.New("prometheusidem: the store does not count its records (idem.StatsStore)")
+		return nil, errors.New("prometheusidem: the store does not count its records (storekit.StatsStore)")
 	}
 	c := &StoreCollector{
 		s:       ss,
@@ -86,7 +87,7 @@ func (c *StoreCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 1)
-	for state := idem.StateInProgress; state <= idem.StateFailed; state++ {
+	for state := storekit.StateInProgress; state <= storekit.StateFailed; state++ {
 		ch <- prometheus.MustNewConstMetric(c.records, prometheus.GaugeValue, float64(st.Records[state]), state.String())
 	}
 	sampled := 0.0

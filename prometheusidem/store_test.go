@@ -11,24 +11,25 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/memstore"
 	"github.com/idemgo/idem/prometheusidem"
+	"github.com/idemgo/idem/storekit"
 )
 
 // statsStore is a memstore whose Stats answer is set by the test.
 type statsStore struct {
 	idem.Store
-	st  idem.Stats
+	st  storekit.Stats
 	err error
 }
 
-func (s *statsStore) Stats(context.Context) (idem.Stats, error) { return s.st, s.err }
+func (s *statsStore) Stats(context.Context) (storekit.Stats, error) { return s.st, s.err }
 
 // TestStoreCollector checks the gauges read from a store, and that a
 // store that does not answer gives idem_store_stats_up 0.
 func TestStoreCollector(t *testing.T) {
 	ms, _ := memstore.New()
 	s := &statsStore{Store: ms}
-	s.st.Records[idem.StateInProgress] = 2
-	s.st.Records[idem.StateCompleted] = 5
+	s.st.Records[storekit.StateInProgress] = 2
+	s.st.Records[storekit.StateCompleted] = 5
 	s.st.Sampled = true
 	s.st.OldestInProgress = 1500_000_000 // 1.5s
 	s.st.MemoryUsed, s.st.MemoryLimit = 90, 100

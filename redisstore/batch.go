@@ -7,10 +7,11 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/storekit/statemachine"
 )
 
-var _ idem.BatchStore = (*Store)(nil)
+var _ storekit.BatchStore = (*Store)(nil)
 
 // CompleteBatch runs Complete for every keys[i] with leases[i] and
 // results[i], in one script call per 128 keys where the keys may share a
@@ -19,7 +20,7 @@ var _ idem.BatchStore = (*Store)(nil)
 // error per key with Complete's meaning. A store configured with WithWait
 // or WithWaitAOF refuses batches (every error wraps idem.ErrInvalid): use
 // Complete. The results must not be modified during the call.
-func (s *Store) CompleteBatch(ctx context.Context, keys []string, leases []idem.Lease, results [][]byte, retention time.Duration) []error {
+func (s *Store) CompleteBatch(ctx context.Context, keys []string, leases []storekit.Lease, results [][]byte, retention time.Duration) []error {
 	errs := make([]error, len(keys))
 	if len(leases) != len(keys) || len(results) != len(keys) {
 		for i := range errs {
@@ -27,7 +28,7 @@ func (s *Store) CompleteBatch(ctx context.Context, keys []string, leases []idem.
 		}
 		return errs
 	}
-	if err := idem.ValidateDuration("retention", retention); err != nil {
+	if err := storekit.ValidateDuration("retention", retention); err != nil {
 		for i := range errs {
 			errs[i] = err
 		}

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/testkit/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -98,10 +99,10 @@ func TestBatchAllClients(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			s := c.newStore(t)
 			keys := []string{}
-			leases := []idem.Lease{}
+			leases := []storekit.Lease{}
 			for i := range 20 {
 				key := idem.Key{Scope: c.name, ID: fmt.Sprint(i)}.Digest()
-				a, err := s.Acquire(t.Context(), key, idem.AcquireRequest{Owner: "o", Lease: idem.DefaultLease, Retention: idem.DefaultRetention})
+				a, err := s.Acquire(t.Context(), key, storekit.AcquireRequest{Owner: "o", Lease: idem.DefaultLease, Retention: idem.DefaultRetention})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -121,7 +122,7 @@ func TestBatchAllClients(t *testing.T) {
 					t.Fatalf("complete %d: %v", i, err)
 				}
 			}
-			if rec, _ := s.Get(t.Context(), keys[3]); rec.State != idem.StateInProgress {
+			if rec, _ := s.Get(t.Context(), keys[3]); rec.State != storekit.StateInProgress {
 				t.Fatalf("the stale lease's key: got %v, want IN_PROGRESS", rec.State)
 			}
 		})

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/testkit/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -51,7 +52,7 @@ func benchExecutors(b *testing.B) (*redistest.Server, []benchExecutor) {
 	var out []benchExecutor
 	for _, s := range []struct {
 		name  string
-		store idem.Store
+		store storekit.Store
 	}{{"go-redis", grs}, {"rueidis", rus}} {
 		e, err := idem.New(s.store)
 		if err != nil {
@@ -255,36 +256,36 @@ redis.call('INCRBY', KEYS[1], n)`)
 	transitions := []struct {
 		name  string
 		setup setup
-		op    func(ctx context.Context, s *redisstore.Store, key string, l idem.Lease) error
+		op    func(ctx context.Context, s *redisstore.Store, key string, l storekit.Lease) error
 	}{
-		{"acquire", none, func(ctx context.Context, s *redisstore.Store, key string, _ idem.Lease) error {
-			_, err := s.Acquire(ctx, key, idem.AcquireRequest{Fingerprint: "fp", Owner: "o", Lease: lease, Retention: retention})
+		{"acquire", none, func(ctx context.Context, s *redisstore.Store, key string, _ storekit.Lease) error {
+			_, err := s.Acquire(ctx, key, storekit.AcquireRequest{Fingerprint: "fp", Owner: "o", Lease: lease, Retention: retention})
 			return err
 		}},
-		{"replay", completed, func(ctx context.Context, s *redisstore.Store, key string, _ idem.Lease) error {
-			a, err := s.Acquire(ctx, key, idem.AcquireRequest{Fingerprint: "fp", Owner: "o2", Lease: lease, Retention: retention})
-			if err == nil && a.Outcome != idem.Replay {
+		{"replay", completed, func(ctx context.Context, s *redisstore.Store, key string, _ storekit.Lease) error {
+			a, err := s.Acquire(ctx, key, storekit.AcquireRequest{Fingerprint: "fp", Owner: "o2", Lease: lease, Retention: retention})
+			if err == nil && a.Outcome != storekit.Replay {
 				return fmt.Errorf("got %v, want a replay", a.Outcome)
 			}
 			return err
 		}},
-		{"complete", acquired, func(ctx context.Context, s *redisstore.Store, key string, l idem.Lease) error {
+		{"complete", acquired, func(ctx context.Context, s *redisstore.Store, key string, l storekit.Lease) error {
 			return s.Complete(ctx, key, l, benchResult, retention)
 		}},
-		{"complete-effect", acquired, func(ctx context.Context, s *redisstore.Store, key string, l idem.Lease) error {
-			return s.CompleteEffect(ctx, key, l, benchResult, retention, idem.Effect{Name: "count", Keys: []string{"{" + key + "}n"}, Args: []string{"1"}})
+		{"complete-effect", acquired, func(ctx context.Context, s *redisstore.Store, key string, l storekit.Lease) error {
+			return s.CompleteEffect(ctx, key, l, benchResult, retention, storekit.Effect{Name: "count", Keys: []string{"{" + key + "}n"}, Args: []string{"1"}})
 		}},
-		{"extend", acquired, func(ctx context.Context, s *redisstore.Store, key string, l idem.Lease) error {
+		{"extend", acquired, func(ctx context.Context, s *redisstore.Store, key string, l storekit.Lease) error {
 			return s.Extend(ctx, key, l, lease)
 		}},
-		{"release", acquired, func(ctx context.Context, s *redisstore.Store, key string, l idem.Lease) error {
+		{"release", acquired, func(ctx context.Context, s *redisstore.Store, key string, l storekit.Lease) error {
 			return s.Release(ctx, key, l, retention)
 		}},
-		{"fail", acquired, func(ctx context.Context, s *redisstore.Store, key string, l idem.Lease) error {
-			_, err := s.Fail(ctx, key, l, idem.Failure{Result: benchResult, Retention: retention})
+		{"fail", acquired, func(ctx context.Context, s *redisstore.Store, key string, l storekit.Lease) error {
+			_, err := s.Fail(ctx, key, l, storekit.Failure{Result: benchResult, Retention: retention})
 			return err
 		}},
-		{"get", completed, func(ctx context.Context, s *redisstore.Store, key string, _ idem.Lease) error {
+		{"get", completed, func(ctx context.Context, s *redisstore.Store, key string, _ storekit.Lease) error {
 			_, err := s.Get(ctx, key)
 			return err
 		}},
@@ -297,7 +298,7 @@ redis.call('INCRBY', KEYS[1], n)`)
 			b.Fatal(err)
 		}
 		// Load the library, if any, before the measured calls.
-		if _, err := s.Get(context.Background(), "warm-up"); !errors.Is(err, idem.ErrNotFound) {
+		if _, err := s.Get(context.Background(), "warm-up"); !errors.Is(err, storekit.ErrNotFound) {
 			b.Fatal(err)
 		}
 		stores[i] = s
@@ -310,7 +311,7 @@ redis.call('INCRBY', KEYS[1], n)`)
 			for li, m := range modes {
 				s := stores[li]
 				keys := make([]string, n)
-				leases := make([]idem.Lease, n)
+				leases := make([]storekit.Lease, n)
 				for i := range keys {
 					keys[i] = newBenchKey().Digest()
 				}
@@ -323,7 +324,7 @@ redis.call('INCRBY', KEYS[1], n)`)
 					if tr.setup == none || (tr.setup == completed && i > 0) {
 						continue
 					}
-					a, err := s.Acquire(ctx, keys[i], idem.AcquireRequest{Fingerprint: "fp", Owner: "o", Lease: lease, Retention: retention})
+					a, err := s.Acquire(ctx, keys[i], storekit.AcquireRequest{Fingerprint: "fp", Owner: "o", Lease: lease, Retention: retention})
 					if err != nil {
 						b.Fatal(err)
 					}

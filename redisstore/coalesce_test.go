@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/testkit/redistest"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
@@ -122,8 +122,8 @@ func (c gatedRueidis) DoMulti(ctx context.Context, cmds ...rueidis.Completed) []
 	return c.Client.DoMulti(ctx, cmds...)
 }
 
-func acquireKey(ctx context.Context, s *redisstore.Store, i int) (idem.Acquisition, error) {
-	return s.Acquire(ctx, "k"+strconv.Itoa(i), idem.AcquireRequest{Fingerprint: "fp", Owner: "o" + strconv.Itoa(i), Lease: time.Minute, Retention: time.Hour})
+func acquireKey(ctx context.Context, s *redisstore.Store, i int) (storekit.Acquisition, error) {
+	return s.Acquire(ctx, "k"+strconv.Itoa(i), storekit.AcquireRequest{Fingerprint: "fp", Owner: "o" + strconv.Itoa(i), Lease: time.Minute, Retention: time.Hour})
 }
 
 // acquireEach acquires the keys from to to-1, each on a goroutine of wg,
@@ -131,7 +131,7 @@ func acquireKey(ctx context.Context, s *redisstore.Store, i int) (idem.Acquisiti
 func acquireEach(ctx context.Context, s *redisstore.Store, wg *sync.WaitGroup, errs chan<- error, from, to int) {
 	for i := from; i < to; i++ {
 		wg.Go(func() {
-			if a, err := acquireKey(ctx, s, i); err != nil || a.Outcome != idem.Acquired {
+			if a, err := acquireKey(ctx, s, i); err != nil || a.Outcome != storekit.Acquired {
 				errs <- errors.Join(err, errors.New("acquire "+strconv.Itoa(i)+": "+a.Outcome.String()))
 			}
 		})
@@ -186,7 +186,7 @@ func testCoalescedCalls(t *testing.T, client string) {
 	errs := make(chan error, 30)
 	for i := range 2 {
 		wg.Go(func() {
-			if _, err := s.Get(ctx, "k"+strconv.Itoa(i)); err != nil && !errors.Is(err, idem.ErrNotFound) {
+			if _, err := s.Get(ctx, "k"+strconv.Itoa(i)); err != nil && !errors.Is(err, storekit.ErrNotFound) {
 				errs <- err
 			}
 		})
@@ -223,7 +223,7 @@ func testCoalescedCalls(t *testing.T, client string) {
 	g.piped, g.single = 0, 0
 	g.mu.Unlock()
 	for i := 100; i < 110; i++ {
-		if a, err := acquireKey(ctx, s, i); err != nil || a.Outcome != idem.Acquired {
+		if a, err := acquireKey(ctx, s, i); err != nil || a.Outcome != storekit.Acquired {
 			t.Fatalf("lone acquire: %v, %v", a.Outcome, err)
 		}
 	}
@@ -284,7 +284,7 @@ func testQueuedCallsGetTheirOwnReplies(t *testing.T, client string) {
 	const keys = 200
 	for i := range keys {
 		a, err := acquireKey(ctx, s, i)
-		if err != nil || a.Outcome != idem.Acquired {
+		if err != nil || a.Outcome != storekit.Acquired {
 			t.Fatalf("acquire %d: %v, %v", i, a.Outcome, err)
 		}
 		if err := s.Complete(ctx, "k"+strconv.Itoa(i), a.Lease, []byte("result "+strconv.Itoa(i)), time.Hour); err != nil {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/testkit/redistest"
 )
 
@@ -22,7 +23,7 @@ func TestDeleteWakesWaiters(t *testing.T) {
 			owner, admin := c.newStore(t), c.newStore(t)
 			ctx := t.Context()
 			key := idem.Key{Scope: c.name, ID: "deleted"}.Digest()
-			if _, err := owner.Acquire(ctx, key, idem.AcquireRequest{Owner: "o", Lease: time.Minute, Retention: time.Hour}); err != nil {
+			if _, err := owner.Acquire(ctx, key, storekit.AcquireRequest{Owner: "o", Lease: time.Minute, Retention: time.Hour}); err != nil {
 				t.Fatal(err)
 			}
 			woken, stop, err := owner.Watch(ctx, key)
@@ -38,7 +39,7 @@ func TestDeleteWakesWaiters(t *testing.T) {
 			case <-time.After(5 * time.Second):
 				t.Fatal("the delete did not wake the key's watch (its lease ends in a minute)")
 			}
-			if _, err := owner.Get(ctx, key); !errors.Is(err, idem.ErrNotFound) {
+			if _, err := owner.Get(ctx, key); !errors.Is(err, storekit.ErrNotFound) {
 				t.Fatalf("after the delete: Get returned %v, want ErrNotFound", err)
 			}
 		})

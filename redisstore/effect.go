@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/redisstore/internal/backend"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/storekit/statemachine"
 )
 
@@ -34,7 +35,7 @@ const (
 type effectDef struct{ name, body string }
 
 // WithEffect registers the Redis-side effect name, applied with the
-// completion of a record when the operation attached an idem.Effect of that
+// completion of a record when the operation attached a storekit.Effect of that
 // name (idem.SetEffect): atomically, in the completion's script or function
 // call, after the check that the caller still owns the record and before
 // the COMPLETED write (docs/design.md#redis-scripts-functions-and-effects).
@@ -49,7 +50,7 @@ type effectDef struct{ name, body string }
 // return value is ignored, except an error: a body that raises one (error,
 // a failing redis.call) or returns redis.error_reply(message) fails the
 // completion: no COMPLETED record is written (nor, for CompleteAndAck, the
-// XACK), and the call returns an *idem.EffectError with the message.
+// XACK), and the call returns an *storekit.EffectError with the message.
 //
 // Redis does not undo what a script wrote before it failed, so the store
 // tells two failures apart by what the body's redis.call and redis.pcall
@@ -144,14 +145,14 @@ func (s *Store) EffectKey(key idem.Key, name string) string {
 	return "{" + tag + "}" + name
 }
 
-// CheckEffect implements idem.EffectStore: it reports, without I/O, whether
+// CheckEffect implements storekit.EffectStore: it reports, without I/O, whether
 // e names an effect registered with WithEffect, has at most MaxEffectKeys
 // keys and MaxEffectArgs arguments, no empty key, does not name the record
 // itself, and — on a Cluster or with a hash tag — whether every key carries
 // the hash tag of key's record (EffectKey makes such keys). Errors wrap
 // idem.ErrInvalid.
-func (s *Store) CheckEffect(key string, e idem.Effect) error {
-	if err := idem.ValidateStoreKey(key); err != nil {
+func (s *Store) CheckEffect(key string, e storekit.Effect) error {
+	if err := storekit.ValidateStoreKey(key); err != nil {
 		return err
 	}
 	if _, ok := s.effects[e.Name]; !ok {
@@ -180,10 +181,10 @@ func (s *Store) CheckEffect(key string, e idem.Effect) error {
 	return nil
 }
 
-// CompleteEffect implements idem.EffectStore: Complete with the registered
+// CompleteEffect implements storekit.EffectStore: Complete with the registered
 // effect e applied in the same script or function call (see WithEffect). It
 // returns an error wrapping idem.ErrLeaseLost, and applies nothing, when
-// the caller no longer owns the record; an *idem.EffectError, and writes no
+// the caller no longer owns the record; an *storekit.EffectError, and writes no
 // COMPLETED record, when the effect failed: before its first write the
 // record stays IN_PROGRESS; after it, the record ends FAILED with
 // e.PartialResult() and the error wraps idem.ErrEffectPartial, again when
@@ -191,11 +192,11 @@ func (s *Store) CheckEffect(key string, e idem.Effect) error {
 // succeeded (same lease and result) succeeds again and does not apply e
 // again. With WithWait or WithWaitAOF it waits as Complete does. result
 // must not be modified during the call. It is safe for concurrent use.
-func (s *Store) CompleteEffect(ctx context.Context, key string, lease idem.Lease, result []byte, retention time.Duration, e idem.Effect) error {
+func (s *Store) CompleteEffect(ctx context.Context, key string, lease storekit.Lease, result []byte, retention time.Duration, e storekit.Effect) error {
 	if err := statemachine.CheckLease(key, lease); err != nil {
 		return err
 	}
-	if err := idem.ValidateDuration("retention", retention); err != nil {
+	if err := storekit.ValidateDuration("retention", retention); err != nil {
 		return err
 	}
 	if err := s.CheckEffect(key, e); err != nil {
@@ -214,7 +215,7 @@ func (s *Store) CompleteEffect(ctx context.Context, key string, lease idem.Lease
 
 // effectCall is the call of complete_effect.lua for e: with an XACK of the
 // entry id of stream in group when group is not "".
-func (s *Store) effectCall(key string, lease idem.Lease, result []byte, retention time.Duration, e idem.Effect, stream, group, id string) evalCall {
+func (s *Store) effectCall(key string, lease storekit.Lease, result []byte, retention time.Duration, e storekit.Effect, stream, group, id string) evalCall {
 	c := evalCall{Keys: make([]string, 0, 2+len(e.Keys)), Args: make([]string, 0, 9+len(e.Args))}
 	c.Keys = append(c.Keys, s.Key(key))
 	if group != "" {
@@ -236,14 +237,14 @@ const (
 )
 
 // effectError turns the error reply of a failed effect into an
-// *idem.EffectError (wrapped with the store's context); other errors are
+// *storekit.EffectError (wrapped with the store's context); other errors are
 // returned as they are.
 func effectError(name string, err error) error {
 	msg, ok := backend.ServerError(err)
 	if !ok {
 		return err
 	}
-	e := &idem.EffectError{Name: name}
+	e := &storekit.EffectError{Name: name}
 	var found bool
 	if e.Message, found = strings.CutPrefix(msg, effectPartialPrefix); found {
 		e.Partial = true
@@ -253,7 +254,7 @@ func effectError(name string, err error) error {
 	return fmt.Errorf("redisstore: %w", e)
 }
 
-// CompleteEffectBatch implements idem.EffectBatchStore: CompleteBatch
+// CompleteEffectBatch implements storekit.EffectBatchStore: CompleteBatch
 // where effects[i], when not nil, is applied with the completion of
 // keys[i] as CompleteEffect applies it. The records without an effect go
 // as CompleteBatch sends them; each record with one is one call of its
@@ -263,7 +264,7 @@ func effectError(name string, err error) error {
 // A store configured with WithWait or WithWaitAOF refuses batches (every
 // error wraps idem.ErrInvalid). The results must not be modified during
 // the call. It is safe for concurrent use.
-func (s *Store) CompleteEffectBatch(ctx context.Context, keys []string, leases []idem.Lease, results [][]byte, retention time.Duration, effects []*idem.Effect) []error {
+func (s *Store) CompleteEffectBatch(ctx context.Context, keys []string, leases []storekit.Lease, results [][]byte, retention time.Duration, effects []*storekit.Effect) []error {
 	errs := make([]error, len(keys))
 	if len(leases) != len(keys) || len(results) != len(keys) || len(effects) != len(keys) {
 		for i := range errs {
@@ -288,7 +289,7 @@ func (s *Store) CompleteEffectBatch(ctx context.Context, keys []string, leases [
 			errs[i] = perrs[k]
 		}
 	}
-	retentionErr := idem.ValidateDuration("retention", retention)
+	retentionErr := storekit.ValidateDuration("retention", retention)
 	acks := make([]StreamAck, len(keys))
 	idx := make([]int, 0, len(withEffect))
 	for _, i := range withEffect {
@@ -310,7 +311,7 @@ func (s *Store) CompleteEffectBatch(ctx context.Context, keys []string, leases [
 	return errs
 }
 
-var _ idem.EffectBatchStore = (*Store)(nil)
+var _ storekit.EffectBatchStore = (*Store)(nil)
 
 // completeAckEffects completes the elements idx of acks that carry an
 // effect and, when group is not "", acknowledges their entries of stream:
@@ -342,4 +343,4 @@ func (s *Store) completeAckEffects(ctx context.Context, stream, group string, re
 	}
 }
 
-var _ idem.EffectStore = (*Store)(nil)
+var _ storekit.EffectStore = (*Store)(nil)

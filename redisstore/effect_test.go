@@ -12,6 +12,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/testkit/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -70,9 +71,9 @@ func rawClient(t *testing.T, c client, standalone *redistest.Server, cluster *re
 
 // count is the effect "count" for key, on keys named after it (a store
 // with a hash tag gives every record the same tag).
-func count(t *testing.T, s *redisstore.Store, key idem.Key) idem.Effect {
+func count(t *testing.T, s *redisstore.Store, key idem.Key) storekit.Effect {
 	name := key.Scope + "/" + key.ID
-	return idem.Effect{Name: "count", Keys: []string{s.EffectKey(key, name+":counter"), s.EffectKey(key, name+":fences")}, Args: []string{"1"}}
+	return storekit.Effect{Name: "count", Keys: []string{s.EffectKey(key, name+":counter"), s.EffectKey(key, name+":fences")}, Args: []string{"1"}}
 }
 
 // TestEffectAppliedOnce applies an effect with the completion, repeats the
@@ -116,7 +117,7 @@ func TestEffectAppliedOnce(t *testing.T) {
 					t.Fatalf("fences: got %v, want [%s]", fences, want)
 				}
 				rec, err := s.Get(ctx, key.Digest())
-				if err != nil || rec.State != idem.StateCompleted || string(rec.Result) != string(emptyResult) {
+				if err != nil || rec.State != storekit.StateCompleted || string(rec.Result) != string(emptyResult) {
 					t.Fatalf("record: got %+v, %v", rec, err)
 				}
 			})
@@ -168,15 +169,15 @@ func TestEffectStaleOwner(t *testing.T) {
 				raw := goRedisClient(t, srv.Addr())
 				ctx := t.Context()
 				key := idem.Key{Scope: c.name + m.name, ID: "stale"}
-				req := func(owner string) idem.AcquireRequest {
-					return idem.AcquireRequest{Fingerprint: "fp", Owner: owner, Lease: 20 * time.Millisecond, Retention: time.Hour}
+				req := func(owner string) storekit.AcquireRequest {
+					return storekit.AcquireRequest{Fingerprint: "fp", Owner: owner, Lease: 20 * time.Millisecond, Retention: time.Hour}
 				}
 				old, err := s.Acquire(ctx, key.Digest(), req("old"))
-				if err != nil || old.Outcome != idem.Acquired {
+				if err != nil || old.Outcome != storekit.Acquired {
 					t.Fatalf("Acquire: %+v, %v", old, err)
 				}
-				var taken idem.Acquisition
-				for deadline := time.Now().Add(5 * time.Second); taken.Outcome != idem.TakenOver; {
+				var taken storekit.Acquisition
+				for deadline := time.Now().Add(5 * time.Second); taken.Outcome != storekit.TakenOver; {
 					if time.Now().After(deadline) {
 						t.Fatalf("no takeover: last %+v", taken)
 					}
@@ -218,32 +219,32 @@ func TestEffectErrorWritesNoCompletion(t *testing.T) {
 				s := effectStore(t, c, m)
 				raw := goRedisClient(t, srv.Addr())
 				ctx := t.Context()
-				half := func(how string) func(key idem.Key) idem.Effect {
-					return func(key idem.Key) idem.Effect {
-						return idem.Effect{Name: "half", Keys: []string{s.EffectKey(key, "n")}, Args: []string{how}}
+				half := func(how string) func(key idem.Key) storekit.Effect {
+					return func(key idem.Key) storekit.Effect {
+						return storekit.Effect{Name: "half", Keys: []string{s.EffectKey(key, "n")}, Args: []string{how}}
 					}
 				}
 				for _, tc := range []struct {
 					name    string
-					effect  func(key idem.Key) idem.Effect
+					effect  func(key idem.Key) storekit.Effect
 					setup   func(key idem.Key)
 					message string
 					partial bool
 					kept    int64 // keys of the effect that exist after
 				}{
-					{"refused", func(key idem.Key) idem.Effect {
+					{"refused", func(key idem.Key) storekit.Effect {
 						e := count(t, s, key)
 						e.Args = []string{"many"}
 						return e
 					}, nil, "not a number: many", false, 0},
-					{"read and refused", func(key idem.Key) idem.Effect {
-						return idem.Effect{Name: "checked", Keys: []string{s.EffectKey(key, "n")}}
+					{"read and refused", func(key idem.Key) storekit.Effect {
+						return storekit.Effect{Name: "checked", Keys: []string{s.EffectKey(key, "n")}}
 					}, nil, "no counter", false, 0},
-					{"first write raised", func(key idem.Key) idem.Effect { return count(t, s, key) }, func(key idem.Key) {
+					{"first write raised", func(key idem.Key) storekit.Effect { return count(t, s, key) }, func(key idem.Key) {
 						raw.HSet(ctx, count(t, s, key).Keys[0], "not", "a counter")
 					}, "WRONGTYPE", false, 1},
-					{"half written", func(key idem.Key) idem.Effect {
-						return idem.Effect{Name: "half_written", Keys: []string{s.EffectKey(key, "a"), s.EffectKey(key, "b")}}
+					{"half written", func(key idem.Key) storekit.Effect {
+						return storekit.Effect{Name: "half_written", Keys: []string{s.EffectKey(key, "a"), s.EffectKey(key, "b")}}
 					}, nil, "WRONGTYPE", true, 2},
 					{"raised after a write", half("wrongtype"), nil, "WRONGTYPE", true, 1},
 					{"refused after a write", half("reply"), nil, "refused after the write", true, 1},
@@ -257,23 +258,23 @@ func TestEffectErrorWritesNoCompletion(t *testing.T) {
 					a := acquire(t, s, key.Digest())
 					for call := range 2 {
 						err := s.CompleteEffect(ctx, key.Digest(), a.Lease, []byte("r"), time.Hour, e)
-						var ee *idem.EffectError
+						var ee *storekit.EffectError
 						if !errors.As(err, &ee) || ee.Name != e.Name || (call == 0 && !strings.Contains(ee.Message, tc.message)) {
-							t.Fatalf("%s, call %d: got %v, want an *idem.EffectError with %q", tc.name, call, err, tc.message)
+							t.Fatalf("%s, call %d: got %v, want an *storekit.EffectError with %q", tc.name, call, err, tc.message)
 						}
 						if ee.Partial != tc.partial || errors.Is(err, idem.ErrEffectPartial) != tc.partial || !errors.Is(err, idem.ErrEffect) {
 							t.Fatalf("%s, call %d: got %v (partial %t), want partial %t", tc.name, call, err, ee.Partial, tc.partial)
 						}
-						if idem.OutcomeUnknown(err) {
+						if storekit.OutcomeUnknown(err) {
 							t.Fatalf("%s: an effect error leaves the outcome unknown", tc.name)
 						}
 						if !tc.partial {
 							break
 						}
 					}
-					want := idem.StateInProgress
+					want := storekit.StateInProgress
 					if tc.partial {
-						want = idem.StateFailed
+						want = storekit.StateFailed
 					}
 					rec, err := s.Get(ctx, key.Digest())
 					if err != nil || rec.State != want {
@@ -314,7 +315,7 @@ func TestEffectFailedHalfWayRunsOnce(t *testing.T) {
 					for i := range retries {
 						_, err := exec.Do(ctx, key, "fp", func(ctx context.Context) ([]byte, error) {
 							runs++
-							return []byte("v"), idem.SetEffect(ctx, idem.Effect{Name: "half", Keys: []string{counter}, Args: []string{how}})
+							return []byte("v"), idem.SetEffect(ctx, storekit.Effect{Name: "half", Keys: []string{counter}, Args: []string{how}})
 						})
 						var fe *idem.FailedError
 						switch {
@@ -345,7 +346,7 @@ func TestEffectFailedHalfWayRunsOnce(t *testing.T) {
 						}
 						e := count(t, s, keys[i])
 						if i == 0 {
-							e = idem.Effect{Name: "half", Keys: []string{s.EffectKey(keys[0], "n")}, Args: []string{"wrongtype"}}
+							e = storekit.Effect{Name: "half", Keys: []string{s.EffectKey(keys[0], "n")}, Args: []string{"wrongtype"}}
 						}
 						if err := idem.SetEffect(b.Ctx, e); err != nil {
 							t.Fatal(err)
@@ -394,8 +395,8 @@ func TestEffectKeysOutsideTheSlot(t *testing.T) {
 	for _, tag := range []string{"", "orders"} {
 		s := stores[tag]
 		key := idem.Key{ID: "k"}
-		lease := idem.Lease{Owner: "o", Fence: 1}
-		for _, e := range []idem.Effect{
+		lease := storekit.Lease{Owner: "o", Fence: 1}
+		for _, e := range []storekit.Effect{
 			{Name: "count", Keys: []string{"counter", s.EffectKey(key, "fences")}, Args: []string{"1"}},
 			{Name: "count", Keys: []string{s.EffectKey(idem.Key{ID: "other"}, "counter")}, Args: []string{"1"}},
 			{Name: "count", Keys: []string{"{other}counter"}, Args: []string{"1"}},
@@ -463,7 +464,7 @@ func TestCompleteAndAckEffect(t *testing.T) {
 				good := count(t, s, k1)
 				bad := count(t, s, k2)
 				bad.Args = []string{"x"}
-				half := idem.Effect{Name: "half", Keys: []string{s.EffectKey(k3, stream+":n")}, Args: []string{"wrongtype"}}
+				half := storekit.Effect{Name: "half", Keys: []string{s.EffectKey(k3, stream+":n")}, Args: []string{"wrongtype"}}
 				acks := []redisstore.StreamAck{
 					{Key: k1.Digest(), Lease: a1.Lease, Result: []byte("r"), ID: ids[0], Effect: &good},
 					{Key: k2.Digest(), Lease: a2.Lease, Result: []byte("r"), ID: ids[1], Effect: &bad},
@@ -480,7 +481,7 @@ func TestCompleteAndAckEffect(t *testing.T) {
 						t.Fatalf("counter %s: got %d, want 1", k, n)
 					}
 				}
-				if rec, err := s.Get(ctx, k3.Digest()); err != nil || rec.State != idem.StateFailed {
+				if rec, err := s.Get(ctx, k3.Digest()); err != nil || rec.State != storekit.StateFailed {
 					t.Fatalf("record of the effect that failed half way: got %v, %v, want FAILED", rec.State, err)
 				}
 				pending, _ := raw.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: stream, Group: "g", Start: "-", End: "+", Count: 10}).Result()
@@ -495,7 +496,7 @@ func TestCompleteAndAckEffect(t *testing.T) {
 // TestCommitBatchWithEffects: Executor.CommitBatch of attempts with and
 // without effects applies every effect once, with its completion, in a
 // few round trips (not one per effect); the attempt whose effect fails
-// gets an *idem.EffectError and its key released, the others complete.
+// gets an *storekit.EffectError and its key released, the others complete.
 func TestCommitBatchWithEffects(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
@@ -556,18 +557,18 @@ func TestCommitBatchWithEffects(t *testing.T) {
 				t.Errorf("round trips for a batch of %d, %d with effects: %q; want 3 at most", n, n-2, trips.names)
 			}
 			trips.mu.Unlock()
-			var ee *idem.EffectError
+			var ee *storekit.EffectError
 			if !errors.As(errs[0], &ee) {
-				t.Fatalf("key 0: got %v, want an *idem.EffectError", errs[0])
+				t.Fatalf("key 0: got %v, want an *storekit.EffectError", errs[0])
 			}
-			if rec, err := s.Get(ctx, keys[0].Digest()); err != nil || rec.State != idem.StateReleased {
+			if rec, err := s.Get(ctx, keys[0].Digest()); err != nil || rec.State != storekit.StateReleased {
 				t.Fatalf("key 0: %v %v, want RELEASED", rec.State, err)
 			}
 			for i := 1; i < n; i++ {
 				if errs[i] != nil {
 					t.Fatalf("key %d: %v", i, errs[i])
 				}
-				if rec, err := s.Get(ctx, keys[i].Digest()); err != nil || rec.State != idem.StateCompleted {
+				if rec, err := s.Get(ctx, keys[i].Digest()); err != nil || rec.State != storekit.StateCompleted {
 					t.Fatalf("key %d: %v %v, want COMPLETED", i, rec.State, err)
 				}
 				if i >= n-2 {
@@ -609,7 +610,7 @@ func TestConsumerDeadLettersPartialEffect(t *testing.T) {
 			runs := 0
 			h := func(ctx context.Context, _ int) error {
 				runs++
-				return idem.SetEffect(ctx, idem.Effect{Name: "half", Keys: []string{counter}, Args: []string{"wrongtype"}})
+				return idem.SetEffect(ctx, storekit.Effect{Name: "half", Keys: []string{counter}, Args: []string{"wrongtype"}})
 			}
 			for delivery := 1; delivery <= 3; delivery++ {
 				r := p.Process(ctx, []consumer.Message{{Key: "k-" + c.name, Deliveries: delivery}}, h)[0]

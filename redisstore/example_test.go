@@ -41,7 +41,7 @@ redis.call('XADD', KEYS[2], '*', 'sku', ARGV[1], 'qty', n, 'fence', FENCE)`))
 			Args: []string{"apple", "3"},
 		})
 	})
-	fmt.Println(err) // an *idem.EffectError when out of stock
+	fmt.Println(err) // a *storekit.EffectError when out of stock
 }
 
 // Functions mode runs the same transitions as a Redis Functions library,

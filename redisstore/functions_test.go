@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/testkit/redistest"
 )
 
@@ -46,7 +47,7 @@ func TestFunctionFlush(t *testing.T) {
 					key := idem.Key{Scope: name, ID: string(rune('a' + i))}
 					flush(t)
 					a := acquire(t, s, key.Digest())
-					if a.Outcome != idem.Acquired {
+					if a.Outcome != storekit.Acquired {
 						t.Fatalf("Acquire after FUNCTION FLUSH: got %v, want Acquired", a.Outcome)
 					}
 					flush(t)
@@ -54,17 +55,17 @@ func TestFunctionFlush(t *testing.T) {
 						t.Fatalf("CompleteEffect after FUNCTION FLUSH: %v", err)
 					}
 					flush(t)
-					if rec, err := s.Get(t.Context(), key.Digest()); err != nil || rec.State != idem.StateCompleted {
+					if rec, err := s.Get(t.Context(), key.Digest()); err != nil || rec.State != storekit.StateCompleted {
 						t.Fatalf("Get after FUNCTION FLUSH: got %+v, %v", rec, err)
 					}
 					flush(t)
 					// A batch on a server without the library.
 					keys := []string{idem.Key{Scope: name, ID: "batch1-" + key.ID}.Digest(), idem.Key{Scope: name, ID: "batch2-" + key.ID}.Digest()}
-					req := idem.AcquireRequest{Fingerprint: "fp", Owner: "o", Lease: time.Minute, Retention: time.Hour}
+					req := storekit.AcquireRequest{Fingerprint: "fp", Owner: "o", Lease: time.Minute, Retention: time.Hour}
 					if !durable {
-						acqs, errs := s.AcquireBatch(t.Context(), keys, []idem.AcquireRequest{req, req})
+						acqs, errs := s.AcquireBatch(t.Context(), keys, []storekit.AcquireRequest{req, req})
 						for i := range keys {
-							if errs[i] != nil || acqs[i].Outcome != idem.Acquired {
+							if errs[i] != nil || acqs[i].Outcome != storekit.Acquired {
 								t.Fatalf("AcquireBatch after FUNCTION FLUSH: got %+v, %v", acqs[i], errs[i])
 							}
 						}
@@ -78,7 +79,7 @@ func TestFunctionFlush(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := clients(t, srv, nil)[0].newStore(t, redisstore.WithFunctions())
-	if _, err := s.Get(t.Context(), idem.Key{ID: "x"}.Digest()); err != idem.ErrNotFound {
+	if _, err := s.Get(t.Context(), idem.Key{ID: "x"}.Digest()); err != storekit.ErrNotFound {
 		t.Fatalf("Get: got %v, want ErrNotFound", err)
 	}
 	libs, err := srv.Command("FUNCTION", "LIST", "LIBRARYNAME", "otherapp")
@@ -100,7 +101,7 @@ func TestFunctionsLibrary(t *testing.T) {
 		cluster := redistest.StartCluster(t, 3)
 		for _, c := range clients(t, nil, cluster) {
 			s := c.newStore(t, append([]redisstore.Option{redisstore.WithFunctions()}, testEffects...)...)
-			if _, err := s.Get(t.Context(), idem.Key{ID: c.name}.Digest()); err != idem.ErrNotFound {
+			if _, err := s.Get(t.Context(), idem.Key{ID: c.name}.Digest()); err != storekit.ErrNotFound {
 				t.Fatalf("%s: Get: got %v, want ErrNotFound", c.name, err)
 			}
 			for _, n := range cluster.Nodes() {
@@ -134,7 +135,7 @@ func TestFunctionsLibrary(t *testing.T) {
 		if err != nil || !slices.Equal(after, before) {
 			t.Fatalf("after the restart: got %v, %v, want %v", after, err, before)
 		}
-		if rec, err := s.Get(t.Context(), key.Digest()); err != nil || rec.State != idem.StateCompleted {
+		if rec, err := s.Get(t.Context(), key.Digest()); err != nil || rec.State != storekit.StateCompleted {
 			t.Fatalf("Get after the restart: got %+v, %v", rec, err)
 		}
 	})
@@ -169,10 +170,10 @@ func TestForeignLibraryOfIdemsName(t *testing.T) {
 			s := c.newStore(t, redisstore.WithFunctions())
 			for i := range 4 {
 				key := idem.Key{Scope: c.name, ID: strconv.Itoa(i)}.Digest()
-				if _, err := s.Get(t.Context(), key); err != idem.ErrNotFound {
+				if _, err := s.Get(t.Context(), key); err != storekit.ErrNotFound {
 					t.Fatalf("Get: got %v, want ErrNotFound", err)
 				}
-				if a := acquire(t, s, key); a.Outcome != idem.Acquired {
+				if a := acquire(t, s, key); a.Outcome != storekit.Acquired {
 					t.Fatalf("Acquire: got %v, want Acquired", a.Outcome)
 				}
 			}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/testkit/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -151,7 +152,7 @@ func FuzzRecordDecode(f *testing.F) {
 		if err != nil {
 			t.Fatalf("Get of a valid record %+v: %v", rec, err)
 		}
-		want := idem.Record{State: map[string]idem.State{"p": idem.StateInProgress, "c": idem.StateCompleted, "r": idem.StateReleased, "f": idem.StateFailed}[rec.state],
+		want := storekit.Record{State: map[string]storekit.State{"p": storekit.StateInProgress, "c": storekit.StateCompleted, "r": storekit.StateReleased, "f": storekit.StateFailed}[rec.state],
 			Fingerprint: rec.fp, Owner: rec.owner, Fence: int64(rec.fence), Attempts: int(rec.attempts)}
 		if got.State != want.State || got.Fingerprint != want.Fingerprint || got.Owner != want.Owner || got.Fence != want.Fence || got.Attempts != want.Attempts {
 			t.Fatalf("Get = state %v fp %q owner %q fence %d attempts %d, want %v %q %q %d %d",
@@ -166,15 +167,15 @@ func FuzzRecordDecode(f *testing.F) {
 		if rec.state == "p" && got.LeaseUntil.UnixMicro() != int64(rec.leaseEnd) {
 			t.Fatalf("Get lease end = %d µs, want %d", got.LeaseUntil.UnixMicro(), rec.leaseEnd)
 		}
-		if (rec.state == "c" || rec.state == "f") && len(rec.fp) <= idem.MaxFingerprintLen {
-			req := idem.AcquireRequest{Fingerprint: rec.fp, Owner: "fuzz-owner", Lease: time.Second, Retention: time.Minute}
+		if (rec.state == "c" || rec.state == "f") && len(rec.fp) <= storekit.MaxFingerprintLen {
+			req := storekit.AcquireRequest{Fingerprint: rec.fp, Owner: "fuzz-owner", Lease: time.Second, Retention: time.Minute}
 			a, err := store.Acquire(ctx, digest, req)
-			if err != nil || a.Outcome != idem.Replay || a.State != want.State || !bytes.Equal(a.Result, []byte(rec.result)) {
+			if err != nil || a.Outcome != storekit.Replay || a.State != want.State || !bytes.Equal(a.Result, []byte(rec.result)) {
 				t.Fatalf("Acquire of a %v record = %v %v result %q, %v; want a replay of %q", want.State, a.Outcome, a.State, a.Result, err, rec.result)
 			}
 			req.Fingerprint = rec.fp + "x"
-			if len(req.Fingerprint) <= idem.MaxFingerprintLen {
-				if a, err := store.Acquire(ctx, digest, req); err != nil || a.Outcome != idem.Mismatch {
+			if len(req.Fingerprint) <= storekit.MaxFingerprintLen {
+				if a, err := store.Acquire(ctx, digest, req); err != nil || a.Outcome != storekit.Mismatch {
 					t.Fatalf("Acquire with another fingerprint = %v, %v; want Mismatch", a.Outcome, err)
 				}
 			}
@@ -196,7 +197,7 @@ func FuzzRecordDecode(f *testing.F) {
 		}
 		if r, err := store.Get(ctx, digest); err == nil {
 			t.Fatalf("Get of the first %d of %d bytes of a record = %+v, want an error", len(torn), len(raw), r)
-		} else if errors.Is(err, idem.ErrNotFound) && len(torn) > 0 {
+		} else if errors.Is(err, storekit.ErrNotFound) && len(torn) > 0 {
 			t.Fatalf("Get of a torn record: %v, want a decoding error", err)
 		}
 
@@ -207,7 +208,7 @@ func FuzzRecordDecode(f *testing.F) {
 		if _, err := store.Get(ctx, digest); err == nil && !firstIsOne(garbage) {
 			t.Fatalf("Get of %q (not a record) succeeded, want an error", garbage)
 		}
-		req := idem.AcquireRequest{Fingerprint: "fp", Owner: "fuzz-owner", Lease: time.Second, Retention: time.Minute}
+		req := storekit.AcquireRequest{Fingerprint: "fp", Owner: "fuzz-owner", Lease: time.Second, Retention: time.Minute}
 		if a, err := store.Acquire(ctx, digest, req); err == nil && !firstIsOne(garbage) {
 			t.Fatalf("Acquire over %q (not a record) = %v, want an error", garbage, a.Outcome)
 		}

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/storekit"
 )
 
 // replyFrom builds a script reply, in the normalized shapes the client
@@ -58,8 +58,8 @@ func FuzzParseReply(f *testing.F) {
 		v, _ := replyFrom(b, 0)
 		if a, err := parseAcquire(v); err == nil {
 			switch a.Outcome {
-			case idem.Acquired, idem.TakenOver, idem.InProgress, idem.Mismatch:
-			case idem.Replay:
+			case storekit.Acquired, storekit.TakenOver, storekit.InProgress, storekit.Mismatch:
+			case storekit.Replay:
 				if a.State == 0 {
 					t.Fatalf("parseAcquire(%#v) = a replay without a state", v)
 				}
@@ -73,7 +73,7 @@ func FuzzParseReply(f *testing.F) {
 			if rec.State == 0 {
 				t.Fatalf("parseGet(%#v) = a record without a state", v)
 			}
-		} else if !errors.Is(err, idem.ErrNotFound) && err.Error() == "" {
+		} else if !errors.Is(err, storekit.ErrNotFound) && err.Error() == "" {
 			t.Fatalf("parseGet(%#v): empty error", v)
 		}
 		for _, name := range []string{"complete", "release", "extend"} {
@@ -91,7 +91,7 @@ func FuzzParseReply(f *testing.F) {
 				t.Fatalf("parseRelay(%#v) = nil, want an error", v)
 			}
 		}
-		if st, err := parseFail(v); err == nil && st != idem.StateReleased && st != idem.StateFailed {
+		if st, err := parseFail(v); err == nil && st != storekit.StateReleased && st != storekit.StateFailed {
 			t.Fatalf("parseFail(%#v) = %v, nil", v, st)
 		}
 	})

@@ -7,13 +7,14 @@ import (
 	"strings"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/storekit"
 )
 
 // Entry is a record listed by List.
 type Entry struct {
 	// Key is the store key (a digest made by idem.Key.Digest).
 	Key    string
-	Record idem.Record
+	Record storekit.Record
 }
 
 // List returns up to limit records, for admin tools. It walks the key space
@@ -66,7 +67,7 @@ func (s *Store) List(ctx context.Context, limit int) ([]Entry, error) {
 				return nil, errs[i]
 			}
 			rec, err := parseGet(replies[i])
-			if errors.Is(err, idem.ErrNotFound) {
+			if errors.Is(err, storekit.ErrNotFound) {
 				continue // deleted or expired since the scan
 			}
 			if err != nil {

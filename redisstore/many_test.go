@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/storetest"
 	"github.com/idemgo/idem/testkit/redistest"
 )
@@ -22,13 +23,13 @@ import (
 // would return, computed by the batch script.
 type viaBatch struct{ *redisstore.Store }
 
-func (s viaBatch) Acquire(ctx context.Context, key string, req idem.AcquireRequest) (idem.Acquisition, error) {
-	acqs, errs := s.AcquireBatch(ctx, []string{key, key}, []idem.AcquireRequest{req, req})
+func (s viaBatch) Acquire(ctx context.Context, key string, req storekit.AcquireRequest) (storekit.Acquisition, error) {
+	acqs, errs := s.AcquireBatch(ctx, []string{key, key}, []storekit.AcquireRequest{req, req})
 	return acqs[0], errs[0]
 }
 
-func (s viaBatch) Complete(ctx context.Context, key string, lease idem.Lease, result []byte, retention time.Duration) error {
-	return s.CompleteBatch(ctx, []string{key, key}, []idem.Lease{lease, lease}, [][]byte{result, result}, retention)[0]
+func (s viaBatch) Complete(ctx context.Context, key string, lease storekit.Lease, result []byte, retention time.Duration) error {
+	return s.CompleteBatch(ctx, []string{key, key}, []storekit.Lease{lease, lease}, [][]byte{result, result}, retention)[0]
 }
 
 // TestConformanceBatchScripts runs the conformance suite with Acquire and
@@ -48,7 +49,7 @@ func TestConformanceBatchScripts(t *testing.T) {
 				opts = append(opts, redisstore.WithHashTag("batch"))
 			}
 			s := viaBatch{c.newStore(t, opts...)}
-			storetest.Run(t, func(*testing.T) idem.Store { return s })
+			storetest.Run(t, func(*testing.T) storekit.Store { return s })
 		})
 	}
 }
@@ -71,17 +72,17 @@ func TestBatchScriptForeignRecord(t *testing.T) {
 	if _, err := srv.Command("SET", s.Key(keys[1]), "\x92\x02\xa1x"); err != nil { // MessagePack, version 2
 		t.Fatal(err)
 	}
-	req := idem.AcquireRequest{Owner: "o", Lease: time.Minute, Retention: time.Hour}
-	acqs, errs := s.AcquireBatch(t.Context(), keys, []idem.AcquireRequest{req, req, req})
+	req := storekit.AcquireRequest{Owner: "o", Lease: time.Minute, Retention: time.Hour}
+	acqs, errs := s.AcquireBatch(t.Context(), keys, []storekit.AcquireRequest{req, req, req})
 	for _, i := range []int{0, 2} {
-		if errs[i] != nil || acqs[i].Outcome != idem.Acquired {
+		if errs[i] != nil || acqs[i].Outcome != storekit.Acquired {
 			t.Fatalf("key %d: %+v, %v; want Acquired", i, acqs[i], errs[i])
 		}
 	}
 	if errs[1] == nil || !strings.Contains(errs[1].Error(), "unknown record format") {
 		t.Fatalf("foreign key: got %+v, %v; want the unknown-format error", acqs[1], errs[1])
 	}
-	leases := []idem.Lease{acqs[0].Lease, {Owner: "o", Fence: 1}, acqs[2].Lease}
+	leases := []storekit.Lease{acqs[0].Lease, {Owner: "o", Fence: 1}, acqs[2].Lease}
 	cerrs := s.CompleteBatch(t.Context(), keys, leases, [][]byte{[]byte("ra"), nil, []byte("rb")}, time.Hour)
 	if cerrs[0] != nil || cerrs[2] != nil || cerrs[1] == nil || !strings.Contains(cerrs[1].Error(), "unknown record format") {
 		t.Fatalf("complete: %v", cerrs)
@@ -103,25 +104,25 @@ func TestBatchScriptChunks(t *testing.T) {
 	}
 	const n = 300
 	keys := make([]string, n)
-	reqs := make([]idem.AcquireRequest, n)
+	reqs := make([]storekit.AcquireRequest, n)
 	for i := range keys {
 		keys[i] = idem.Key{ID: fmt.Sprint(i)}.Digest()
-		reqs[i] = idem.AcquireRequest{Owner: fmt.Sprint("o", i), Lease: time.Minute, Retention: time.Hour}
+		reqs[i] = storekit.AcquireRequest{Owner: fmt.Sprint("o", i), Lease: time.Minute, Retention: time.Hour}
 		if i >= 100 && i < 110 {
 			reqs[i].Lease = 2 * time.Minute
 		}
 	}
-	keys[299], reqs[299] = keys[0], idem.AcquireRequest{Owner: "other", Lease: time.Minute, Retention: time.Hour}
+	keys[299], reqs[299] = keys[0], storekit.AcquireRequest{Owner: "other", Lease: time.Minute, Retention: time.Hour}
 	acqs, errs := s.AcquireBatch(t.Context(), keys, reqs)
-	leases := make([]idem.Lease, n)
+	leases := make([]storekit.Lease, n)
 	results := make([][]byte, n)
 	for i := range n - 1 {
-		if errs[i] != nil || acqs[i].Outcome != idem.Acquired || acqs[i].Lease.Owner != reqs[i].Owner {
+		if errs[i] != nil || acqs[i].Outcome != storekit.Acquired || acqs[i].Lease.Owner != reqs[i].Owner {
 			t.Fatalf("key %d: %+v, %v", i, acqs[i], errs[i])
 		}
 		leases[i], results[i] = acqs[i].Lease, []byte(fmt.Sprint("r", i))
 	}
-	if errs[n-1] != nil || acqs[n-1].Outcome != idem.InProgress {
+	if errs[n-1] != nil || acqs[n-1].Outcome != storekit.InProgress {
 		t.Fatalf("a repeated key, another owner: %+v, %v; want InProgress", acqs[n-1], errs[n-1])
 	}
 	for i := 100; i < 110; i++ {
@@ -130,7 +131,7 @@ func TestBatchScriptChunks(t *testing.T) {
 			t.Fatalf("key %d: the 2-minute lease became %v (%v)", i, rec.LeaseUntil.Sub(rec.Now), err)
 		}
 	}
-	leases[n-1] = idem.Lease{Owner: "other", Fence: 1}
+	leases[n-1] = storekit.Lease{Owner: "other", Fence: 1}
 	for i, err := range s.CompleteBatch(t.Context(), keys, leases, results, time.Hour) {
 		if i == n-1 {
 			if !errors.Is(err, idem.ErrLeaseLost) {
@@ -144,7 +145,7 @@ func TestBatchScriptChunks(t *testing.T) {
 	}
 	acqs, errs = s.AcquireBatch(t.Context(), keys[:n-1], reqs[:n-1])
 	for i := range n - 1 {
-		if errs[i] != nil || acqs[i].Outcome != idem.Replay || string(acqs[i].Result) != fmt.Sprint("r", i) {
+		if errs[i] != nil || acqs[i].Outcome != storekit.Replay || string(acqs[i].Result) != fmt.Sprint("r", i) {
 			t.Fatalf("replay %d: %+v, %v", i, acqs[i], errs[i])
 		}
 	}
@@ -176,7 +177,7 @@ func TestGetRefusesWrongFieldTypes(t *testing.T) {
 	if _, err := srv.Command("SET", s.Key(key), encode(good())); err != nil {
 		t.Fatal(err)
 	}
-	if rec, err := s.Get(t.Context(), key); err != nil || rec.State != idem.StateCompleted || string(rec.Result) != "result" {
+	if rec, err := s.Get(t.Context(), key); err != nil || rec.State != storekit.StateCompleted || string(rec.Result) != "result" {
 		t.Fatalf("well-formed record: %+v, %v", rec, err)
 	}
 	for i, name := range map[int]string{2: "fingerprint", 3: "owner", 8: "result"} {

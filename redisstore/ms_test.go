@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/storekit"
 )
 
 // TestMsKeepsTheExecutorsDurations: the durations an Executor passes on
@@ -13,7 +13,7 @@ import (
 // record) are formatted once, then served from the cache without an
 // allocation: none evicts another.
 func TestMsKeepsTheExecutorsDurations(t *testing.T) {
-	durations := []time.Duration{30 * time.Second, 24 * time.Hour, 2*30*time.Second + idem.InProgressGrace, time.Hour}
+	durations := []time.Duration{30 * time.Second, 24 * time.Hour, 2*30*time.Second + storekit.InProgressGrace, time.Hour}
 	for _, d := range durations {
 		if got, want := ms(d), strconv.FormatInt(d.Milliseconds(), 10); got != want {
 			t.Fatalf("ms(%v) = %q, want %q", d, got, want)

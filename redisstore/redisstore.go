@@ -15,6 +15,7 @@ import (
 	"github.com/idemgo/idem/redisstore/internal/goredis"
 	rueidisbackend "github.com/idemgo/idem/redisstore/internal/rueidis"
 	valkeybackend "github.com/idemgo/idem/redisstore/internal/valkey"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/storekit/statemachine"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
@@ -142,7 +143,7 @@ func (c *config) validate() error {
 	return nil
 }
 
-// Store is an idem.Store on Redis, Valkey or a Redis Cluster. Every state
+// Store is a storekit.Store on Redis, Valkey or a Redis Cluster. Every state
 // transition is one Lua script on the record's hash; time is the server's.
 // It is safe for concurrent use.
 type Store struct {
@@ -164,9 +165,9 @@ type Store struct {
 }
 
 var (
-	_ idem.Store   = (*Store)(nil)
-	_ idem.Watcher = (*Store)(nil)
-	_ idem.Relayer = (*Store)(nil)
+	_ storekit.Store   = (*Store)(nil)
+	_ storekit.Watcher = (*Store)(nil)
+	_ storekit.Relayer = (*Store)(nil)
 )
 
 func newStore(b backend.Backend, opts []Option) (*Store, error) {
@@ -330,8 +331,8 @@ var msCache [1 << msCacheBits]atomic.Pointer[msString]
 func bytesArg(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 
 // inProgressTTL is the time to live of an IN_PROGRESS record with lease d:
-// the lease, one more lease, and idem.InProgressGrace.
-func inProgressTTL(d time.Duration) string { return ms(2*d + idem.InProgressGrace) }
+// the lease, one more lease, and storekit.InProgressGrace.
+func inProgressTTL(d time.Duration) string { return ms(2*d + storekit.InProgressGrace) }
 
 func (s *Store) run(ctx context.Context, sc *script, key string, args []string, durable bool) (any, error) {
 	return s.runKeys(ctx, sc, []string{s.Key(key)}, args, durable)
@@ -364,13 +365,13 @@ func (s *Store) runKeys(ctx context.Context, sc *script, keys, args []string, du
 	return reply, nil
 }
 
-// Acquire implements idem.Store.
-func (s *Store) Acquire(ctx context.Context, key string, req idem.AcquireRequest) (idem.Acquisition, error) {
-	if err := idem.ValidateStoreKey(key); err != nil {
-		return idem.Acquisition{}, err
+// Acquire implements storekit.Store.
+func (s *Store) Acquire(ctx context.Context, key string, req storekit.AcquireRequest) (storekit.Acquisition, error) {
+	if err := storekit.ValidateStoreKey(key); err != nil {
+		return storekit.Acquisition{}, err
 	}
 	if err := req.Validate(); err != nil {
-		return idem.Acquisition{}, err
+		return storekit.Acquisition{}, err
 	}
 	if s.replays != nil && s.replays.has(s.Key(key)) {
 		if a, ok := s.cachedReplay(ctx, s.Key(key), req.Fingerprint); ok {
@@ -381,29 +382,29 @@ func (s *Store) Acquire(ctx context.Context, key string, req idem.AcquireRequest
 		req.Fingerprint, req.Owner, ms(req.Lease), ms(req.Retention), strconv.Itoa(req.MaxAttempts), inProgressTTL(req.Lease),
 	}, true)
 	if reply == nil {
-		return idem.Acquisition{}, err
+		return storekit.Acquisition{}, err
 	}
 	a, perr := parseAcquire(reply)
 	if perr != nil {
-		return idem.Acquisition{}, perr
+		return storekit.Acquisition{}, perr
 	}
-	if a.Outcome == idem.Acquired || a.Outcome == idem.TakenOver {
+	if a.Outcome == storekit.Acquired || a.Outcome == storekit.TakenOver {
 		a.Lease.Owner = req.Owner
 	}
-	if a.Outcome == idem.Replay && s.replays != nil {
+	if a.Outcome == storekit.Replay && s.replays != nil {
 		s.replays.add(s.Key(key))
 	}
 	return a, err // err is nil or ErrNotDurable
 }
 
-// Complete implements idem.Store. Repeating a Complete that succeeded (same
+// Complete implements storekit.Store. Repeating a Complete that succeeded (same
 // lease and result), for example after its reply was lost, succeeds again.
 // result must not be modified during the call.
-func (s *Store) Complete(ctx context.Context, key string, lease idem.Lease, result []byte, retention time.Duration) error {
+func (s *Store) Complete(ctx context.Context, key string, lease storekit.Lease, result []byte, retention time.Duration) error {
 	if err := statemachine.CheckLease(key, lease); err != nil {
 		return err
 	}
-	if err := idem.ValidateDuration("retention", retention); err != nil {
+	if err := storekit.ValidateDuration("retention", retention); err != nil {
 		return err
 	}
 	reply, err := s.run(ctx, completeScript, key, []string{
@@ -418,10 +419,10 @@ func (s *Store) Complete(ctx context.Context, key string, lease idem.Lease, resu
 	return err
 }
 
-// RelayCompletion implements idem.Relayer (relay.lua). result must not be
+// RelayCompletion implements storekit.Relayer (relay.lua). result must not be
 // modified during the call.
-func (s *Store) RelayCompletion(ctx context.Context, key string, c idem.Completion) error {
-	if err := idem.ValidateStoreKey(key); err != nil {
+func (s *Store) RelayCompletion(ctx context.Context, key string, c storekit.Completion) error {
+	if err := storekit.ValidateStoreKey(key); err != nil {
 		return err
 	}
 	if err := c.Validate(); err != nil {
@@ -439,8 +440,8 @@ func (s *Store) RelayCompletion(ctx context.Context, key string, c idem.Completi
 	return err // nil or ErrNotDurable
 }
 
-// Fail implements idem.Store.
-func (s *Store) Fail(ctx context.Context, key string, lease idem.Lease, f idem.Failure) (idem.State, error) {
+// Fail implements storekit.Store.
+func (s *Store) Fail(ctx context.Context, key string, lease storekit.Lease, f storekit.Failure) (storekit.State, error) {
 	if err := statemachine.CheckLease(key, lease); err != nil {
 		return 0, err
 	}
@@ -461,12 +462,12 @@ func (s *Store) Fail(ctx context.Context, key string, lease idem.Lease, f idem.F
 	return parseFail(reply)
 }
 
-// Extend implements idem.Store.
-func (s *Store) Extend(ctx context.Context, key string, lease idem.Lease, d time.Duration) error {
+// Extend implements storekit.Store.
+func (s *Store) Extend(ctx context.Context, key string, lease storekit.Lease, d time.Duration) error {
 	if err := statemachine.CheckLease(key, lease); err != nil {
 		return err
 	}
-	if err := idem.ValidateDuration("lease", d); err != nil {
+	if err := storekit.ValidateDuration("lease", d); err != nil {
 		return err
 	}
 	reply, err := s.run(ctx, extendScript, key, []string{lease.Owner, strconv.FormatInt(lease.Fence, 10), ms(d), inProgressTTL(d)}, false)
@@ -476,12 +477,12 @@ func (s *Store) Extend(ctx context.Context, key string, lease idem.Lease, d time
 	return parseOK("extend", reply)
 }
 
-// Release implements idem.Store.
-func (s *Store) Release(ctx context.Context, key string, lease idem.Lease, retention time.Duration) error {
+// Release implements storekit.Store.
+func (s *Store) Release(ctx context.Context, key string, lease storekit.Lease, retention time.Duration) error {
 	if err := statemachine.CheckLease(key, lease); err != nil {
 		return err
 	}
-	if err := idem.ValidateDuration("retention", retention); err != nil {
+	if err := storekit.ValidateDuration("retention", retention); err != nil {
 		return err
 	}
 	reply, err := s.run(ctx, releaseScript, key, []string{
@@ -493,24 +494,24 @@ func (s *Store) Release(ctx context.Context, key string, lease idem.Lease, reten
 	return parseOK("release", reply)
 }
 
-// Get implements idem.Store.
-func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
-	if err := idem.ValidateStoreKey(key); err != nil {
-		return idem.Record{}, err
+// Get implements storekit.Store.
+func (s *Store) Get(ctx context.Context, key string) (storekit.Record, error) {
+	if err := storekit.ValidateStoreKey(key); err != nil {
+		return storekit.Record{}, err
 	}
 	reply, err := s.run(ctx, getScript, key, nil, false)
 	if err != nil {
-		return idem.Record{}, err
+		return storekit.Record{}, err
 	}
 	return parseGet(reply)
 }
 
-// Delete implements idem.Store. With notifications on, it wakes the key's
+// Delete implements storekit.Store. With notifications on, it wakes the key's
 // waiters (PUBLISH or SPUBLISH after the DEL, in the same round trip), so
 // that they look at the key again at once, not at their next periodic look
 // (Executor.Await looks at least every second).
 func (s *Store) Delete(ctx context.Context, key string) error {
-	if err := idem.ValidateStoreKey(key); err != nil {
+	if err := storekit.ValidateStoreKey(key); err != nil {
 		return err
 	}
 	if s.replays != nil {
@@ -526,12 +527,12 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 	return nil
 }
 
-// Watch implements idem.Watcher: it subscribes to the record's channel on a
+// Watch implements storekit.Watcher: it subscribes to the record's channel on a
 // connection of its own and returns once the server confirmed the
 // subscription, so that no notification published after Watch returns is
 // missed.
 func (s *Store) Watch(ctx context.Context, key string) (<-chan struct{}, func(), error) {
-	if err := idem.ValidateStoreKey(key); err != nil {
+	if err := storekit.ValidateStoreKey(key); err != nil {
 		return nil, nil, err
 	}
 	if s.pub == "" {

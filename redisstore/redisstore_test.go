@@ -15,6 +15,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/redisstore"
 	"github.com/idemgo/idem/redisstore/redisinfo"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/storetest"
 	"github.com/idemgo/idem/testkit/redistest"
 	"github.com/redis/go-redis/v9"
@@ -41,7 +42,7 @@ func newStore(t testing.TB, c redis.UniversalClient, opts ...redisstore.Option) 
 }
 
 // newExec is idem.New on s; it fails the test on an error.
-func newExec(t testing.TB, s idem.Store, opts ...idem.Option) *idem.Executor {
+func newExec(t testing.TB, s storekit.Store, opts ...idem.Option) *idem.Executor {
 	t.Helper()
 	e, err := idem.New(s, opts...)
 	if err != nil {
@@ -124,15 +125,15 @@ func TestConformance(t *testing.T) {
 			t.Run(c.name+"/"+m.name, func(t *testing.T) {
 				t.Parallel()
 				s := c.newStore(t, m.opts...)
-				storetest.Run(t, func(*testing.T) idem.Store { return s })
+				storetest.Run(t, func(*testing.T) storekit.Store { return s })
 			})
 		}
 	}
 }
 
-func acquire(t *testing.T, s idem.Store, key string) idem.Acquisition {
+func acquire(t *testing.T, s storekit.Store, key string) storekit.Acquisition {
 	t.Helper()
-	a, err := s.Acquire(t.Context(), key, idem.AcquireRequest{Fingerprint: "fp", Owner: "o-" + key, Lease: time.Minute, Retention: time.Hour})
+	a, err := s.Acquire(t.Context(), key, storekit.AcquireRequest{Fingerprint: "fp", Owner: "o-" + key, Lease: time.Minute, Retention: time.Hour})
 	if err != nil {
 		t.Fatalf("Acquire: %v", err)
 	}
@@ -162,7 +163,7 @@ func TestScriptFlush(t *testing.T) {
 						t.Fatal(err)
 					}
 					a := acquire(t, s, key)
-					if a.Outcome != idem.Acquired {
+					if a.Outcome != storekit.Acquired {
 						t.Fatalf("Acquire after SCRIPT FLUSH: got %v, want Acquired", a.Outcome)
 					}
 					if _, err := srv.Command("SCRIPT", "FLUSH"); err != nil {
@@ -174,7 +175,7 @@ func TestScriptFlush(t *testing.T) {
 					if _, err := srv.Command("SCRIPT", "FLUSH"); err != nil {
 						t.Fatal(err)
 					}
-					if rec, err := s.Get(t.Context(), key); err != nil || rec.State != idem.StateCompleted {
+					if rec, err := s.Get(t.Context(), key); err != nil || rec.State != storekit.StateCompleted {
 						t.Fatalf("Get after SCRIPT FLUSH: got %+v, %v", rec, err)
 					}
 				}
@@ -211,7 +212,7 @@ func TestWait(t *testing.T) {
 			s := c.newStore(t, redisstore.WithWait(1, 2*time.Second))
 			key := idem.Key{Scope: c.name, ID: "durable"}.Digest()
 			a := acquire(t, s, key)
-			if a.Outcome != idem.Acquired {
+			if a.Outcome != storekit.Acquired {
 				t.Fatalf("Acquire: got %v", a.Outcome)
 			}
 			if err := s.Complete(t.Context(), key, a.Lease, []byte("r"), time.Hour); err != nil {
@@ -219,7 +220,7 @@ func TestWait(t *testing.T) {
 			}
 			// The replica holds the completed record: read it there.
 			onReplica := newStore(t, goRedisClient(t, replica.Addr()))
-			if rec, err := onReplica.Get(t.Context(), key); err != nil || rec.State != idem.StateCompleted || string(rec.Result) != "r" {
+			if rec, err := onReplica.Get(t.Context(), key); err != nil || rec.State != storekit.StateCompleted || string(rec.Result) != "r" {
 				t.Fatalf("record on the replica: got %+v, %v, want COMPLETED \"r\"", rec, err)
 			}
 		})
@@ -230,11 +231,11 @@ func TestWait(t *testing.T) {
 		t.Run(c.name+"/replica-paused", func(t *testing.T) {
 			s := c.newStore(t, redisstore.WithWait(1, 100*time.Millisecond))
 			key := idem.Key{Scope: c.name, ID: "not durable"}.Digest()
-			a, err := s.Acquire(t.Context(), key, idem.AcquireRequest{Fingerprint: "fp", Owner: "o", Lease: time.Minute, Retention: time.Hour})
+			a, err := s.Acquire(t.Context(), key, storekit.AcquireRequest{Fingerprint: "fp", Owner: "o", Lease: time.Minute, Retention: time.Hour})
 			if !errors.Is(err, idem.ErrNotDurable) {
 				t.Fatalf("Acquire with the replica paused: got %v, want ErrNotDurable", err)
 			}
-			if a.Outcome != idem.Acquired {
+			if a.Outcome != storekit.Acquired {
 				t.Fatalf("Acquire outcome: got %v, want Acquired (it happened on the primary)", a.Outcome)
 			}
 			err = s.Complete(t.Context(), key, a.Lease, []byte("r"), time.Hour)
@@ -280,7 +281,7 @@ func TestWaitAOFUnsupported(t *testing.T) {
 		for _, c := range clients(t, srv, nil) {
 			s := c.newStore(t, redisstore.WithWaitAOF(1, 0, time.Second))
 			key := idem.Key{Scope: c.name, ID: "aof"}.Digest()
-			if a := acquire(t, s, key); a.Outcome != idem.Acquired {
+			if a := acquire(t, s, key); a.Outcome != storekit.Acquired {
 				t.Fatalf("Acquire: got %v", a.Outcome)
 			}
 		}
@@ -327,7 +328,7 @@ func TestScriptErrorWritesNothing(t *testing.T) {
 	if err := c.Set(t.Context(), s.Key(key), "garbage", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	_, err = s.Acquire(t.Context(), key, idem.AcquireRequest{Fingerprint: "fp", Owner: "o", Lease: time.Minute, Retention: time.Hour})
+	_, err = s.Acquire(t.Context(), key, storekit.AcquireRequest{Fingerprint: "fp", Owner: "o", Lease: time.Minute, Retention: time.Hour})
 	if err == nil || !strings.Contains(err.Error(), "unknown record format") {
 		t.Fatalf("Acquire over a foreign value: got %v, want an unknown-format error", err)
 	}
@@ -337,7 +338,7 @@ func TestScriptErrorWritesNothing(t *testing.T) {
 	c.Del(t.Context(), s.Key(key))
 	// And the store refuses such input before Redis sees it.
 	calls := commandCalls(t, srv)
-	if _, err := s.Acquire(t.Context(), key, idem.AcquireRequest{Fingerprint: "fp", Owner: "o", Lease: 0, Retention: time.Hour}); !errors.Is(err, idem.ErrInvalid) {
+	if _, err := s.Acquire(t.Context(), key, storekit.AcquireRequest{Fingerprint: "fp", Owner: "o", Lease: 0, Retention: time.Hour}); !errors.Is(err, idem.ErrInvalid) {
 		t.Fatalf("Acquire with zero lease: got %v, want ErrInvalid", err)
 	}
 	if got := commandCalls(t, srv); got != calls {
@@ -402,7 +403,7 @@ func TestServerRestart(t *testing.T) {
 		for _, s := range []*redisstore.Store{s1, s2} {
 			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 			start := time.Now()
-			_, err := s.Acquire(ctx, idem.Key{ID: "during"}.Digest(), idem.AcquireRequest{Fingerprint: "", Owner: "o", Lease: time.Second, Retention: time.Hour})
+			_, err := s.Acquire(ctx, idem.Key{ID: "during"}.Digest(), storekit.AcquireRequest{Fingerprint: "", Owner: "o", Lease: time.Second, Retention: time.Hour})
 			cancel()
 			if err == nil || !strings.Contains(err.Error(), "redisstore: acquire:") {
 				t.Fatalf("Acquire with the server down: got %v, want a wrapped error", err)
@@ -417,20 +418,20 @@ func TestServerRestart(t *testing.T) {
 		// connections at random): each call is repeated until it succeeds,
 		// for at most 10s.
 		for _, s := range []*redisstore.Store{s1, s2} {
-			rec, err := untilNoError(func() (idem.Record, error) {
+			rec, err := untilNoError(func() (storekit.Record, error) {
 				return s.Get(t.Context(), idem.Key{ID: "before the crash"}.Digest())
 			})
-			if err != nil || rec.State != idem.StateCompleted {
+			if err != nil || rec.State != storekit.StateCompleted {
 				t.Fatalf("after restart: got %+v, %v, want the COMPLETED record", rec, err)
 			}
 			key := idem.Key{ID: "after"}.Digest()
-			a, err := untilNoError(func() (idem.Acquisition, error) {
-				return s.Acquire(t.Context(), key, idem.AcquireRequest{Fingerprint: "fp", Owner: "o-" + key, Lease: time.Minute, Retention: time.Hour})
+			a, err := untilNoError(func() (storekit.Acquisition, error) {
+				return s.Acquire(t.Context(), key, storekit.AcquireRequest{Fingerprint: "fp", Owner: "o-" + key, Lease: time.Minute, Retention: time.Hour})
 			})
 			if err != nil {
 				t.Fatalf("Acquire after restart: %v", err)
 			}
-			if a.Outcome != idem.Acquired && a.Outcome != idem.InProgress {
+			if a.Outcome != storekit.Acquired && a.Outcome != storekit.InProgress {
 				t.Fatalf("Acquire after restart: got %v", a.Outcome)
 			}
 		}
@@ -618,16 +619,16 @@ func TestList(t *testing.T) {
 			prefix := "ls*" + c.name + ":"
 			s := c.newStore(t, redisstore.WithPrefix(prefix))
 			neighbour := c.newStore(t, redisstore.WithPrefix("lsX"+c.name+":"))
-			want := map[string]idem.State{}
+			want := map[string]storekit.State{}
 			for i := range 25 {
 				key := idem.Key{Scope: "list", ID: string(rune('a' + i))}.Digest()
 				a := acquire(t, s, key)
-				want[key] = idem.StateInProgress
+				want[key] = storekit.StateInProgress
 				if i%2 == 0 {
 					if err := s.Complete(t.Context(), key, a.Lease, []byte("r"), time.Hour); err != nil {
 						t.Fatal(err)
 					}
-					want[key] = idem.StateCompleted
+					want[key] = storekit.StateCompleted
 				}
 				acquire(t, neighbour, key)
 			}
@@ -646,7 +647,7 @@ func TestList(t *testing.T) {
 				if !ok || e.Record.State != st || e.Record.Fence <= 0 {
 					t.Errorf("entry %s: got %v fence %d, want %v (listed: %v)", e.Key, e.Record.State, e.Record.Fence, st, ok)
 				}
-				if st == idem.StateCompleted && string(e.Record.Result) != "r" {
+				if st == storekit.StateCompleted && string(e.Record.Result) != "r" {
 					t.Errorf("entry %s: got result %q, want \"r\"", e.Key, e.Record.Result)
 				}
 			}

@@ -8,8 +8,8 @@ import (
 	"math"
 	"sync"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/redisstore/internal/backend"
+	"github.com/idemgo/idem/storekit"
 )
 
 // The local replay cache (see the package documentation). The store keeps
@@ -111,22 +111,22 @@ func (x *replayIndex) remove(key string) {
 // cachedReplay answers an acquire of the record rkey from the local cache:
 // ok is false when it cannot (not cached, not COMPLETED or FAILED, or any
 // error), and the caller runs the acquire script.
-func (s *Store) cachedReplay(ctx context.Context, rkey, fingerprint string) (idem.Acquisition, bool) {
+func (s *Store) cachedReplay(ctx context.Context, rkey, fingerprint string) (storekit.Acquisition, bool) {
 	v, found, err := s.cached.CachedGet(ctx, rkey)
 	if err != nil {
-		return idem.Acquisition{}, false
+		return storekit.Acquisition{}, false
 	}
 	var rec packedRecord
 	if !found || rec.decode(v) != nil || (rec.state != "c" && rec.state != "f") {
 		s.replays.remove(rkey)
-		return idem.Acquisition{}, false
+		return storekit.Acquisition{}, false
 	}
 	if rec.fingerprint != fingerprint {
-		return idem.Acquisition{Outcome: idem.Mismatch}, true
+		return storekit.Acquisition{Outcome: storekit.Mismatch}, true
 	}
-	a := idem.Acquisition{Outcome: idem.Replay, State: idem.StateCompleted, Attempts: int(rec.attempts)}
+	a := storekit.Acquisition{Outcome: storekit.Replay, State: storekit.StateCompleted, Attempts: int(rec.attempts)}
 	if rec.state == "f" {
-		a.State = idem.StateFailed
+		a.State = storekit.StateFailed
 	}
 	if rec.result != "" {
 		a.Result = []byte(rec.result)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/testkit/redistest"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
@@ -66,8 +67,8 @@ func eachCachedStore(t *testing.T, f func(t *testing.T, srv *redistest.Server, s
 	}
 }
 
-func acquireReq(fp string, retention time.Duration) idem.AcquireRequest {
-	return idem.AcquireRequest{Fingerprint: fp, Owner: "owner-" + fp, Lease: min(10*time.Second, retention), Retention: retention, MaxAttempts: 3}
+func acquireReq(fp string, retention time.Duration) storekit.AcquireRequest {
+	return storekit.AcquireRequest{Fingerprint: fp, Owner: "owner-" + fp, Lease: min(10*time.Second, retention), Retention: retention, MaxAttempts: 3}
 }
 
 // completeAndCache completes key with result and acquires it until an
@@ -76,7 +77,7 @@ func completeAndCache(t *testing.T, s *redisstore.Store, key, fp string, retenti
 	t.Helper()
 	ctx := t.Context()
 	a, err := s.Acquire(ctx, key, acquireReq(fp, retention))
-	if err != nil || a.Outcome != idem.Acquired {
+	if err != nil || a.Outcome != storekit.Acquired {
 		t.Fatalf("acquire: got %v, %v, want Acquired", a.Outcome, err)
 	}
 	if err := s.Complete(ctx, key, a.Lease, []byte("result-"+key), retention); err != nil {
@@ -89,7 +90,7 @@ func completeAndCache(t *testing.T, s *redisstore.Store, key, fp string, retenti
 			t.Fatal("no acquire was answered from the local cache")
 		}
 		r, err := s.Acquire(ctx, key, acquireReq(fp, retention))
-		if err != nil || r.Outcome != idem.Replay || string(r.Result) != "result-"+key || r.State != idem.StateCompleted {
+		if err != nil || r.Outcome != storekit.Replay || string(r.Result) != "result-"+key || r.State != storekit.StateCompleted {
 			t.Fatalf("acquire %d: got %v %q %v, %v, want the replay", i, r.Outcome, r.Result, r.State, err)
 		}
 	}
@@ -115,7 +116,7 @@ func testDeleteInvalidates(t *testing.T, srv *redistest.Server, s *redisstore.St
 		if err != nil {
 			t.Fatal(err)
 		}
-		if a.Outcome == idem.Acquired {
+		if a.Outcome == storekit.Acquired {
 			break
 		}
 		if time.Since(deleted) > staleBound {
@@ -132,7 +133,7 @@ func testDeleteInvalidates(t *testing.T, srv *redistest.Server, s *redisstore.St
 		t.Fatal(err)
 	}
 	a, err := other2.Acquire(t.Context(), "k2", acquireReq("fp2", time.Hour))
-	if err != nil || a.Outcome != idem.Acquired {
+	if err != nil || a.Outcome != storekit.Acquired {
 		t.Fatalf("acquire by the other process: got %v, %v", a.Outcome, err)
 	}
 	overwritten := time.Now()
@@ -141,7 +142,7 @@ func testDeleteInvalidates(t *testing.T, srv *redistest.Server, s *redisstore.St
 		if err != nil {
 			t.Fatal(err)
 		}
-		if a.Outcome == idem.Mismatch {
+		if a.Outcome == storekit.Mismatch {
 			break
 		}
 		if time.Since(overwritten) > staleBound {
@@ -168,7 +169,7 @@ func testNeverOutlivesRetention(t *testing.T, _ *redistest.Server, s *redisstore
 		if err != nil {
 			t.Fatal(err)
 		}
-		if a.Outcome != idem.Replay {
+		if a.Outcome != storekit.Replay {
 			break
 		}
 		// Redis itself keeps expiries in whole milliseconds.
@@ -228,7 +229,7 @@ func noStaleAfterBreak(t *testing.T, s *redisstore.Store, gen uint64, key string
 	if _, _, tracked := redisstore.CacheState(s); !tracked {
 		for {
 			a, err := s.Acquire(t.Context(), key, acquireReq("fp", time.Hour))
-			if err == nil && a.Outcome == idem.Acquired {
+			if err == nil && a.Outcome == storekit.Acquired {
 				return
 			}
 			if time.Since(since) > staleBound {
@@ -241,7 +242,7 @@ func noStaleAfterBreak(t *testing.T, s *redisstore.Store, gen uint64, key string
 		g, ready, _ := redisstore.CacheState(s)
 		noticed := g != gen
 		a, err := s.Acquire(t.Context(), key, acquireReq("fp", time.Hour))
-		if err == nil && a.Outcome == idem.Replay {
+		if err == nil && a.Outcome == storekit.Replay {
 			if noticed {
 				t.Fatalf("acquire %v after the break, which the store had noticed: a replay of the record deleted meanwhile", time.Since(since))
 			}
@@ -269,25 +270,25 @@ func testChecks(t *testing.T, _ *redistest.Server, s *redisstore.Store, newStore
 	ctx := t.Context()
 	completeAndCache(t, s, "scope-a.k", "fp", time.Hour)
 	a, err := s.Acquire(ctx, "scope-a.k", acquireReq("other", time.Hour))
-	if err != nil || a.Outcome != idem.Mismatch {
+	if err != nil || a.Outcome != storekit.Mismatch {
 		t.Fatalf("other fingerprint: got %v, %v, want Mismatch", a.Outcome, err)
 	}
 	a, err = s.Acquire(ctx, "scope-b.k", acquireReq("fp", time.Hour))
-	if err != nil || a.Outcome != idem.Acquired {
+	if err != nil || a.Outcome != storekit.Acquired {
 		t.Fatalf("other scope: got %v, %v, want Acquired", a.Outcome, err)
 	}
 	// IN_PROGRESS is never served from the cache: the key above is.
 	req := acquireReq("fp", time.Hour)
 	req.Owner = "another owner"
 	b, err := s.Acquire(ctx, "scope-b.k", req)
-	if err != nil || b.Outcome != idem.InProgress {
+	if err != nil || b.Outcome != storekit.InProgress {
 		t.Fatalf("in progress: got %v, %v, want InProgress", b.Outcome, err)
 	}
 	// Off by option: no acquire is served locally.
 	off := newStore(redisstore.WithReplayCache(false))
 	before := redisstore.ReplayCacheHits()
 	for range 3 {
-		if r, err := off.Acquire(ctx, "scope-a.k", acquireReq("fp", time.Hour)); err != nil || r.Outcome != idem.Replay {
+		if r, err := off.Acquire(ctx, "scope-a.k", acquireReq("fp", time.Hour)); err != nil || r.Outcome != storekit.Replay {
 			t.Fatalf("got %v, %v, want Replay", r.Outcome, err)
 		}
 	}
@@ -370,7 +371,7 @@ func TestReplayCacheClose(t *testing.T) {
 	}
 	waitFor(t, "no tracking connection after Close", func() bool { return tracking() == 0 })
 	before := redisstore.ReplayCacheHits()
-	if a, err := s.Acquire(t.Context(), "k", acquireReq("fp", time.Hour)); err != nil || a.Outcome != idem.Replay {
+	if a, err := s.Acquire(t.Context(), "k", acquireReq("fp", time.Hour)); err != nil || a.Outcome != storekit.Replay {
 		t.Fatalf("after Close: got %v, %v, want Replay", a.Outcome, err)
 	}
 	if redisstore.ReplayCacheHits() != before {
@@ -403,13 +404,13 @@ func testReplayCacheClusterAsk(t *testing.T, cluster *redistest.Cluster, rc ruCl
 	replay := func(what string) {
 		t.Helper()
 		a, err := s.Acquire(t.Context(), key, acquireReq("fp", time.Hour))
-		if err != nil || a.Outcome != idem.Replay || string(a.Result) != "result-"+key {
+		if err != nil || a.Outcome != storekit.Replay || string(a.Result) != "result-"+key {
 			t.Fatalf("%s: got %v %q, %v, want the replay", what, a.Outcome, a.Result, err)
 		}
 	}
 	if disable {
 		a, err := s.Acquire(t.Context(), key, acquireReq("fp", time.Hour))
-		if err != nil || a.Outcome != idem.Acquired {
+		if err != nil || a.Outcome != storekit.Acquired {
 			t.Fatalf("acquire: got %v, %v", a.Outcome, err)
 		}
 		if err := s.Complete(t.Context(), key, a.Lease, []byte("result-"+key), time.Hour); err != nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/redisstore/internal/backend"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/storekit/statemachine"
 )
 
@@ -109,23 +110,23 @@ func asString(v any) (string, bool) {
 
 // parseAcquire parses the reply of acquire.lua, or an element of
 // acquire_many.lua's.
-func parseAcquire(v any) (idem.Acquisition, error) {
+func parseAcquire(v any) (storekit.Acquisition, error) {
 	if fence, ok := v.(int64); ok && fence > 0 {
 		// acquire_many's short form of {1, fence, 1}: a new record.
-		return idem.Acquisition{Outcome: idem.Acquired, Lease: idem.Lease{Fence: fence}, Attempts: 1}, nil
+		return storekit.Acquisition{Outcome: storekit.Acquired, Lease: storekit.Lease{Fence: fence}, Attempts: 1}, nil
 	}
 	arr, ok := v.([]any)
 	if !ok || len(arr) == 0 {
-		return idem.Acquisition{}, replyError("acquire", v)
+		return storekit.Acquisition{}, replyError("acquire", v)
 	}
 	code, ok := asInt(arr[0])
 	if !ok {
-		return idem.Acquisition{}, replyError("acquire", v)
+		return storekit.Acquisition{}, replyError("acquire", v)
 	}
-	var a idem.Acquisition
+	var a storekit.Acquisition
 	switch {
 	case code == 5 && len(arr) == 1:
-		a.Outcome = idem.Mismatch
+		a.Outcome = storekit.Mismatch
 		return a, nil
 	case (code == 1 && len(arr) == 3) || (code == 2 && len(arr) == 4):
 		fence, ok1 := asInt(arr[1])
@@ -133,9 +134,9 @@ func parseAcquire(v any) (idem.Acquisition, error) {
 		if !ok1 || !ok2 {
 			break
 		}
-		a.Outcome, a.Lease.Fence, a.Attempts = idem.Acquired, fence, int(attempts)
+		a.Outcome, a.Lease.Fence, a.Attempts = storekit.Acquired, fence, int(attempts)
 		if code == 2 {
-			a.Outcome = idem.TakenOver
+			a.Outcome = storekit.TakenOver
 			a.PreviousOwner, _ = asString(arr[3])
 		}
 		return a, nil
@@ -145,7 +146,7 @@ func parseAcquire(v any) (idem.Acquisition, error) {
 		if !ok1 || !ok2 {
 			break
 		}
-		a.Outcome, a.RetryAfter, a.Attempts = idem.InProgress, time.Duration(left)*time.Microsecond, int(attempts)
+		a.Outcome, a.RetryAfter, a.Attempts = storekit.InProgress, time.Duration(left)*time.Microsecond, int(attempts)
 		return a, nil
 	case code == 4 && len(arr) == 4:
 		st, ok1 := asString(arr[1])
@@ -155,13 +156,13 @@ func parseAcquire(v any) (idem.Acquisition, error) {
 		if !ok1 || !ok2 || !ok3 || !ok4 {
 			break
 		}
-		a.Outcome, a.State, a.Attempts = idem.Replay, state, int(attempts)
+		a.Outcome, a.State, a.Attempts = storekit.Replay, state, int(attempts)
 		if result != "" {
 			a.Result = []byte(result)
 		}
 		return a, nil
 	}
-	return idem.Acquisition{}, replyError("acquire", v)
+	return storekit.Acquisition{}, replyError("acquire", v)
 }
 
 // parseOK parses the 1/0 reply of complete.lua, release.lua and extend.lua.
@@ -177,9 +178,9 @@ func parseOK(name string, v any) error {
 }
 
 // parseFail parses the reply of fail.lua.
-func parseFail(v any) (idem.State, error) {
+func parseFail(v any) (storekit.State, error) {
 	if s, ok := v.(string); ok {
-		if st, ok := statemachine.ParseState(s); ok && (st == idem.StateReleased || st == idem.StateFailed) {
+		if st, ok := statemachine.ParseState(s); ok && (st == storekit.StateReleased || st == storekit.StateFailed) {
 			return st, nil
 		}
 	}
@@ -190,23 +191,23 @@ func parseFail(v any) (idem.State, error) {
 }
 
 // parseGet parses the reply of get.lua.
-func parseGet(v any) (idem.Record, error) {
+func parseGet(v any) (storekit.Record, error) {
 	arr, ok := v.([]any)
 	if !ok || len(arr) != 10 {
-		return idem.Record{}, replyError("get", v)
+		return storekit.Record{}, replyError("get", v)
 	}
 	now, ok1 := asInt(arr[0])
 	ttl, ok2 := asInt(arr[1])
 	st, ok3 := asString(arr[2])
 	if !ok1 || !ok2 || !ok3 {
-		return idem.Record{}, replyError("get", v)
+		return storekit.Record{}, replyError("get", v)
 	}
 	if st == "" {
-		return idem.Record{}, idem.ErrNotFound
+		return storekit.Record{}, storekit.ErrNotFound
 	}
 	state, ok := statemachine.ParseState(st)
 	if !ok {
-		return idem.Record{}, replyError("get", v)
+		return storekit.Record{}, replyError("get", v)
 	}
 	// A field of the wrong type means a value idem's scripts did not
 	// write: refuse it rather than read it as empty.
@@ -221,7 +222,7 @@ func parseGet(v any) (idem.Record, error) {
 		bad = bad || !ok
 		return n
 	}
-	rec := idem.Record{
+	rec := storekit.Record{
 		State:       state,
 		Fingerprint: str(3),
 		Owner:       str(4),
@@ -235,11 +236,11 @@ func parseGet(v any) (idem.Record, error) {
 	if r := str(9); r != "" {
 		rec.Result = []byte(r)
 	}
-	if l := num(6); state == idem.StateInProgress {
+	if l := num(6); state == storekit.StateInProgress {
 		rec.LeaseUntil = time.UnixMicro(l)
 	}
 	if bad {
-		return idem.Record{}, fmt.Errorf("redisstore: get: a record field has the wrong type: %w", replyError("get", v))
+		return storekit.Record{}, fmt.Errorf("redisstore: get: a record field has the wrong type: %w", replyError("get", v))
 	}
 	if ttl >= 0 {
 		rec.ExpiresAt = rec.Now.Add(time.Duration(ttl) * time.Millisecond)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/storetest"
 	"github.com/idemgo/idem/testkit/redistest"
 	"github.com/redis/go-redis/v9"
@@ -48,7 +49,7 @@ func TestSentinelConformance(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			st := newStore(t)
-			storetest.Run(t, func(*testing.T) idem.Store { return st })
+			storetest.Run(t, func(*testing.T) storekit.Store { return st })
 		})
 	}
 }
@@ -64,13 +65,13 @@ func TestSentinelFailover(t *testing.T) {
 	clients := sentinelClients(s)
 	type pair struct{ durable, plain *redisstore.Store }
 	stores := make(map[string]pair)
-	req := idem.AcquireRequest{Fingerprint: "fp", Owner: "o", Lease: time.Minute, Retention: time.Hour}
+	req := storekit.AcquireRequest{Fingerprint: "fp", Owner: "o", Lease: time.Minute, Retention: time.Hour}
 	for name, newStore := range clients {
 		p := pair{durable: newStore(t, redisstore.WithWait(2, 2*time.Second)), plain: newStore(t)}
 		stores[name] = p
 		key := idem.Key{Scope: "sentinel", ID: name}.Digest()
 		a, err := p.durable.Acquire(t.Context(), key, req)
-		if err != nil || a.Outcome != idem.Acquired {
+		if err != nil || a.Outcome != storekit.Acquired {
 			t.Fatalf("%s: Acquire: got %v, %v", name, a.Outcome, err)
 		}
 		if err := p.durable.Complete(t.Context(), key, a.Lease, []byte("done "+name), time.Hour); err != nil {
@@ -86,7 +87,7 @@ func TestSentinelFailover(t *testing.T) {
 		key := idem.Key{Scope: "sentinel", ID: name}.Digest()
 		// The clients find the new primary by themselves; until they do,
 		// calls fail.
-		var rec idem.Record
+		var rec storekit.Record
 		var err error
 		deadline := time.Now().Add(30 * time.Second)
 		for {
@@ -101,15 +102,15 @@ func TestSentinelFailover(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: Get after the failover: %v", name, err)
 		}
-		if rec.State != idem.StateCompleted || !bytes.Equal(rec.Result, []byte("done "+name)) {
+		if rec.State != storekit.StateCompleted || !bytes.Equal(rec.Result, []byte("done "+name)) {
 			t.Errorf("%s: record after the failover: got %v %q, want COMPLETED with its result", name, rec.State, rec.Result)
 		}
 		fresh := idem.Key{Scope: "sentinel", ID: name + " after"}.Digest()
-		if a, err := p.plain.Acquire(t.Context(), fresh, req); err != nil || a.Outcome != idem.Acquired {
+		if a, err := p.plain.Acquire(t.Context(), fresh, req); err != nil || a.Outcome != storekit.Acquired {
 			t.Errorf("%s: Acquire on the new primary: got %v, %v", name, a.Outcome, err)
 		}
 		other := idem.Key{Scope: "sentinel", ID: name + " durable"}.Digest()
-		if a, err := p.durable.Acquire(t.Context(), other, req); !errors.Is(err, idem.ErrNotDurable) || a.Outcome != idem.Acquired {
+		if a, err := p.durable.Acquire(t.Context(), other, req); !errors.Is(err, idem.ErrNotDurable) || a.Outcome != storekit.Acquired {
 			t.Errorf("%s: Acquire with WithWait(2) and one replica left: got %v, %v, want Acquired and ErrNotDurable", name, a.Outcome, err)
 		}
 	}
@@ -179,11 +180,11 @@ func TestSentinelReplayCacheFollowsFailover(t *testing.T) {
 			}
 			replays := 0
 			for range 100 {
-				a, err := st.Acquire(t.Context(), key, idem.AcquireRequest{Fingerprint: "fp", Owner: "o", Lease: time.Minute, Retention: time.Hour})
+				a, err := st.Acquire(t.Context(), key, storekit.AcquireRequest{Fingerprint: "fp", Owner: "o", Lease: time.Minute, Retention: time.Hour})
 				if err != nil {
 					t.Fatal(err)
 				}
-				if a.Outcome == idem.Replay {
+				if a.Outcome == storekit.Replay {
 					replays++
 				}
 			}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/testkit/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -131,7 +132,7 @@ func TestServerCheckEviction(t *testing.T) {
 				t.Errorf("log:\n%s\nwant an error that names the fix", l)
 			}
 			// The store keeps serving meanwhile.
-			if _, err := st.Get(t.Context(), idem.Key{ID: "k"}.Digest()); !errors.Is(err, idem.ErrNotFound) {
+			if _, err := st.Get(t.Context(), idem.Key{ID: "k"}.Digest()); !errors.Is(err, storekit.ErrNotFound) {
 				t.Errorf("Get while evicting: got %v, want ErrNotFound", err)
 			}
 			waitChecks(t, allowing, 2)
@@ -166,7 +167,7 @@ func TestServerCheckAfterRestart(t *testing.T) {
 				ctx, cancel := context.WithTimeout(t.Context(), time.Second)
 				_, err := st.Get(ctx, idem.Key{ID: "k"}.Digest())
 				cancel()
-				if err != nil && !errors.Is(err, idem.ErrNotFound) {
+				if err != nil && !errors.Is(err, storekit.ErrNotFound) {
 					break // the call found the server gone
 				}
 				if time.Now().After(deadline) {

@@ -5,23 +5,23 @@ import (
 	"fmt"
 	"strconv"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/redisstore/redisinfo"
+	"github.com/idemgo/idem/storekit"
 )
 
 // StatsSample is the most records Stats counts.
 const StatsSample = 1000
 
-var _ idem.StatsStore = (*Store)(nil)
+var _ storekit.StatsStore = (*Store)(nil)
 
-// Stats implements idem.StatsStore. It counts a sample of the records, the
+// Stats implements storekit.StatsStore. It counts a sample of the records, the
 // first StatsSample that SCAN finds (as List does: SCAN with MATCH and TYPE,
 // never KEYS, then one read per record), so Sampled is set when there are
 // more, and reads INFO on every node for used_memory and maxmemory,
 // reporting the node closest to its limit. A server that refuses INFO
 // (ACLs, managed services) leaves the memory at zero.
-func (s *Store) Stats(ctx context.Context) (idem.Stats, error) {
-	var st idem.Stats
+func (s *Store) Stats(ctx context.Context) (storekit.Stats, error) {
+	var st storekit.Stats
 	entries, err := s.List(ctx, StatsSample)
 	if err != nil {
 		return st, err

@@ -9,6 +9,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/redisstore/internal/backend"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/storekit/statemachine"
 )
 
@@ -82,8 +83,8 @@ func subset[T any](s []T, idx []int) []T {
 // sent. A store configured with WithWait or WithWaitAOF refuses batches
 // (every error wraps idem.ErrInvalid): use Acquire. It is safe for
 // concurrent use.
-func (s *Store) AcquireBatch(ctx context.Context, keys []string, reqs []idem.AcquireRequest) ([]idem.Acquisition, []error) {
-	out := make([]idem.Acquisition, len(keys))
+func (s *Store) AcquireBatch(ctx context.Context, keys []string, reqs []storekit.AcquireRequest) ([]storekit.Acquisition, []error) {
+	out := make([]storekit.Acquisition, len(keys))
 	errs := make([]error, len(keys))
 	if len(reqs) != len(keys) {
 		for i := range errs {
@@ -98,7 +99,7 @@ func (s *Store) AcquireBatch(ctx context.Context, keys []string, reqs []idem.Acq
 			errs[i] = errBatchWait
 			continue
 		}
-		if err := idem.ValidateStoreKey(key); err != nil {
+		if err := storekit.ValidateStoreKey(key); err != nil {
 			errs[i] = err
 			continue
 		}
@@ -127,7 +128,7 @@ func (s *Store) AcquireBatch(ctx context.Context, keys []string, reqs []idem.Acq
 			errs[i] = err
 			continue
 		}
-		if a.Outcome == idem.Acquired || a.Outcome == idem.TakenOver {
+		if a.Outcome == storekit.Acquired || a.Outcome == storekit.TakenOver {
 			a.Lease.Owner = reqs[i].Owner
 		}
 		out[i] = a
@@ -141,7 +142,7 @@ type StreamAck struct {
 	// Key is the store key (the digest of the idempotency key).
 	Key string
 	// Lease is the acquisition being completed.
-	Lease idem.Lease
+	Lease storekit.Lease
 	// Result is the result blob to store, as the Executor encodes it.
 	Result []byte
 	// ID is the stream entry ID.
@@ -150,7 +151,7 @@ type StreamAck struct {
 	// fence check and before the COMPLETED write and the XACK (see
 	// WithEffect and Store.CompleteEffect): the attempt's effect, from
 	// idem.Attempt.Effect.
-	Effect *idem.Effect
+	Effect *storekit.Effect
 }
 
 // CompleteAndAck does what Complete does and, in the same Lua script,
@@ -162,7 +163,7 @@ type StreamAck struct {
 // owns the record. Repeating a call that succeeded succeeds again. A store
 // configured with WithWait or WithWaitAOF refuses it (idem.ErrInvalid). It
 // is safe for concurrent use.
-func (s *Store) CompleteAndAck(ctx context.Context, key string, lease idem.Lease, result []byte, retention time.Duration, stream, group, id string) error {
+func (s *Store) CompleteAndAck(ctx context.Context, key string, lease storekit.Lease, result []byte, retention time.Duration, stream, group, id string) error {
 	return s.CompleteAndAckBatch(ctx, stream, group, retention, []StreamAck{{Key: key, Lease: lease, Result: result, ID: id}})[0]
 }
 
@@ -170,11 +171,11 @@ func (s *Store) CompleteAndAck(ctx context.Context, key string, lease idem.Lease
 // CompleteBatch runs Complete, and returns one error per element (nil:
 // completed and acknowledged). An element with an Effect is completed,
 // with its effect, and acknowledged in one call of its effect's script; a
-// failed effect gives an *idem.EffectError and acknowledges nothing. It is
+// failed effect gives an *storekit.EffectError and acknowledges nothing. It is
 // safe for concurrent use.
 func (s *Store) CompleteAndAckBatch(ctx context.Context, stream, group string, retention time.Duration, acks []StreamAck) []error {
 	errs := make([]error, len(acks))
-	retentionErr := idem.ValidateDuration("retention", retention)
+	retentionErr := storekit.ValidateDuration("retention", retention)
 	calls := make([]evalCall, 0, len(acks))
 	idx := make([]int, 0, len(acks))
 	var effects []int

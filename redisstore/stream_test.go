@@ -7,6 +7,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/testkit/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -75,17 +76,17 @@ func TestStreamScripts(t *testing.T) {
 			}
 			ids := []string{read[0].Messages[0].ID, read[0].Messages[1].ID, read[0].Messages[2].ID}
 
-			req := func(owner string) idem.AcquireRequest {
-				return idem.AcquireRequest{Owner: owner, Lease: time.Minute, Retention: time.Hour}
+			req := func(owner string) storekit.AcquireRequest {
+				return storekit.AcquireRequest{Owner: owner, Lease: time.Minute, Retention: time.Hour}
 			}
-			acq, errs := tg.store.AcquireBatch(ctx, []string{k1, k2, k1, ""}, []idem.AcquireRequest{req("o1"), req("o2"), req("o3"), req("o4")})
+			acq, errs := tg.store.AcquireBatch(ctx, []string{k1, k2, k1, ""}, []storekit.AcquireRequest{req("o1"), req("o2"), req("o3"), req("o4")})
 			if errs[0] != nil || errs[1] != nil || errs[2] != nil {
 				t.Fatalf("AcquireBatch errors %v", errs)
 			}
 			if !errors.Is(errs[3], idem.ErrInvalid) {
 				t.Errorf("empty key: %v, want ErrInvalid", errs[3])
 			}
-			if acq[0].Outcome != idem.Acquired || acq[1].Outcome != idem.Acquired || acq[2].Outcome != idem.InProgress {
+			if acq[0].Outcome != storekit.Acquired || acq[1].Outcome != storekit.Acquired || acq[2].Outcome != storekit.InProgress {
 				t.Fatalf("outcomes %v %v %v, want acquired, acquired, in-progress", acq[0].Outcome, acq[1].Outcome, acq[2].Outcome)
 			}
 			if acq[0].Lease.Owner != "o1" || acq[0].Lease.Fence <= 0 {
@@ -106,10 +107,10 @@ func TestStreamScripts(t *testing.T) {
 				t.Errorf("repeated CompleteAndAck: %v", err)
 			}
 			rec, err := tg.store.Get(ctx, k1)
-			if err != nil || rec.State != idem.StateCompleted || string(rec.Result) != "r" {
+			if err != nil || rec.State != storekit.StateCompleted || string(rec.Result) != "r" {
 				t.Errorf("record %+v %v, want COMPLETED with r", rec, err)
 			}
-			if rec, _ := tg.store.Get(ctx, k2); rec.State != idem.StateInProgress {
+			if rec, _ := tg.store.Get(ctx, k2); rec.State != storekit.StateInProgress {
 				t.Errorf("refused record is %v, want IN_PROGRESS", rec.State)
 			}
 			pend, err := tg.raw.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: stream, Group: "g", Start: "-", End: "+", Count: 10}).Result()
@@ -147,7 +148,7 @@ func TestHashTagOptions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, errs := s.AcquireBatch(t.Context(), []string{"k"}, []idem.AcquireRequest{{Owner: "o", Lease: time.Second, Retention: time.Second}})
+	_, errs := s.AcquireBatch(t.Context(), []string{"k"}, []storekit.AcquireRequest{{Owner: "o", Lease: time.Second, Retention: time.Second}})
 	if !errors.Is(errs[0], idem.ErrInvalid) {
 		t.Errorf("AcquireBatch with WithWait: %v, want ErrInvalid", errs[0])
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/testkit/redistest"
 )
 
@@ -125,18 +126,18 @@ func waitChild(t *testing.T, addr string) {
 
 // getProbe closes got at the first Get: a waiter reads the record of the
 // key it found in progress. It unwraps to the store, so that the Executor
-// finds the store's idem.Watcher (idem.StoreAs).
+// finds the store's storekit.Watcher (storekit.StoreAs).
 type getProbe struct {
-	idem.Store
+	storekit.Store
 	gets atomic.Int32
 	got  chan struct{}
 }
 
-func (p *getProbe) Get(ctx context.Context, key string) (idem.Record, error) {
+func (p *getProbe) Get(ctx context.Context, key string) (storekit.Record, error) {
 	if p.gets.Add(1) == 1 {
 		close(p.got)
 	}
 	return p.Store.Get(ctx, key)
 }
 
-func (p *getProbe) Unwrap() idem.Store { return p.Store }
+func (p *getProbe) Unwrap() storekit.Store { return p.Store }

@@ -7,36 +7,37 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/storekit"
 )
 
-// testBatch checks idem.BatchStore on stores that implement it (found
-// through wrappers with idem.StoreAs): each key of AcquireBatch and
+// testBatch checks storekit.BatchStore on stores that implement it (found
+// through wrappers with storekit.StoreAs): each key of AcquireBatch and
 // CompleteBatch gets the outcome and error Acquire and Complete would give
 // it, and invalid input fails its key only. A store that refuses batches in
 // its configuration (every key of a valid batch fails with ErrInvalid, as
 // redisstore does with WithWait) is skipped.
-func testBatch(t *testing.T, s idem.Store) {
-	bs, ok := idem.StoreAs[idem.BatchStore](s)
+func testBatch(t *testing.T, s storekit.Store) {
+	bs, ok := storekit.StoreAs[storekit.BatchStore](s)
 	if !ok {
-		t.Skip("the store does not implement idem.BatchStore")
+		t.Skip("the store does not implement storekit.BatchStore")
 	}
 	ctx := t.Context()
 	probe := newKey(t)
-	if _, errs := bs.AcquireBatch(ctx, []string{probe}, []idem.AcquireRequest{req("fp", longLease)}); errors.Is(errs[0], idem.ErrInvalid) {
+	if _, errs := bs.AcquireBatch(ctx, []string{probe}, []storekit.AcquireRequest{req("fp", longLease)}); errors.Is(errs[0], idem.ErrInvalid) {
 		t.Skipf("the store refuses batches: %v", errs[0])
 	}
 
 	completed, inProgress, mismatched := newKey(t), newKey(t), newKey(t)
-	a := acquire(t, s, completed, req("fp", longLease), idem.Acquired)
+	a := acquire(t, s, completed, req("fp", longLease), storekit.Acquired)
 	if err := s.Complete(ctx, completed, a.Lease, []byte("done"), retention); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
-	held := acquire(t, s, inProgress, req("fp", longLease), idem.Acquired)
-	acquire(t, s, mismatched, req("other", longLease), idem.Acquired)
+	held := acquire(t, s, inProgress, req("fp", longLease), storekit.Acquired)
+	acquire(t, s, mismatched, req("other", longLease), storekit.Acquired)
 
 	fresh1, fresh2 := newKey(t), newKey(t)
 	keys := []string{fresh1, completed, inProgress, "", mismatched, fresh2}
-	reqs := []idem.AcquireRequest{req("fp", longLease), req("fp", longLease), req("fp", longLease),
+	reqs := []storekit.AcquireRequest{req("fp", longLease), req("fp", longLease), req("fp", longLease),
 		req("fp", longLease), req("fp", longLease), req("fp", longLease)}
 	got, errs := bs.AcquireBatch(ctx, keys, reqs)
 	if len(got) != len(keys) || len(errs) != len(keys) {
@@ -45,7 +46,7 @@ func testBatch(t *testing.T, s idem.Store) {
 	if !errors.Is(errs[3], idem.ErrInvalid) {
 		t.Errorf("AcquireBatch of an empty key: got %v, want ErrInvalid", errs[3])
 	}
-	want := []idem.Outcome{idem.Acquired, idem.Replay, idem.InProgress, 0, idem.Mismatch, idem.Acquired}
+	want := []storekit.Outcome{storekit.Acquired, storekit.Replay, storekit.InProgress, 0, storekit.Mismatch, storekit.Acquired}
 	for i, w := range want {
 		if i == 3 {
 			continue
@@ -57,7 +58,7 @@ func testBatch(t *testing.T, s idem.Store) {
 			t.Fatalf("AcquireBatch key %d: got %v, want %v (%+v)", i, got[i].Outcome, w, got[i])
 		}
 	}
-	if got[1].State != idem.StateCompleted || string(got[1].Result) != "done" {
+	if got[1].State != storekit.StateCompleted || string(got[1].Result) != "done" {
 		t.Errorf("AcquireBatch replay: got %v %q, want COMPLETED \"done\"", got[1].State, got[1].Result)
 	}
 	if got[2].RetryAfter <= 0 || got[2].RetryAfter > longLease {
@@ -67,16 +68,16 @@ func testBatch(t *testing.T, s idem.Store) {
 		if got[i].Lease.Owner != reqs[i].Owner || got[i].Lease.Fence <= 0 || got[i].Attempts != 1 {
 			t.Fatalf("AcquireBatch key %d: lease %+v attempts %d, want owner %q, a fence, 1 attempt", i, got[i].Lease, got[i].Attempts, reqs[i].Owner)
 		}
-		if rec := get(t, s, keys[i]); rec.State != idem.StateInProgress || rec.Owner != reqs[i].Owner || rec.Fence != got[i].Lease.Fence {
+		if rec := get(t, s, keys[i]); rec.State != storekit.StateInProgress || rec.Owner != reqs[i].Owner || rec.Fence != got[i].Lease.Fence {
 			t.Fatalf("record of key %d: got %v owner %q fence %d, want IN_PROGRESS by the batch's lease", i, rec.State, rec.Owner, rec.Fence)
 		}
 	}
 
 	// CompleteBatch: the two acquired keys complete, a stale lease loses,
 	// an invalid key fails alone.
-	stale := idem.Lease{Owner: "not-the-owner", Fence: held.Lease.Fence}
+	stale := storekit.Lease{Owner: "not-the-owner", Fence: held.Lease.Fence}
 	ckeys := []string{fresh1, inProgress, "", fresh2}
-	leases := []idem.Lease{got[0].Lease, stale, got[0].Lease, got[5].Lease}
+	leases := []storekit.Lease{got[0].Lease, stale, got[0].Lease, got[5].Lease}
 	results := [][]byte{[]byte("one"), []byte("stale"), []byte("x"), []byte("two")}
 	cerrs := bs.CompleteBatch(ctx, ckeys, leases, results, retention)
 	if len(cerrs) != len(ckeys) {
@@ -91,16 +92,16 @@ func testBatch(t *testing.T, s idem.Store) {
 	}
 	// A repeated CompleteBatch (its reply was lost) succeeds and changes
 	// nothing.
-	again := bs.CompleteBatch(ctx, []string{fresh1, fresh2}, []idem.Lease{got[0].Lease, got[5].Lease}, [][]byte{[]byte("one"), []byte("two")}, retention)
+	again := bs.CompleteBatch(ctx, []string{fresh1, fresh2}, []storekit.Lease{got[0].Lease, got[5].Lease}, [][]byte{[]byte("one"), []byte("two")}, retention)
 	if len(again) != 2 || again[0] != nil || again[1] != nil {
 		t.Fatalf("repeated CompleteBatch: got %v, want no errors", again)
 	}
 	for k, res := range map[string]string{fresh1: "one", fresh2: "two"} {
-		if a := acquire(t, s, k, req("fp", longLease), idem.Replay); a.State != idem.StateCompleted || string(a.Result) != res {
+		if a := acquire(t, s, k, req("fp", longLease), storekit.Replay); a.State != storekit.StateCompleted || string(a.Result) != res {
 			t.Fatalf("replay after CompleteBatch: got %v %q, want COMPLETED %q", a.State, a.Result, res)
 		}
 	}
-	if rec := get(t, s, inProgress); rec.State != idem.StateInProgress || rec.Owner != held.Lease.Owner {
+	if rec := get(t, s, inProgress); rec.State != storekit.StateInProgress || rec.Owner != held.Lease.Owner {
 		t.Fatalf("the stale lease changed the record: %v owner %q", rec.State, rec.Owner)
 	}
 
@@ -113,15 +114,15 @@ func testBatch(t *testing.T, s idem.Store) {
 	}
 }
 
-// testWatch checks idem.Watcher on stores that implement it (found through
-// wrappers with idem.StoreAs): a watch of an IN_PROGRESS key is woken when
+// testWatch checks storekit.Watcher on stores that implement it (found through
+// wrappers with storekit.StoreAs): a watch of an IN_PROGRESS key is woken when
 // the record leaves IN_PROGRESS through Complete, Fail or Release (an
 // Extend before does not spoil it), every watcher of the key is woken,
 // and a stopped watch does not spoil the next one.
-func testWatch(t *testing.T, s idem.Store) {
-	w, ok := idem.StoreAs[idem.Watcher](s)
+func testWatch(t *testing.T, s storekit.Store) {
+	w, ok := storekit.StoreAs[storekit.Watcher](s)
 	if !ok {
-		t.Skip("the store does not implement idem.Watcher")
+		t.Skip("the store does not implement storekit.Watcher")
 	}
 	ctx := t.Context()
 	// watch starts a watch of key, stopped at the end of the test.
@@ -144,21 +145,21 @@ func testWatch(t *testing.T, s idem.Store) {
 	}
 	endings := []struct {
 		name string
-		end  func(key string, l idem.Lease) error
+		end  func(key string, l storekit.Lease) error
 	}{
-		{"Complete", func(key string, l idem.Lease) error { return s.Complete(ctx, key, l, []byte("r"), retention) }},
-		{"Fail", func(key string, l idem.Lease) error {
-			_, err := s.Fail(ctx, key, l, idem.Failure{Terminal: true, Retention: retention})
+		{"Complete", func(key string, l storekit.Lease) error { return s.Complete(ctx, key, l, []byte("r"), retention) }},
+		{"Fail", func(key string, l storekit.Lease) error {
+			_, err := s.Fail(ctx, key, l, storekit.Failure{Terminal: true, Retention: retention})
 			return err
 		}},
-		{"Release", func(key string, l idem.Lease) error { return s.Release(ctx, key, l, retention) }},
+		{"Release", func(key string, l storekit.Lease) error { return s.Release(ctx, key, l, retention) }},
 	}
 	// Delete is left out: redisstore publishes no notification for it (its
 	// waiters find the deletion when they look again).
 	for _, e := range endings {
 		t.Run(e.name, func(t *testing.T) {
 			key := newKey(t)
-			a := acquire(t, s, key, req("fp", longLease), idem.Acquired)
+			a := acquire(t, s, key, req("fp", longLease), storekit.Acquired)
 			ch := watch(t, key)
 			ch2 := watch(t, key) // every watcher of the key is woken
 			if err := s.Extend(ctx, key, a.Lease, longLease); err != nil {
@@ -173,7 +174,7 @@ func testWatch(t *testing.T, s idem.Store) {
 	}
 	t.Run("stopped early", func(t *testing.T) {
 		key := newKey(t)
-		a := acquire(t, s, key, req("fp", longLease), idem.Acquired)
+		a := acquire(t, s, key, req("fp", longLease), storekit.Acquired)
 		_, stop, err := w.Watch(ctx, key)
 		if err != nil {
 			t.Fatalf("Watch: %v", err)
@@ -186,7 +187,7 @@ func testWatch(t *testing.T, s idem.Store) {
 		woken("Complete after a stopped watch", ch)
 	})
 	t.Run("bad key", func(t *testing.T) {
-		if _, _, err := w.Watch(ctx, strings.Repeat("k", idem.MaxStoreKeyLen+1)); !errors.Is(err, idem.ErrInvalid) {
+		if _, _, err := w.Watch(ctx, strings.Repeat("k", storekit.MaxStoreKeyLen+1)); !errors.Is(err, idem.ErrInvalid) {
 			t.Errorf("Watch of a long key: got %v, want ErrInvalid", err)
 		}
 	})

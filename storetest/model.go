@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/storekit"
 )
 
 // model is a sequential model of the state machine of
@@ -19,7 +20,7 @@ type model struct {
 }
 
 type modelRec struct {
-	state       idem.State
+	state       storekit.State
 	fingerprint string
 	owner       string
 	fence       int64
@@ -28,9 +29,9 @@ type modelRec struct {
 }
 
 // owns reports whether l owns key's record in the model.
-func (m *model) owns(key string, l idem.Lease) (*modelRec, bool) {
+func (m *model) owns(key string, l storekit.Lease) (*modelRec, bool) {
 	r := m.recs[key]
-	return r, r != nil && r.state == idem.StateInProgress && r.owner == l.Owner && r.fence == l.Fence
+	return r, r != nil && r.state == storekit.StateInProgress && r.owner == l.Owner && r.fence == l.Fence
 }
 
 // testSequentialModel runs random operations, some by stale owners, from
@@ -38,7 +39,7 @@ func (m *model) owns(key string, l idem.Lease) (*modelRec, bool) {
 // every record against the model. The operations are serialized so that the
 // model's order is the store's order; what is tested is that each
 // transition, whoever makes it and in whatever sequence, is the model's.
-func testSequentialModel(t *testing.T, s idem.Store) {
+func testSequentialModel(t *testing.T, s storekit.Store) {
 	ctx := t.Context()
 	const (
 		workers = 6
@@ -63,7 +64,7 @@ func testSequentialModel(t *testing.T, s idem.Store) {
 			rng := mrand.New(mrand.NewPCG(uint64(w), 42))
 			type held struct {
 				key   string
-				lease idem.Lease
+				lease storekit.Lease
 			}
 			var leases []held
 			pick := func() (held, bool) {
@@ -93,37 +94,37 @@ func testSequentialModel(t *testing.T, s idem.Store) {
 					rec := m.recs[key]
 					switch {
 					case rec == nil:
-						if a.Outcome != idem.Acquired || a.Attempts != 1 {
+						if a.Outcome != storekit.Acquired || a.Attempts != 1 {
 							fail("Acquire of absent key: got %v attempts %d, want Acquired attempts 1", a.Outcome, a.Attempts)
 							break
 						}
-						m.recs[key] = &modelRec{state: idem.StateInProgress, fingerprint: fp, owner: r.Owner, attempts: 1}
+						m.recs[key] = &modelRec{state: storekit.StateInProgress, fingerprint: fp, owner: r.Owner, attempts: 1}
 					case rec.fingerprint != fp:
-						if a.Outcome != idem.Mismatch {
+						if a.Outcome != storekit.Mismatch {
 							fail("Acquire with another fingerprint: got %v, want Mismatch", a.Outcome)
 						}
-					case rec.state == idem.StateCompleted || rec.state == idem.StateFailed:
-						if a.Outcome != idem.Replay || a.State != rec.state || !bytes.Equal(a.Result, rec.result) {
+					case rec.state == storekit.StateCompleted || rec.state == storekit.StateFailed:
+						if a.Outcome != storekit.Replay || a.State != rec.state || !bytes.Equal(a.Result, rec.result) {
 							fail("Acquire of %v key: got %v %v %q, want Replay %v %q", rec.state, a.Outcome, a.State, a.Result, rec.state, rec.result)
 						}
-					case rec.state == idem.StateInProgress:
-						if a.Outcome != idem.InProgress {
+					case rec.state == storekit.StateInProgress:
+						if a.Outcome != storekit.InProgress {
 							fail("Acquire of held key: got %v, want InProgress", a.Outcome)
 						}
 					case maxAttempts > 0 && rec.attempts >= maxAttempts:
-						if a.Outcome != idem.Replay || a.State != idem.StateFailed || len(a.Result) != 0 {
+						if a.Outcome != storekit.Replay || a.State != storekit.StateFailed || len(a.Result) != 0 {
 							fail("Acquire past max attempts: got %v %v %q, want Replay FAILED with no result", a.Outcome, a.State, a.Result)
 						}
-						rec.state, rec.result = idem.StateFailed, nil
+						rec.state, rec.result = storekit.StateFailed, nil
 					default: // released
-						if a.Outcome != idem.Acquired || a.Attempts != rec.attempts+1 {
+						if a.Outcome != storekit.Acquired || a.Attempts != rec.attempts+1 {
 							fail("Acquire of released key: got %v attempts %d, want Acquired attempts %d", a.Outcome, a.Attempts, rec.attempts+1)
 							break
 						}
-						rec.state, rec.owner = idem.StateInProgress, r.Owner
+						rec.state, rec.owner = storekit.StateInProgress, r.Owner
 						rec.attempts++
 					}
-					if a.Outcome == idem.Acquired {
+					if a.Outcome == storekit.Acquired {
 						if a.Lease.Fence <= m.lastFence[key] {
 							fail("fence %d not above the previous %d", a.Lease.Fence, m.lastFence[key])
 						}
@@ -143,7 +144,7 @@ func testSequentialModel(t *testing.T, s idem.Store) {
 							fail("Complete by the owner: %v", err)
 							break
 						}
-						rec.state, rec.result = idem.StateCompleted, res
+						rec.state, rec.result = storekit.StateCompleted, res
 					} else if !errors.Is(err, idem.ErrLeaseLost) {
 						fail("Complete by a stale owner: got %v, want ErrLeaseLost", err)
 					}
@@ -152,12 +153,12 @@ func testSequentialModel(t *testing.T, s idem.Store) {
 					if !ok {
 						break
 					}
-					f := idem.Failure{Result: []byte("failure"), Terminal: rng.IntN(3) == 0, Retention: retention, MaxAttempts: []int{0, 2}[rng.IntN(2)]}
+					f := storekit.Failure{Result: []byte("failure"), Terminal: rng.IntN(3) == 0, Retention: retention, MaxAttempts: []int{0, 2}[rng.IntN(2)]}
 					st, err := s.Fail(ctx, h.key, h.lease, f)
 					if rec, owns := m.owns(h.key, h.lease); owns {
-						want := idem.StateReleased
+						want := storekit.StateReleased
 						if f.Terminal || (f.MaxAttempts > 0 && rec.attempts >= f.MaxAttempts) {
-							want = idem.StateFailed
+							want = storekit.StateFailed
 						}
 						if err != nil || st != want {
 							fail("Fail by the owner: got %v, %v, want %v", st, err, want)
@@ -165,10 +166,10 @@ func testSequentialModel(t *testing.T, s idem.Store) {
 						}
 						rec.state = want
 						rec.result = nil
-						if want == idem.StateFailed {
+						if want == storekit.StateFailed {
 							rec.result = f.Result
 						}
-					} else if rec := m.recs[h.key]; rec != nil && (rec.state == idem.StateReleased || rec.state == idem.StateFailed) && rec.fence == h.lease.Fence {
+					} else if rec := m.recs[h.key]; rec != nil && (rec.state == storekit.StateReleased || rec.state == storekit.StateFailed) && rec.fence == h.lease.Fence {
 						// The lease that ended the attempt, repeating itself.
 						if err != nil || st != rec.state {
 							fail("repeated Fail: got %v, %v, want %v", st, err, rec.state)
@@ -194,9 +195,9 @@ func testSequentialModel(t *testing.T, s idem.Store) {
 							break
 						}
 						if release {
-							rec.state = idem.StateReleased
+							rec.state = storekit.StateReleased
 						}
-					} else if rec := m.recs[h.key]; release && rec != nil && rec.state == idem.StateReleased && rec.fence == h.lease.Fence {
+					} else if rec := m.recs[h.key]; release && rec != nil && rec.state == storekit.StateReleased && rec.fence == h.lease.Fence {
 						if err != nil {
 							fail("repeated Release: %v", err)
 						}
@@ -216,7 +217,7 @@ func testSequentialModel(t *testing.T, s idem.Store) {
 					rec, err := s.Get(ctx, key)
 					want := m.recs[key]
 					if want == nil {
-						if !errors.Is(err, idem.ErrNotFound) {
+						if !errors.Is(err, storekit.ErrNotFound) {
 							fail("Get of absent key: got %+v, %v, want ErrNotFound", rec, err)
 						}
 						break
@@ -229,7 +230,7 @@ func testSequentialModel(t *testing.T, s idem.Store) {
 						fail("Get: got state %v fence %d attempts %d fingerprint %q, want %v %d %d %q",
 							rec.State, rec.Fence, rec.Attempts, rec.Fingerprint, want.state, want.fence, want.attempts, want.fingerprint)
 					}
-					if (want.state == idem.StateCompleted || want.state == idem.StateFailed) && !bytes.Equal(rec.Result, want.result) {
+					if (want.state == storekit.StateCompleted || want.state == storekit.StateFailed) && !bytes.Equal(rec.Result, want.result) {
 						fail("Get result: got %q, want %q", rec.Result, want.result)
 					}
 				}

@@ -7,34 +7,35 @@ import (
 	"testing"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/storekit"
 )
 
-// testRelayCompletion checks idem.Relayer on stores that implement it
-// (found through wrappers with idem.StoreAs): a relayed completion moves
+// testRelayCompletion checks storekit.Relayer on stores that implement it
+// (found through wrappers with storekit.StoreAs): a relayed completion moves
 // any record that is not COMPLETED to COMPLETED, displacing its owner, and
 // never changes a COMPLETED record.
-func testRelayCompletion(t *testing.T, s idem.Store) {
-	r, ok := idem.StoreAs[idem.Relayer](s)
+func testRelayCompletion(t *testing.T, s storekit.Store) {
+	r, ok := storekit.StoreAs[storekit.Relayer](s)
 	if !ok {
-		t.Skip("the store does not implement idem.Relayer")
+		t.Skip("the store does not implement storekit.Relayer")
 	}
 	ctx := t.Context()
-	relayed := func(fence int64, result string) idem.Completion {
-		return idem.Completion{Fingerprint: "fp", Fence: fence, Result: []byte(result), Retention: retention}
+	relayed := func(fence int64, result string) storekit.Completion {
+		return storekit.Completion{Fingerprint: "fp", Fence: fence, Result: []byte(result), Retention: retention}
 	}
-	relay := func(key string, c idem.Completion) {
+	relay := func(key string, c storekit.Completion) {
 		t.Helper()
 		if err := r.RelayCompletion(ctx, key, c); err != nil {
 			t.Fatalf("RelayCompletion: %v", err)
 		}
 	}
-	wantCompleted := func(key, result string, minFence int64) idem.Record {
+	wantCompleted := func(key, result string, minFence int64) storekit.Record {
 		t.Helper()
 		rec := get(t, s, key)
-		if rec.State != idem.StateCompleted || string(rec.Result) != result || rec.Fence < minFence {
+		if rec.State != storekit.StateCompleted || string(rec.Result) != result || rec.Fence < minFence {
 			t.Fatalf("record: got %v %q fence %d, want COMPLETED %q fence >= %d", rec.State, rec.Result, rec.Fence, result, minFence)
 		}
-		if a := acquire(t, s, key, req("fp", longLease), idem.Replay); a.State != idem.StateCompleted || string(a.Result) != result {
+		if a := acquire(t, s, key, req("fp", longLease), storekit.Replay); a.State != storekit.StateCompleted || string(a.Result) != result {
 			t.Fatalf("replay: got %v %q, want COMPLETED %q", a.State, a.Result, result)
 		}
 		return rec
@@ -51,26 +52,26 @@ func testRelayCompletion(t *testing.T, s idem.Store) {
 			t.Errorf("expiry: got %v left, want in (0, %v]", left, retention)
 		}
 		// Acquiring again replays; the key is not handed out.
-		acquire(t, s, key, req("other", longLease), idem.Mismatch)
+		acquire(t, s, key, req("other", longLease), storekit.Mismatch)
 	})
 	t.Run("in progress", func(t *testing.T) {
 		key := newKey(t)
-		a := acquire(t, s, key, req("fp", longLease), idem.Acquired)
+		a := acquire(t, s, key, req("fp", longLease), storekit.Acquired)
 		relay(key, relayed(a.Lease.Fence-1, "committed")) // an older owner's commit
 		wantCompleted(key, "committed", a.Lease.Fence)    // the fence never goes down
 		// The displaced owner can do nothing any more.
 		wantLeaseLost(t, "displaced owner Complete", s.Complete(ctx, key, a.Lease, []byte("late"), retention))
 		wantLeaseLost(t, "displaced owner Extend", s.Extend(ctx, key, a.Lease, longLease))
 		wantLeaseLost(t, "displaced owner Release", s.Release(ctx, key, a.Lease, retention))
-		_, err := s.Fail(ctx, key, a.Lease, idem.Failure{Retention: retention, Terminal: true})
+		_, err := s.Fail(ctx, key, a.Lease, storekit.Failure{Retention: retention, Terminal: true})
 		wantLeaseLost(t, "displaced owner Fail", err)
 		wantCompleted(key, "committed", a.Lease.Fence)
 	})
 	t.Run("released and failed", func(t *testing.T) {
 		for _, terminal := range []bool{false, true} {
 			key := newKey(t)
-			a := acquire(t, s, key, req("fp", longLease), idem.Acquired)
-			if _, err := s.Fail(ctx, key, a.Lease, idem.Failure{Result: []byte("failure"), Terminal: terminal, Retention: retention}); err != nil {
+			a := acquire(t, s, key, req("fp", longLease), storekit.Acquired)
+			if _, err := s.Fail(ctx, key, a.Lease, storekit.Failure{Result: []byte("failure"), Terminal: terminal, Retention: retention}); err != nil {
 				t.Fatalf("Fail: %v", err)
 			}
 			relay(key, relayed(a.Lease.Fence, "committed"))
@@ -79,7 +80,7 @@ func testRelayCompletion(t *testing.T, s idem.Store) {
 	})
 	t.Run("completed is never changed", func(t *testing.T) {
 		key := newKey(t)
-		a := acquire(t, s, key, req("fp", longLease), idem.Acquired)
+		a := acquire(t, s, key, req("fp", longLease), storekit.Acquired)
 		if err := s.Complete(ctx, key, a.Lease, []byte("first"), retention); err != nil {
 			t.Fatalf("Complete: %v", err)
 		}
@@ -113,29 +114,29 @@ func testRelayCompletion(t *testing.T, s idem.Store) {
 		cases := []struct {
 			name string
 			key  string
-			c    idem.Completion
+			c    storekit.Completion
 		}{
 			{"empty key", "", good},
-			{"long key", strings.Repeat("k", idem.MaxStoreKeyLen+1), good},
-			{"zero fence", key, idem.Completion{Fingerprint: "fp", Result: []byte("x"), Retention: retention}},
-			{"empty result", key, idem.Completion{Fingerprint: "fp", Fence: 1, Retention: retention}},
-			{"zero retention", key, idem.Completion{Fingerprint: "fp", Fence: 1, Result: []byte("x")}},
-			{"long fingerprint", key, idem.Completion{Fingerprint: strings.Repeat("f", idem.MaxFingerprintLen+1), Fence: 1, Result: []byte("x"), Retention: retention}},
+			{"long key", strings.Repeat("k", storekit.MaxStoreKeyLen+1), good},
+			{"zero fence", key, storekit.Completion{Fingerprint: "fp", Result: []byte("x"), Retention: retention}},
+			{"empty result", key, storekit.Completion{Fingerprint: "fp", Fence: 1, Retention: retention}},
+			{"zero retention", key, storekit.Completion{Fingerprint: "fp", Fence: 1, Result: []byte("x")}},
+			{"long fingerprint", key, storekit.Completion{Fingerprint: strings.Repeat("f", storekit.MaxFingerprintLen+1), Fence: 1, Result: []byte("x"), Retention: retention}},
 		}
 		for _, tc := range cases {
 			if err := r.RelayCompletion(ctx, tc.key, tc.c); !errors.Is(err, idem.ErrInvalid) {
 				t.Errorf("RelayCompletion with %s: got %v, want ErrInvalid", tc.name, err)
 			}
 		}
-		if _, err := s.Get(ctx, key); !errors.Is(err, idem.ErrNotFound) {
+		if _, err := s.Get(ctx, key); !errors.Is(err, storekit.ErrNotFound) {
 			t.Fatalf("a rejected RelayCompletion left a record: Get got %v", err)
 		}
 	})
 	t.Run("large result", func(t *testing.T) {
 		key := newKey(t)
 		big := bytes.Repeat([]byte{0, 1, 0xff}, 1<<18)
-		relay(key, idem.Completion{Fingerprint: "fp", Fence: 1, Result: big, Retention: retention})
-		if a := acquire(t, s, key, req("fp", longLease), idem.Replay); !bytes.Equal(a.Result, big) {
+		relay(key, storekit.Completion{Fingerprint: "fp", Fence: 1, Result: big, Retention: retention})
+		if a := acquire(t, s, key, req("fp", longLease), storekit.Replay); !bytes.Equal(a.Result, big) {
 			t.Fatalf("replay of a large relayed result differs (got %d bytes)", len(a.Result))
 		}
 	})

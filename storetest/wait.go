@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/storekit"
 )
 
 // RunWait checks the waiting Do (idem.WithWait, idem.WaitFor) with one
@@ -20,11 +21,11 @@ import (
 // replays its result, gets its stored failure, or runs once the key was
 // released; a wait that runs out returns an *idem.InProgressError and runs
 // nothing; WaitFor(0) overrides the Executor's WithWait. On a store that
-// implements idem.Watcher the wait goes through it (it is woken by the
+// implements storekit.Watcher the wait goes through it (it is woken by the
 // store's notification); beneath a wrapper that hides it, it polls. Run
 // calls it with one store from newStore as both.
-func RunWait(t *testing.T, first, second idem.Store) {
-	_, watches := idem.StoreAs[idem.Watcher](second)
+func RunWait(t *testing.T, first, second storekit.Store) {
+	_, watches := storekit.StoreAs[storekit.Watcher](second)
 	endings := []struct {
 		name   string
 		result func() ([]byte, error)
@@ -51,17 +52,17 @@ func RunWait(t *testing.T, first, second idem.Store) {
 	}
 	type wrapping struct {
 		name string
-		wrap func(s idem.Store) *waitProbe
+		wrap func(s storekit.Store) *waitProbe
 	}
-	wrappings := []wrapping{{"polling", func(s idem.Store) *waitProbe { return newProbe(s, false) }}}
+	wrappings := []wrapping{{"polling", func(s storekit.Store) *waitProbe { return newProbe(s, false) }}}
 	if watches {
-		wrappings = append(wrappings, wrapping{"watcher", func(s idem.Store) *waitProbe { return newProbe(s, true) }})
+		wrappings = append(wrappings, wrapping{"watcher", func(s storekit.Store) *waitProbe { return newProbe(s, true) }})
 	}
 	for _, wr := range wrappings {
 		for _, end := range endings {
 			t.Run(wr.name+"/"+end.name, func(t *testing.T) {
 				probe := wr.wrap(second)
-				var s idem.Store = probe
+				var s storekit.Store = probe
 				if probe.unwrap {
 					s = &watchingProbe{probe}
 				}
@@ -94,7 +95,7 @@ func RunWait(t *testing.T, first, second idem.Store) {
 				}
 				end.check(t, res, err, ran.Load())
 				if probe.unwrap && probe.watches.Load() == 0 {
-					t.Errorf("the waiter did not watch the key through the store's idem.Watcher")
+					t.Errorf("the waiter did not watch the key through the store's storekit.Watcher")
 				}
 			})
 		}
@@ -140,7 +141,7 @@ type held struct {
 }
 
 // holdKey starts a Do of a new key on s whose operation runs until end.
-func holdKey(t *testing.T, s idem.Store) *held {
+func holdKey(t *testing.T, s storekit.Store) *held {
 	t.Helper()
 	var b [8]byte
 	rand.Read(b[:])
@@ -176,7 +177,7 @@ func (h *held) end(result func() ([]byte, error)) {
 	}
 }
 
-func newExecutor(t *testing.T, s idem.Store, opts ...idem.Option) *idem.Executor {
+func newExecutor(t *testing.T, s storekit.Store, opts ...idem.Option) *idem.Executor {
 	t.Helper()
 	e, err := idem.New(s, append([]idem.Option{idem.WithLease(longLease), idem.WithRetention(retention)}, opts...)...)
 	if err != nil {
@@ -189,34 +190,34 @@ func newExecutor(t *testing.T, s idem.Store, opts ...idem.Option) *idem.Executor
 // hides the store's capabilities (so a wait polls) unless wrapped in a
 // watchingProbe.
 type waitProbe struct {
-	idem.Store
+	storekit.Store
 	unwrap  bool
 	gets    atomic.Int32
 	watches atomic.Int32
 	got     chan struct{} // closed at the first Get
 }
 
-func newProbe(s idem.Store, unwrap bool) *waitProbe {
+func newProbe(s storekit.Store, unwrap bool) *waitProbe {
 	return &waitProbe{Store: s, unwrap: unwrap, got: make(chan struct{})}
 }
 
-func (p *waitProbe) Get(ctx context.Context, key string) (idem.Record, error) {
+func (p *waitProbe) Get(ctx context.Context, key string) (storekit.Record, error) {
 	if p.gets.Add(1) == 1 {
 		close(p.got)
 	}
 	return p.Store.Get(ctx, key)
 }
 
-// watchingProbe is a waitProbe that passes the store's idem.Watcher
+// watchingProbe is a waitProbe that passes the store's storekit.Watcher
 // through, counting the watches.
 type watchingProbe struct{ *waitProbe }
 
 func (p *watchingProbe) Watch(ctx context.Context, key string) (<-chan struct{}, func(), error) {
-	w, _ := idem.StoreAs[idem.Watcher](p.Store)
+	w, _ := storekit.StoreAs[storekit.Watcher](p.Store)
 	p.watches.Add(1)
 	return w.Watch(ctx, key)
 }
 
 // Unwrap returns the probed store, so that its other capabilities are
-// found (idem.StoreAs).
-func (p *watchingProbe) Unwrap() idem.Store { return p.Store }
+// found (storekit.StoreAs).
+func (p *watchingProbe) Unwrap() storekit.Store { return p.Store }

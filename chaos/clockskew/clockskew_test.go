@@ -19,6 +19,7 @@ import (
 	"github.com/idemgo/idem/chaos/chaostest"
 	"github.com/idemgo/idem/idemhttp"
 	"github.com/idemgo/idem/memstore"
+	"github.com/idemgo/idem/storekit"
 )
 
 const (
@@ -181,7 +182,7 @@ func trace(t *testing.T, s idem.Store, offset time.Duration, c *chaostest.Counte
 	if err := stale.Abandon(); err != nil {
 		t.Fatal(err)
 	}
-	waitRecord(t, s, stale.Key(), "the end of the lease", func(r idem.Record) bool { return r.Now.After(r.LeaseUntil) })
+	waitRecord(t, s, stale.Key(), "the end of the lease", func(r storekit.Record) bool { return r.Now.After(r.LeaseUntil) })
 	_, owner, err := exec.Begin(ctx, k2, "fp")
 	if err != nil {
 		t.Fatal(err)
@@ -198,8 +199,8 @@ func trace(t *testing.T, s idem.Store, offset time.Duration, c *chaostest.Counte
 	_, err = exec.Do(ctx, k3, "fp", func(ctx context.Context) ([]byte, error) {
 		c.Executed.Add(1)
 		first := get(t, s, k3.Digest())
-		waitRecord(t, s, k3.Digest(), "a lease past the first one", func(r idem.Record) bool {
-			return r.Now.After(first.LeaseUntil) && r.State == idem.StateInProgress
+		waitRecord(t, s, k3.Digest(), "a lease past the first one", func(r storekit.Record) bool {
+			return r.Now.After(first.LeaseUntil) && r.State == storekit.StateInProgress
 		})
 		_, _, err := exec.Begin(ctx, k3, "fp")
 		add("k3 past its first lease: others see in progress=%v", errors.Is(err, idem.ErrInProgress))
@@ -269,7 +270,7 @@ func waitGone(t *testing.T, s idem.Store, digest string) {
 	deadline := time.Now().Add(waitLimit)
 	for {
 		_, err := s.Get(t.Context(), digest)
-		if errors.Is(err, idem.ErrNotFound) {
+		if errors.Is(err, storekit.ErrNotFound) {
 			return
 		}
 		if err != nil {

@@ -16,6 +16,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/chaos/chaostest"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/testkit/redistest"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
@@ -281,7 +282,7 @@ func lifecycle(t *testing.T, store *redisstore.Store, scope string, fences *fenc
 	if _, err := do("heartbeat", "fp", func(ctx context.Context) ([]byte, error) {
 		digest := key("heartbeat").Digest()
 		first := get(t, store, digest)
-		waitRecord(t, store, digest, "a heartbeat extension", func(r idem.Record) bool { return r.LeaseUntil.After(first.LeaseUntil) })
+		waitRecord(t, store, digest, "a heartbeat extension", func(r storekit.Record) bool { return r.LeaseUntil.After(first.LeaseUntil) })
 		if _, _, err := exec.Begin(ctx, key("heartbeat"), "fp"); !errors.Is(err, idem.ErrInProgress) {
 			t.Errorf("%s: Begin while held: got %v, want ErrInProgress", scope, err)
 		}
@@ -332,7 +333,7 @@ func lifecycle(t *testing.T, store *redisstore.Store, scope string, fences *fenc
 	if err := stale.Abandon(); err != nil {
 		t.Fatal(err)
 	}
-	waitRecord(t, store, stale.Key(), "the end of the lease", func(r idem.Record) bool { return r.Now.After(r.LeaseUntil) })
+	waitRecord(t, store, stale.Key(), "the end of the lease", func(r storekit.Record) bool { return r.Now.After(r.LeaseUntil) })
 	_, owner, err := short.Begin(ctx, key("takeover"), "fp")
 	if err != nil {
 		t.Fatal(err)
@@ -370,7 +371,7 @@ func lifecycle(t *testing.T, store *redisstore.Store, scope string, fences *fenc
 	}
 }
 
-func get(t *testing.T, s idem.Store, digest string) idem.Record {
+func get(t *testing.T, s idem.Store, digest string) storekit.Record {
 	t.Helper()
 	r, err := s.Get(t.Context(), digest)
 	if err != nil {
@@ -381,7 +382,7 @@ func get(t *testing.T, s idem.Store, digest string) idem.Record {
 
 // waitRecord polls the store until the key's record satisfies cond. Every
 // time it compares is the store's own (Record.Now, LeaseUntil).
-func waitRecord(t *testing.T, s idem.Store, digest, what string, cond func(idem.Record) bool) {
+func waitRecord(t *testing.T, s idem.Store, digest, what string, cond func(storekit.Record) bool) {
 	t.Helper()
 	deadline := time.Now().Add(waitLimit)
 	for {

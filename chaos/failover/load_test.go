@@ -13,6 +13,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/chaos/chaostest"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/storekit"
 )
 
 const (
@@ -240,12 +241,12 @@ func (l *load) verify(t *testing.T, store *redisstore.Store, retry *idem.Executo
 		rec, err := store.Get(ctx, l.key(atoi(t, id)).Digest())
 		cancel()
 		switch {
-		case err != nil && !errors.Is(err, idem.ErrNotFound):
+		case err != nil && !errors.Is(err, storekit.ErrNotFound):
 			readErrs++
 			if firstErr == nil {
 				firstErr = fmt.Errorf("key %s: %w", id, err)
 			}
-		case err != nil || rec.State != idem.StateCompleted:
+		case err != nil || rec.State != storekit.StateCompleted:
 			lost++
 		}
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/anishathalye/porcupine"
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/chaos/chaostest"
+	"github.com/idemgo/idem/storekit"
 )
 
 // Leases and retention of the histories: long enough that no lease expires
@@ -69,11 +70,11 @@ func (r *recorder) tally() map[string]int {
 		case out.unknown:
 		case out.err == errLeaseLost:
 			n["lease_lost"]++
-		case in.kind == opAcquire && out.outcome == idem.Acquired:
+		case in.kind == opAcquire && out.outcome == storekit.Acquired:
 			n["acquired"]++
-		case in.kind == opAcquire && out.outcome == idem.Replay:
+		case in.kind == opAcquire && out.outcome == storekit.Replay:
 			n["replayed"]++
-		case in.kind == opAcquire && out.outcome == idem.InProgress:
+		case in.kind == opAcquire && out.outcome == storekit.InProgress:
 			n["in_progress"]++
 		case in.kind == opComplete && out.err == errNone:
 			n["completed"]++
@@ -178,7 +179,7 @@ func (w workload) client(ctx context.Context, store idem.Store, rec *recorder, c
 		if err != nil {
 			return err
 		}
-		if in.kind == opAcquire && out.err == errNone && out.outcome == idem.Acquired {
+		if in.kind == opAcquire && out.err == errNone && out.outcome == storekit.Acquired {
 			held[in.key] = idem.Lease{Owner: in.owner, Fence: out.fence}
 		}
 	}
@@ -224,25 +225,25 @@ func do(ctx context.Context, s idem.Store, in input) (output, error) {
 	var err error
 	switch in.kind {
 	case opAcquire:
-		var a idem.Acquisition
-		a, err = s.Acquire(ctx, in.key, idem.AcquireRequest{Fingerprint: in.fp, Owner: in.owner, Lease: lease, Retention: retention, MaxAttempts: in.max})
+		var a storekit.Acquisition
+		a, err = s.Acquire(ctx, in.key, storekit.AcquireRequest{Fingerprint: in.fp, Owner: in.owner, Lease: lease, Retention: retention, MaxAttempts: in.max})
 		out = output{outcome: a.Outcome, fence: a.Lease.Fence, attempts: a.Attempts, state: a.State, result: string(a.Result)}
-		if a.Outcome == idem.InProgress || a.Outcome == idem.Mismatch {
+		if a.Outcome == storekit.InProgress || a.Outcome == storekit.Mismatch {
 			out.state, out.result = 0, ""
 		}
 	case opComplete:
 		err = s.Complete(ctx, in.key, l, []byte(in.result), retention)
 	case opFail:
-		out.state, err = s.Fail(ctx, in.key, l, idem.Failure{Result: []byte(in.result), Terminal: in.terminal, Retention: retention, MaxAttempts: in.max})
+		out.state, err = s.Fail(ctx, in.key, l, storekit.Failure{Result: []byte(in.result), Terminal: in.terminal, Retention: retention, MaxAttempts: in.max})
 	case opRelease:
 		err = s.Release(ctx, in.key, l, retention)
 	case opExtend:
 		err = s.Extend(ctx, in.key, l, lease)
 	case opGet:
-		var r idem.Record
+		var r storekit.Record
 		r, err = s.Get(ctx, in.key)
 		out = output{state: r.State, fp: r.Fingerprint, fence: r.Fence, attempts: r.Attempts, result: string(r.Result)}
-		if r.State == idem.StateInProgress {
+		if r.State == storekit.StateInProgress {
 			out.owner = r.Owner
 		}
 	case opDelete:
@@ -253,7 +254,7 @@ func do(ctx context.Context, s idem.Store, in input) (output, error) {
 		return out, nil
 	case errors.Is(err, idem.ErrLeaseLost):
 		return output{err: errLeaseLost}, nil
-	case errors.Is(err, idem.ErrNotFound):
+	case errors.Is(err, storekit.ErrNotFound):
 		return output{err: errNotFound}, nil
 	}
 	return output{}, err

@@ -13,6 +13,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/chaos/chaostest"
 	"github.com/idemgo/idem/memstore"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/testkit/redistest"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
@@ -210,16 +211,16 @@ type nonAtomic struct {
 	meet chan struct{}
 }
 
-func (s *nonAtomic) Acquire(ctx context.Context, key string, req idem.AcquireRequest) (idem.Acquisition, error) {
+func (s *nonAtomic) Acquire(ctx context.Context, key string, req storekit.AcquireRequest) (storekit.Acquisition, error) {
 	r, err := s.Store.Get(ctx, key)
-	if errors.Is(err, idem.ErrNotFound) || (err == nil && r.State == idem.StateReleased) {
+	if errors.Is(err, storekit.ErrNotFound) || (err == nil && r.State == storekit.StateReleased) {
 		select { // the race window, made wide on purpose
 		case s.meet <- struct{}{}:
 		case <-s.meet:
 		case <-time.After(20 * time.Millisecond):
 		}
 		if err := s.Store.Delete(ctx, key); err != nil {
-			return idem.Acquisition{}, err
+			return storekit.Acquisition{}, err
 		}
 	}
 	return s.Store.Acquire(ctx, key, req)

@@ -4,7 +4,7 @@ import (
 	"fmt"
 
 	"github.com/anishathalye/porcupine"
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/storekit"
 )
 
 // kind is a store method.
@@ -48,19 +48,19 @@ const (
 type output struct {
 	unknown  bool
 	err      string
-	outcome  idem.Outcome // acquire
-	fence    int64        // acquire (acquired), get
-	attempts int          // acquire, get
-	state    idem.State   // acquire (replay), fail, get
-	result   string       // acquire (replay), get
-	fp       string       // get
-	owner    string       // get (IN_PROGRESS only)
+	outcome  storekit.Outcome // acquire
+	fence    int64            // acquire (acquired), get
+	attempts int              // acquire, get
+	state    storekit.State   // acquire (replay), fail, get
+	result   string           // acquire (replay), get
+	fp       string           // get
+	owner    string           // get (IN_PROGRESS only)
 }
 
 // record is the model's state of one key. It is a comparable value.
 type record struct {
 	present  bool
-	state    idem.State
+	state    storekit.State
 	fp       string
 	owner    string
 	fence    int64 // 0: handed out by an acquire whose reply was lost
@@ -73,7 +73,7 @@ type record struct {
 
 // owns reports whether the lease (owner, fence) holds r.
 func (r record) owns(owner string, fence int64) bool {
-	return r.present && r.state == idem.StateInProgress && r.owner == owner && (r.fence == fence || r.fence == 0)
+	return r.present && r.state == storekit.StateInProgress && r.owner == owner && (r.fence == fence || r.fence == 0)
 }
 
 // learn returns r with its unknown fence set to fence.
@@ -87,7 +87,7 @@ func (r record) learn(fence int64) record {
 
 // acquired returns r taken by owner with fence f (0 if unknown).
 func (r record) acquired(in input, f int64, attempts int) record {
-	r.present, r.state, r.owner, r.fence, r.attempts, r.result = true, idem.StateInProgress, in.owner, f, attempts, ""
+	r.present, r.state, r.owner, r.fence, r.attempts, r.result = true, storekit.StateInProgress, in.owner, f, attempts, ""
 	r.floor = max(r.floor, f)
 	return r
 }
@@ -113,69 +113,69 @@ func step(r record, in input, out output) (bool, record) {
 	switch in.kind {
 	case opAcquire:
 		if !r.present {
-			ok := u || (out.err == errNone && out.outcome == idem.Acquired && out.attempts == 1 && r.newFence(out))
+			ok := u || (out.err == errNone && out.outcome == storekit.Acquired && out.attempts == 1 && r.newFence(out))
 			r.fp = in.fp
 			return ok, r.acquired(in, fence(), 1)
 		}
 		if r.fp != in.fp {
-			return u || (out.err == errNone && out.outcome == idem.Mismatch), r
+			return u || (out.err == errNone && out.outcome == storekit.Mismatch), r
 		}
 		switch r.state {
-		case idem.StateCompleted, idem.StateFailed:
-			return u || (out.err == errNone && out.outcome == idem.Replay && out.state == r.state && out.result == r.result && out.attempts == r.attempts), r
-		case idem.StateInProgress:
+		case storekit.StateCompleted, storekit.StateFailed:
+			return u || (out.err == errNone && out.outcome == storekit.Replay && out.state == r.state && out.result == r.result && out.attempts == r.attempts), r
+		case storekit.StateInProgress:
 			if r.owner == in.owner { // repeated after a lost reply
-				ok := u || (out.err == errNone && out.outcome == idem.Acquired && out.attempts == r.attempts &&
+				ok := u || (out.err == errNone && out.outcome == storekit.Acquired && out.attempts == r.attempts &&
 					(out.fence == r.fence || (r.fence == 0 && r.newFence(out))))
 				if !u {
 					r = r.learn(out.fence)
 				}
 				return ok, r
 			}
-			return u || (out.err == errNone && out.outcome == idem.InProgress && out.attempts == r.attempts), r
+			return u || (out.err == errNone && out.outcome == storekit.InProgress && out.attempts == r.attempts), r
 		}
 		// RELEASED
 		if in.max > 0 && r.attempts >= in.max {
-			ok := u || (out.err == errNone && out.outcome == idem.Replay && out.state == idem.StateFailed && out.result == "" && out.attempts == r.attempts)
-			r.state, r.owner, r.result = idem.StateFailed, "", ""
+			ok := u || (out.err == errNone && out.outcome == storekit.Replay && out.state == storekit.StateFailed && out.result == "" && out.attempts == r.attempts)
+			r.state, r.owner, r.result = storekit.StateFailed, "", ""
 			return ok, r
 		}
-		ok := u || (out.err == errNone && out.outcome == idem.Acquired && out.attempts == r.attempts+1 && r.newFence(out))
+		ok := u || (out.err == errNone && out.outcome == storekit.Acquired && out.attempts == r.attempts+1 && r.newFence(out))
 		return ok, r.acquired(in, fence(), r.attempts+1)
 
 	case opComplete:
-		if r.present && r.state == idem.StateCompleted && r.fence == in.fence && r.result == in.result {
+		if r.present && r.state == storekit.StateCompleted && r.fence == in.fence && r.result == in.result {
 			return u || out.err == errNone, r // repeated after a lost reply
 		}
 		if r.owns(in.owner, in.fence) {
 			r = r.learn(in.fence)
-			r.state, r.result = idem.StateCompleted, in.result
+			r.state, r.result = storekit.StateCompleted, in.result
 			return u || out.err == errNone, r
 		}
 		return lost, r
 
 	case opFail:
-		if r.present && (r.state == idem.StateReleased || r.state == idem.StateFailed) && r.fence == in.fence {
+		if r.present && (r.state == storekit.StateReleased || r.state == storekit.StateFailed) && r.fence == in.fence {
 			return u || (out.err == errNone && out.state == r.state), r
 		}
 		if r.owns(in.owner, in.fence) {
 			r = r.learn(in.fence)
 			if in.terminal || (in.max > 0 && r.attempts >= in.max) {
-				r.state, r.result = idem.StateFailed, in.result
+				r.state, r.result = storekit.StateFailed, in.result
 			} else {
-				r.state, r.result = idem.StateReleased, ""
+				r.state, r.result = storekit.StateReleased, ""
 			}
 			return u || (out.err == errNone && out.state == r.state), r
 		}
 		return lost, r
 
 	case opRelease:
-		if r.present && r.state == idem.StateReleased && r.fence == in.fence {
+		if r.present && r.state == storekit.StateReleased && r.fence == in.fence {
 			return u || out.err == errNone, r
 		}
 		if r.owns(in.owner, in.fence) {
 			r = r.learn(in.fence)
-			r.state, r.result = idem.StateReleased, ""
+			r.state, r.result = storekit.StateReleased, ""
 			return u || out.err == errNone, r
 		}
 		return lost, r
@@ -195,7 +195,7 @@ func step(r record, in input, out output) (bool, record) {
 		}
 		ok := out.err == errNone && out.state == r.state && out.fp == r.fp && out.attempts == r.attempts && out.result == r.result &&
 			(out.fence == r.fence || (r.fence == 0 && r.newFence(out)))
-		if r.state == idem.StateInProgress {
+		if r.state == storekit.StateInProgress {
 			ok = ok && out.owner == r.owner
 		}
 		if ok {

@@ -17,6 +17,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/chaos/chaostest"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/testkit/prooftest"
 	"github.com/idemgo/idem/testkit/redistest"
 	"github.com/redis/go-redis/v9"
@@ -100,7 +101,7 @@ func (r *rig) warmUp(t *testing.T) {
 	t.Helper()
 	ctx := t.Context()
 	key := idem.Key{Scope: "netfault", ID: "warm-up"}.Digest()
-	a, err := r.store.Acquire(ctx, key, idem.AcquireRequest{Fingerprint: "fp", Owner: "warm-up", Lease: time.Minute, Retention: time.Minute})
+	a, err := r.store.Acquire(ctx, key, storekit.AcquireRequest{Fingerprint: "fp", Owner: "warm-up", Lease: time.Minute, Retention: time.Minute})
 	if err != nil {
 		t.Fatalf("warm-up Acquire through the proxy: %v", err)
 	}
@@ -279,7 +280,7 @@ func (l *load) check(t *testing.T, exec *idem.Executor, direct idem.Store, skeys
 	notCompleted := 0
 	for k, skey := range skeys {
 		rec, err := direct.Get(ctx, skey)
-		if err != nil || rec.State != idem.StateCompleted {
+		if err != nil || rec.State != storekit.StateCompleted {
 			if notCompleted++; notCompleted <= 5 {
 				t.Errorf("key %s: record %v, %v; want COMPLETED", keyName(k), rec.State, err)
 			}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/chaos/chaostest"
+	"github.com/idemgo/idem/storekit"
 )
 
 // callTimeout bounds a store call made while the proxy swallows its reply.
@@ -53,7 +54,7 @@ func storeAcquireReplyLost(t *testing.T, c client) {
 	r := newRig(t, c)
 	ctx := t.Context()
 	key := idem.Key{Scope: "netfault", ID: "acquire-reply-lost"}.Digest()
-	req := idem.AcquireRequest{Fingerprint: "fp", Owner: "owner-1", Lease: time.Minute, Retention: time.Hour}
+	req := storekit.AcquireRequest{Fingerprint: "fp", Owner: "owner-1", Lease: time.Minute, Retention: time.Hour}
 
 	toxic := r.proxy.AddToxic(t, "timeout", "downstream", map[string]any{"timeout": 0})
 	cctx, cancel := context.WithTimeout(ctx, callTimeout)
@@ -63,20 +64,20 @@ func storeAcquireReplyLost(t *testing.T, c client) {
 		t.Fatal("Acquire succeeded although its reply was swallowed")
 	}
 	rec, err := r.direct.Get(ctx, key)
-	if err != nil || rec.State != idem.StateInProgress || rec.Owner != req.Owner {
+	if err != nil || rec.State != storekit.StateInProgress || rec.Owner != req.Owner {
 		t.Fatalf("record after the lost reply: %+v, %v; want IN_PROGRESS owned by %s (the script ran)", rec, err, req.Owner)
 	}
 	r.proxy.RemoveToxic(t, toxic)
 
-	a := retry(t, func(ctx context.Context) (idem.Acquisition, error) { return r.store.Acquire(ctx, key, req) })
-	if a.Outcome != idem.Acquired || a.Lease.Fence != rec.Fence || a.Attempts != 1 {
+	a := retry(t, func(ctx context.Context) (storekit.Acquisition, error) { return r.store.Acquire(ctx, key, req) })
+	if a.Outcome != storekit.Acquired || a.Lease.Fence != rec.Fence || a.Attempts != 1 {
 		t.Errorf("repeated Acquire: got %v fence %d attempts %d, want acquired fence %d attempts 1", a.Outcome, a.Lease.Fence, a.Attempts, rec.Fence)
 	}
 	// Another owner still finds the key in progress: the lost reply did not
 	// free it.
 	other := req
 	other.Owner = "owner-2"
-	if b, err := r.direct.Acquire(ctx, key, other); err != nil || b.Outcome != idem.InProgress {
+	if b, err := r.direct.Acquire(ctx, key, other); err != nil || b.Outcome != storekit.InProgress {
 		t.Errorf("another owner's Acquire: got %v, %v; want in-progress", b.Outcome, err)
 	}
 }
@@ -85,8 +86,8 @@ func storeCompleteReplyLost(t *testing.T, c client) {
 	r := newRig(t, c)
 	ctx := t.Context()
 	key := idem.Key{Scope: "netfault", ID: "complete-reply-lost"}.Digest()
-	a, err := r.store.Acquire(ctx, key, idem.AcquireRequest{Fingerprint: "fp", Owner: "owner-1", Lease: time.Minute, Retention: time.Hour})
-	if err != nil || a.Outcome != idem.Acquired {
+	a, err := r.store.Acquire(ctx, key, storekit.AcquireRequest{Fingerprint: "fp", Owner: "owner-1", Lease: time.Minute, Retention: time.Hour})
+	if err != nil || a.Outcome != storekit.Acquired {
 		t.Fatalf("Acquire: %v, %v", a.Outcome, err)
 	}
 	result := []byte("the result")
@@ -99,7 +100,7 @@ func storeCompleteReplyLost(t *testing.T, c client) {
 		t.Fatal("Complete succeeded although its reply was swallowed")
 	}
 	rec, err := r.direct.Get(ctx, key)
-	if err != nil || rec.State != idem.StateCompleted || string(rec.Result) != string(result) {
+	if err != nil || rec.State != storekit.StateCompleted || string(rec.Result) != string(result) {
 		t.Fatalf("record after the lost reply: %v %q, %v; want COMPLETED (the script ran)", rec.State, rec.Result, err)
 	}
 	r.proxy.RemoveToxic(t, toxic)

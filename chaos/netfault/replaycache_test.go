@@ -7,6 +7,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/chaos/chaostest"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/testkit/redistest"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
@@ -46,10 +47,10 @@ func TestReplayCacheDelayedReplies(t *testing.T) {
 			proxy.AddToxic(t, "latency", "downstream", map[string]any{"latency": replyDelay.Milliseconds()})
 			s := c.store(t, proxy.Addr())
 			ctx := t.Context()
-			complete := func(key string, retention time.Duration) idem.AcquireRequest {
-				req := idem.AcquireRequest{Fingerprint: "fp", Owner: "o", Lease: time.Second, Retention: retention}
+			complete := func(key string, retention time.Duration) storekit.AcquireRequest {
+				req := storekit.AcquireRequest{Fingerprint: "fp", Owner: "o", Lease: time.Second, Retention: retention}
 				a, err := s.Acquire(ctx, key, req)
-				if err != nil || a.Outcome != idem.Acquired {
+				if err != nil || a.Outcome != storekit.Acquired {
 					t.Fatalf("Acquire: got %v, %v", a.Outcome, err)
 				}
 				if err := s.Complete(ctx, key, a.Lease, []byte("r"), retention); err != nil {
@@ -64,7 +65,7 @@ func TestReplayCacheDelayedReplies(t *testing.T) {
 			wreq := complete(warm, time.Hour)
 			for deadline := time.Now().Add(30 * time.Second); ; {
 				sent := time.Now()
-				if r, err := s.Acquire(ctx, warm, wreq); err != nil || r.Outcome != idem.Replay {
+				if r, err := s.Acquire(ctx, warm, wreq); err != nil || r.Outcome != storekit.Replay {
 					t.Fatalf("Acquire of the warm-up key: got %v, %v, want a replay", r.Outcome, err)
 				}
 				if time.Since(sent) < replyDelay {
@@ -94,7 +95,7 @@ func TestReplayCacheDelayedReplies(t *testing.T) {
 					t.Fatal(err)
 				}
 				switch {
-				case r.Outcome != idem.Replay:
+				case r.Outcome != storekit.Replay:
 				case !gone.IsZero():
 					stale++
 					last = time.Since(gone)

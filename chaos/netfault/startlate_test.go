@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/chaos/chaostest"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/testkit/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -127,8 +128,8 @@ func TestStartAfterLease(t *testing.T) {
 				if control {
 					// Begin as it was: acquire, and run on the reply.
 					owner := fmt.Sprintf("control-%d", i)
-					acq, err := slow.Acquire(t.Context(), key.Digest(), idem.AcquireRequest{Owner: owner, Lease: lease, Retention: time.Hour})
-					if err == nil && (acq.Outcome == idem.Acquired || acq.Outcome == idem.TakenOver) {
+					acq, err := slow.Acquire(t.Context(), key.Digest(), storekit.AcquireRequest{Owner: owner, Lease: lease, Retention: time.Hour})
+					if err == nil && (acq.Outcome == storekit.Acquired || acq.Outcome == storekit.TakenOver) {
 						op(t.Context())
 						c.Acknowledged.Add(1)
 					}

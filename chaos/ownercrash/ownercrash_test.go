@@ -18,6 +18,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/chaos/chaostest"
 	"github.com/idemgo/idem/idemhttp"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/testkit/prooftest"
 	"github.com/idemgo/idem/testkit/redistest"
 	"github.com/redis/go-redis/v9"
@@ -323,7 +324,7 @@ func TestOwnerCrashHTTP(t *testing.T) {
 			t.Errorf("%s: upstream executions: got %d, want 2 (the killed one and the takeover)", id, n)
 		}
 		rec, err := store.Get(t.Context(), idemhttp.PathKey(http.MethodPost, "/crash", id).Digest())
-		if err != nil || rec.State != idem.StateCompleted || rec.Fence != second.fence {
+		if err != nil || rec.State != storekit.StateCompleted || rec.Fence != second.fence {
 			c.Lost.Add(1)
 			t.Errorf("%s: record %v fence %d (%v), want COMPLETED with the takeover's fence %d", id, rec.State, rec.Fence, err, second.fence)
 		}
@@ -467,7 +468,7 @@ func TestOwnerCrashLibrary(t *testing.T) {
 			t.Errorf("%s: sink holds %+v, want fence %d with %d applied writes", id, st, res.Fence, wantApplied)
 		}
 		rec, err := exec.Store().Get(ctx, key.Digest())
-		if err != nil || rec.State != idem.StateCompleted || rec.Fence != res.Fence {
+		if err != nil || rec.State != storekit.StateCompleted || rec.Fence != res.Fence {
 			c.Lost.Add(1)
 			t.Errorf("%s: record %v fence %d (%v), want COMPLETED with the takeover's fence %d", id, rec.State, rec.Fence, err, res.Fence)
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/chaos/chaostest"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/storekit"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -270,7 +271,7 @@ func TestOwnerPause(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if rec.State != idem.StateCompleted || rec.Fence != fenceB[i] {
+			if rec.State != storekit.StateCompleted || rec.Fence != fenceB[i] {
 				fenced.Lost.Add(1)
 				t.Errorf("%s: record %v fence %d, want COMPLETED with B's fence %d", id, rec.State, rec.Fence, fenceB[i])
 				continue

@@ -18,6 +18,7 @@ import (
 	"github.com/idemgo/idem/postgres/pggate"
 	"github.com/idemgo/idem/postgres/pgtest"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/testkit/redistest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -202,10 +203,10 @@ type stalling struct{ idem.Store }
 
 func (s stalling) Unwrap() idem.Store { return s.Store }
 
-func (s stalling) RelayCompletion(ctx context.Context, key string, c idem.Completion) error {
+func (s stalling) RelayCompletion(ctx context.Context, key string, c storekit.Completion) error {
 	chaostest.Say("committed")
 	stopSelf()
-	return s.Store.(idem.Relayer).RelayCompletion(ctx, key, c)
+	return s.Store.(storekit.Relayer).RelayCompletion(ctx, key, c)
 }
 
 // runChild runs an owner: CHILD_MODE gate or control, CHILD_KEY,
@@ -288,7 +289,7 @@ func TestPGOwnerKilledAfterCommit(t *testing.T) {
 				}
 				repairedByRelay++
 				rec, err := r.exec.Store().Get(t.Context(), idem.Key{Scope: "pay", ID: id}.Digest())
-				if err != nil || rec.State != idem.StateCompleted {
+				if err != nil || rec.State != storekit.StateCompleted {
 					t.Fatalf("Redis after the relay: got %v, %v, want COMPLETED", rec.State, err)
 				}
 			}

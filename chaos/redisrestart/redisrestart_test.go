@@ -16,6 +16,7 @@ import (
 	"github.com/idemgo/idem/chaos/chaostest"
 	"github.com/idemgo/idem/redisstore"
 	"github.com/idemgo/idem/redisstore/redisinfo"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/testkit/redistest"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
@@ -476,11 +477,11 @@ func (l *load) check(t *testing.T) checkResult {
 		key := l.key(id)
 		rec, err := l.store.Get(ctx, key.Digest())
 		switch {
-		case errors.Is(err, idem.ErrNotFound):
+		case errors.Is(err, storekit.ErrNotFound):
 			r.lost++
 		case err != nil:
 			t.Fatalf("%s: Get %s: %v", l.name, id, err)
-		case rec.State != idem.StateCompleted:
+		case rec.State != storekit.StateCompleted:
 			r.lost++
 		}
 		executions := len(ks.fences)

@@ -15,6 +15,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/chaos/chaostest"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/testkit/redistest"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
@@ -159,7 +160,7 @@ func TestClusterReshard(t *testing.T) {
 	// A record read after the moves: every key is COMPLETED where it lives now.
 	for id := range r.started {
 		rec, err := grStore.Get(t.Context(), idem.Key{Scope: "reshard", ID: id}.Digest())
-		if err != nil || rec.State != idem.StateCompleted {
+		if err != nil || rec.State != storekit.StateCompleted {
 			t.Errorf("key %s after the reshards: %+v, %v, want COMPLETED", id, rec.State, err)
 		}
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/idemgo/idem/cmd/idem/internal/cli"
 	"github.com/idemgo/idem/cmd/idem/internal/size"
 	"github.com/idemgo/idem/idemhttp"
+	"github.com/idemgo/idem/storekit"
 )
 
 // adminFlags are the flags of get, ls and rm: the store, and what the proxy
@@ -63,7 +64,7 @@ func (a *adminFlags) storeKey(cmd string, args []string) (string, error) {
 		if len(args) > 0 {
 			return "", cli.Usagef("%s: give KEY or --digest, not both", cmd)
 		}
-		if err := idem.ValidateStoreKey(a.digest); err != nil {
+		if err := storekit.ValidateStoreKey(a.digest); err != nil {
 			return "", cli.Usagef("%s: invalid --digest: %v", cmd, err)
 		}
 		return a.digest, nil
@@ -135,7 +136,7 @@ type stored struct {
 	err     error
 }
 
-func decodeStored(exec *idem.Executor, key string, rec idem.Record) stored {
+func decodeStored(exec *idem.Executor, key string, rec storekit.Record) stored {
 	if len(rec.Result) == 0 {
 		return stored{}
 	}
@@ -143,7 +144,7 @@ func decodeStored(exec *idem.Executor, key string, rec idem.Record) stored {
 	if err != nil {
 		return stored{err: err}
 	}
-	if rec.State == idem.StateFailed {
+	if rec.State == storekit.StateFailed {
 		return stored{failure: string(v)}
 	}
 	resp, err := idemhttp.DecodeStoredResponse(v)
@@ -191,7 +192,7 @@ size. The body is shown only with --show-body.` + adminScopeDoc,
 				}
 				defer st.close()
 				rec, err := st.store.Get(ctx, key)
-				if errors.Is(err, idem.ErrNotFound) {
+				if errors.Is(err, storekit.ErrNotFound) {
 					return a.notFound(key, st, "")
 				}
 				if err != nil {
@@ -205,11 +206,11 @@ size. The body is shown only with --show-body.` + adminScopeDoc,
 
 // printTimes prints when rec was created, the lease it has left and when
 // it expires, as far as they are known.
-func printTimes(line func(k, format string, args ...any), rec idem.Record) {
+func printTimes(line func(k, format string, args ...any), rec storekit.Record) {
 	if !rec.Created.IsZero() {
 		line("created", "%s (%s ago)", rec.Created.UTC().Format(time.RFC3339), age(rec.Now.Sub(rec.Created)))
 	}
-	if rec.State == idem.StateInProgress {
+	if rec.State == storekit.StateInProgress {
 		if left := rec.LeaseUntil.Sub(rec.Now); left > 0 {
 			line("lease left", "%s", age(left))
 		} else {
@@ -223,7 +224,7 @@ func printTimes(line func(k, format string, args ...any), rec idem.Record) {
 
 // printRecord prints the record of key, and the stored response if
 // showBody.
-func printRecord(w io.Writer, st *openedStore, exec *idem.Executor, key string, rec idem.Record, showBody bool) error {
+func printRecord(w io.Writer, st *openedStore, exec *idem.Executor, key string, rec storekit.Record, showBody bool) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	line := func(k, format string, args ...any) { fmt.Fprintf(tw, "%s\t%s\n", k, fmt.Sprintf(format, args...)) }
 	line("digest", "%s", key)
@@ -243,7 +244,7 @@ func printRecord(w io.Writer, st *openedStore, exec *idem.Executor, key string, 
 		line("stored", "%d bytes (response body %d bytes)", len(rec.Result), len(s.resp.Body))
 	case s.failure != "":
 		line("failure", "%s", s.failure)
-	case rec.State == idem.StateFailed:
+	case rec.State == storekit.StateFailed:
 		line("failure", "attempts exhausted")
 	}
 	if err := tw.Flush(); err != nil {
@@ -317,7 +318,7 @@ no proxy uses it; Redis can be listed while proxies run.`,
 						status = "corrupt"
 					case s.resp != nil:
 						status = strconv.Itoa(s.status)
-					case rec.State == idem.StateFailed:
+					case rec.State == storekit.StateFailed:
 						status = "failed"
 					}
 					if len(rec.Result) > 0 {
@@ -369,7 +370,7 @@ is no such record, rm says where it looked and exits with status 1.` + adminScop
 				}
 				defer st.close()
 				rec, err := st.store.Get(ctx, key)
-				if errors.Is(err, idem.ErrNotFound) {
+				if errors.Is(err, storekit.ErrNotFound) {
 					return a.notFound(key, st, "; nothing deleted")
 				}
 				if err != nil {

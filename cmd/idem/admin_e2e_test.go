@@ -9,6 +9,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/testkit/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -161,7 +162,7 @@ func TestDoctor(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.Get(t.Context(), idem.Key{ID: "k"}.Digest()); err != idem.ErrNotFound {
+		if _, err := s.Get(t.Context(), idem.Key{ID: "k"}.Digest()); err != storekit.ErrNotFound {
 			t.Fatalf("Get in Functions mode: got %v, want ErrNotFound", err)
 		}
 		_, out, _ = runIdem(t, "doctor", "--redis", "redis://"+srv.Addr())
@@ -177,7 +178,7 @@ func TestDoctor(t *testing.T) {
 		if want := "WARN  functions: library " + name + " holds other code than this version's"; !strings.Contains(out, want) {
 			t.Errorf("stdout:\n%s\nwant %q", out, want)
 		}
-		if _, err := s.Get(t.Context(), idem.Key{ID: "k"}.Digest()); err != idem.ErrNotFound {
+		if _, err := s.Get(t.Context(), idem.Key{ID: "k"}.Digest()); err != storekit.ErrNotFound {
 			t.Fatalf("Get in Functions mode with the other library: got %v, want ErrNotFound", err)
 		}
 		if _, out, _ = runIdem(t, "doctor", "--redis", "redis://"+srv.Addr()); !strings.Contains(out, loaded) {

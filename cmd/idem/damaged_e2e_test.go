@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/boltstore"
+	"github.com/idemgo/idem/storekit"
 )
 
 // TestDamagedEmbeddedStore checks that proxy, ls and doctor report a
@@ -67,7 +67,7 @@ func writeRecords(t *testing.T, path string, n int) {
 		wg.Go(func() {
 			for i := w; i < n; i += 32 {
 				key := fmt.Sprintf("%064x", i)
-				a, err := s.Acquire(t.Context(), key, idem.AcquireRequest{Fingerprint: "f", Owner: "o", Lease: time.Minute, Retention: time.Hour, MaxAttempts: 3})
+				a, err := s.Acquire(t.Context(), key, storekit.AcquireRequest{Fingerprint: "f", Owner: "o", Lease: time.Minute, Retention: time.Hour, MaxAttempts: 3})
 				if err == nil {
 					err = s.Complete(t.Context(), key, a.Lease, make([]byte, 300), time.Hour)
 				}

@@ -11,6 +11,7 @@ import (
 	"github.com/idemgo/idem/postgres/pggate"
 	"github.com/idemgo/idem/postgres/pgtest"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/testkit/redistest"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
@@ -103,7 +104,7 @@ VALUES ($1, 'fp', 7, '\x006f6b', now() - interval '2 minutes', now() + interval 
 		t.Fatalf("relay --once: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 	rec, err := rs.Get(t.Context(), key)
-	if err != nil || rec.State != idem.StateCompleted || string(rec.Result) != "\x00ok" || rec.Fence != 7 {
+	if err != nil || rec.State != storekit.StateCompleted || string(rec.Result) != "\x00ok" || rec.Fence != 7 {
 		t.Fatalf("Redis record after the relay: got %+v, %v, want COMPLETED with the row's result and fence", rec, err)
 	}
 	if code, _, errOut := runIdem(t, "relay", "--once", "--postgres", url); code != exitUsage || !strings.Contains(errOut, "--redis") {

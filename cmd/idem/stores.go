@@ -21,6 +21,7 @@ import (
 	"github.com/idemgo/idem/boltstore"
 	"github.com/idemgo/idem/cmd/idem/internal/cli"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/storekit"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 )
@@ -225,7 +226,7 @@ type openedStore struct {
 // listEntry is one record listed by ls.
 type listEntry struct {
 	key    string
-	record idem.Record
+	record storekit.Record
 }
 
 // openStore opens the store the flags choose. create says whether the

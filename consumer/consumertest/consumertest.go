@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
+	"github.com/idemgo/idem/storekit"
 )
 
 // MaxDeliveries is the maximum of deliveries the suite configures.
@@ -78,7 +79,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 				seen = append(seen, "no fence in the handler's context")
 			case err != nil:
 				seen = append(seen, fmt.Sprintf("no record while the handler runs: %v", err))
-			case rec.State != idem.StateInProgress || rec.Fence != fence:
+			case rec.State != storekit.StateInProgress || rec.Fence != fence:
 				seen = append(seen, fmt.Sprintf("record %v fence %d while the handler with fence %d runs", rec.State, rec.Fence, fence))
 			default:
 				seen = append(seen, "acquired")
@@ -89,7 +90,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		h.Publish(t, "ordered", []byte("a"))
 		waitFor(t, "the message processed", func() bool { return stats().Processed == 1 })
 		rec, err := exec.Store().Get(t.Context(), key.Digest())
-		if err != nil || rec.State != idem.StateCompleted {
+		if err != nil || rec.State != storekit.StateCompleted {
 			t.Errorf("after the message was processed: record %v, %v; want COMPLETED", rec.State, err)
 		}
 		mu.Lock()
@@ -209,8 +210,8 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		stats, stop := h.Start(t, opts, r.handler(nil))
 		defer stop()
 		h.Publish(t, "", []byte("no key"))
-		h.Publish(t, strings.Repeat("k", idem.MaxKeyLen+1), []byte("long key"))
-		h.Publish(t, "long-fp", []byte(strings.Repeat("f", idem.MaxFingerprintLen+1)))
+		h.Publish(t, strings.Repeat("k", storekit.MaxKeyLen+1), []byte("long key"))
+		h.Publish(t, "long-fp", []byte(strings.Repeat("f", storekit.MaxFingerprintLen+1)))
 		h.Publish(t, "ok", []byte("ok"))
 		waitFor(t, "three dead letters and the good message", func() bool {
 			st := stats()
@@ -307,7 +308,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 			t.Errorf("stats after Run returned: %+v, want 1 abandoned and retried, 0 processed", st)
 		}
 		rec, err := exec.Store().Get(t.Context(), key.Digest())
-		if err != nil || rec.State != idem.StateInProgress || rec.Fence != fence {
+		if err != nil || rec.State != storekit.StateInProgress || rec.Fence != fence {
 			t.Fatalf("record after Run returned: %v fence %d (%v), want IN_PROGRESS under the stuck handler's fence %d (left to its lease)", rec.State, rec.Fence, err, fence)
 		}
 		leaseUntil := rec.LeaseUntil
@@ -318,9 +319,9 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		// The lease ends without an extension: the heartbeat stopped.
 		waitFor(t, "the end of the stuck handler's lease", func() bool {
 			rec, err = exec.Store().Get(t.Context(), key.Digest())
-			return err != nil || rec.State != idem.StateInProgress || rec.Now.After(leaseUntil)
+			return err != nil || rec.State != storekit.StateInProgress || rec.Now.After(leaseUntil)
 		})
-		if err != nil || rec.State != idem.StateInProgress || rec.Fence != fence || !rec.LeaseUntil.Equal(leaseUntil) {
+		if err != nil || rec.State != storekit.StateInProgress || rec.Fence != fence || !rec.LeaseUntil.Equal(leaseUntil) {
 			t.Fatalf("record once the lease ended: %v fence %d lease until %v (%v), want IN_PROGRESS, fence %d, lease until %v: the late return completed nothing and nothing extended the lease",
 				rec.State, rec.Fence, rec.LeaseUntil, err, fence, leaseUntil)
 		}
@@ -352,7 +353,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 			t.Errorf("next consumer's runs had fences %v, want one above the stuck handler's %d", fences, fence)
 		}
 		rec, err = exec.Store().Get(t.Context(), key.Digest())
-		if err != nil || rec.State != idem.StateCompleted || len(fences) == 1 && rec.Fence != fences[0] {
+		if err != nil || rec.State != storekit.StateCompleted || len(fences) == 1 && rec.Fence != fences[0] {
 			t.Errorf("record at the end: %v fence %d (%v), want COMPLETED under the next consumer's fence %v", rec.State, rec.Fence, err, fences)
 		}
 	})

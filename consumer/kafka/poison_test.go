@@ -13,6 +13,7 @@ import (
 	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/consumer/kafka"
 	"github.com/idemgo/idem/memstore"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/testkit/prooftest"
 )
 
@@ -71,8 +72,8 @@ func TestPanicDeadLetteredAcrossRestarts(t *testing.T) {
 func TestPoisonLengthsDeadLetteredAtOnce(t *testing.T) {
 	addrs := startCluster(t, 1, "in", "in.dlq")
 	produce(t, producer(t, addrs),
-		&kgo.Record{Topic: "in", Value: []byte("long key"), Headers: keyHeader(strings.Repeat("k", idem.MaxKeyLen+1))},
-		&kgo.Record{Topic: "in", Value: []byte(strings.Repeat("f", idem.MaxFingerprintLen+1)), Headers: keyHeader("long-fp")},
+		&kgo.Record{Topic: "in", Value: []byte("long key"), Headers: keyHeader(strings.Repeat("k", storekit.MaxKeyLen+1))},
+		&kgo.Record{Topic: "in", Value: []byte(strings.Repeat("f", storekit.MaxFingerprintLen+1)), Headers: keyHeader("long-fp")},
 		&kgo.Record{Topic: "in", Value: []byte("ok"), Headers: keyHeader("ok")},
 	)
 	var ran atomic.Int32

@@ -16,6 +16,7 @@ import (
 	"github.com/idemgo/idem/consumer"
 	natsconsumer "github.com/idemgo/idem/consumer/nats"
 	"github.com/idemgo/idem/memstore"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/testkit/prooftest"
 )
 
@@ -162,7 +163,7 @@ func TestNoKeyDeadLettered(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.publish(t, "orders", "", "", []byte("payload"))
-	s.publish(t, "orders", jetstream.MsgIDHeader, strings.Repeat("k", idem.MaxKeyLen+1), []byte("long"))
+	s.publish(t, "orders", jetstream.MsgIDHeader, strings.Repeat("k", storekit.MaxKeyLen+1), []byte("long"))
 	runBg(t, c.Run)
 	waitDrained(t, cons, 10*time.Second)
 	dl := s.dlqMsgs(t)

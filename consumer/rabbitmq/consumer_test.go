@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/testkit/prooftest"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -229,7 +230,7 @@ func TestNoKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	long := make([]byte, idem.MaxKeyLen+1)
+	long := make([]byte, storekit.MaxKeyLen+1)
 	for i := range long {
 		long[i] = 'a'
 	}
@@ -695,7 +696,7 @@ func TestPoison(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pub.publish(q, msg("boom", "panic"), msg("long", strings.Repeat("f", idem.MaxFingerprintLen+1)))
+	pub.publish(q, msg("boom", "panic"), msg("long", strings.Repeat("f", storekit.MaxFingerprintLen+1)))
 	stop := prooftest.Start(t, c.Run)
 	conn := dial(t)
 	waitFor(t, 20*time.Second, "2 dead letters", func() bool { return depth(t, conn, q+".dlq") == 2 })

@@ -9,6 +9,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/storekit"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -64,7 +65,7 @@ redis.call('HINCRBY', KEYS[1], ARGV[1], 1)`)}
 				t.Fatalf("pending %d, want 0", p)
 			}
 			rec, err := store.Get(t.Context(), idem.Key{Scope: e.stream, ID: "bad"}.Digest())
-			if err != nil || rec.State != idem.StateFailed {
+			if err != nil || rec.State != storekit.StateFailed {
 				t.Fatalf("record of the refused entry: %v %v, want FAILED", rec.State, err)
 			}
 		})

@@ -11,6 +11,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/storekit"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -106,7 +107,7 @@ func WithBlock(d time.Duration) Option {
 func WithKeyFunc(f KeyFunc) Option { return consumer.AdapterOption(func(c *config) { c.keyFn = f }) }
 
 // WithFingerprint sets a function returning an entry's payload fingerprint
-// (at most idem.MaxFingerprintLen bytes): a key reused with another
+// (at most storekit.MaxFingerprintLen bytes): a key reused with another
 // fingerprint is dead-lettered with idem.ErrMismatch. The default is none.
 func WithFingerprint(f func(msg redis.XMessage) string) Option {
 	return consumer.AdapterOption(func(c *config) { c.fpFn = f })
@@ -482,7 +483,7 @@ func (c *Consumer) settle(ctx context.Context, msgs []redis.XMessage, deliveries
 // unknown: an entry left pending with its key IN_PROGRESS would be claimed
 // after the lease and run again.
 func (c *Consumer) completeAndAck(ctx context.Context, msgs []consumer.Message, attempts []*idem.Attempt, values [][]byte) []error {
-	return c.exec.CommitBatchWith(ctx, attempts, values, func(ctx context.Context, cs []idem.BatchCompletion) []error {
+	return c.exec.CommitBatchWith(ctx, attempts, values, func(ctx context.Context, cs []storekit.BatchCompletion) []error {
 		acks := make([]redisstore.StreamAck, len(cs))
 		for k, x := range cs {
 			// A handler's effect (idem.SetEffect) is applied in the same

@@ -15,6 +15,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/testkit/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -215,7 +216,7 @@ func TestRetryThenDeadLetter(t *testing.T) {
 		t.Errorf("dead-letter stream %v", d)
 	}
 	rec, err := e.store.Get(t.Context(), idem.Key{Scope: e.stream, ID: "bad"}.Digest())
-	if err != nil || rec.State != idem.StateFailed {
+	if err != nil || rec.State != storekit.StateFailed {
 		t.Errorf("record %v %v, want FAILED", rec.State, err)
 	}
 	// A later duplicate of the failed key is dead-lettered without a run.
@@ -364,7 +365,7 @@ func TestShutdownReleasesInFlight(t *testing.T) {
 		t.Fatal("Run did not return after the shutdown timeout")
 	}
 	rec, err := e.store.Get(t.Context(), idem.Key{Scope: e.stream, ID: "k"}.Digest())
-	if err != nil || rec.State != idem.StateReleased {
+	if err != nil || rec.State != storekit.StateReleased {
 		t.Errorf("record %v %v, want RELEASED", rec.State, err)
 	}
 	if p := e.pending(); p != 1 {
@@ -508,7 +509,7 @@ func TestEncryptedResults(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec, err := e.store.Get(t.Context(), idem.Key{Scope: e.stream, ID: "a"}.Digest())
-	if err != nil || rec.State != idem.StateCompleted {
+	if err != nil || rec.State != storekit.StateCompleted {
 		t.Fatalf("record %v %v, want COMPLETED", rec.State, err)
 	}
 	sealed, err := idem.New(e.store, idem.WithEncryption(aead))

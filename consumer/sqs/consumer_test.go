@@ -16,6 +16,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
 	sqsconsumer "github.com/idemgo/idem/consumer/sqs"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/testkit/prooftest"
 	"github.com/idemgo/idem/testkit/sqsfake"
 )
@@ -199,7 +200,7 @@ func TestRetryThenDeadLetter(t *testing.T) {
 		t.Errorf("dead letters: got %+v, want the poison message", dl)
 	}
 	rec, err := exec.Store().Get(t.Context(), c.Processor().Key("p").Digest())
-	if err != nil || rec.State != idem.StateFailed {
+	if err != nil || rec.State != storekit.StateFailed {
 		t.Errorf("record of the poison key: got %v, %v; want FAILED", rec.State, err)
 	}
 	if st := c.Stats(); st.Retried != 3 || st.DeadLettered != 1 || st.Processed != 1 {
@@ -341,9 +342,9 @@ func TestShutdown(t *testing.T) {
 				t.Errorf("released message: got %+v, want it visible again", cnt)
 			}
 			rec, err := exec.Store().Get(t.Context(), c.Processor().Key("k").Digest())
-			wantState := idem.StateCompleted
+			wantState := storekit.StateCompleted
 			if tt.wantDeleted == 0 {
-				wantState = idem.StateReleased
+				wantState = storekit.StateReleased
 			}
 			if err != nil || rec.State != wantState {
 				t.Errorf("record: got %v, %v; want %v", rec.State, err, wantState)
@@ -407,7 +408,7 @@ func TestFingerprintMismatch(t *testing.T) {
 	}
 	f.Send("q", "pay 10", keyAttr("k"), "")
 	f.Send("q", "pay 1000", keyAttr("k"), "")
-	f.Send("q", "bad key", keyAttr(strings.Repeat("x", 300)), "") // over idem.MaxKeyLen
+	f.Send("q", "bad key", keyAttr(strings.Repeat("x", 300)), "") // over storekit.MaxKeyLen
 	stop := runConsumer(t, c.Run)
 	waitFor(t, 10*time.Second, "the queue to drain", drained(f, "q"))
 	stop()

@@ -18,6 +18,7 @@ import (
 	"github.com/idemgo/idem/consumer"
 	sqsconsumer "github.com/idemgo/idem/consumer/sqs"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/testkit/prooftest"
 	"github.com/idemgo/idem/testkit/redistest"
 	"github.com/idemgo/idem/testkit/sqsfake"
@@ -297,7 +298,7 @@ func TestProof(t *testing.T) {
 	for i := range unique {
 		k := key(i)
 		rec, err := store.Get(ctx, cs[0].Processor().Key(k).Digest())
-		if err != nil || rec.State != idem.StateCompleted || rec.Fence != finalFence[k] {
+		if err != nil || rec.State != storekit.StateCompleted || rec.Fence != finalFence[k] {
 			if badRecords < 5 {
 				t.Errorf("record of %s: got %v fence %d (%v), want COMPLETED fence %d", k, rec.State, rec.Fence, err, finalFence[k])
 			}

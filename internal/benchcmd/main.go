@@ -20,6 +20,7 @@ import (
 	"github.com/idemgo/idem/internal/storescripts"
 	"github.com/idemgo/idem/memstore"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/testkit/proccpu"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
@@ -352,7 +353,7 @@ func (b *bench) measureStore(ctx context.Context, run int, name, kind string, c 
 func (b *bench) acquireArgs(key string) []string {
 	return []string{"EVALSHA", b.acquireSHA, "1", key, "fp", "owner",
 		strconv.FormatInt(lease.Milliseconds(), 10), strconv.FormatInt(retention.Milliseconds(), 10), "0",
-		strconv.FormatInt((2*lease + idem.InProgressGrace).Milliseconds(), 10)}
+		strconv.FormatInt((2*lease + storekit.InProgressGrace).Milliseconds(), 10)}
 }
 
 // ceilingResult is a 51-byte stand-in for the stored blob (redis-benchmark

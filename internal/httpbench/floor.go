@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/fsync"
+	"github.com/idemgo/idem/storekit"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
 )
@@ -125,7 +126,7 @@ func newScriptFloor(c rueidis.Client, acquireSHA, completeSHA string) *scriptFlo
 	return &scriptFloor{
 		c: c, acquireSHA: acquireSHA, completeSHA: completeSHA,
 		lease: ms(idem.DefaultLease), retention: ms(floorKeep),
-		ttl: ms(2*idem.DefaultLease + idem.InProgressGrace),
+		ttl: ms(2*idem.DefaultLease + storekit.InProgressGrace),
 	}
 }
 

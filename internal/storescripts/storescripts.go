@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/storekit"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -51,7 +52,7 @@ func Capture(ctx context.Context, addr string) (acquire, complete string, err er
 		return sha, nil
 	}
 	key := idem.Key{Scope: "storescripts", ID: "probe"}.Digest()
-	a, err := s.Acquire(ctx, key, idem.AcquireRequest{Fingerprint: "fp", Owner: "probe", Lease: time.Minute, Retention: time.Minute})
+	a, err := s.Acquire(ctx, key, storekit.AcquireRequest{Fingerprint: "fp", Owner: "probe", Lease: time.Minute, Retention: time.Minute})
 	if err != nil {
 		return "", "", err
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/postgres/internal/pgq"
+	"github.com/idemgo/idem/storekit"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -51,8 +52,8 @@ var (
 	ErrTxDone = errors.New("pggate: the function committed or rolled back the transaction; return instead and let the gate commit it")
 
 	// ErrNoRelayer is returned by New when the Executor's store (or a store
-	// it wraps) does not implement idem.Relayer.
-	ErrNoRelayer = errors.New("pggate: the store does not implement idem.Relayer")
+	// it wraps) does not implement storekit.Relayer.
+	ErrNoRelayer = errors.New("pggate: the store does not implement storekit.Relayer")
 )
 
 // TxCompleter is implemented by stores whose records live in the same
@@ -123,7 +124,7 @@ func WithLogger(l *slog.Logger) Option { return func(c *config) { c.log = l } }
 type Gate[T any] struct {
 	e       *idem.Executor
 	db      pgq.DB[T]
-	relayer idem.Relayer
+	relayer storekit.Relayer
 	txc     TxCompleter // nil unless the store lives in this database
 	cfg     config
 
@@ -137,8 +138,8 @@ type Gate[T any] struct {
 }
 
 // New returns a Gate on e and a pgx pool; its operations receive a pgx.Tx.
-// e's store (or a store it wraps, see idem.StoreAs) must implement
-// idem.Relayer (redisstore, memstore, boltstore and pgstore do). New does no
+// e's store (or a store it wraps, see storekit.StoreAs) must implement
+// storekit.Relayer (redisstore, memstore, boltstore and pgstore do). New does no
 // I/O; it starts the background relay and janitor.
 func New(e *idem.Executor, pool *pgxpool.Pool, opts ...Option) (*Gate[pgx.Tx], error) {
 	if pool == nil {
@@ -182,11 +183,11 @@ func newGate[T any](e *idem.Executor, db pgq.DB[T], opts []Option) (*Gate[T], er
 	case c.log == nil:
 		return nil, fmt.Errorf("%w: nil logger", idem.ErrInvalid)
 	}
-	r, ok := idem.StoreAs[idem.Relayer](e.Store())
+	r, ok := storekit.StoreAs[storekit.Relayer](e.Store())
 	if !ok {
 		return nil, fmt.Errorf("%w (%T)", ErrNoRelayer, e.Store())
 	}
-	txc, _ := idem.StoreAs[TxCompleter](e.Store())
+	txc, _ := storekit.StoreAs[TxCompleter](e.Store())
 	g := &Gate[T]{
 		e: e, db: db, relayer: r, txc: txc, cfg: c,
 		marks:   make(chan string, 4*c.batch),
@@ -236,7 +237,7 @@ func (g *Gate[T]) Migrate(ctx context.Context) error {
 //     Do returns its result with Replayed set (or idem.ErrMismatch if that
 //     completion had another fingerprint).
 //   - After the commit, Do writes the completion into the store
-//     (idem.Relayer). If that fails, the effect stands and Do succeeds; the
+//     (storekit.Relayer). If that fails, the effect stands and Do succeeds; the
 //     relay repairs the store later, and until then a duplicate gets an
 //     *idem.InProgressError or, if the store lost the record, a replay
 //     through the conflict above.
@@ -405,7 +406,7 @@ func (g *Gate[T]) commit(actx, sctx context.Context, a *idem.Attempt, tx pgq.Tx,
 // the store got it inside the transaction (pgstore).
 func (g *Gate[T]) relayed(sctx context.Context, a *idem.Attempt, blob []byte) {
 	if g.txc == nil {
-		g.relay(sctx, a.Key(), idem.Completion{Fingerprint: a.Fingerprint(), Fence: a.Lease().Fence, Result: blob, Retention: a.Executor().Retention()})
+		g.relay(sctx, a.Key(), storekit.Completion{Fingerprint: a.Fingerprint(), Fence: a.Lease().Fence, Result: blob, Retention: a.Executor().Retention()})
 	}
 }
 
@@ -432,9 +433,9 @@ func insertErr(err error) error {
 }
 
 // load reads the committed completion of key.
-func (g *Gate[T]) load(ctx context.Context, key string) (idem.Completion, error) {
+func (g *Gate[T]) load(ctx context.Context, key string) (storekit.Completion, error) {
 	var (
-		c      idem.Completion
+		c      storekit.Completion
 		fp     []byte
 		leftUS int64
 	)
@@ -489,7 +490,7 @@ func replayOutcome(err error) idem.Observed {
 // relay writes a committed completion into the store, repeating a call
 // whose outcome is unknown a few times. On success the row is marked
 // relayed (in a later batch); otherwise the relay takes it.
-func (g *Gate[T]) relay(ctx context.Context, key string, c idem.Completion) {
+func (g *Gate[T]) relay(ctx context.Context, key string, c storekit.Completion) {
 	pause := 10 * time.Millisecond
 	for i := 0; ; i++ {
 		err := g.relayer.RelayCompletion(ctx, key, c)
@@ -500,7 +501,7 @@ func (g *Gate[T]) relay(ctx context.Context, key string, c idem.Completion) {
 			}
 			return
 		}
-		if !idem.OutcomeUnknown(err) || i == 2 {
+		if !storekit.OutcomeUnknown(err) || i == 2 {
 			return
 		}
 		time.Sleep(pause)

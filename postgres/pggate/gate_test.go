@@ -16,6 +16,7 @@ import (
 	"github.com/idemgo/idem/memstore"
 	"github.com/idemgo/idem/postgres/pggate"
 	"github.com/idemgo/idem/postgres/pgtest"
+	"github.com/idemgo/idem/storekit"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib"
@@ -134,7 +135,7 @@ func TestDoCommitsOnceAndReplays(t *testing.T) {
 		t.Fatalf("completion row: got fence %d (found %v), want %d", fence, ok, first)
 	}
 	rec, err := v.store.Get(t.Context(), key.Digest())
-	if err != nil || rec.State != idem.StateCompleted {
+	if err != nil || rec.State != storekit.StateCompleted {
 		t.Fatalf("store record: got %v, %v, want COMPLETED", rec.State, err)
 	}
 	// Close records that the store got the completion.
@@ -169,7 +170,7 @@ func TestRecordLostReplaysCommittedCompletion(t *testing.T) {
 	}
 	// The store was repaired: the next duplicate replays without running.
 	rec, err := v.store.Get(t.Context(), key.Digest())
-	if err != nil || rec.State != idem.StateCompleted || string(rec.Result[1:]) != "first" {
+	if err != nil || rec.State != storekit.StateCompleted || string(rec.Result[1:]) != "first" {
 		t.Fatalf("store record: got %+v, %v, want COMPLETED with first", rec, err)
 	}
 	// Another payload with the lost key is a mismatch, not a new effect.
@@ -228,11 +229,11 @@ func TestStaleOwnerRolledBack(t *testing.T) {
 // dies between the two.
 type flaky struct {
 	idem.Store
-	r      idem.Relayer
+	r      storekit.Relayer
 	broken atomic.Bool
 }
 
-func (f *flaky) RelayCompletion(ctx context.Context, key string, c idem.Completion) error {
+func (f *flaky) RelayCompletion(ctx context.Context, key string, c storekit.Completion) error {
 	if f.broken.Load() {
 		return errors.New("flaky: connection refused")
 	}
@@ -259,7 +260,7 @@ func TestRelayRepairsTheStore(t *testing.T) {
 		t.Fatalf("Do: got %+v, %v, want ok (the effect committed; the store is repaired later)", res, err)
 	}
 	rec, _ := ms.Get(t.Context(), key.Digest())
-	if rec.State != idem.StateInProgress {
+	if rec.State != storekit.StateInProgress {
 		t.Fatalf("record before the relay: got %v, want IN_PROGRESS (the completion did not reach the store)", rec.State)
 	}
 	if _, err := g.Do(t.Context(), key, "fp", func(context.Context, pgx.Tx) ([]byte, error) { return nil, nil }); !errors.Is(err, idem.ErrInProgress) {
@@ -332,7 +333,7 @@ func TestPanicRollsBackAndReleases(t *testing.T) {
 		t.Fatalf("effects after a panic: got %d, want 0", n)
 	}
 	rec, err := v.store.Get(t.Context(), key.Digest())
-	if err != nil || rec.State != idem.StateReleased {
+	if err != nil || rec.State != storekit.StateReleased {
 		t.Fatalf("record after a panic: got %v, %v, want RELEASED", rec.State, err)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/storekit"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -25,7 +26,7 @@ func TestHybridRedis(t *testing.T) {
 	if _, err := g.Do(t.Context(), key, "fp", fn); err != nil {
 		t.Fatal(err)
 	}
-	if rec, err := rs.Get(t.Context(), key.Digest()); err != nil || rec.State != idem.StateCompleted {
+	if rec, err := rs.Get(t.Context(), key.Digest()); err != nil || rec.State != storekit.StateCompleted {
 		t.Fatalf("Redis record after the commit: got %v, %v, want COMPLETED", rec.State, err)
 	}
 	if res, err := g.Do(t.Context(), key, "fp", fn); err != nil || !res.Replayed || runs != 1 {
@@ -41,7 +42,7 @@ func TestHybridRedis(t *testing.T) {
 	if n != 1 || runs != 2 {
 		t.Fatalf("effects: got %d rows after %d runs, want 1 row after 2 runs", n, runs)
 	}
-	if rec, err := rs.Get(t.Context(), key.Digest()); err != nil || rec.State != idem.StateCompleted {
+	if rec, err := rs.Get(t.Context(), key.Digest()); err != nil || rec.State != storekit.StateCompleted {
 		t.Fatalf("Redis record after the conflict: got %v, %v, want COMPLETED (repaired)", rec.State, err)
 	}
 }

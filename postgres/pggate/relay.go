@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/postgres/internal/pgq"
+	"github.com/idemgo/idem/storekit"
 )
 
 // markEvery is how often the digests of completions that the store got
@@ -91,7 +91,7 @@ func mark(ctx context.Context, q pgq.Querier, keys []string) error {
 // Relay copies into the store every committed completion that is not
 // marked relayed and older than the relay delay (WithRelayDelay), then
 // marks it relayed; it returns how many it copied. The store gets each
-// with idem.Relayer: a record that is not COMPLETED becomes COMPLETED with
+// with storekit.Relayer: a record that is not COMPLETED becomes COMPLETED with
 // the committed result (a crashed owner's IN_PROGRESS record, a record the
 // store lost), a COMPLETED record is left as it is. Rows are taken with
 // FOR UPDATE SKIP LOCKED, so several relays (every Gate runs one, and `idem
@@ -117,7 +117,7 @@ func (g *Gate[T]) relayBatch(ctx context.Context) (n int, more bool, err error) 
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	type row struct {
 		key string
-		c   idem.Completion
+		c   storekit.Completion
 	}
 	var rows []row
 	err = tx.Query(ctx, `SELECT digest, fingerprint, fence, result, (extract(epoch FROM expires_at - now()) * 1000000)::bigint

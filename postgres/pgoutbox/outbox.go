@@ -76,7 +76,7 @@ const insert = `INSERT INTO idem_outbox (destination, key, payload, headers) VAL
 //
 // Publish returns an error wrapping idem.ErrInvalid, and writes nothing,
 // when destination is empty or over MaxDestinationLen bytes, key is empty
-// or over idem.MaxKeyLen bytes, either is not UTF-8 or holds a control
+// or over storekit.MaxKeyLen bytes, either is not UTF-8 or holds a control
 // character, or a header's name is empty, reserved (KeyHeader,
 // "Nats-Msg-Id", "key", "payload", in any case) or either of its name and
 // value is not UTF-8 or holds a control character. It returns ErrNoTable

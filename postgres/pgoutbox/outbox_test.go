@@ -16,6 +16,7 @@ import (
 	"github.com/idemgo/idem/postgres/pggate"
 	"github.com/idemgo/idem/postgres/pgoutbox"
 	"github.com/idemgo/idem/postgres/pgtest"
+	"github.com/idemgo/idem/storekit"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib"
@@ -203,7 +204,7 @@ func TestPublishSQL(t *testing.T) {
 
 func TestPublishInvalid(t *testing.T) {
 	pool, _ := newPool(t)
-	long := strings.Repeat("k", idem.MaxKeyLen+1)
+	long := strings.Repeat("k", storekit.MaxKeyLen+1)
 	tests := []struct {
 		name, dest, key string
 		headers         map[string]string

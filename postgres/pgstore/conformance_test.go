@@ -3,9 +3,9 @@ package pgstore_test
 import (
 	"testing"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/postgres/pgstore"
 	"github.com/idemgo/idem/postgres/pgtest"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/storetest"
 )
 
@@ -25,5 +25,5 @@ func newStore(t *testing.T) *pgstore.Store {
 
 func TestConformance(t *testing.T) {
 	s := newStore(t)
-	storetest.Run(t, func(*testing.T) idem.Store { return s })
+	storetest.Run(t, func(*testing.T) storekit.Store { return s })
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/postgres/internal/pgq"
 	"github.com/idemgo/idem/postgres/pggate"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/storekit/statemachine"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -60,10 +61,10 @@ func WithSweepInterval(d time.Duration) Option { return func(c *config) { c.swee
 // default is slog.Default().
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.log = l } }
 
-// Store is an idem.Store on PostgreSQL: one row per record in idem_records,
+// Store is a storekit.Store on PostgreSQL: one row per record in idem_records,
 // every transition one function call (one round trip, atomic under the
-// row's lock), times from the server's clock. It is also an idem.Watcher
-// (LISTEN/NOTIFY), an idem.Relayer and a pggate.TxCompleter, so the commit
+// row's lock), times from the server's clock. It is also a storekit.Watcher
+// (LISTEN/NOTIFY), a storekit.Relayer and a pggate.TxCompleter, so the commit
 // gate completes its records inside the caller's transaction. It is safe
 // for concurrent use, also by several processes. Close stops its
 // goroutines; it does not close the pool.
@@ -80,9 +81,9 @@ type Store struct {
 }
 
 var (
-	_ idem.Store         = (*Store)(nil)
-	_ idem.Watcher       = (*Store)(nil)
-	_ idem.Relayer       = (*Store)(nil)
+	_ storekit.Store     = (*Store)(nil)
+	_ storekit.Watcher   = (*Store)(nil)
+	_ storekit.Relayer   = (*Store)(nil)
 	_ pggate.TxCompleter = (*Store)(nil)
 )
 
@@ -132,7 +133,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 
 func us(d time.Duration) int64 { return d.Microseconds() }
 
-var grace = us(idem.InProgressGrace)
+var grace = us(storekit.InProgressGrace)
 
 // wrap names the call in err, and turns a missing schema into ErrNoSchema.
 func wrap(call string, err error) error {
@@ -143,13 +144,13 @@ func wrap(call string, err error) error {
 	return fmt.Errorf("pgstore: %s: %w", call, err)
 }
 
-// Acquire implements idem.Store.
-func (s *Store) Acquire(ctx context.Context, key string, req idem.AcquireRequest) (idem.Acquisition, error) {
-	if err := idem.ValidateStoreKey(key); err != nil {
-		return idem.Acquisition{}, err
+// Acquire implements storekit.Store.
+func (s *Store) Acquire(ctx context.Context, key string, req storekit.AcquireRequest) (storekit.Acquisition, error) {
+	if err := storekit.ValidateStoreKey(key); err != nil {
+		return storekit.Acquisition{}, err
 	}
 	if err := req.Validate(); err != nil {
-		return idem.Acquisition{}, err
+		return storekit.Acquisition{}, err
 	}
 	var (
 		code        int
@@ -163,30 +164,30 @@ func (s *Store) Acquire(ctx context.Context, key string, req idem.AcquireRequest
 		key, []byte(req.Fingerprint), []byte(req.Owner), us(req.Lease), us(req.Retention), req.MaxAttempts, grace,
 	).Scan(&code, &fence, &attempts, &previous, &left, &state, &result)
 	if err != nil {
-		return idem.Acquisition{}, wrap("acquire", err)
+		return storekit.Acquisition{}, wrap("acquire", err)
 	}
-	a := idem.Acquisition{Attempts: deref(attempts)}
+	a := storekit.Acquisition{Attempts: deref(attempts)}
 	switch code {
 	case 1, 2:
-		a.Outcome, a.Lease = idem.Acquired, idem.Lease{Owner: req.Owner, Fence: deref(fence)}
+		a.Outcome, a.Lease = storekit.Acquired, storekit.Lease{Owner: req.Owner, Fence: deref(fence)}
 		if code == 2 {
-			a.Outcome, a.PreviousOwner = idem.TakenOver, string(previous)
+			a.Outcome, a.PreviousOwner = storekit.TakenOver, string(previous)
 		}
 	case 3:
-		a.Outcome, a.RetryAfter = idem.InProgress, time.Duration(deref(left))*time.Microsecond
+		a.Outcome, a.RetryAfter = storekit.InProgress, time.Duration(deref(left))*time.Microsecond
 	case 4:
 		st, ok := statemachine.ParseState(deref(state))
-		if !ok || (st != idem.StateCompleted && st != idem.StateFailed) {
-			return idem.Acquisition{}, fmt.Errorf("pgstore: acquire: unexpected state %q", deref(state))
+		if !ok || (st != storekit.StateCompleted && st != storekit.StateFailed) {
+			return storekit.Acquisition{}, fmt.Errorf("pgstore: acquire: unexpected state %q", deref(state))
 		}
-		a.Outcome, a.State = idem.Replay, st
+		a.Outcome, a.State = storekit.Replay, st
 		if len(result) > 0 {
 			a.Result = result
 		}
 	case 5:
-		a = idem.Acquisition{Outcome: idem.Mismatch}
+		a = storekit.Acquisition{Outcome: storekit.Mismatch}
 	default:
-		return idem.Acquisition{}, fmt.Errorf("pgstore: acquire: unexpected code %d", code)
+		return storekit.Acquisition{}, fmt.Errorf("pgstore: acquire: unexpected code %d", code)
 	}
 	return a, nil
 }
@@ -214,8 +215,8 @@ func okOrLost(call string, n int, err error) error {
 	return fmt.Errorf("pgstore: %s: unexpected reply %d", call, n)
 }
 
-// Complete implements idem.Store.
-func (s *Store) Complete(ctx context.Context, key string, lease idem.Lease, result []byte, retention time.Duration) error {
+// Complete implements storekit.Store.
+func (s *Store) Complete(ctx context.Context, key string, lease storekit.Lease, result []byte, retention time.Duration) error {
 	return s.complete(ctx, pgq.Pgx{Pool: s.pool}, key, lease, result, retention)
 }
 
@@ -224,15 +225,15 @@ func (s *Store) Complete(ctx context.Context, key string, lease idem.Lease, resu
 // takeover waits for tx and then finds the record COMPLETED, or the
 // transaction finds the lease lost (idem.ErrLeaseLost) and must roll back.
 // The notification is sent when tx commits.
-func (s *Store) CompleteTx(ctx context.Context, tx pgq.Querier, key string, lease idem.Lease, result []byte, retention time.Duration) error {
+func (s *Store) CompleteTx(ctx context.Context, tx pgq.Querier, key string, lease storekit.Lease, result []byte, retention time.Duration) error {
 	return s.complete(ctx, tx, key, lease, result, retention)
 }
 
-func (s *Store) complete(ctx context.Context, q pgq.Querier, key string, lease idem.Lease, result []byte, retention time.Duration) error {
+func (s *Store) complete(ctx context.Context, q pgq.Querier, key string, lease storekit.Lease, result []byte, retention time.Duration) error {
 	if err := statemachine.CheckLease(key, lease); err != nil {
 		return err
 	}
-	if err := idem.ValidateDuration("retention", retention); err != nil {
+	if err := storekit.ValidateDuration("retention", retention); err != nil {
 		return err
 	}
 	var n int
@@ -250,8 +251,8 @@ func nonNil(b []byte) []byte {
 	return b
 }
 
-// Fail implements idem.Store.
-func (s *Store) Fail(ctx context.Context, key string, lease idem.Lease, f idem.Failure) (idem.State, error) {
+// Fail implements storekit.Store.
+func (s *Store) Fail(ctx context.Context, key string, lease storekit.Lease, f storekit.Failure) (storekit.State, error) {
 	if err := statemachine.CheckLease(key, lease); err != nil {
 		return 0, err
 	}
@@ -268,18 +269,18 @@ func (s *Store) Fail(ctx context.Context, key string, lease idem.Lease, f idem.F
 		return 0, errLost
 	}
 	state, ok := statemachine.ParseState(st)
-	if !ok || (state != idem.StateReleased && state != idem.StateFailed) {
+	if !ok || (state != storekit.StateReleased && state != storekit.StateFailed) {
 		return 0, fmt.Errorf("pgstore: fail: unexpected state %q", st)
 	}
 	return state, nil
 }
 
-// Extend implements idem.Store.
-func (s *Store) Extend(ctx context.Context, key string, lease idem.Lease, d time.Duration) error {
+// Extend implements storekit.Store.
+func (s *Store) Extend(ctx context.Context, key string, lease storekit.Lease, d time.Duration) error {
 	if err := statemachine.CheckLease(key, lease); err != nil {
 		return err
 	}
-	if err := idem.ValidateDuration("lease", d); err != nil {
+	if err := storekit.ValidateDuration("lease", d); err != nil {
 		return err
 	}
 	var n int
@@ -287,12 +288,12 @@ func (s *Store) Extend(ctx context.Context, key string, lease idem.Lease, d time
 	return okOrLost("extend", n, err)
 }
 
-// Release implements idem.Store.
-func (s *Store) Release(ctx context.Context, key string, lease idem.Lease, retention time.Duration) error {
+// Release implements storekit.Store.
+func (s *Store) Release(ctx context.Context, key string, lease storekit.Lease, retention time.Duration) error {
 	if err := statemachine.CheckLease(key, lease); err != nil {
 		return err
 	}
-	if err := idem.ValidateDuration("retention", retention); err != nil {
+	if err := storekit.ValidateDuration("retention", retention); err != nil {
 		return err
 	}
 	var n int
@@ -300,9 +301,9 @@ func (s *Store) Release(ctx context.Context, key string, lease idem.Lease, reten
 	return okOrLost("release", n, err)
 }
 
-// RelayCompletion implements idem.Relayer.
-func (s *Store) RelayCompletion(ctx context.Context, key string, c idem.Completion) error {
-	if err := idem.ValidateStoreKey(key); err != nil {
+// RelayCompletion implements storekit.Relayer.
+func (s *Store) RelayCompletion(ctx context.Context, key string, c storekit.Completion) error {
+	if err := storekit.ValidateStoreKey(key); err != nil {
 		return err
 	}
 	if err := c.Validate(); err != nil {
@@ -320,10 +321,10 @@ func (s *Store) RelayCompletion(ctx context.Context, key string, c idem.Completi
 	return nil
 }
 
-// Get implements idem.Store.
-func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
-	if err := idem.ValidateStoreKey(key); err != nil {
-		return idem.Record{}, err
+// Get implements storekit.Store.
+func (s *Store) Get(ctx context.Context, key string) (storekit.Record, error) {
+	if err := storekit.ValidateStoreKey(key); err != nil {
+		return storekit.Record{}, err
 	}
 	var (
 		now                                 int64
@@ -337,16 +338,16 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 FROM (SELECT idem_now() AS now) n LEFT JOIN idem_records r ON r.key = $1 AND r.expires_at > n.now`, key).Scan(
 		&now, &st, &fp, &owner, &fence, &leaseUntil, &attempts, &created, &expires, &result)
 	if err != nil {
-		return idem.Record{}, wrap("get", err)
+		return storekit.Record{}, wrap("get", err)
 	}
 	if st == nil {
-		return idem.Record{}, idem.ErrNotFound
+		return storekit.Record{}, storekit.ErrNotFound
 	}
 	state, ok := statemachine.ParseState(*st)
 	if !ok {
-		return idem.Record{}, fmt.Errorf("pgstore: get: unexpected state %q", *st)
+		return storekit.Record{}, fmt.Errorf("pgstore: get: unexpected state %q", *st)
 	}
-	rec := idem.Record{
+	rec := storekit.Record{
 		State:       state,
 		Fingerprint: string(fp),
 		Owner:       string(owner),
@@ -359,16 +360,16 @@ FROM (SELECT idem_now() AS now) n LEFT JOIN idem_records r ON r.key = $1 AND r.e
 	if len(result) > 0 {
 		rec.Result = result
 	}
-	if state == idem.StateInProgress {
+	if state == storekit.StateInProgress {
 		rec.LeaseUntil = time.UnixMicro(deref(leaseUntil))
 	}
 	return rec, nil
 }
 
-// Delete implements idem.Store. It sends a notification, so that waiters
+// Delete implements storekit.Store. It sends a notification, so that waiters
 // look again.
 func (s *Store) Delete(ctx context.Context, key string) error {
-	if err := idem.ValidateStoreKey(key); err != nil {
+	if err := storekit.ValidateStoreKey(key); err != nil {
 		return err
 	}
 	sql := `DELETE FROM idem_records WHERE key = $1`
@@ -430,7 +431,7 @@ func (s *Store) janitor() {
 // Entry is one record listed by List.
 type Entry struct {
 	Key    string
-	Record idem.Record
+	Record storekit.Record
 }
 
 // List returns up to limit live records (all when limit <= 0), for tools
@@ -461,7 +462,7 @@ FROM idem_records WHERE expires_at > idem_now()`
 		e.Record.State, e.Record.Fence, e.Record.Attempts = state, fence, attempts
 		e.Record.Fingerprint, e.Record.Owner = string(fp), string(owner)
 		e.Record.Created, e.Record.ExpiresAt, e.Record.Now = time.UnixMicro(created), time.UnixMicro(expires), time.UnixMicro(now)
-		if state == idem.StateInProgress {
+		if state == storekit.StateInProgress {
 			e.Record.LeaseUntil = time.UnixMicro(lease)
 		}
 		if len(result) > 0 {

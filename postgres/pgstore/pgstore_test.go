@@ -11,6 +11,7 @@ import (
 	"github.com/idemgo/idem/postgres/pggate"
 	"github.com/idemgo/idem/postgres/pgstore"
 	"github.com/idemgo/idem/postgres/pgtest"
+	"github.com/idemgo/idem/storekit"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -85,11 +86,11 @@ func TestMissingSchema(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	_, err = s.Acquire(t.Context(), "k", idem.AcquireRequest{Fingerprint: "fp", Owner: "o", Lease: time.Second, Retention: time.Hour})
+	_, err = s.Acquire(t.Context(), "k", storekit.AcquireRequest{Fingerprint: "fp", Owner: "o", Lease: time.Second, Retention: time.Hour})
 	if !errors.Is(err, pgstore.ErrNoSchema) {
 		t.Fatalf("Acquire without the schema: got %v, want ErrNoSchema", err)
 	}
-	if idem.OutcomeUnknown(err) == false {
+	if storekit.OutcomeUnknown(err) == false {
 		// A missing schema is not bad input: the caller may repeat after
 		// Migrate; it is reported as a store error.
 		t.Fatalf("OutcomeUnknown(%v) = false", err)
@@ -149,8 +150,8 @@ func TestGateOnPgstoreRefusesStaleOwner(t *testing.T) {
 	if err := s.Delete(t.Context(), key.Digest()); err != nil {
 		t.Fatal(err)
 	}
-	a, err := s.Acquire(t.Context(), key.Digest(), idem.AcquireRequest{Fingerprint: "fp", Owner: "new", Lease: time.Minute, Retention: time.Hour})
-	if err != nil || a.Outcome != idem.Acquired {
+	a, err := s.Acquire(t.Context(), key.Digest(), storekit.AcquireRequest{Fingerprint: "fp", Owner: "new", Lease: time.Minute, Retention: time.Hour})
+	if err != nil || a.Outcome != storekit.Acquired {
 		t.Fatalf("new owner: got %+v, %v, want Acquired", a, err)
 	}
 	resumeOnce.Do(func() { close(resume) })
@@ -196,7 +197,7 @@ func TestGateOnPgstore(t *testing.T) {
 		t.Fatalf("Do: got %+v, %v", res, err)
 	}
 	rec, err := s.Get(t.Context(), key.Digest())
-	if err != nil || rec.State != idem.StateCompleted {
+	if err != nil || rec.State != storekit.StateCompleted {
 		t.Fatalf("record: got %v, %v, want COMPLETED", rec.State, err)
 	}
 	var relayed bool
@@ -213,7 +214,7 @@ func TestList(t *testing.T) {
 	s := newStore(t)
 	ctx := t.Context()
 	for _, k := range []string{"a", "b", "c"} {
-		if _, err := s.Acquire(ctx, k, idem.AcquireRequest{Fingerprint: "fp", Owner: "o" + k, Lease: time.Minute, Retention: time.Hour}); err != nil {
+		if _, err := s.Acquire(ctx, k, storekit.AcquireRequest{Fingerprint: "fp", Owner: "o" + k, Lease: time.Minute, Retention: time.Hour}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -222,7 +223,7 @@ func TestList(t *testing.T) {
 		t.Fatalf("List: got %d entries, %v, want 3", len(es), err)
 	}
 	for _, e := range es {
-		if e.Record.State != idem.StateInProgress || e.Record.Owner != "o"+e.Key || e.Record.LeaseUntil.IsZero() {
+		if e.Record.State != storekit.StateInProgress || e.Record.Owner != "o"+e.Key || e.Record.LeaseUntil.IsZero() {
 			t.Errorf("entry %s: got %+v", e.Key, e.Record)
 		}
 	}

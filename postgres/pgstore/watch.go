@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/storekit/watchset"
 	"github.com/jackc/pgx/v5"
 )
@@ -22,14 +23,14 @@ type listener struct {
 	watches watchset.Set
 }
 
-// Watch implements idem.Watcher with LISTEN/NOTIFY. The first Watch takes a
+// Watch implements storekit.Watcher with LISTEN/NOTIFY. The first Watch takes a
 // connection out of the pool and LISTENs on it; every Watch then shares it.
 // A notification published after Watch returned is never missed: the
 // connection listens before Watch registers the key. If the connection
 // breaks, every watch is woken (the caller looks at the record again) and
 // the next Watch opens a new one.
 func (s *Store) Watch(ctx context.Context, key string) (<-chan struct{}, func(), error) {
-	if err := idem.ValidateStoreKey(key); err != nil {
+	if err := storekit.ValidateStoreKey(key); err != nil {
 		return nil, nil, err
 	}
 	if !s.cfg.notify {

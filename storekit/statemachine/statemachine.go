@@ -21,12 +21,12 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/storekit"
 )
 
 // Record is a key's record. Times are Unix microseconds of the store's clock.
 type Record struct {
-	State       idem.State
+	State       storekit.State
 	Fingerprint string
 	Owner       string
 	Fence       int64
@@ -37,13 +37,13 @@ type Record struct {
 	Result      []byte
 }
 
-// Grace is idem.InProgressGrace in µs: how long, beyond one more lease, an
+// Grace is storekit.InProgressGrace in µs: how long, beyond one more lease, an
 // IN_PROGRESS record whose lease ended is kept.
-var Grace = idem.InProgressGrace.Microseconds()
+var Grace = storekit.InProgressGrace.Microseconds()
 
-// Public returns r as an idem.Record read at now, with a copy of the result.
-func (r *Record) Public(now int64) idem.Record {
-	rec := idem.Record{
+// Public returns r as a storekit.Record read at now, with a copy of the result.
+func (r *Record) Public(now int64) storekit.Record {
+	rec := storekit.Record{
 		State:       r.State,
 		Fingerprint: r.Fingerprint,
 		Owner:       r.Owner,
@@ -54,7 +54,7 @@ func (r *Record) Public(now int64) idem.Record {
 		Now:         time.UnixMicro(now),
 		Result:      append([]byte(nil), r.Result...),
 	}
-	if r.State == idem.StateInProgress {
+	if r.State == storekit.StateInProgress {
 		rec.LeaseUntil = time.UnixMicro(r.LeaseUntil)
 	}
 	return rec
@@ -71,35 +71,35 @@ func NextFence(prev, lastFence, now int64) int64 {
 // Settled returns the outcome of an Acquire of the live record cur that
 // changes nothing, if it is one: Mismatch, Replay, InProgress, or Acquired
 // for a repeated call by the owner. A Replay's Result aliases cur's.
-func Settled(cur *Record, req idem.AcquireRequest, now int64) (idem.Acquisition, bool) {
+func Settled(cur *Record, req storekit.AcquireRequest, now int64) (storekit.Acquisition, bool) {
 	if cur == nil {
-		return idem.Acquisition{}, false
+		return storekit.Acquisition{}, false
 	}
 	if cur.Fingerprint != req.Fingerprint {
-		return idem.Acquisition{Outcome: idem.Mismatch}, true
+		return storekit.Acquisition{Outcome: storekit.Mismatch}, true
 	}
 	switch cur.State {
-	case idem.StateCompleted, idem.StateFailed:
-		return idem.Acquisition{Outcome: idem.Replay, State: cur.State, Result: cur.Result, Attempts: cur.Attempts}, true
-	case idem.StateInProgress:
+	case storekit.StateCompleted, storekit.StateFailed:
+		return storekit.Acquisition{Outcome: storekit.Replay, State: cur.State, Result: cur.Result, Attempts: cur.Attempts}, true
+	case storekit.StateInProgress:
 		if cur.Owner == req.Owner { // a repeated call whose reply was lost
-			return idem.Acquisition{Outcome: idem.Acquired, Lease: idem.Lease{Owner: cur.Owner, Fence: cur.Fence}, Attempts: cur.Attempts}, true
+			return storekit.Acquisition{Outcome: storekit.Acquired, Lease: storekit.Lease{Owner: cur.Owner, Fence: cur.Fence}, Attempts: cur.Attempts}, true
 		}
 		if cur.LeaseUntil > now {
-			return idem.Acquisition{Outcome: idem.InProgress, RetryAfter: time.Duration(cur.LeaseUntil-now) * time.Microsecond, Attempts: cur.Attempts}, true
+			return storekit.Acquisition{Outcome: storekit.InProgress, RetryAfter: time.Duration(cur.LeaseUntil-now) * time.Microsecond, Attempts: cur.Attempts}, true
 		}
 	}
-	return idem.Acquisition{}, false
+	return storekit.Acquisition{}, false
 }
 
-// Acquire is the transition of idem.Store.Acquire. lastFence is the last
+// Acquire is the transition of storekit.Store.Acquire. lastFence is the last
 // fence the store handed out; when changed, the store keeps
 // max(lastFence, next.Fence) as its new last fence. req must be valid.
-func Acquire(cur *Record, req idem.AcquireRequest, now, lastFence int64) (next Record, changed bool, out idem.Acquisition) {
+func Acquire(cur *Record, req storekit.AcquireRequest, now, lastFence int64) (next Record, changed bool, out storekit.Acquisition) {
 	lease := req.Lease.Microseconds()
 	if cur == nil {
 		next = Record{
-			State:       idem.StateInProgress,
+			State:       storekit.StateInProgress,
 			Fingerprint: req.Fingerprint,
 			Owner:       req.Owner,
 			Fence:       NextFence(0, lastFence, now),
@@ -108,7 +108,7 @@ func Acquire(cur *Record, req idem.AcquireRequest, now, lastFence int64) (next R
 			LeaseUntil:  now + lease,
 			ExpiresAt:   now + 2*lease + Grace,
 		}
-		return next, true, idem.Acquisition{Outcome: idem.Acquired, Lease: idem.Lease{Owner: next.Owner, Fence: next.Fence}, Attempts: 1}
+		return next, true, storekit.Acquisition{Outcome: storekit.Acquired, Lease: storekit.Lease{Owner: next.Owner, Fence: next.Fence}, Attempts: 1}
 	}
 	if a, ok := Settled(cur, req, now); ok {
 		return Record{}, false, a
@@ -116,78 +116,78 @@ func Acquire(cur *Record, req idem.AcquireRequest, now, lastFence int64) (next R
 	// RELEASED, or IN_PROGRESS with an expired lease.
 	next = *cur
 	if req.MaxAttempts > 0 && cur.Attempts >= req.MaxAttempts {
-		next.State, next.Owner, next.LeaseUntil, next.Result = idem.StateFailed, "", 0, nil
+		next.State, next.Owner, next.LeaseUntil, next.Result = storekit.StateFailed, "", 0, nil
 		next.ExpiresAt = now + req.Retention.Microseconds()
-		return next, true, idem.Acquisition{Outcome: idem.Replay, State: idem.StateFailed, Attempts: next.Attempts}
+		return next, true, storekit.Acquisition{Outcome: storekit.Replay, State: storekit.StateFailed, Attempts: next.Attempts}
 	}
-	out = idem.Acquisition{Outcome: idem.Acquired}
-	if cur.State == idem.StateInProgress {
-		out.Outcome, out.PreviousOwner = idem.TakenOver, cur.Owner
+	out = storekit.Acquisition{Outcome: storekit.Acquired}
+	if cur.State == storekit.StateInProgress {
+		out.Outcome, out.PreviousOwner = storekit.TakenOver, cur.Owner
 	}
-	next.State, next.Owner = idem.StateInProgress, req.Owner
+	next.State, next.Owner = storekit.StateInProgress, req.Owner
 	next.Fence = NextFence(cur.Fence, lastFence, now)
 	next.Attempts++
 	next.LeaseUntil = now + lease
 	next.ExpiresAt = now + 2*lease + Grace
 	next.Result = nil
-	out.Lease = idem.Lease{Owner: next.Owner, Fence: next.Fence}
+	out.Lease = storekit.Lease{Owner: next.Owner, Fence: next.Fence}
 	out.Attempts = next.Attempts
 	return next, true, out
 }
 
 // Owned returns nil if lease still owns cur, and an error wrapping
-// idem.ErrLeaseLost otherwise.
-func Owned(cur *Record, lease idem.Lease) error {
+// storekit.ErrLeaseLost otherwise.
+func Owned(cur *Record, lease storekit.Lease) error {
 	if cur == nil {
-		return fmt.Errorf("%w: no record", idem.ErrLeaseLost)
+		return fmt.Errorf("%w: no record", storekit.ErrLeaseLost)
 	}
-	if cur.State != idem.StateInProgress || cur.Owner != lease.Owner || cur.Fence != lease.Fence {
-		return fmt.Errorf("%w: record is %v with fence %d", idem.ErrLeaseLost, cur.State, cur.Fence)
+	if cur.State != storekit.StateInProgress || cur.Owner != lease.Owner || cur.Fence != lease.Fence {
+		return fmt.Errorf("%w: record is %v with fence %d", storekit.ErrLeaseLost, cur.State, cur.Fence)
 	}
 	return nil
 }
 
-// Complete is the transition of idem.Store.Complete. A repeated call whose
+// Complete is the transition of storekit.Store.Complete. A repeated call whose
 // reply was lost changes nothing and returns no error. The watchers of the
 // key are woken when it changed.
-func Complete(cur *Record, lease idem.Lease, result []byte, retention time.Duration, now int64) (next Record, changed bool, err error) {
-	if cur != nil && cur.State == idem.StateCompleted && cur.Fence == lease.Fence && bytes.Equal(cur.Result, result) {
+func Complete(cur *Record, lease storekit.Lease, result []byte, retention time.Duration, now int64) (next Record, changed bool, err error) {
+	if cur != nil && cur.State == storekit.StateCompleted && cur.Fence == lease.Fence && bytes.Equal(cur.Result, result) {
 		return Record{}, false, nil // a repeated call whose reply was lost
 	}
 	if err := Owned(cur, lease); err != nil {
 		return Record{}, false, err
 	}
 	next = *cur
-	next.State, next.Result, next.LeaseUntil = idem.StateCompleted, result, 0
+	next.State, next.Result, next.LeaseUntil = storekit.StateCompleted, result, 0
 	next.ExpiresAt = now + retention.Microseconds()
 	return next, true, nil
 }
 
-// Relay is the transition of idem.Relayer.RelayCompletion: the record
+// Relay is the transition of storekit.Relayer.RelayCompletion: the record
 // becomes COMPLETED with c's fingerprint, fence (or its own, if higher) and
 // result, unless it is COMPLETED already (the first completion stays). When
 // changed, the store keeps max(lastFence, next.Fence) as its last fence and
 // wakes the key's watchers. c must be valid.
-func Relay(cur *Record, c idem.Completion, now int64) (next Record, changed bool) {
+func Relay(cur *Record, c storekit.Completion, now int64) (next Record, changed bool) {
 	if cur == nil {
 		next = Record{Attempts: 1, Created: now}
-	} else if cur.State == idem.StateCompleted {
+	} else if cur.State == storekit.StateCompleted {
 		return Record{}, false // the first completion stays
 	} else {
 		next = *cur
 	}
-	next.State, next.Fingerprint, next.Owner, next.Result, next.LeaseUntil = idem.StateCompleted, c.Fingerprint, "", c.Result, 0
+	next.State, next.Fingerprint, next.Owner, next.Result, next.LeaseUntil = storekit.StateCompleted, c.Fingerprint, "", c.Result, 0
 	next.Fence = max(next.Fence, c.Fence)
 	next.ExpiresAt = now + c.Retention.Microseconds()
 	return next, true
 }
 
-// Fail is the transition of idem.Store.Fail; state is the record's state
+// Fail is the transition of storekit.Store.Fail; state is the record's state
 // after it (RELEASED or FAILED). A repeated call whose reply was lost
 // changes nothing and returns the state it left. The watchers of the key are
 // woken when it changed.
-func Fail(cur *Record, lease idem.Lease, f idem.Failure, now int64) (next Record, changed bool, state idem.State, err error) {
-	if cur != nil && (cur.State == idem.StateReleased || cur.State == idem.StateFailed) && cur.Fence == lease.Fence {
+func Fail(cur *Record, lease storekit.Lease, f storekit.Failure, now int64) (next Record, changed bool, state storekit.State, err error) {
+	if cur != nil && (cur.State == storekit.StateReleased || cur.State == storekit.StateFailed) && cur.Fence == lease.Fence {
 		return Record{}, false, cur.State, nil // a repeated call whose reply was lost
 	}
 	if err := Owned(cur, lease); err != nil {
@@ -197,16 +197,16 @@ func Fail(cur *Record, lease idem.Lease, f idem.Failure, now int64) (next Record
 	next.LeaseUntil = 0
 	next.ExpiresAt = now + f.Retention.Microseconds()
 	if f.Terminal || (f.MaxAttempts > 0 && cur.Attempts >= f.MaxAttempts) {
-		next.State, next.Result = idem.StateFailed, f.Result
+		next.State, next.Result = storekit.StateFailed, f.Result
 	} else {
-		next.State, next.Result = idem.StateReleased, nil
+		next.State, next.Result = storekit.StateReleased, nil
 	}
 	return next, true, next.State, nil
 }
 
-// Extend is the transition of idem.Store.Extend: the lease ends d after now.
+// Extend is the transition of storekit.Store.Extend: the lease ends d after now.
 // It wakes no watcher.
-func Extend(cur *Record, lease idem.Lease, d time.Duration, now int64) (next Record, err error) {
+func Extend(cur *Record, lease storekit.Lease, d time.Duration, now int64) (next Record, err error) {
 	if err := Owned(cur, lease); err != nil {
 		return Record{}, err
 	}
@@ -216,34 +216,34 @@ func Extend(cur *Record, lease idem.Lease, d time.Duration, now int64) (next Rec
 	return next, nil
 }
 
-// Release is the transition of idem.Store.Release. A repeated call whose
+// Release is the transition of storekit.Store.Release. A repeated call whose
 // reply was lost changes nothing and returns no error. The watchers of the
 // key are woken when it changed.
-func Release(cur *Record, lease idem.Lease, retention time.Duration, now int64) (next Record, changed bool, err error) {
-	if cur != nil && cur.State == idem.StateReleased && cur.Fence == lease.Fence {
+func Release(cur *Record, lease storekit.Lease, retention time.Duration, now int64) (next Record, changed bool, err error) {
+	if cur != nil && cur.State == storekit.StateReleased && cur.Fence == lease.Fence {
 		return Record{}, false, nil // a repeated call whose reply was lost
 	}
 	if err := Owned(cur, lease); err != nil {
 		return Record{}, false, err
 	}
 	next = *cur
-	next.State, next.LeaseUntil, next.Result = idem.StateReleased, 0, nil
+	next.State, next.LeaseUntil, next.Result = storekit.StateReleased, 0, nil
 	next.ExpiresAt = now + retention.Microseconds()
 	return next, true, nil
 }
 
 // CheckLease validates the key and the lease of a call made under a lease.
-func CheckLease(key string, lease idem.Lease) error {
-	if err := idem.ValidateStoreKey(key); err != nil {
+func CheckLease(key string, lease storekit.Lease) error {
+	if err := storekit.ValidateStoreKey(key); err != nil {
 		return err
 	}
-	return idem.ValidateLease(lease)
+	return storekit.ValidateLease(lease)
 }
 
 // CheckOwned validates the arguments of a call made under a lease
 // (Complete, Fail, Extend, Release): the key, the lease, then ctx, then the
 // duration d named what, unless what is empty.
-func CheckOwned(ctx context.Context, key string, lease idem.Lease, what string, d time.Duration) error {
+func CheckOwned(ctx context.Context, key string, lease storekit.Lease, what string, d time.Duration) error {
 	if err := CheckLease(key, lease); err != nil {
 		return err
 	}
@@ -253,13 +253,13 @@ func CheckOwned(ctx context.Context, key string, lease idem.Lease, what string, 
 	if what == "" {
 		return nil
 	}
-	return idem.ValidateDuration(what, d)
+	return storekit.ValidateDuration(what, d)
 }
 
 // CheckAcquire validates the arguments of Acquire: the key, the request,
 // then ctx.
-func CheckAcquire(ctx context.Context, key string, req idem.AcquireRequest) error {
-	if err := idem.ValidateStoreKey(key); err != nil {
+func CheckAcquire(ctx context.Context, key string, req storekit.AcquireRequest) error {
+	if err := storekit.ValidateStoreKey(key); err != nil {
 		return err
 	}
 	if err := req.Validate(); err != nil {
@@ -270,8 +270,8 @@ func CheckAcquire(ctx context.Context, key string, req idem.AcquireRequest) erro
 
 // CheckRelay validates the arguments of RelayCompletion: the key, the
 // completion, then ctx.
-func CheckRelay(ctx context.Context, key string, c idem.Completion) error {
-	if err := idem.ValidateStoreKey(key); err != nil {
+func CheckRelay(ctx context.Context, key string, c storekit.Completion) error {
+	if err := storekit.ValidateStoreKey(key); err != nil {
 		return err
 	}
 	if err := c.Validate(); err != nil {
@@ -283,16 +283,16 @@ func CheckRelay(ctx context.Context, key string, c idem.Completion) error {
 // ParseState returns the state that code stands for in the records the
 // Redis and PostgreSQL stores keep (docs/design.md#records-and-keys): p
 // IN_PROGRESS, c COMPLETED, r RELEASED, f FAILED.
-func ParseState(code string) (idem.State, bool) {
+func ParseState(code string) (storekit.State, bool) {
 	switch code {
 	case "p":
-		return idem.StateInProgress, true
+		return storekit.StateInProgress, true
 	case "c":
-		return idem.StateCompleted, true
+		return storekit.StateCompleted, true
 	case "r":
-		return idem.StateReleased, true
+		return storekit.StateReleased, true
 	case "f":
-		return idem.StateFailed, true
+		return storekit.StateFailed, true
 	}
 	return 0, false
 }

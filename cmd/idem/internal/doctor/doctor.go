@@ -22,6 +22,7 @@ import (
 	"github.com/idemgo/idem/postgres/pgstore"
 	"github.com/idemgo/idem/redisstore"
 	"github.com/idemgo/idem/redisstore/redisinfo"
+	"github.com/idemgo/idem/storekit"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 )
@@ -447,13 +448,13 @@ func trySubscribe(ctx context.Context, c redis.UniversalClient, cmd, channel str
 // and delete.
 func runTransitions(ctx context.Context, st *redisstore.Store, key string) error {
 	const d = 10 * time.Second
-	req := idem.AcquireRequest{Fingerprint: "doctor", Owner: "idem-doctor", Lease: d, Retention: d}
+	req := storekit.AcquireRequest{Fingerprint: "doctor", Owner: "idem-doctor", Lease: d, Retention: d}
 	acquire := func() (idem.Lease, error) {
 		a, err := st.Acquire(ctx, key, req)
 		if err != nil {
 			return idem.Lease{}, fmt.Errorf("acquire: %w", err)
 		}
-		if a.Outcome != idem.Acquired && a.Outcome != idem.TakenOver {
+		if a.Outcome != storekit.Acquired && a.Outcome != storekit.TakenOver {
 			return idem.Lease{}, fmt.Errorf("acquire: got %v on a new key", a.Outcome)
 		}
 		return a.Lease, nil
@@ -489,7 +490,7 @@ func runTransitions(ctx context.Context, st *redisstore.Store, key string) error
 			if l, err = acquire(); err != nil {
 				return err
 			}
-			if _, err := st.Fail(ctx, key, l, idem.Failure{Result: []byte("doctor"), Terminal: true, Retention: d}); err != nil {
+			if _, err := st.Fail(ctx, key, l, storekit.Failure{Result: []byte("doctor"), Terminal: true, Retention: d}); err != nil {
 				return fmt.Errorf("fail: %w", err)
 			}
 			return st.Delete(ctx, key)

@@ -9,10 +9,11 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/memstore"
+	"github.com/idemgo/idem/storekit"
 )
 
 // TestTracedStoreKeepsWatcher: the store the proxy runs on, traced, is
-// still an idem.Watcher, and its calls have spans.
+// still a storekit.Watcher, and its calls have spans.
 func TestTracedStoreKeepsWatcher(t *testing.T) {
 	ms, err := memstore.New()
 	if err != nil {
@@ -22,9 +23,9 @@ func TestTracedStoreKeepsWatcher(t *testing.T) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	store := newTracing(tp).Store(ms)
-	w, ok := store.(idem.Watcher)
+	w, ok := store.(storekit.Watcher)
 	if !ok {
-		t.Fatal("the traced store is not an idem.Watcher, want one")
+		t.Fatal("the traced store is not a storekit.Watcher, want one")
 	}
 	_, stop, err := w.Watch(t.Context(), "k")
 	if err != nil {
