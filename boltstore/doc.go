@@ -18,7 +18,7 @@
 // requires identical replies: the same outcomes, the same ErrLeaseLost rules and repeated-call
 // rules, the same validation of input before anything is read or written,
 // the same expiry (an IN_PROGRESS record two leases plus
-// idem.InProgressGrace after it was acquired or extended, a finished one
+// storekit.InProgressGrace after it was acquired or extended, a finished one
 // after its retention) and the same fences:
 // max(previous + 1, clock in µs, last fence issued + 1). The last fence
 // issued is kept in the file, so fences keep growing across restarts, even

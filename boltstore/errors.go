@@ -6,8 +6,8 @@ import (
 )
 
 // Sentinel errors of the package; test for them with errors.Is. The errors
-// of the idem.Store methods are idem's (idem.ErrLeaseLost, idem.ErrNotFound,
-// idem.ErrInvalid), wrapped.
+// of the storekit.Store methods are storekit's (storekit.ErrLeaseLost,
+// storekit.ErrNotFound, storekit.ErrInvalid), wrapped.
 var (
 	// ErrClosed is returned by the methods of a Store after Close.
 	ErrClosed = errors.New("boltstore: store is closed")

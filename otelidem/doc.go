@@ -15,7 +15,7 @@
 //	store, _ := redisstore.New(client)
 //	exec, err := idem.New(otelidem.Store(store, otelidem.WithTracerProvider(tp)))
 //
-// The decorated store keeps idem.Watcher when the store has it, so that
+// The decorated store keeps storekit.Watcher when the store has it, so that
 // Executor.Await is still woken by the store's notifications.
 //
 // Metrics measures the Executor's outcomes with the OpenTelemetry metrics

@@ -132,7 +132,7 @@
 // for the Redis Streams consumer the XACK). A stale owner's effect never
 // runs; a completion repeated after a lost reply finds its own COMPLETED
 // record and runs nothing; an effect that fails leaves no COMPLETED record
-// and an *idem.EffectError. A script that fails half way is not undone by
+// and a *storekit.EffectError. A script that fails half way is not undone by
 // Redis, so an effect checks its input before its first write: one that
 // fails before it leaves the key to the failure policy (released by
 // default), one that fails after it ends the key FAILED in the same call
@@ -164,7 +164,7 @@
 // record's check, effect and completion one atomic call as with
 // CompleteEffect.
 //
-// An IN_PROGRESS record expires one lease plus idem.InProgressGrace after
+// An IN_PROGRESS record expires one lease plus storekit.InProgressGrace after
 // its lease ends; COMPLETED, RELEASED and FAILED records after the
 // retention. The fence is seeded as max(previous + 1, server time in µs),
 // so it still grows after a record was deleted or expired.

@@ -130,7 +130,7 @@ func WithKeyHeader(name string) Option {
 }
 
 // WithFingerprint sets a function returning the payload fingerprint of a
-// delivery (at most idem.MaxFingerprintLen bytes): a key seen again with
+// delivery (at most storekit.MaxFingerprintLen bytes): a key seen again with
 // another fingerprint is dead-lettered with idem.ErrMismatch. The default is
 // none (no fingerprint check).
 func WithFingerprint(f func(d *amqp.Delivery) string) Option {

@@ -25,7 +25,7 @@
 //
 // Hybrid (an Executor on redisstore): Redis keeps the lock, the fence, the
 // wake-ups and the fast replay; Postgres keeps the truth. After the commit
-// the gate writes the completion into Redis (idem.Relayer). If that fails,
+// the gate writes the completion into Redis (storekit.Relayer). If that fails,
 // or the process dies first, the row stays unrelayed and a relay copies it
 // into Redis: every Gate runs one in the background (WithRelayInterval),
 // and `idem relay` runs it for operators. A janitor deletes rows after the

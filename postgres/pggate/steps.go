@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/postgres/internal/pgq"
+	"github.com/idemgo/idem/storekit"
 )
 
 // Errors of multi-step requests (Run, Complete). Test for them with
@@ -242,7 +243,7 @@ func (g *Gate[T]) Run(ctx context.Context, key idem.Key, fingerprint string, f *
 	_ = a.Handoff(sctx, idem.ObservedExecuted)
 	// The store gets the completion after the commit, pgstore too: the
 	// steps' transactions do not complete its record (Do's does).
-	g.relay(sctx, a.Key(), idem.Completion{Fingerprint: a.Fingerprint(), Fence: a.Lease().Fence, Result: blob, Retention: g.e.Retention()})
+	g.relay(sctx, a.Key(), storekit.Completion{Fingerprint: a.Fingerprint(), Fence: a.Lease().Fence, Result: blob, Retention: g.e.Retention()})
 	return idem.Result{Value: run.p.State.Result, Fence: a.Lease().Fence}, nil
 }
 
@@ -560,7 +561,7 @@ func (g *Gate[T]) completeOne(ctx context.Context, x abandoned) (finished, faile
 		run.unclaim(ctx)
 		return false, false, err
 	}
-	g.relay(ctx, x.digest, idem.Completion{Fingerprint: x.fp, Fence: fence, Result: blob, Retention: g.e.Retention()})
+	g.relay(ctx, x.digest, storekit.Completion{Fingerprint: x.fp, Fence: fence, Result: blob, Retention: g.e.Retention()})
 	return true, false, nil
 }
 
