@@ -213,7 +213,7 @@ bench-functions: check-redis
 bench-grpc:
 	cd idemgrpc && $(GO) test -c -o $(CURDIR)/bin/idemgrpc.test . && \
 	  for i in 1 2 3 4 5; do $(CURDIR)/bin/idemgrpc.test -test.run '^$$' -test.bench 'Unary|HTTP' -test.benchtime 5000x -test.benchmem; done \
-	  | $(GO) run ../internal/benchratio -metric calls/s -base bare -also cpu-µs/call,allocs/op && \
+	  | $(GO) run ../internal/benchratio -metric calls/s -base bare -paired -also cpu-µs/call,allocs/op && \
 	  $(CURDIR)/bin/idemgrpc.test -test.run '^$$' -test.bench 'Interceptor' -test.benchtime 50000x -test.count 3
 
 ## bench-http: idemhttp (both Redis clients), Fiber's idempotency middleware,

@@ -12,11 +12,13 @@ import (
 // TestInterceptorAllocations holds the interceptor to its allocations per
 // call on memstore, counted beyond those of the call itself (its context
 // and the handler's), which BenchmarkInterceptor measures: 16 with a new
-// key, 11 for a replay. Of these the Executor and memstore make 9 and 3;
-// the rest is the key's metadata, the fingerprint, the record and, for a
-// replay, the header and the decoded response. The first version made 28
-// and 23: it copied the whole incoming metadata to read the key, and built
-// the fingerprint, the record and the replay's header in several steps.
+// key, 11 for a replay. About half of a new key's are the Executor's and
+// memstore's (the attempt and its context, the store key, the record); the
+// rest read the key, hash the request, capture the handler's metadata and
+// write the record. A replay's decode the stored response and its header.
+// The first version made 28 and 23: it copied the whole incoming metadata
+// to read the key, and built the fingerprint, the record and the replay's
+// header in several steps each.
 func TestInterceptorAllocations(t *testing.T) {
 	slack := 0.0
 	if raceEnabled {

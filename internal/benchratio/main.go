@@ -6,7 +6,8 @@
 // BenchmarkConsumer/plain/batch=100 for -base plain. It exits with status 1
 // if the input reports a failure or no benchmark with the metric. -also
 // names more metrics whose medians are printed beside, without a ratio.
-// Used by make bench-streams:
+// -paired adds the median of each run's own ratio (the runs of a benchmark
+// and of its baseline paired by rank). Used by make bench-streams:
 //
 //	go test -run '^$' -bench Consumer -count 5 ./consumer/redisstream/ | go run ./internal/benchratio -metric msgs/s -base plain -also redis-µs/msg,go-µs/msg
 package main
@@ -25,6 +26,7 @@ func main() {
 	metric := flag.String("metric", "msgs/s", "the metric to compare, as go test prints its unit")
 	base := flag.String("base", "plain", "the mode (a path element of the benchmark name) to compare with")
 	also := flag.String("also", "", "more metrics, comma-separated, whose medians are printed beside")
+	paired := flag.Bool("paired", false, "also print the median of each run's own ratio to the baseline's run of the same rank (for runs that measure a benchmark and its baseline back to back)")
 	flag.Parse()
 	var extra []string
 	if *also != "" {
@@ -96,6 +98,11 @@ func main() {
 		if b, ok := medians[baseline(name, *base)]; ok && b > 0 {
 			ratio = fmt.Sprintf("%6.2f×", medians[name]/b)
 		}
+		if *paired {
+			if r, ok := pairedRatio(values[name], values[baseline(name, *base)]); ok {
+				ratio += fmt.Sprintf(" (runs %.2f×)", r)
+			}
+		}
 		// Small figures (µs per call) keep two decimals.
 		decimals := 0
 		if medians[name] < 100 {
@@ -120,6 +127,23 @@ func baseline(name, mode string) string {
 	}
 	parts[1] = mode
 	return strings.Join(parts, "/")
+}
+
+// pairedRatio is the median over the runs of v[i]/base[i]: each run's
+// ratio to the baseline measured in the same run, which a machine whose
+// load changes from run to run moves less than the ratio of the medians.
+// ok is false without runs to pair.
+func pairedRatio(v, base []float64) (float64, bool) {
+	var r []float64
+	for i := range min(len(v), len(base)) {
+		if base[i] > 0 {
+			r = append(r, v[i]/base[i])
+		}
+	}
+	if len(r) == 0 {
+		return 0, false
+	}
+	return median(r), true
 }
 
 func median(v []float64) float64 {

@@ -28,3 +28,14 @@ func TestBaseline(t *testing.T) {
 		}
 	}
 }
+
+func TestPairedRatio(t *testing.T) {
+	// Run 2 is slow for both: the runs' own ratios are 0.5, 0.5, 1.
+	got, ok := pairedRatio([]float64{5, 1, 10}, []float64{10, 2, 10})
+	if !ok || got != 0.5 {
+		t.Errorf("got %v, %v, want 0.5, true", got, ok)
+	}
+	if _, ok := pairedRatio([]float64{1}, nil); ok {
+		t.Error("no baseline runs: got ok")
+	}
+}
