@@ -25,6 +25,7 @@ import (
 	"github.com/idemgo/idem/consumer/redisstream"
 	"github.com/idemgo/idem/consumer/sidecar"
 	"github.com/idemgo/idem/idemproxy"
+	"github.com/idemgo/idem/postgres/pggate"
 )
 
 // consumeConfig is the configuration of `idem consume`.
@@ -42,6 +43,7 @@ type consumeConfig struct {
 	retryDelay      time.Duration
 	passDuplicates  bool
 	deadLetter      string
+	gate            string
 	scope           string
 	name            string
 	shutdownTimeout time.Duration
@@ -65,7 +67,7 @@ algorithm as the Go adapters) and POSTs each one to the HTTP handler at
   sqs://HOST/ACCOUNT/QUEUE[?region=R][&insecure=true]            (the AWS SDK's default credentials)
 
 Each request carries the message's body as received and the headers
-Idempotency-Key, Idempotency-Fence (grows with every acquisition of the
+Idempotency-Key, Idempotency-Digest (the scoped key's digest), Idempotency-Fence (grows with every acquisition of the
 key: a handler that stores it with its effect and refuses a smaller one
 applies each message once even after a takeover), Idem-Broker, Idem-Topic,
 Idem-Message-Id, Idem-Partition and Idem-Offset (Kafka), Idem-Deliveries,
@@ -115,6 +117,15 @@ once every call answered. A batch's keys are distinct (a repeat of a key
 waits for the first), so --parallel never runs one key twice at once; it
 only gives up the order between distinct keys. --concurrency batches run
 at once.
+
+With --gate postgres://…, the handler can make its effect happen once
+per key even when the store loses a record: in the transaction of its
+effect it inserts the key's completion row with one statement (its
+parameters are the headers Idempotency-Digest, Idempotency-Fence and
+Idem-Retention; docs/consume.md has it) and rolls back when the statement
+changed no row (answering 409). Before each call consume looks the row up:
+a key whose row committed is acked without a call, the row's result stored
+as its result.
 
 On SIGTERM or SIGINT, consume stops fetching, lets the handlers in flight
 finish for up to --shutdown-timeout (then cancels them; their messages are
@@ -170,6 +181,7 @@ func registerConsumeFlags(fs *cli.Set) *consumeConfig {
 		{Name: "pass-duplicates", Value: cli.Bool(&c.passDuplicates), Usage: "call the handler for a duplicate of a completed key too, with Idempotent-Replayed: true (its answer only delays the ack)"},
 		{Name: "on-lease-lost", Placeholder: "URL", Value: cli.String(&c.handler.LeaseLostURL), Secret: cli.URLSecret, Usage: "POST {\"scope\",\"key\",\"fence\",\"reason\"} here when a handler's lease was lost (another consumer runs the message again)"},
 		{Name: "dead-letter", Placeholder: "NAME", Value: cli.String(&c.deadLetter), Usage: "where dead letters go: a stream, topic, queue, subject or SQS queue URL (empty: the adapter's default, STREAM:dlq for a Redis stream)"},
+		{Name: "gate", Placeholder: "URL", Value: cli.String(&c.gate), Secret: cli.URLSecret, Usage: "postgres://… of the handler's database: a key whose completion row the handler committed there (docs/consume.md) is acked without a call; its table is created if missing (empty: off)"},
 		{Name: "scope", Placeholder: "SCOPE", Value: cli.String(&c.scope), Usage: "scope of the keys (empty: the stream, topic, queue or JetStream stream)"},
 		{Name: "name", Placeholder: "NAME", Value: cli.String(&c.name), Usage: "this consumer's name in a Redis stream's group (empty: HOSTNAME-PID)"},
 		{Name: "shutdown-timeout", Placeholder: "DURATION", Value: cli.Duration(&c.shutdownTimeout), Usage: "how long a shutdown waits for the handlers in flight"},
@@ -277,6 +289,13 @@ func runConsume(ctx context.Context, e *env, c *consumeConfig) error {
 	if err != nil {
 		return cli.Usagef("%v", err)
 	}
+	if c.gate != "" {
+		closeGate, err := c.openGate(ctx, exec, log)
+		if err != nil {
+			return err
+		}
+		defer closeGate()
+	}
 	src, err := c.open(ctx, st, exec, log)
 	if err != nil {
 		return err
@@ -309,6 +328,30 @@ func runConsume(ctx context.Context, e *env, c *consumeConfig) error {
 		cancel()
 	}
 	return err
+}
+
+// openGate opens the commit gate's completion table at --gate (created
+// if missing) for the handler's checks. The gate's relay is off: the rows
+// the handler inserts are marked relayed, and the rows of other gates on
+// the table are their own gates' to relay; its janitor deletes expired
+// rows.
+func (c *consumeConfig) openGate(ctx context.Context, exec *idem.Executor, log *slog.Logger) (func(), error) {
+	pool, describe, err := openPool(ctx, "--gate", c.gate)
+	if err != nil {
+		return nil, err
+	}
+	g, err := pggate.New(exec, pool, pggate.WithRelayInterval(0), pggate.WithLogger(log))
+	if err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("--gate: %v", err)
+	}
+	if err := g.Migrate(ctx); err != nil {
+		g.Close()
+		pool.Close()
+		return nil, fmt.Errorf("--gate %s: %v", describe, err)
+	}
+	c.handler.Gate = g
+	return func() { g.Close(); pool.Close() }, nil
 }
 
 // openStore opens the records' store; for a Redis stream without a store

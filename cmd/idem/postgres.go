@@ -17,20 +17,25 @@ import (
 
 // openPool opens and pings the --postgres database.
 func (s *storeFlags) openPool(ctx context.Context) (*pgxpool.Pool, string, error) {
-	cfg, err := pgxpool.ParseConfig(s.postgres)
+	return openPool(ctx, "--postgres", s.postgres)
+}
+
+// openPool opens and pings the database at raw, the value of flag.
+func openPool(ctx context.Context, flag, raw string) (*pgxpool.Pool, string, error) {
+	cfg, err := pgxpool.ParseConfig(raw)
 	if err != nil {
-		return nil, "", urlFlagError("--postgres", s.postgres, err, "postgres")
+		return nil, "", urlFlagError(flag, raw, err, "postgres")
 	}
 	describe := fmt.Sprintf("postgres %s:%d/%s", cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, "", fmt.Errorf("%s: %s", describe, redact.Scrub(err.Error(), s.postgres))
+		return nil, "", fmt.Errorf("%s: %s", describe, redact.Scrub(err.Error(), raw))
 	}
 	pctx, cancel := context.WithTimeout(ctx, connectTimeout)
 	defer cancel()
 	if err := pool.Ping(pctx); err != nil {
 		pool.Close()
-		return nil, "", fmt.Errorf("%s is not reachable: %s", describe, redact.Scrub(err.Error(), s.postgres))
+		return nil, "", fmt.Errorf("%s is not reachable: %s", describe, redact.Scrub(err.Error(), raw))
 	}
 	return pool, describe, nil
 }

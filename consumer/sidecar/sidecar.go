@@ -38,6 +38,12 @@ const (
 	// HeaderPartition and HeaderOffset locate a Kafka record.
 	HeaderPartition = "Idem-Partition"
 	HeaderOffset    = "Idem-Offset"
+	// HeaderDigest carries the digest of the message's scoped key
+	// (idem.Key.Digest): the digest column of a completion row (Gate).
+	HeaderDigest = "Idempotency-Digest"
+	// HeaderRetention is, with a Gate, how long the key's completion is
+	// kept, in seconds: the retention parameter of a completion row.
+	HeaderRetention = "Idem-Retention"
 	// HeaderDeliveries is how often the broker delivered the message, this
 	// delivery included, when the broker says.
 	HeaderDeliveries = "Idem-Deliveries"
@@ -92,9 +98,23 @@ type Handler struct {
 	// Logger logs the failures of the lease-lost calls. The default is
 	// slog.Default().
 	Logger *slog.Logger
+	// Gate, if set, is checked before each call: a key whose digest has a
+	// committed completion row (the handler inserted it in the transaction
+	// of its effect, docs/consume.md) is not called again; the row's
+	// result becomes the key's stored result and the message is acked.
+	// The requests then carry HeaderRetention. The default is none.
+	Gate Gate
 
 	once   sync.Once
 	client *http.Client
+}
+
+// Gate is a table of committed completions, looked up by the digest of a
+// key: *pggate.Gate (module github.com/idemgo/idem/postgres). Committed
+// returns the result of the digest's live row and ok true, or ok false
+// when it has none; it is called from several goroutines at once.
+type Gate interface {
+	Committed(ctx context.Context, digest string) (result []byte, ok bool, err error)
 }
 
 // HandlerError is the error of a call whose answer was not a 2xx: its
@@ -123,6 +143,9 @@ type Result struct {
 	Body   []byte      `json:"body,omitempty"`
 	// Truncated is true when the body was longer than MaxResult.
 	Truncated bool `json:"truncated,omitempty"`
+	// Gate is true when the handler was not called: the key's completion
+	// row had committed (Handler.Gate), and Body is the row's result.
+	Gate bool `json:"gate,omitempty"`
 }
 
 func (h *Handler) init() {
@@ -207,10 +230,21 @@ func (h *Handler) Call(ctx context.Context, d Delivery) error {
 		}
 	}
 	req.Header.Set(HeaderKey, key)
-	if _, dup := consumer.DuplicateFrom(ctx); dup {
+	_, dup := consumer.DuplicateFrom(ctx)
+	if dup {
 		req.Header.Set(HeaderReplayed, "true")
 	} else if fence, ok := idem.FenceFrom(ctx); ok {
 		req.Header.Set(HeaderFence, strconv.FormatInt(fence, 10))
+	}
+	if a, ok := idem.AttemptFrom(ctx); ok && !dup {
+		req.Header.Set(HeaderDigest, a.Key())
+		if h.Gate != nil {
+			committed, err := h.gate(ctx, a.Key())
+			if committed || err != nil {
+				return err
+			}
+			req.Header.Set(HeaderRetention, strconv.FormatInt(int64(a.Executor().Retention().Seconds()), 10))
+		}
 	}
 	resp, err := h.client.Do(req)
 	if err != nil {
@@ -252,6 +286,22 @@ func (h *Handler) Call(ctx context.Context, d Delivery) error {
 		consumer.SetResult(ctx, blob)
 	}
 	return nil
+}
+
+// gate reports whether digest's completion row committed; then it stores
+// the row's result as the key's (a Result with Gate set).
+func (h *Handler) gate(ctx context.Context, digest string) (committed bool, err error) {
+	result, ok, err := h.Gate.Committed(ctx, digest)
+	if err != nil {
+		return false, fmt.Errorf("sidecar: checking the gate: %w", err)
+	}
+	if !ok {
+		return false, nil
+	}
+	if blob, err := json.Marshal(Result{Status: http.StatusOK, Body: result, Gate: true}); err == nil {
+		consumer.SetResult(ctx, blob)
+	}
+	return true, nil
 }
 
 // LeaseLost is the body of the POST to LeaseLostURL.
