@@ -11,14 +11,15 @@ import (
 
 // TestInterceptorAllocations holds the interceptor to its allocations per
 // call on memstore, counted beyond those of the call itself (its context
-// and the handler's), which BenchmarkInterceptor measures: 16 with a new
-// key, 11 for a replay. About half of a new key's are the Executor's and
-// memstore's (the attempt and its context, the store key, the record); the
-// rest read the key, hash the request, capture the handler's metadata and
-// write the record. A replay's decode the stored response and its header.
-// The first version made 28 and 23: it copied the whole incoming metadata
-// to read the key, and built the fingerprint, the record and the replay's
-// header in several steps each.
+// and the handler's): 15 with a new key, 11 for a replay
+// (BenchmarkInterceptor counts 16 for a new key, memstore's table growing
+// over its many more keys). About half of a new key's are the Executor's
+// and memstore's (the attempt and its context, the store key, the record);
+// the rest read the key, hash the request, capture the handler's metadata
+// and write the record. A replay's decode the stored response and its
+// header. The first version made 27 and 23: it copied the whole incoming
+// metadata to read the key, and built the fingerprint, the record and the
+// replay's header in several steps each.
 func TestInterceptorAllocations(t *testing.T) {
 	slack := 0.0
 	if raceEnabled {
@@ -49,7 +50,7 @@ func TestInterceptorAllocations(t *testing.T) {
 		key    func(i int) string
 		budget float64
 	}{
-		{"new", func(i int) string { return keys[i] }, 16},
+		{"new", func(i int) string { return keys[i] }, 15},
 		{"replay", func(int) string { return "replayed" }, 11},
 	} {
 		i := 0
