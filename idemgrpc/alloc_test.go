@@ -21,9 +21,11 @@ import (
 // metadata to read the key, and built the fingerprint, the record and the
 // replay's header in several steps each.
 func TestInterceptorAllocations(t *testing.T) {
-	slack := 0.0
 	if raceEnabled {
-		slack = 2 // sync.Pool drops buffers on purpose under the race detector
+		// sync.Pool drops a quarter of what it is given under the race
+		// detector, on purpose: the buffers and the Executor's timers are
+		// made again at random, 2 to 3 allocations more per call.
+		t.Skip("allocations are counted without the race detector")
 	}
 	info := &grpc.UnaryServerInfo{Server: benchImpl{}, FullMethod: charge}
 	handler := func(ctx context.Context, req any) (any, error) {
@@ -60,8 +62,8 @@ func TestInterceptorAllocations(t *testing.T) {
 			}
 			i++
 		})
-		if got := all - bare; got > c.budget+slack {
-			t.Errorf("%s: the interceptor made %v allocations per call, want at most %v", c.name, got, c.budget+slack)
+		if got := all - bare; got > c.budget {
+			t.Errorf("%s: the interceptor made %v allocations per call, want at most %v", c.name, got, c.budget)
 		}
 	}
 }
