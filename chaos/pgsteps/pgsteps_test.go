@@ -25,6 +25,7 @@ import (
 	"github.com/idemgo/idem/postgres/pgoutbox"
 	"github.com/idemgo/idem/postgres/pgtest"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/testkit/redistest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -177,9 +178,9 @@ type stalling struct {
 
 func (s stalling) Unwrap() idem.Store { return s.Store }
 
-func (s stalling) RelayCompletion(ctx context.Context, key string, c idem.Completion) error {
+func (s stalling) RelayCompletion(ctx context.Context, key string, c storekit.Completion) error {
 	s.at("paid-committed")
-	return s.Store.(idem.Relayer).RelayCompletion(ctx, key, c)
+	return s.Store.(storekit.Relayer).RelayCompletion(ctx, key, c)
 }
 
 func build(rdb *redis.Client, pool *pgxpool.Pool, at at) (*pggate.Gate[pgx.Tx], error) {
