@@ -65,7 +65,7 @@ CHART_ENV = IDEM_HELM=$(HELM) IDEM_KUBECONFORM=$(KUBECONFORM) \
   IDEM_K8S_OPENAPI="$(foreach v,$(K8S_VERSIONS),$(call moddir,k8s.io/kubernetes@$(v))/api/openapi-spec/swagger.json:)" \
   IDEM_SERVICEMONITOR_CRD="$(call moddir,github.com/prometheus-operator/prometheus-operator@$(PROMOP_VERSION))/jsonnet/prometheus-operator/servicemonitors-crd.json"
 
-.PHONY: test vet race modules tidy build release image image-test chart-test stamp-test deploy-test manifests fuzz soak chaos chaos-long chaos-report bench bench-streams bench-consume bench-functions bench-http bench-grpc bench-proxy bench-resources bench-postgres check-redis check-brokers check-postgres demo
+.PHONY: test vet race modules tidy build release image image-test chart-test stamp-test deploy-test manifests fuzz soak chaos chaos-long chaos-report bench bench-instructions bench-streams bench-consume bench-functions bench-http bench-grpc bench-proxy bench-resources bench-postgres check-redis check-brokers check-postgres demo
 
 ## test: formatting, vet, the race-enabled tests of every module, each
 ## module built on its own (make modules), the short variant of the
@@ -168,6 +168,13 @@ soak: check-redis
 ## bench: the benchmark table (starts its own redis-server).
 bench: check-redis
 	$(GO) run ./internal/benchcmd
+
+## bench-instructions: redis-server's instructions per new key under
+## valgrind's callgrind, idem's acquire + complete (both clients) against
+## the floor's two plain SETs; counts do not depend on the machine's load.
+## ARGS='-keys 2000 -runs 3 -profiles DIR' (needs valgrind).
+bench-instructions: check-redis
+	$(GO) run ./internal/benchcmd -callgrind $(ARGS)
 
 ## bench-streams: the Redis Streams consumer at batch 100 with idempotency
 ## ("dedup"), without it ("plain") and with the least Redis work any

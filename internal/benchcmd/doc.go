@@ -27,6 +27,13 @@
 // -callers 64,256 shows how the ratio to the ceiling grows with more calls
 // in flight, with Redis busier.
 //
+// With -callgrind it prints instead the instructions redis-server executes
+// per new key, counted under valgrind's callgrind, for Executor.Do with each
+// client against the floor's two plain SETs (see callgrind.go); counts do
+// not depend on the machine's load as times do:
+//
+//	go run ./internal/benchcmd -callgrind [-keys 2000] [-runs 3] [-profiles DIR]
+//
 // Every figure is the median of -runs runs; the runs are interleaved (run 1
 // of everything, then run 2, …) so that a burst of load from other processes
 // does not land on a single figure.

@@ -80,6 +80,9 @@ func main() {
 	flag.DurationVar(&o.duration, "duration", 2*time.Second, "length of each throughput measurement")
 	flag.IntVar(&o.runs, "runs", 3, "number of runs; every figure is their median")
 	flag.BoolVar(&o.json, "json", false, "print the results as JSON instead of a table")
+	cg := flag.Bool("callgrind", false, "instead of the table, count redis-server's instructions per new key under valgrind (idem against the floor's two SETs)")
+	keys := flag.Int("keys", 2000, "with -callgrind: new keys per row and run")
+	profiles := flag.String("profiles", "", "with -callgrind: a directory where each row's callgrind profile is kept")
 	callers := flag.String("callers", "1,"+strconv.Itoa(targetCallers),
 		fmt.Sprintf("concurrencies of the Do rows, comma-separated; %d (the targets') must be among them", targetCallers))
 	flag.Parse()
@@ -99,7 +102,15 @@ func main() {
 		<-ctx.Done()
 		stop() // a second interrupt kills at once
 	}()
-	err = run(ctx, o)
+	if *cg {
+		if *keys < 1 {
+			fmt.Fprintln(os.Stderr, "benchcmd: -keys must be at least 1")
+			os.Exit(2)
+		}
+		err = runCallgrind(ctx, o, *keys, *profiles)
+	} else {
+		err = run(ctx, o)
+	}
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "benchcmd:", err)

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -20,13 +19,15 @@ type server struct {
 	cmd  *exec.Cmd
 	port int
 	dir  string
+	wrap []string      // a command that runs redis-server (valgrind …), or none
 	done chan struct{} // closed once the process has exited
 }
 
 // startServer starts redis-server on a free loopback port, without
 // persistence, and waits until it answers PING. If another process takes
-// the port first, it tries another one.
-func startServer(ctx context.Context) (*server, error) {
+// the port first, it tries another one. wrap, if given, is a command line
+// that runs redis-server under another program (valgrind …).
+func startServer(ctx context.Context, wrap ...string) (*server, error) {
 	dir, err := os.MkdirTemp("", "idem-bench-")
 	if err != nil {
 		return nil, err
@@ -38,7 +39,7 @@ func startServer(ctx context.Context) (*server, error) {
 			os.RemoveAll(dir)
 			return nil, err
 		}
-		s := &server{port: port, dir: dir, done: make(chan struct{})}
+		s := &server{port: port, dir: dir, wrap: wrap, done: make(chan struct{})}
 		err = s.launch(ctx)
 		if err == nil {
 			return s, nil
@@ -63,10 +64,11 @@ func freePort() (int, error) {
 
 func (s *server) launch(ctx context.Context) error {
 	logPath := filepath.Join(s.dir, "redis.log")
-	s.cmd = exec.Command("redis-server",
+	argv := append(append([]string{}, s.wrap...), "redis-server",
 		"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no",
 		"--dir", s.dir, "--logfile", logPath)
+	s.cmd = exec.Command(argv[0], argv[1:]...)
 	s.cmd.SysProcAttr = sysProcAttr()
 	if err := s.cmd.Start(); err != nil {
 		return fmt.Errorf("start redis-server: %w", err)
@@ -75,7 +77,11 @@ func (s *server) launch(ctx context.Context) error {
 		s.cmd.Wait()
 		close(s.done)
 	}()
-	deadline := time.Now().Add(10 * time.Second)
+	wait := 10 * time.Second
+	if len(s.wrap) > 0 {
+		wait = 2 * time.Minute // valgrind starts slowly, more so on a busy machine
+	}
+	deadline := time.Now().Add(wait)
 	for {
 		if err := ping(s.addr()); err == nil {
 			return nil
@@ -91,7 +97,7 @@ func (s *server) launch(ctx context.Context) error {
 		}
 		if time.Now().After(deadline) {
 			s.stop()
-			return errors.New("redis-server did not answer PING within 10s")
+			return fmt.Errorf("redis-server did not answer PING within %v", wait)
 		}
 	}
 }

@@ -1,0 +1,256 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/redisstore"
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
+)
+
+// The -callgrind mode counts the instructions redis-server executes per new
+// key, under valgrind's callgrind, for idem's acquire and complete and for
+// the floor's two plain writes. Instruction counts do not depend on how
+// busy the machine is, where the Redis time per call (INFO commandstats)
+// does, so this mode compares the two where wall-clock ratios cannot.
+//
+// Each row runs on one connection, one call at a time, over fresh keys:
+//
+//   - floor: SET key p NX GET PX 60000, then SET key <50-byte value> PX
+//     86400000, as internal/httpbench/floor.go (no Lua, no record), on keys
+//     outside the store's prefix, so that they cost no invalidation
+//     message of the stores' replay caches (client tracking), which the
+//     stores' rows pay as they do in production;
+//   - go-redis, rueidis: Executor.Do on a new key (acquire.lua, then
+//     complete.lua with its PUBLISH), as in the lifecycle rows.
+//
+// Before each row the database is emptied and warmupKeys keys warm the
+// connection and the script cache; then the counters are zeroed
+// (callgrind_control -z), -keys keys run, and the counters are dumped
+// (callgrind_control -d); -profiles DIR keeps each row's last dump there
+// as <row>.callgrind. Two figures per key: "server", every instruction
+// of the process in that window (reading the requests, running them,
+// writing the replies, and the idle event loop, which is a few hundred
+// instructions per key at most); and "command", the instructions inside
+// processCommand (looking the command up and running it: what INFO
+// commandstats times, plus the lookup). Every figure is the median of
+// -runs interleaved runs.
+
+// warmupKeys is how many new keys each row runs before its counters are
+// zeroed.
+const warmupKeys = 200
+
+// callgrindRows are the rows of the -callgrind mode, in the order they run
+// and print; the first is the base of the ratios.
+var callgrindRows = []string{"floor", "go-redis", "rueidis"}
+
+// cgServer is a redis-server running under callgrind.
+type cgServer struct {
+	*server
+	out string // callgrind's output file; each dump adds a suffix .N
+}
+
+func runCallgrind(ctx context.Context, o options, keys int, profiles string) error {
+	for _, bin := range []string{"valgrind", "callgrind_control", "callgrind_annotate", "redis-server"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			return fmt.Errorf("%s not found on PATH (apt-get install -y valgrind redis-server): %w", bin, err)
+		}
+	}
+	dir, err := os.MkdirTemp("", "idem-callgrind-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	out := filepath.Join(dir, "callgrind.out")
+	progress("starting redis-server under callgrind")
+	srv, err := startServer(ctx, "valgrind", "--tool=callgrind", "--callgrind-out-file="+out)
+	if err != nil {
+		return err
+	}
+	defer srv.remove()
+	defer srv.stop()
+	s := &cgServer{server: srv, out: out}
+
+	addr := srv.addr()
+	ad := admin{redis.NewClient(&redis.Options{Addr: addr, PoolSize: 1})}
+	defer ad.c.Close()
+	// The server's timer (serverCron) runs hz times a second of wall time,
+	// which valgrind and a busy machine stretch: at 1 it adds a few
+	// hundred instructions per key instead of thousands.
+	if err := ad.c.ConfigSet(ctx, "hz", "1").Err(); err != nil {
+		return err
+	}
+	gr := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 1})
+	defer gr.Close()
+	ru, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, DisableCache: true})
+	if err != nil {
+		return fmt.Errorf("rueidis: %w", err)
+	}
+	defer ru.Close()
+	grs, err := redisstore.New(gr)
+	if err != nil {
+		return err
+	}
+	rus, err := redisstore.NewRueidis(ru)
+	if err != nil {
+		return err
+	}
+	execs := map[string]*idem.Executor{}
+	for name, st := range map[string]idem.Store{"go-redis": grs, "rueidis": rus} {
+		if execs[name], err = newExecutor(st); err != nil {
+			return err
+		}
+	}
+	newKey := func(row string, run, i int) idem.Key {
+		return idem.Key{Scope: "bench", ID: row + "-" + strconv.Itoa(run) + "-" + strconv.Itoa(i)}
+	}
+	op := func(row string) func(ctx context.Context, k idem.Key) error {
+		if row == "floor" {
+			return func(ctx context.Context, k idem.Key) error {
+				key := "floor:{" + k.Digest() + "}"
+				if err := gr.SetArgs(ctx, key, "p", redis.SetArgs{Mode: "NX", Get: true, TTL: time.Minute}).Err(); !errors.Is(err, redis.Nil) {
+					return fmt.Errorf("claim of a new key: got %v, want redis.Nil", err)
+				}
+				return gr.Set(ctx, key, value, retention).Err()
+			}
+		}
+		e := execs[row]
+		return func(ctx context.Context, k idem.Key) error {
+			r, err := e.Do(ctx, k, "fp", fn)
+			if err == nil && r.Replayed {
+				err = errors.New("a new key was replayed")
+			}
+			return err
+		}
+	}
+
+	load0 := loadAverage()
+	samples := map[string][]float64{}
+	for r := range o.runs {
+		for _, row := range callgrindRows {
+			progress("run %d/%d: %s, %d keys", r+1, o.runs, row, keys)
+			if err := ad.flush(ctx); err != nil {
+				return err
+			}
+			do := op(row)
+			for i := range warmupKeys {
+				if err := do(ctx, newKey(row+"-warm", r, i)); err != nil {
+					return fmt.Errorf("%s: %w", row, err)
+				}
+			}
+			if err := s.control(ctx, "-z"); err != nil {
+				return err
+			}
+			for i := range keys {
+				if err := do(ctx, newKey(row, r, i)); err != nil {
+					return fmt.Errorf("%s: %w", row, err)
+				}
+			}
+			keep := ""
+			if profiles != "" {
+				keep = filepath.Join(profiles, row+".callgrind")
+			}
+			total, command, err := s.dump(ctx, keep)
+			if err != nil {
+				return err
+			}
+			samples[row+"/server"] = append(samples[row+"/server"], float64(total)/float64(keys))
+			samples[row+"/command"] = append(samples[row+"/command"], float64(command)/float64(keys))
+		}
+	}
+	writeCallgrind(os.Stdout, samples, keys, o.runs, load0, loadAverage())
+	return nil
+}
+
+// control runs callgrind_control with flag on the server's process; it
+// returns once valgrind has done it.
+func (s *cgServer) control(ctx context.Context, flag string) error {
+	out, err := exec.CommandContext(ctx, "callgrind_control", flag, strconv.Itoa(s.cmd.Process.Pid)).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "OK") {
+		return fmt.Errorf("callgrind_control %s: %v: %s", flag, err, out)
+	}
+	return nil
+}
+
+// dumpTotals matches the totals line of a callgrind dump.
+var dumpTotals = regexp.MustCompile(`(?m)^totals: (\d+)`)
+
+// processCommandLine matches processCommand's inclusive count in
+// callgrind_annotate --inclusive=yes.
+var processCommandLine = regexp.MustCompile(`(?m)^\s*([\d,]+) .*:processCommand \[`)
+
+// dump dumps the counters since the last zeroing and returns the
+// instructions of the whole process and those inside processCommand. If
+// keep is not empty, the dump is moved there (for callgrind_annotate or
+// kcachegrind), else removed.
+func (s *cgServer) dump(ctx context.Context, keep string) (total, command int64, err error) {
+	before, _ := filepath.Glob(s.out + ".*")
+	if err := s.control(ctx, "-d"); err != nil {
+		return 0, 0, err
+	}
+	after, _ := filepath.Glob(s.out + ".*")
+	var file string
+	for _, f := range after {
+		if !slices.Contains(before, f) {
+			file = f
+		}
+	}
+	if file == "" {
+		return 0, 0, errors.New("callgrind_control -d wrote no dump")
+	}
+	if keep != "" {
+		if err := os.Rename(file, keep); err != nil {
+			return 0, 0, err
+		}
+		file = keep
+	} else {
+		defer os.Remove(file)
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return 0, 0, err
+	}
+	m := dumpTotals.FindSubmatch(data)
+	if m == nil {
+		return 0, 0, fmt.Errorf("%s: no totals line", file)
+	}
+	total, _ = strconv.ParseInt(string(m[1]), 10, 64)
+	ann, err := exec.CommandContext(ctx, "callgrind_annotate", "--inclusive=yes", "--threshold=100", file).Output()
+	if err != nil {
+		return 0, 0, fmt.Errorf("callgrind_annotate: %w", err)
+	}
+	m = processCommandLine.FindSubmatch(ann)
+	if m == nil {
+		return 0, 0, errors.New("callgrind_annotate: no processCommand line (a redis-server without symbols?)")
+	}
+	command, _ = strconv.ParseInt(strings.ReplaceAll(string(m[1]), ",", ""), 10, 64)
+	return total, command, nil
+}
+
+func writeCallgrind(w io.Writer, samples map[string][]float64, keys, runs int, load0, load1 string) {
+	fmt.Fprintf(w, "Redis instructions per new key (callgrind), %d keys per row, median of %d runs; load average %s → %s\n\n", keys, runs, load0, load1)
+	fmt.Fprintln(w, "| row | server instr/key | / floor | command instr/key | / floor | runs (server) |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|")
+	base := callgrindRows[0]
+	for _, row := range callgrindRows {
+		sv, cm := median(samples[row+"/server"]), median(samples[row+"/command"])
+		var runs []string
+		for _, v := range samples[row+"/server"] {
+			runs = append(runs, strconv.FormatFloat(v, 'f', 0, 64))
+		}
+		fmt.Fprintf(w, "| %s | %.0f | %.2f | %.0f | %.2f | %s |\n", row, sv, sv/median(samples[base+"/server"]),
+			cm, cm/median(samples[base+"/command"]), strings.Join(runs, ", "))
+	}
+}
