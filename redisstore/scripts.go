@@ -112,7 +112,8 @@ func asString(v any) (string, bool) {
 // acquire_many.lua's.
 func parseAcquire(v any) (storekit.Acquisition, error) {
 	if fence, ok := v.(int64); ok && fence > 0 {
-		// acquire_many's short form of {1, fence, 1}: a new record.
+		// The short form of {1, fence, 1}, a new record, in acquire.lua's
+		// and acquire_many.lua's replies.
 		return storekit.Acquisition{Outcome: storekit.Acquired, Lease: storekit.Lease{Fence: fence}, Attempts: 1}, nil
 	}
 	arr, ok := v.([]any)

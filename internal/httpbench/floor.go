@@ -137,10 +137,14 @@ func (f *scriptFloor) middleware(prefix string, next http.Handler) http.Handler 
 		ctx := r.Context()
 		key := prefix + r.Header.Get("Idempotency-Key")
 		owner := strconv.FormatUint(f.owners.Add(1), 10)
-		reply, err := f.c.Do(ctx, f.c.B().Evalsha().Sha1(f.acquireSHA).Numkeys(1).Key(key).
-			Arg("fp", owner, f.lease, f.retention, "0" /* no attempt limit */, f.ttl).Build()).ToArray()
+		res := f.c.Do(ctx, f.c.B().Evalsha().Sha1(f.acquireSHA).Numkeys(1).Key(key).
+			Arg("fp", owner, f.lease, f.retention, "0" /* no attempt limit */, f.ttl).Build())
 		var kind, fence int64
-		if err == nil && len(reply) > 0 {
+		reply, err := res.ToArray()
+		if n, ierr := res.AsInt64(); ierr == nil {
+			// A new record: its fence alone.
+			kind, fence, err = 0, n, nil
+		} else if err == nil && len(reply) > 0 {
 			kind, err = reply[0].AsInt64()
 		}
 		if err != nil {
@@ -148,6 +152,7 @@ func (f *scriptFloor) middleware(prefix string, next http.Handler) http.Handler 
 			return
 		}
 		switch kind {
+		case 0:
 		case 1: // acquired: {1, fence, attempts}
 			if fence, err = reply[1].AsInt64(); err != nil {
 				http.Error(w, err.Error(), http.StatusServiceUnavailable)

@@ -10,6 +10,9 @@
 --          idem.InProgressGrace (computed in Go)
 --
 -- Reply, one of:
+--   fence                                 Acquired a new record (attempts 1):
+--                                         the most frequent reply, an integer
+--                                         alone costs Redis less than a table
 --   {1, fence, attempts}                  Acquired (also when the same owner
 --                                         repeats a call whose reply was lost)
 --   {2, fence, attempts, previous owner}  TakenOver (the lease had expired)
@@ -49,7 +52,7 @@ if not v then
   -- No record: the fence is seeded from the clock, so that it still grows
   -- after the record was deleted or expired.
   redis.call('SET', KEYS[1], cmsgpack.pack(1, 'p', ARGV[1], ARGV[2], now, lease_end, 1, now, ''), 'PX', ARGV[6])
-  return {1, now, 1}
+  return now
 end
 if s == 'p' and l > now then
   return {3, l - now, a}
