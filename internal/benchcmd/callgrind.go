@@ -34,7 +34,12 @@ import (
 //     message of the stores' replay caches (client tracking), which the
 //     stores' rows pay as they do in production;
 //   - go-redis, rueidis: Executor.Do on a new key (acquire.lua, then
-//     complete.lua with its PUBLISH), as in the lifecycle rows.
+//     complete.lua with its PUBLISH), as in the lifecycle rows;
+//   - replay: Executor.Do on one completed key through go-redis with no
+//     local replay cache (WithReplayCache(false)), so that every replay is
+//     an acquire.lua call: a replay the cache does not hold. Its ratio to
+//     the floor is not shown; it is there to show what a change to
+//     acquire.lua costs replays.
 //
 // Before each row the database is emptied and warmupKeys keys warm the
 // connection and the script cache; then the counters are zeroed
@@ -54,7 +59,7 @@ const warmupKeys = 200
 
 // callgrindRows are the rows of the -callgrind mode, in the order they run
 // and print; the first is the base of the ratios.
-var callgrindRows = []string{"floor", "go-redis", "rueidis"}
+var callgrindRows = []string{"floor", "go-redis", "rueidis", "replay"}
 
 // cgServer is a redis-server running under callgrind.
 type cgServer struct {
@@ -108,7 +113,11 @@ func runCallgrind(ctx context.Context, o options, keys int, profiles string) err
 		return err
 	}
 	execs := map[string]*idem.Executor{}
-	for name, st := range map[string]idem.Store{"go-redis": grs, "rueidis": rus} {
+	nocache, err := redisstore.New(gr, redisstore.WithReplayCache(false))
+	if err != nil {
+		return err
+	}
+	for name, st := range map[string]idem.Store{"go-redis": grs, "rueidis": rus, "replay": nocache} {
 		if execs[name], err = newExecutor(st); err != nil {
 			return err
 		}
@@ -127,6 +136,15 @@ func runCallgrind(ctx context.Context, o options, keys int, profiles string) err
 			}
 		}
 		e := execs[row]
+		if row == "replay" {
+			return func(ctx context.Context, _ idem.Key) error {
+				r, err := e.Do(ctx, replayKey, "fp", fn)
+				if err == nil && !r.Replayed {
+					err = errors.New("the completed key was not replayed")
+				}
+				return err
+			}
+		}
 		return func(ctx context.Context, k idem.Key) error {
 			r, err := e.Do(ctx, k, "fp", fn)
 			if err == nil && r.Replayed {
@@ -145,6 +163,11 @@ func runCallgrind(ctx context.Context, o options, keys int, profiles string) err
 				return err
 			}
 			do := op(row)
+			if row == "replay" { // the record every call replays
+				if _, err := execs[row].Do(ctx, replayKey, "fp", fn); err != nil {
+					return fmt.Errorf("%s: %w", row, err)
+				}
+			}
 			for i := range warmupKeys {
 				if err := do(ctx, newKey(row+"-warm", r, i)); err != nil {
 					return fmt.Errorf("%s: %w", row, err)
@@ -240,8 +263,14 @@ func (s *cgServer) dump(ctx context.Context, keep string) (total, command int64,
 }
 
 func writeCallgrind(w io.Writer, samples map[string][]float64, keys, runs int, load0, load1 string) {
-	fmt.Fprintf(w, "Redis instructions per new key (callgrind), %d keys per row, median of %d runs; load average %s → %s\n\n", keys, runs, load0, load1)
+	fmt.Fprintf(w, "Redis instructions per new key (replay row: per replay) (callgrind), %d keys per row, median of %d runs; load average %s → %s\n\n", keys, runs, load0, load1)
 	fmt.Fprintln(w, "| row | server instr/key | / floor | command instr/key | / floor | runs (server) |")
+	ratio := func(row string, v float64, base string) string {
+		if row == "replay" {
+			return "–"
+		}
+		return strconv.FormatFloat(v/median(samples[base]), 'f', 2, 64)
+	}
 	fmt.Fprintln(w, "|---|---|---|---|---|---|")
 	base := callgrindRows[0]
 	for _, row := range callgrindRows {
@@ -250,7 +279,7 @@ func writeCallgrind(w io.Writer, samples map[string][]float64, keys, runs int, l
 		for _, v := range samples[row+"/server"] {
 			runs = append(runs, strconv.FormatFloat(v, 'f', 0, 64))
 		}
-		fmt.Fprintf(w, "| %s | %.0f | %.2f | %.0f | %.2f | %s |\n", row, sv, sv/median(samples[base+"/server"]),
-			cm, cm/median(samples[base+"/command"]), strings.Join(runs, ", "))
+		fmt.Fprintf(w, "| %s | %.0f | %s | %.0f | %s | %s |\n", row, sv, ratio(row, sv, base+"/server"),
+			cm, ratio(row, cm, base+"/command"), strings.Join(runs, ", "))
 	}
 }
