@@ -307,6 +307,38 @@ func TestWaitAOFUnsupported(t *testing.T) {
 	}
 }
 
+// TestAcquireNewKeyRepliesItsFence checks the short reply of acquire.lua
+// for a new key, its most frequent call: the fence alone, an integer (a
+// table costs Redis more per call; BENCHMARKS.md), which the store reads as
+// Acquired with one attempt and the record holds.
+func TestAcquireNewKeyRepliesItsFence(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	c := goRedisClient(t, srv.Addr())
+	s := newStore(t, c)
+	key := idem.Key{ID: "new"}.Digest()
+	v, err := c.Eval(t.Context(), redisstore.AcquireSource(), []string{s.Key(key)}, "fp", "owner", "60000", "60000", "0", "120000").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fence, ok := v.(int64)
+	if !ok || fence <= 0 {
+		t.Fatalf("acquire.lua on a new key replied %#v, want the fence alone (a positive integer)", v)
+	}
+	rec, err := s.Get(t.Context(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.State != storekit.StateInProgress || rec.Fence != fence || rec.Attempts != 1 || rec.Owner != "owner" {
+		t.Fatalf("record after the new key's acquire: got %+v, want IN_PROGRESS, fence %d, 1 attempt, owner %q", rec, fence, "owner")
+	}
+	// The same owner's repeated call (a lost reply) gets the long form.
+	a, err := s.Acquire(t.Context(), key, storekit.AcquireRequest{Fingerprint: "fp", Owner: "owner", Lease: time.Minute, Retention: time.Minute})
+	if err != nil || a.Outcome != storekit.Acquired || a.Lease.Fence != fence || a.Attempts != 1 {
+		t.Fatalf("repeated acquire: got %+v, %v; want Acquired, fence %d, 1 attempt", a, err, fence)
+	}
+}
+
 // TestScriptErrorWritesNothing runs a script with arguments that Go would
 // never send (validation stops them first): the script fails before its
 // first write, so no half-written record is left.
