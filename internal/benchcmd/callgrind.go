@@ -104,28 +104,24 @@ func runCallgrind(ctx context.Context, o options, keys int, profiles string) err
 		return fmt.Errorf("rueidis: %w", err)
 	}
 	defer ru.Close()
-	grs, err := redisstore.New(gr)
-	if err != nil {
-		return err
-	}
-	rus, err := redisstore.NewRueidis(ru)
-	if err != nil {
-		return err
-	}
-	execs := map[string]*idem.Executor{}
-	nocache, err := redisstore.New(gr, redisstore.WithReplayCache(false))
-	if err != nil {
-		return err
-	}
-	for name, st := range map[string]idem.Store{"go-redis": grs, "rueidis": rus, "replay": nocache} {
-		if execs[name], err = newExecutor(st); err != nil {
-			return err
+	// Each row opens its store and closes it when it ends, so that only
+	// its own replay cache's tracking connection (go-redis) is open while
+	// it runs, as in a process with one store.
+	openStore := func(row string) (*redisstore.Store, error) {
+		switch row {
+		case "go-redis":
+			return redisstore.New(gr)
+		case "rueidis":
+			return redisstore.NewRueidis(ru)
+		case "replay":
+			return redisstore.New(gr, redisstore.WithReplayCache(false))
 		}
+		return nil, nil
 	}
 	newKey := func(row string, run, i int) idem.Key {
 		return idem.Key{Scope: "bench", ID: row + "-" + strconv.Itoa(run) + "-" + strconv.Itoa(i)}
 	}
-	op := func(row string) func(ctx context.Context, k idem.Key) error {
+	op := func(row string, e *idem.Executor) func(ctx context.Context, k idem.Key) error {
 		if row == "floor" {
 			return func(ctx context.Context, k idem.Key) error {
 				key := "floor:{" + k.Digest() + "}"
@@ -135,7 +131,6 @@ func runCallgrind(ctx context.Context, o options, keys int, profiles string) err
 				return gr.Set(ctx, key, value, retention).Err()
 			}
 		}
-		e := execs[row]
 		if row == "replay" {
 			return func(ctx context.Context, _ idem.Key) error {
 				r, err := e.Do(ctx, replayKey, "fp", fn)
@@ -162,9 +157,19 @@ func runCallgrind(ctx context.Context, o options, keys int, profiles string) err
 			if err := ad.flush(ctx); err != nil {
 				return err
 			}
-			do := op(row)
+			st, err := openStore(row)
+			if err != nil {
+				return err
+			}
+			var e *idem.Executor
+			if st != nil {
+				if e, err = newExecutor(st); err != nil {
+					return err
+				}
+			}
+			do := op(row, e)
 			if row == "replay" { // the record every call replays
-				if _, err := execs[row].Do(ctx, replayKey, "fp", fn); err != nil {
+				if _, err := e.Do(ctx, replayKey, "fp", fn); err != nil {
 					return fmt.Errorf("%s: %w", row, err)
 				}
 			}
@@ -186,6 +191,9 @@ func runCallgrind(ctx context.Context, o options, keys int, profiles string) err
 				keep = filepath.Join(profiles, row+".callgrind")
 			}
 			total, command, err := s.dump(ctx, keep)
+			if st != nil {
+				st.Close()
+			}
 			if err != nil {
 				return err
 			}
