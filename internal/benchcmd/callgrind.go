@@ -51,7 +51,9 @@ import (
 // instructions per key at most); and "command", the instructions inside
 // processCommand (looking the command up and running it: what INFO
 // commandstats times, plus the lookup). Every figure is the median of
-// -runs interleaved runs.
+// -runs interleaved runs. A second table counts single steps of the
+// scripts and of their alternatives (TIME, cmsgpack against struct, …),
+// each in a loop inside one EVAL.
 
 // warmupKeys is how many new keys each row runs before its counters are
 // zeroed.
@@ -89,7 +91,8 @@ func runCallgrind(ctx context.Context, o options, keys int, profiles string) err
 	s := &cgServer{server: srv, out: out}
 
 	addr := srv.addr()
-	ad := admin{redis.NewClient(&redis.Options{Addr: addr, PoolSize: 1})}
+	// The script steps run for seconds under valgrind.
+	ad := admin{redis.NewClient(&redis.Options{Addr: addr, PoolSize: 1, ReadTimeout: 5 * time.Minute})}
 	defer ad.c.Close()
 	// The server's timer (serverCron) runs hz times a second of wall time,
 	// which valgrind and a busy machine stretch: at 1 it adds a few
@@ -201,8 +204,77 @@ func runCallgrind(ctx context.Context, o options, keys int, profiles string) err
 			samples[row+"/command"] = append(samples[row+"/command"], float64(command)/float64(keys))
 		}
 	}
+	progress("script steps")
+	steps, err := s.scriptSteps(ctx, ad)
+	if err != nil {
+		return err
+	}
 	writeCallgrind(os.Stdout, samples, keys, o.runs, load0, loadAverage())
+	writeSteps(os.Stdout, steps)
 	return nil
+}
+
+// stepLoop is how many times scriptSteps runs each step, in one EVAL.
+const stepLoop = 20000
+
+// scriptStepPrelude sets up the values the steps use: a record in
+// acquire.lua's format and the same fields packed with Redis's struct
+// library (fixed-size integers, then lengths and strings).
+const scriptStepPrelude = `
+local fp, owner, res = 'f0e1d2c3b4a5968778695a4b3c2d1e0f', 'owner-0123456789abcdef', string.rep('x', 51)
+local rec = cmsgpack.pack(1, 'p', fp, owner, 1764000000000000, 1764000010000000, 1, 1764000000000000, '')
+local srec = struct.pack('>Bc1I8I8I4I8Bc0Bc0', 2, 'p', 1764000000000000, 1764000010000000, 1, 1764000000000000, #fp, fp, #owner, owner)
+local x
+`
+
+// scriptSteps are single steps of the transitions and of their
+// alternatives, each measured as stepLoop iterations of a loop in one EVAL,
+// less the empty loop.
+var scriptSteps = []struct{ name, body string }{
+	{"loop", `x = i`},
+	{"TIME and its two tonumber", `local t = redis.call('TIME') x = tonumber(t[1]) * 1000000 + tonumber(t[2])`},
+	{"GET of an absent key", `x = redis.call('GET', 'absent')`},
+	{"PUBLISH, no subscriber", `redis.call('PUBLISH', 'idem:{x}:w', 'c')`},
+	{"table {1, fence, 1}", `x = {1, i, 1}`},
+	{"cmsgpack.pack, new record", `x = cmsgpack.pack(1, 'p', fp, owner, i, i, 1, i, '')`},
+	{"struct.pack, new record", `x = struct.pack('>Bc1I8I8I4I8Bc0Bc0', 2, 'p', i, i, 1, i, #fp, fp, #owner, owner)`},
+	{"cmsgpack.pack, completed (51-byte result)", `x = cmsgpack.pack(1, 'c', fp, '', i, 0, 1, i, res)`},
+	{"struct.pack, completed (51-byte result)", `x = struct.pack('>Bc1I8I8I4I8Bc0Bc0', 2, 'c', i, 0, 1, i, #fp, fp, 0, '') .. res`},
+	{"cmsgpack.unpack", `local ver, s, f, o, n, l, a, c, r = cmsgpack.unpack(rec)`},
+	{"struct.unpack", `local ver, s, n, l, a, c, f, o, pos = struct.unpack('>Bc1I8I8I4I8Bc0Bc0', srec)`},
+}
+
+// scriptSteps returns the instructions per step of the package's
+// scriptSteps (the
+// loop's own, for "loop").
+func (s *cgServer) scriptSteps(ctx context.Context, ad admin) ([]float64, error) {
+	out := make([]float64, len(scriptSteps))
+	for i, st := range scriptSteps {
+		if err := s.control(ctx, "-z"); err != nil {
+			return nil, err
+		}
+		if err := ad.c.Eval(ctx, scriptStepPrelude+"for i = 1, "+strconv.Itoa(stepLoop)+" do\n"+st.body+"\nend\nreturn 1", nil).Err(); err != nil {
+			return nil, fmt.Errorf("step %s: %w", st.name, err)
+		}
+		total, _, err := s.dump(ctx, "")
+		if err != nil {
+			return nil, err
+		}
+		out[i] = float64(total) / stepLoop
+		if i > 0 {
+			out[i] -= out[0]
+		}
+	}
+	return out, nil
+}
+
+func writeSteps(w io.Writer, steps []float64) {
+	fmt.Fprintf(w, "\nInstructions per step inside a script (%d iterations in one EVAL, less the empty loop's)\n\n", stepLoop)
+	fmt.Fprintln(w, "| step | instructions |")
+	fmt.Fprintln(w, "|---|---:|")
+	for i, st := range scriptSteps {
+		fmt.Fprintf(w, "| %s | %.0f |\n", st.name, steps[i])
+	}
 }
 
 // control runs callgrind_control with flag on the server's process; it
