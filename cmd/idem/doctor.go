@@ -77,6 +77,9 @@ For PostgreSQL (--postgres; with --redis too for the hybrid commit gate):
                     in the search_path (FAIL when neither does)
   indexes, rights   each table's indexes, and SELECT, INSERT, UPDATE, DELETE
   relay backlog     WARN when completions older than 1m are not relayed
+  abandoned multi-step requests
+                    WARN when requests of Gate.Run stopped mid-way over 1m ago
+                    (no completer with their flow registered finished them)
   pgstore functions the 7 transition functions exist and are executable
 
 For the embedded store: the file opens (or is in use by a running proxy).`,

@@ -95,9 +95,19 @@ func TestRelayOnce(t *testing.T) {
 VALUES ($1, 'fp', 7, '\x006f6b', now() - interval '2 minutes', now() + interval '1 hour')`, key); err != nil {
 		t.Fatal(err)
 	}
+	// A multi-step request whose owner stopped after its first step, its
+	// claim ended 2 minutes ago.
+	if _, err := pool.Exec(t.Context(), `INSERT INTO idem_completions (digest, fingerprint, fence, result, expires_at, relayed, progress)
+VALUES ('abandoned', 'fp', 0, '', now() + interval '1 hour', true,
+  jsonb_build_object('flow', 'checkout', 'step', 'order', 'owner', 'x', 'until', now() - interval '2 minutes'))`); err != nil {
+		t.Fatal(err)
+	}
 	code, out, _ := runIdem(t, "doctor", "--postgres", url, "--redis", "redis://"+srv.Addr())
 	if !strings.Contains(out, "WARN  relay backlog: 1 completions") {
 		t.Fatalf("doctor: exit %d, output:\n%s\nwant a WARN for the relay backlog", code, out)
+	}
+	if !strings.Contains(out, "WARN  abandoned multi-step requests: 1 requests") {
+		t.Fatalf("doctor: exit %d, output:\n%s\nwant a WARN for the abandoned multi-step request", code, out)
 	}
 	code, out, errOut := runIdem(t, "relay", "--once", "--postgres", url, "--redis", "redis://"+srv.Addr())
 	if code != exitOK || !strings.Contains(out, "relayed 1 completions") {

@@ -624,13 +624,21 @@ func Postgres(ctx context.Context, r *Report, pool *pgxpool.Pool, describe strin
 		}
 	}
 	if gate {
-		checkTable(pggate.Table, []string{"idem_completions_pkey", "idem_completions_expires_at", "idem_completions_unrelayed"}, "SELECT, INSERT, UPDATE, DELETE")
+		checkTable(pggate.Table, []string{"idem_completions_pkey", "idem_completions_expires_at", "idem_completions_unrelayed", "idem_completions_unfinished"}, "SELECT, INSERT, UPDATE, DELETE")
 		var backlog int64
 		pool.QueryRow(ctx, `SELECT count(*) FROM idem_completions WHERE NOT relayed AND created_at < now() - interval '1 minute' AND expires_at > now()`).Scan(&backlog)
 		if backlog > 0 {
 			r.Add(Warn, "relay backlog", "%d completions older than 1m are not relayed to the store: is a Gate or `idem relay` running?", backlog)
 		} else {
 			r.Add(OK, "relay backlog", "no completion older than 1m waits for the relay")
+		}
+		var abandoned int64
+		pool.QueryRow(ctx, `SELECT count(*) FROM idem_completions WHERE progress IS NOT NULL AND NOT progress ? 'failed'
+  AND (progress->>'until')::timestamptz < now() - interval '1 minute' AND expires_at > now()`).Scan(&abandoned)
+		if abandoned > 0 {
+			r.Add(Warn, "abandoned multi-step requests", "%d requests stopped mid-way over 1m ago: is a Gate with their flow registered running (its completer finishes them)?", abandoned)
+		} else {
+			r.Add(OK, "abandoned multi-step requests", "none stopped mid-way over 1m ago")
 		}
 	} else {
 		r.Add(Warn, pggate.Table, "does not exist: the commit gate is not set up in this schema (fine if only pgstore is used without the gate)")
