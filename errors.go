@@ -9,7 +9,8 @@ import (
 )
 
 // Sentinel errors. Test for them with errors.Is: stores and the Executor wrap
-// them with context.
+// them with context. ErrLeaseLost, ErrInvalid, ErrNotDurable, ErrEffect and
+// ErrEffectPartial are the values of package storekit, which stores return.
 var (
 	// ErrLeaseLost is returned by Complete, Fail, Extend and Release (and by
 	// Do and Attempt methods) when the caller is no longer the owner of the
