@@ -4,17 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"maps"
-	"net/http"
-	"slices"
-	"strconv"
 	"strings"
-	"text/tabwriter"
-	"time"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/cmd/idem/internal/cli"
+	"github.com/idemgo/idem/cmd/idem/internal/recordview"
 	"github.com/idemgo/idem/cmd/idem/internal/size"
 	"github.com/idemgo/idem/idemhttp"
 	"github.com/idemgo/idem/storekit"
@@ -95,7 +89,7 @@ func (a *adminFlags) storeKey(cmd string, args []string) (string, error) {
 // given without the request's method and path is looked for in POST /.
 func (a *adminFlags) notFound(key string, st *openedStore, what string) error {
 	if a.digest != "" {
-		return fmt.Errorf("no record for digest %s in the %s%s", key, st.describe, what)
+		return fmt.Errorf("no record for digest %s in the %s%s", key, st.Describe, what)
 	}
 	scope := strings.ToUpper(a.method) + " " + a.path
 	if a.scopeHeader != "" || a.fs.IsSet("principal") {
@@ -103,7 +97,7 @@ func (a *adminFlags) notFound(key string, st *openedStore, what string) error {
 	}
 	return fmt.Errorf("no record for this key in scope %s (digest %s) in the %s%s; a key's record belongs to the request's method and path: "+
 		"pass them with --method and --path (e.g. --method POST --path /orders), and --principal if the proxy runs with --scope-header, "+
-		"or give a digest from 'idem ls' with --digest", scope, key, st.describe, what)
+		"or give a digest from 'idem ls' with --digest", scope, key, st.Describe, what)
 }
 
 func (a *adminFlags) open(ctx context.Context) (*openedStore, *idem.Executor, error) {
@@ -119,52 +113,12 @@ func (a *adminFlags) open(ctx context.Context) (*openedStore, *idem.Executor, er
 		return nil, nil, err
 	}
 	// The executor only decodes results; it never runs anything.
-	exec, err := idem.New(st.store, idem.WithMaxResultSize(int(a.maxResponse)))
+	exec, err := idem.New(st.Store, idem.WithMaxResultSize(int(a.maxResponse)))
 	if err != nil {
-		st.close()
+		st.Close()
 		return nil, nil, err
 	}
 	return st, exec, nil
-}
-
-// stored describes a record's stored result: for a COMPLETED record the
-// response's status and body size, for a FAILED one its failure.
-type stored struct {
-	status  int
-	resp    *idemhttp.StoredResponse
-	failure string
-	err     error
-}
-
-func decodeStored(exec *idem.Executor, key string, rec storekit.Record) stored {
-	if len(rec.Result) == 0 {
-		return stored{}
-	}
-	v, err := exec.DecodeResult(key, rec.Result)
-	if err != nil {
-		return stored{err: err}
-	}
-	if rec.State == storekit.StateFailed {
-		return stored{failure: string(v)}
-	}
-	resp, err := idemhttp.DecodeStoredResponse(v)
-	if err != nil {
-		return stored{err: err}
-	}
-	return stored{status: resp.Status, resp: &resp}
-}
-
-// age renders a duration for people: 1h2m3s, 4.5s, 120ms.
-func age(d time.Duration) string {
-	switch {
-	case d <= 0:
-		return "0s"
-	case d >= time.Minute:
-		return d.Round(time.Second).String()
-	case d >= time.Second:
-		return d.Round(100 * time.Millisecond).String()
-	}
-	return d.Round(time.Millisecond).String()
 }
 
 func getCommand() *command {
@@ -190,85 +144,21 @@ size. The body is shown only with --show-body.` + adminScopeDoc,
 				if err != nil {
 					return err
 				}
-				defer st.close()
-				rec, err := st.store.Get(ctx, key)
+				defer st.Close()
+				rec, err := st.Store.Get(ctx, key)
 				if errors.Is(err, storekit.ErrNotFound) {
 					return a.notFound(key, st, "")
 				}
 				if err != nil {
 					return fmt.Errorf("reading %s: %v", key, err)
 				}
-				return printRecord(e.stdout, st, exec, key, rec, showBody)
+				redisKey := ""
+				if st.RedisKey != nil {
+					redisKey = st.RedisKey(key)
+				}
+				return recordview.Print(e.stdout, exec, key, redisKey, rec, showBody)
 			}
 		},
-	}
-}
-
-// printTimes prints when rec was created, the lease it has left and when
-// it expires, as far as they are known.
-func printTimes(line func(k, format string, args ...any), rec storekit.Record) {
-	if !rec.Created.IsZero() {
-		line("created", "%s (%s ago)", rec.Created.UTC().Format(time.RFC3339), age(rec.Now.Sub(rec.Created)))
-	}
-	if rec.State == storekit.StateInProgress {
-		if left := rec.LeaseUntil.Sub(rec.Now); left > 0 {
-			line("lease left", "%s", age(left))
-		} else {
-			line("lease left", "none: expired %s ago; the next request takes the key over", age(-left))
-		}
-	}
-	if !rec.ExpiresAt.IsZero() {
-		line("expires in", "%s", age(rec.ExpiresAt.Sub(rec.Now)))
-	}
-}
-
-// printRecord prints the record of key, and the stored response if
-// showBody.
-func printRecord(w io.Writer, st *openedStore, exec *idem.Executor, key string, rec storekit.Record, showBody bool) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	line := func(k, format string, args ...any) { fmt.Fprintf(tw, "%s\t%s\n", k, fmt.Sprintf(format, args...)) }
-	line("digest", "%s", key)
-	if st.redisKey != nil {
-		line("redis key", "%s", st.redisKey(key))
-	}
-	line("state", "%s", rec.State)
-	line("fence", "%d", rec.Fence)
-	line("attempts", "%d", rec.Attempts)
-	printTimes(line, rec)
-	s := decodeStored(exec, key, rec)
-	switch {
-	case s.err != nil:
-		line("stored", "%d bytes, cannot be decoded: %v", len(rec.Result), s.err)
-	case s.resp != nil:
-		line("status", "%d", s.status)
-		line("stored", "%d bytes (response body %d bytes)", len(rec.Result), len(s.resp.Body))
-	case s.failure != "":
-		line("failure", "%s", s.failure)
-	case rec.State == storekit.StateFailed:
-		line("failure", "attempts exhausted")
-	}
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	if showBody && s.resp != nil {
-		printResponse(w, s.resp)
-	}
-	return nil
-}
-
-// printResponse prints a stored response: its status line, its header
-// fields in order and its body.
-func printResponse(w io.Writer, resp *idemhttp.StoredResponse) {
-	fmt.Fprintf(w, "\nHTTP %d %s\n", resp.Status, http.StatusText(resp.Status))
-	for _, k := range slices.Sorted(maps.Keys(resp.Header)) {
-		for _, v := range resp.Header[k] {
-			fmt.Fprintf(w, "%s: %s\n", k, v)
-		}
-	}
-	fmt.Fprintln(w)
-	w.Write(resp.Body)
-	if n := len(resp.Body); n > 0 && resp.Body[n-1] != '\n' {
-		fmt.Fprintln(w)
 	}
 }
 
@@ -302,39 +192,12 @@ no proxy uses it; Redis can be listed while proxies run.`,
 				if err != nil {
 					return err
 				}
-				defer st.close()
-				entries, err := st.list(ctx, limit)
+				defer st.Close()
+				entries, err := st.List(ctx, limit)
 				if err != nil {
-					return fmt.Errorf("listing the %s: %v", st.describe, err)
+					return fmt.Errorf("listing the %s: %v", st.Describe, err)
 				}
-				tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
-				fmt.Fprintln(tw, "DIGEST\tSTATE\tFENCE\tATTEMPTS\tAGE\tEXPIRES IN\tSTATUS\tSIZE")
-				for _, en := range entries {
-					rec := en.record
-					status, size := "-", "-"
-					s := decodeStored(exec, en.key, rec)
-					switch {
-					case s.err != nil:
-						status = "corrupt"
-					case s.resp != nil:
-						status = strconv.Itoa(s.status)
-					case rec.State == storekit.StateFailed:
-						status = "failed"
-					}
-					if len(rec.Result) > 0 {
-						size = strconv.Itoa(len(rec.Result))
-					}
-					created, expires := "-", "-"
-					if !rec.Created.IsZero() { // none in a record the relay wrote to Redis
-						created = age(rec.Now.Sub(rec.Created))
-					}
-					if !rec.ExpiresAt.IsZero() {
-						expires = age(rec.ExpiresAt.Sub(rec.Now))
-					}
-					fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\n", en.key, rec.State, rec.Fence, rec.Attempts,
-						created, expires, status, size)
-				}
-				if err := tw.Flush(); err != nil {
+				if err := recordview.List(e.stdout, exec, entries); err != nil {
 					return err
 				}
 				if len(entries) == limit {
@@ -368,15 +231,15 @@ is no such record, rm says where it looked and exits with status 1.` + adminScop
 				if err != nil {
 					return err
 				}
-				defer st.close()
-				rec, err := st.store.Get(ctx, key)
+				defer st.Close()
+				rec, err := st.Store.Get(ctx, key)
 				if errors.Is(err, storekit.ErrNotFound) {
 					return a.notFound(key, st, "; nothing deleted")
 				}
 				if err != nil {
 					return fmt.Errorf("reading %s: %v", key, err)
 				}
-				if err := st.store.Delete(ctx, key); err != nil {
+				if err := st.Store.Delete(ctx, key); err != nil {
 					return fmt.Errorf("deleting %s: %v", key, err)
 				}
 				fmt.Fprintf(e.stdout, "deleted %s (was %s, fence %d)\n", key, rec.State, rec.Fence)

@@ -283,8 +283,8 @@ func runConsume(ctx context.Context, e *env, c *consumeConfig) error {
 		return err
 	}
 	defer closeStore(st, log)
-	reg, execMetrics := newRegistry(st.store)
-	exec, err := idem.New(st.store, idem.WithLease(c.lease), idem.WithRetention(c.retention),
+	reg, execMetrics := newRegistry(st.Store)
+	exec, err := idem.New(st.Store, idem.WithLease(c.lease), idem.WithRetention(c.retention),
 		idem.WithMaxResultSize(c.handler.MaxResult+64<<10), idem.WithObserver(execMetrics.Observe))
 	if err != nil {
 		return cli.Usagef("%v", err)
@@ -304,7 +304,7 @@ func runConsume(ctx context.Context, e *env, c *consumeConfig) error {
 
 	var draining atomic.Bool
 	var admin *http.Server
-	started := []any{"from", c.broker.Where, "to", redact.URL(c.handler.URL), "store", st.describe,
+	started := []any{"from", c.broker.Where, "to", redact.URL(c.handler.URL), "store", st.Describe,
 		"batch", c.batch, "parallel", c.parallel, "concurrency", c.concurrency, "max_deliveries", c.maxDeliveries,
 		"lease", cli.FormatDuration(c.lease), "handler_timeout", cli.FormatDuration(c.handler.Timeout)}
 	if c.adminListen != "" {
@@ -408,7 +408,7 @@ func (c *consumeConfig) openRedisStream(st *openedStore, exec *idem.Executor, lo
 		if c.concurrency > 1 {
 			name += "-" + strconv.Itoa(i)
 		}
-		rc, err := redisstream.New(st.redis, b.Target, b.Query.Get("group"), name, exec, handle, opts...)
+		rc, err := redisstream.New(st.Redis, b.Target, b.Query.Get("group"), name, exec, handle, opts...)
 		if err != nil {
 			return nil, cli.Usagef("consume: %v", err)
 		}
@@ -474,8 +474,8 @@ func consumeAdmin(reg *prometheus.Registry, st *openedStore, draining *atomic.Bo
 		if draining.Load() {
 			return idemproxy.ErrDraining
 		}
-		if st.health != nil {
-			return st.health()
+		if st.Health != nil {
+			return st.Health()
 		}
 		return nil
 	})

@@ -12,6 +12,7 @@ import (
 	"github.com/idemgo/idem/boltstore"
 	"github.com/idemgo/idem/cmd/idem/internal/cli"
 	"github.com/idemgo/idem/cmd/idem/internal/doctor"
+	"github.com/idemgo/idem/cmd/idem/internal/storeopen"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -127,7 +128,7 @@ func doctorBolt(r *doctor.Report, s *storeFlags) {
 	case errors.Is(err, boltstore.ErrLocked):
 		r.Add(doctor.OK, "embedded store", "%s is in use by a running proxy (Redis checks do not apply)", path)
 	case err != nil:
-		r.Add(doctor.Fail, "embedded store", "%v", openBoltError(path, err))
+		r.Add(doctor.Fail, "embedded store", "%v", storeopen.BoltError(path, err))
 	default:
 		st.Close()
 		r.Add(doctor.OK, "embedded store", "%s opens (Redis checks do not apply)", path)
@@ -146,7 +147,7 @@ func doctorRedis(ctx context.Context, r *doctor.Report, d *doctorFlags) {
 		return
 	}
 	defer c.Close()
-	o := &doctor.Redis{Prefix: s.prefix, WaitReplicas: d.waitReplicas, WaitAOF: d.waitAOF, NotRedis: s.notRedis}
+	o := &doctor.Redis{Prefix: s.prefix, WaitReplicas: d.waitReplicas, WaitAOF: d.waitAOF, NotRedis: s.probe().NotRedis}
 	cluster := s.cluster != ""
 	for _, n := range nodes {
 		label := ""
@@ -204,7 +205,7 @@ func (s *storeFlags) doctorClients(ctx context.Context) (redis.UniversalClient, 
 	})
 	if err != nil {
 		cc.Close()
-		if nr := s.notRedis(ctx); nr != nil {
+		if nr := s.probe().NotRedis(ctx); nr != nil {
 			err = nr
 		}
 		return nil, nil, fmt.Errorf("cannot reach the cluster: %v", err)

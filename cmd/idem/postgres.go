@@ -11,7 +11,6 @@ import (
 	"github.com/idemgo/idem/cmd/idem/internal/cli"
 	"github.com/idemgo/idem/cmd/idem/internal/redact"
 	"github.com/idemgo/idem/postgres/pggate"
-	"github.com/idemgo/idem/postgres/pgstore"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -38,44 +37,6 @@ func openPool(ctx context.Context, flag, raw string) (*pgxpool.Pool, string, err
 		return nil, "", fmt.Errorf("%s is not reachable: %s", describe, redact.Scrub(err.Error(), raw))
 	}
 	return pool, describe, nil
-}
-
-// openPostgres opens pgstore on --postgres. The proxy (create) creates or
-// updates its table and functions; admin commands need them to exist.
-func (s *storeFlags) openPostgres(ctx context.Context, create bool) (*openedStore, error) {
-	pool, describe, err := s.openPool(ctx)
-	if err != nil {
-		return nil, err
-	}
-	st, err := pgstore.New(pool)
-	if err != nil {
-		pool.Close()
-		return nil, err
-	}
-	if create {
-		if err := st.Migrate(ctx); err != nil {
-			st.Close()
-			pool.Close()
-			return nil, fmt.Errorf("%s: %v", describe, err)
-		}
-	}
-	return &openedStore{
-		store:    st,
-		describe: describe,
-		list: func(ctx context.Context, limit int) ([]listEntry, error) {
-			es, err := st.List(ctx, limit)
-			out := make([]listEntry, len(es))
-			for i, e := range es {
-				out[i] = listEntry{key: e.Key, record: e.Record}
-			}
-			return out, err
-		},
-		close: func() error {
-			st.Close()
-			pool.Close()
-			return nil
-		},
-	}, nil
 }
 
 func relayCommand() *command {
@@ -153,8 +114,8 @@ func (r *relayFlags) relayGate(ctx context.Context, e *env, pool *pgxpool.Pool, 
 	if err != nil {
 		return err
 	}
-	defer rs.close()
-	exec, err := idem.New(rs.store)
+	defer rs.Close()
+	exec, err := idem.New(rs.Store)
 	if err != nil {
 		return err
 	}
@@ -168,7 +129,7 @@ func (r *relayFlags) relayGate(ctx context.Context, e *env, pool *pgxpool.Pool, 
 		d, serr := g.Sweep(ctx)
 		if n > 0 || d > 0 || r.once {
 			fmt.Fprintf(e.stdout, "%s relayed %d completions from %s to %s, deleted %d expired rows\n",
-				time.Now().UTC().Format(time.RFC3339), n, describe, rs.describe, d)
+				time.Now().UTC().Format(time.RFC3339), n, describe, rs.Describe, d)
 		}
 		return errors.Join(rerr, serr)
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/idemgo/idem/cmd/idem/internal/redact"
 	"github.com/idemgo/idem/cmd/idem/internal/routesfile"
 	"github.com/idemgo/idem/cmd/idem/internal/size"
+	"github.com/idemgo/idem/cmd/idem/internal/storeopen"
 	"github.com/idemgo/idem/cmd/idem/internal/tracing"
 	"github.com/idemgo/idem/idemhttp"
 	"github.com/idemgo/idem/idemproxy"
@@ -484,8 +485,8 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 }
 
 func closeStore(st *openedStore, log *slog.Logger) {
-	if err := st.close(); err != nil {
-		log.Error("closing the store", "store", st.describe, "error", err)
+	if err := st.Close(); err != nil {
+		log.Error("closing the store", "store", st.Describe, "error", err)
 	}
 }
 
@@ -504,8 +505,8 @@ type proxyServer struct {
 // build makes the Executor, the Proxy, its metrics and its servers, and
 // opens their listeners.
 func (c *proxyConfig) build(st *openedStore, tr *tracing.Tracing, errorHandler idemhttp.ErrorHandler, log *slog.Logger) (*proxyServer, error) {
-	reg, execMetrics := newRegistry(st.store)
-	exec, err := idem.New(tr.Store(st.store),
+	reg, execMetrics := newRegistry(st.Store)
+	exec, err := idem.New(tr.Store(st.Store),
 		idem.WithLease(c.lease), idem.WithRetention(c.retention), idem.WithMaxResultSize(readLimit),
 		idem.WithObserver(execMetrics.Observe))
 	if err != nil {
@@ -519,7 +520,7 @@ func (c *proxyConfig) build(st *openedStore, tr *tracing.Tracing, errorHandler i
 		rt := lr.Route
 		if execs[lr.Lease] == nil {
 			// Another lease: another Executor over the same store.
-			e, err := idem.New(tr.Store(st.store),
+			e, err := idem.New(tr.Store(st.Store),
 				idem.WithLease(lr.Lease), idem.WithRetention(max(c.retention, lr.Lease)), idem.WithMaxResultSize(readLimit),
 				idem.WithObserver(execMetrics.Observe))
 			if err != nil {
@@ -559,7 +560,7 @@ func (c *proxyConfig) build(st *openedStore, tr *tracing.Tracing, errorHandler i
 	if s.ln, err = net.Listen("tcp", c.listen); err != nil {
 		return nil, fmt.Errorf("cannot listen on %s: %v", c.listen, cli.Cause(err))
 	}
-	s.started = []any{"listen", s.ln.Addr().String(), "upstream", redact.URL(p.Target.String()), "store", st.describe,
+	s.started = []any{"listen", s.ln.Addr().String(), "upstream", redact.URL(p.Target.String()), "store", st.Describe,
 		"methods", strings.Join(p.Methods, ","), "lease", cli.FormatDuration(c.lease), "retention", cli.FormatDuration(c.retention),
 		"tls", c.tlsCert != "", "h2c", c.h2c, "upstream_h2c", p.UpstreamH2C}
 	if c.adminListen != "" {
@@ -691,7 +692,7 @@ func adminMux(reg *prometheus.Registry, ready func(context.Context) error) http.
 			fmt.Fprintln(w, "not ready: shutting down")
 		default:
 			w.WriteHeader(http.StatusServiceUnavailable)
-			fmt.Fprintf(w, "not ready: %v\n", storeError(err))
+			fmt.Fprintf(w, "not ready: %v\n", storeopen.Error(err))
 		}
 	})
 	return mux

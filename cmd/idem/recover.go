@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemgo/idem/boltstore"
 	"github.com/idemgo/idem/cmd/idem/internal/cli"
+	"github.com/idemgo/idem/cmd/idem/internal/storeopen"
 )
 
 func recoverCommand() *command {
@@ -58,7 +59,7 @@ be repaired this way: move it aside, or restore it from a backup.`,
 				case errors.Is(err, boltstore.ErrLocked):
 					return fmt.Errorf("the embedded store %s is in use by another process (a running proxy?); stop it first", path)
 				case errors.Is(err, boltstore.ErrCorrupt):
-					return damagedStoreError(path, err)
+					return storeopen.DamagedError(path, err)
 				case err != nil:
 					return fmt.Errorf("cannot recover the embedded store in %s: %v", data, err)
 				}

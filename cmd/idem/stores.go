@@ -1,27 +1,18 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"crypto/tls"
-	"errors"
 	"fmt"
-	"io"
-	"io/fs"
 	"log/slog"
-	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/boltstore"
 	"github.com/idemgo/idem/cmd/idem/internal/cli"
+	"github.com/idemgo/idem/cmd/idem/internal/storeopen"
 	"github.com/idemgo/idem/redisstore"
-	"github.com/idemgo/idem/storekit"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 )
@@ -59,7 +50,7 @@ const (
 	dataFile       = "idem.db"
 	// connectTimeout bounds the checks made at start (dialling the
 	// upstream, pinging Redis).
-	connectTimeout = 3 * time.Second
+	connectTimeout = storeopen.ConnectTimeout
 	// defaultWaitTimeout is --wait-replicas-timeout's default, the WAIT
 	// timeout the failover scenarios ran with (RELIABILITY.md rows 13).
 	defaultWaitTimeout = 500 * time.Millisecond
@@ -209,29 +200,12 @@ func parseAddrs(flag, list string) ([]string, error) {
 	return addrs, nil
 }
 
-// openedStore is a store opened by a command, with what admin commands
-// need beyond idem.Store.
-type openedStore struct {
-	store    idem.Store
-	describe string // for logs and messages, without secrets
-	list     func(ctx context.Context, limit int) ([]listEntry, error)
-	redisKey func(digest string) string // nil for the embedded store
-	redis    redis.UniversalClient      // nil for the embedded store
-	// health returns what the last check of the server found (Redis with
-	// --redis-check-interval), nil while it is fit; nil for other stores.
-	health func() error
-	close  func() error
-}
+// openedStore is a store opened by a command.
+type openedStore = storeopen.Store
 
-// listEntry is one record listed by ls.
-type listEntry struct {
-	key    string
-	record storekit.Record
-}
-
-// openStore opens the store the flags choose. create says whether the
-// embedded store may be created (the proxy) or must exist (admin commands).
-// Redis is pinged, so that a wrong address is reported at once.
+// open opens the store the flags choose. create says whether the embedded
+// store may be created (the proxy) or must exist (admin commands). Redis
+// is pinged, so that a wrong address is reported at once.
 func (s *storeFlags) open(ctx context.Context, create bool) (*openedStore, error) {
 	switch {
 	case s.redisURL != "":
@@ -256,216 +230,45 @@ func (s *storeFlags) open(ctx context.Context, create bool) (*openedStore, error
 		c := redis.NewFailoverClient(opt)
 		return s.openRedis(ctx, c, "redis sentinel "+opt.MasterName+"@"+strings.Join(opt.SentinelAddrs, ","))
 	case s.postgres != "":
-		return s.openPostgres(ctx, create)
-	}
-	return s.openBolt(create)
-}
-
-func (s *storeFlags) openRedis(ctx context.Context, c redis.UniversalClient, describe string) (*openedStore, error) {
-	pctx, cancel := context.WithTimeout(ctx, connectTimeout)
-	defer cancel()
-	if err := c.Ping(pctx).Err(); err != nil {
-		c.Close()
-		if nr := s.notRedis(ctx); nr != nil {
-			return nil, fmt.Errorf("%s: %v", describe, nr)
+		pool, describe, err := s.openPool(ctx)
+		if err != nil {
+			return nil, err
 		}
-		return nil, fmt.Errorf("%s is not reachable: %v", describe, err)
+		return storeopen.Postgres(ctx, pool, describe, create)
 	}
-	opts := []redisstore.Option{redisstore.WithPrefix(s.prefix)}
-	if s.allowEviction {
-		opts = append(opts, redisstore.WithAllowEviction())
-	}
-	if s.waitReplicas > 0 {
-		opts = append(opts, redisstore.WithWait(s.waitReplicas, s.waitTimeout))
-	}
-	if s.logger != nil {
-		opts = append(opts, redisstore.WithLogger(s.logger))
-	}
-	if s.checkInterval > 0 {
-		opts = append(opts, redisstore.WithServerCheck(s.checkInterval))
-	}
-	st, err := redisstore.New(c, opts...)
-	if err != nil {
-		c.Close()
-		return nil, storeError(err)
-	}
-	return &openedStore{
-		store:    st,
-		describe: describe,
-		list: func(ctx context.Context, limit int) ([]listEntry, error) {
-			es, err := st.List(ctx, limit)
-			out := make([]listEntry, len(es))
-			for i, e := range es {
-				out[i] = listEntry{key: e.Key, record: e.Record}
-			}
-			return out, err
-		},
-		redisKey: st.Key,
-		redis:    c,
-		health:   st.Health,
-		close: func() error {
-			st.Close() // the replay cache's tracking connection, the checks
-			return c.Close()
-		},
-	}, nil
+	return storeopen.Bolt(s.dataPath(), create)
 }
 
-// notRedis looks, after a failure to talk to the Redis flags' servers, for
-// one that is not a Redis server at all (--redis given the port of an HTTP
-// server): the client then reports only that it could not parse a reply.
-// It returns an error that names the server and what it answered, or nil.
-func (s *storeFlags) notRedis(ctx context.Context) error {
-	network, addrs := "tcp", []string(nil)
-	var tlsConf *tls.Config
+// openRedis opens the Redis store on c with the flags' options.
+func (s *storeFlags) openRedis(ctx context.Context, c redis.UniversalClient, describe string) (*openedStore, error) {
+	return storeopen.Redis(ctx, c, describe, storeopen.RedisOptions{
+		Prefix: s.prefix, AllowEviction: s.allowEviction, WaitReplicas: s.waitReplicas, WaitTimeout: s.waitTimeout,
+		CheckInterval: s.checkInterval, Logger: s.logger, Probe: s.probe(),
+	})
+}
+
+// probe returns the servers the Redis flags name, asked whether they are
+// Redis servers at all when the ping fails.
+func (s *storeFlags) probe() storeopen.Probe {
 	switch {
 	case s.redisURL != "":
-		opt, err := redis.ParseURL(s.redisURL)
-		if err != nil {
-			return nil
+		if opt, err := redis.ParseURL(s.redisURL); err == nil {
+			return storeopen.Probe{Network: opt.Network, Addrs: []string{opt.Addr}, TLS: opt.TLSConfig}
 		}
-		network, addrs, tlsConf = opt.Network, []string{opt.Addr}, opt.TLSConfig
 	case s.cluster != "":
-		opt, err := s.clusterOptions()
-		if err != nil {
-			return nil
+		if opt, err := s.clusterOptions(); err == nil {
+			return storeopen.Probe{Addrs: opt.Addrs, TLS: opt.TLSConfig}
 		}
-		addrs, tlsConf = opt.Addrs, opt.TLSConfig
 	case s.sentinel != "":
-		opt, err := s.sentinelOptions()
-		if err != nil {
-			return nil
-		}
-		addrs = opt.SentinelAddrs
-	}
-	for _, a := range addrs {
-		if err := probeRESP(ctx, network, a, tlsConf); err != nil {
-			return err
+		if opt, err := s.sentinelOptions(); err == nil {
+			return storeopen.Probe{Addrs: opt.SentinelAddrs}
 		}
 	}
-	return nil
-}
-
-// probeRESP sends PING to the server at addr and reads the first line of
-// its answer: nil if it answers in the Redis protocol (RESP), or cannot be
-// reached or says nothing (that is not the question here); otherwise an
-// error that says it is not a Redis server, with what it answered.
-func probeRESP(ctx context.Context, network, addr string, tlsConf *tls.Config) error {
-	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
-	defer cancel()
-	d := &net.Dialer{}
-	var conn net.Conn
-	var err error
-	if tlsConf != nil {
-		conn, err = (&tls.Dialer{NetDialer: d, Config: tlsConf}).DialContext(ctx, network, addr)
-	} else {
-		conn, err = d.DialContext(ctx, network, addr)
-	}
-	if err != nil {
-		return nil
-	}
-	defer conn.Close()
-	if dl, ok := ctx.Deadline(); ok {
-		conn.SetDeadline(dl)
-	}
-	if _, err := io.WriteString(conn, "*1\r\n$4\r\nPING\r\n"); err != nil {
-		return nil
-	}
-	line, _ := bufio.NewReader(io.LimitReader(conn, 200)).ReadString('\n')
-	line = strings.TrimRight(line, "\r\n")
-	if line == "" || strings.IndexByte("+-:$*_,#!=(%~>|", line[0]) >= 0 {
-		return nil
-	}
-	what := ""
-	if strings.HasPrefix(line, "HTTP/") || strings.HasPrefix(line, "<") {
-		what = ", as an HTTP server does"
-	}
-	return fmt.Errorf("%s is not a Redis server: it answered %q to PING%s; check the host and port", addr, line, what)
-}
-
-// storeError turns an error of redisstore.New into the command's one line,
-// naming the flags instead of the library's options.
-func storeError(err error) error {
-	var ee *redisstore.EvictionError
-	var ve *redisstore.VersionError
-	switch {
-	case errors.As(err, &ee):
-		return fmt.Errorf("redis %s has maxmemory-policy %s, which can evict idempotency records (a retried request then runs again); set maxmemory-policy noeviction on the server (keep caches on another Redis), or pass --allow-eviction to accept that risk",
-			ee.Addr, ee.Policy)
-	case errors.As(err, &ve):
-		return fmt.Errorf("redis %s runs Redis %s; idem needs Redis %s or later, or Valkey: upgrade the server", ve.Addr, ve.Version, ve.Need)
-	case errors.Is(err, idem.ErrInvalid):
-		return cli.Usagef("%v", err)
-	}
-	return err
+	return storeopen.Probe{}
 }
 
 // dataPath returns the embedded store's file.
 func (s *storeFlags) dataPath() string { return filepath.Join(s.data, dataFile) }
-
-func (s *storeFlags) openBolt(create bool) (*openedStore, error) {
-	path := s.dataPath()
-	if create {
-		if err := os.MkdirAll(s.data, 0o700); err != nil {
-			return nil, fmt.Errorf("cannot use data directory %s: %v", s.data, cli.Cause(err))
-		}
-	} else if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("no embedded store at %s (%v); give --data, or --redis for a Redis store", path, cli.Cause(err))
-	} else if err != nil {
-		return nil, openBoltError(path, err)
-	}
-	st, err := boltstore.Open(path)
-	if errors.Is(err, boltstore.ErrLocked) {
-		return nil, fmt.Errorf("the embedded store %s is in use by another process (a running proxy?); stop it first", path)
-	}
-	if err != nil {
-		return nil, openBoltError(path, err)
-	}
-	return &openedStore{
-		store:    st,
-		describe: "embedded store " + path,
-		list: func(ctx context.Context, limit int) ([]listEntry, error) {
-			es, err := st.List(ctx, limit)
-			out := make([]listEntry, len(es))
-			for i, e := range es {
-				out[i] = listEntry{key: e.Key, record: e.Record}
-			}
-			return out, err
-		},
-		close: st.Close,
-	}, nil
-}
-
-// openBoltError is the one line that reports why the embedded store at
-// path does not open, other than a lock: damaged, not readable by this
-// user, or another error.
-func openBoltError(path string, err error) error {
-	switch {
-	case errors.Is(err, boltstore.ErrCorrupt):
-		return damagedStoreError(path, err)
-	case errors.Is(err, fs.ErrPermission):
-		detail := err
-		if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
-			detail = pe.Err // permission denied, without the path said already
-		}
-		return fmt.Errorf("cannot read the embedded store %s (%v); run idem as the user the proxy runs as, who owns %s",
-			path, detail, filepath.Dir(path))
-	}
-	return fmt.Errorf("cannot open the embedded store %s: %v", path, err)
-}
-
-// damagedStoreError is the one line that reports a damaged embedded store
-// file: which file, what to do, and bbolt's finding last. Damage in the log
-// names the log file, the offset and the recovery command.
-func damagedStoreError(path string, err error) error {
-	var ce *boltstore.CorruptLogError
-	if errors.As(err, &ce) {
-		return fmt.Errorf("the embedded store %s cannot be opened: its %s; run 'idem recover --data %s' to keep every write the log still holds (it copies the damaged log aside and reports what was lost), or restore the store from a backup",
-			path, ce.LogDamage, filepath.Dir(path))
-	}
-	detail := strings.Join(strings.Fields(err.Error()), " ") // one line whatever bbolt said
-	return fmt.Errorf("the embedded store %s is damaged and cannot be read (%s); move the file aside to start with an empty store, or restore it from a backup",
-		path, detail)
-}
 
 // redisLogger receives go-redis's own log lines (dial failures, pool
 // errors). The proxy passes them to its logger at debug level; other
