@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemhttp"
+	"github.com/idemgo/idem/idemhttp/httpkit"
 	"github.com/idemgo/idem/memstore"
 )
 
@@ -73,10 +74,10 @@ func BenchmarkMiddlewareNewKey(b *testing.B) {
 }
 
 // BenchmarkMiddlewareNewKeyStreamAll is BenchmarkMiddlewareNewKey with
-// the response written through and stored afterwards (WithStreamAll): the
+// the response written through and stored afterwards (httpkit.StreamAll): the
 // difference is what holding a response back until it is stored costs.
 func BenchmarkMiddlewareNewKeyStreamAll(b *testing.B) {
-	benchServe(b, benchMiddleware(b, idemhttp.WithStreamAll(true)), func(i int) string { return "key-" + strconv.Itoa(i) })
+	benchServe(b, benchMiddleware(b, httpkit.StreamAll(true)), func(i int) string { return "key-" + strconv.Itoa(i) })
 }
 
 func BenchmarkMiddlewareReplay(b *testing.B) {

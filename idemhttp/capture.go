@@ -94,7 +94,7 @@ func announcedTrailers(h http.Header) []string {
 // has stored it (see send), except for a stream, which it passes through as
 // it is written, all but the last byte of a body of declared length (see
 // end): a text/event-stream response, a response whose handler flushes it
-// (unless WithStreamOnFlush(false)), a body over the limit (from the write
+// (unless httpkit.StreamOnFlush(false)), a body over the limit (from the write
 // that crosses it), 101 Switching Protocols and a hijacked connection. Informational responses (103 Early Hints) always pass
 // through. It implements Flush, FlushError and Hijack itself, so that
 // handlers that assert http.Flusher keep working, and Unwrap for the rest
@@ -308,7 +308,7 @@ func pass[T ~string | ~[]byte](c *captureWriter, p T, through func(T) (int, erro
 
 // armEnd makes the writer withhold the last byte of the body, when the
 // fields h that go to the client declare its length, until the end may
-// pass. WithStreamAll writes the whole response through, end included.
+// pass. httpkit.StreamAll writes the whole response through, end included.
 func (c *captureWriter) armEnd(h http.Header) {
 	if c.ended || c.m.streamAll || c.status < 200 || !bodyAllowed(c.status) {
 		return
@@ -398,7 +398,7 @@ func (c *captureWriter) send() {
 
 // FlushError flushes the response to the client, as http.ResponseController
 // does. A held response is sent first and streamed from then on, unless
-// WithStreamOnFlush(false) said that flushes do not make a stream: then a
+// httpkit.StreamOnFlush(false) said that flushes do not make a stream: then a
 // held response stays held and the flush does nothing.
 func (c *captureWriter) FlushError() error {
 	c.implicitHeader()

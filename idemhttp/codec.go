@@ -47,32 +47,6 @@ type storedResponse struct {
 	body    []byte
 }
 
-// StoredResponse is a response as the middleware stores it.
-type StoredResponse struct {
-	Status int
-	// Header holds the stored fields (hop-by-hop fields and the deny-list
-	// are never stored).
-	Header http.Header
-	// Trailer holds the stored trailers, nil if the response had none. A
-	// name that starts with http.TrailerPrefix was sent without being
-	// announced in the Trailer field.
-	Trailer http.Header
-	Body    []byte
-}
-
-// DecodeStoredResponse decodes the value of a COMPLETED record written by a
-// Middleware, as idem.Executor.DecodeResult returns it. It is for tools
-// that inspect records (the idem binary's get command); the middleware
-// replays responses itself. Body shares memory with value. Errors wrap
-// idem.ErrCorruptResult.
-func DecodeStoredResponse(value []byte) (StoredResponse, error) {
-	res, err := decodeResponse(value, nil)
-	if err != nil {
-		return StoredResponse{}, err
-	}
-	return StoredResponse{Status: res.status, Header: res.header, Trailer: res.trailer, Body: res.body}, nil
-}
-
 // decodeResponse decodes a blob written by appendHead (and appendTrailers)
 // and the body after it, adding the fields to into (a new http.Header if
 // into is nil) only if the whole blob is valid. Errors wrap

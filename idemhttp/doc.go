@@ -25,7 +25,7 @@
 //     repeated field is answered with 400 (TypeKeyMissing, TypeKeyInvalid).
 //   - With WithPrincipal, a request without a principal (the function
 //     returns "") is answered with 400 (TypePrincipalMissing), unless
-//     WithEmptyPrincipal(true) lets such requests share one scope.
+//     httpkit.EmptyPrincipal(true) lets such requests share one scope.
 //   - The body is read, up to a limit (413, TypeBodyTooLarge, before the
 //     handler runs; 408, TypeBodyTimeout, if the connection's read deadline
 //     passes first; 503, TypeServerBusy, if the bodies held in memory reached
@@ -135,7 +135,7 @@
 // handler again (the client was told the outcome is unknown).
 //
 // Streams are sent as they are written: a text/event-stream response, a
-// response whose handler flushes it (unless WithStreamOnFlush(false)), and
+// response whose handler flushes it (unless httpkit.StreamOnFlush(false)), and
 // a body over the stored-size limit (from the write that crosses it). A
 // stream is recorded after the handler returns (stored, or for a body over
 // the limit its key marked FAILED), and its end is withheld until then:
@@ -149,7 +149,7 @@
 // ERROR line is logged and hooks see OutcomeNotRecorded. A handler
 // wrapped by a middleware that recovers panics must let that one go on,
 // as net/http/httputil.ReverseProxy's aborts require already.
-// WithStreamAll makes every response a stream written through whole, end
+// httpkit.StreamAll makes every response a stream written through whole, end
 // included: its client may be told a success that was not recorded. A
 // hijacked response and 101 Switching Protocols pass through too and
 // release the key. Holding a response back costs the time of the completion before the

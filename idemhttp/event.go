@@ -14,7 +14,7 @@ const (
 	// its response. Event.Err is nil when the response was stored;
 	// otherwise it tells why not: an error wrapping idem.ErrResultTooLarge
 	// (the response was over the size limit; the key is FAILED), or, with
-	// WithStreamAll only, idem.ErrLeaseLost or a store error (the client
+	// httpkit.StreamAll only, idem.ErrLeaseLost or a store error (the client
 	// got the response whole although it was not recorded; the key stays
 	// IN_PROGRESS until its lease expires).
 	OutcomeExecuted Outcome = iota + 1

@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemhttp"
+	"github.com/idemgo/idem/idemhttp/httpkit"
 	"github.com/idemgo/idem/memstore"
 )
 
@@ -76,7 +77,7 @@ func (r response) replayed() bool { return r.header.Get(idemhttp.ReplayedHeader)
 
 // TestEmptyPrincipal: with WithPrincipal, requests without a principal do
 // not share one scope (where one anonymous client would get another's
-// response): 400, unless WithEmptyPrincipal(true) says so.
+// response): 400, unless httpkit.EmptyPrincipal(true) says so.
 func TestEmptyPrincipal(t *testing.T) {
 	t.Parallel()
 	user := idemhttp.WithPrincipal(func(r *http.Request) string { return r.Header.Get("X-User") })
@@ -94,10 +95,10 @@ func TestEmptyPrincipal(t *testing.T) {
 	checkProblem(t, post(h, "", "b"), 400, idemhttp.TypeKeyMissing)
 
 	var c2 counter
-	h2 := newMiddleware(t, newMemExecutor(t), user, idemhttp.WithEmptyPrincipal(true)).Handler(&c2)
+	h2 := newMiddleware(t, newMemExecutor(t), user, httpkit.EmptyPrincipal(true)).Handler(&c2)
 	first, second := post(h2, "anon", "b"), post(h2, "anon", "b")
 	if first.status != 201 || !second.replayed() || c2.n.Load() != 1 {
-		t.Errorf("WithEmptyPrincipal(true): got %d then replayed=%v after %d executions, want one shared execution", first.status, second.replayed(), c2.n.Load())
+		t.Errorf("httpkit.EmptyPrincipal(true): got %d then replayed=%v after %d executions, want one shared execution", first.status, second.replayed(), c2.n.Load())
 	}
 }
 

@@ -256,7 +256,7 @@ var timeParse = time.ParseDuration
 
 // TestCaptureWriterWithholdsEnd: a stream of declared length reaches the
 // client all but its last byte until end; a write past the length fails
-// as net/http fails it; with WithStreamAll nothing is withheld.
+// as net/http fails it; with httpkit.StreamAll nothing is withheld.
 func TestCaptureWriterWithholdsEnd(t *testing.T) {
 	for _, tt := range []struct {
 		name     string
@@ -264,7 +264,7 @@ func TestCaptureWriterWithholdsEnd(t *testing.T) {
 		withheld bool
 	}{
 		{"stream", nil, true},
-		{"stream all", []Option{WithStreamAll(true)}, false},
+		{"stream all", []Option{func(m *Middleware) { m.streamAll = true }}, false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			rec := httptest.NewRecorder()

@@ -76,14 +76,14 @@ func New(exec *idem.Executor, opts ...Option) (*Middleware, error) {
 	}
 	m := &Middleware{
 		exec:          exec,
-		header:        DefaultHeader,
+		header:        keysource.DefaultHeader,
 		required:      true,
 		methods:       []string{http.MethodPost, http.MethodPatch},
 		maxBody:       DefaultMaxBodySize,
 		maxResponse:   exec.MaxResultSize(),
 		policy:        DefaultPolicy,
 		deny:          map[string]bool{"Set-Cookie": true},
-		retryAfter:    DefaultRetryAfter,
+		retryAfter:    defaultRetryAfter,
 		streamOnFlush: true,
 		errorHandler:  WriteProblem,
 		typeBase:      DefaultProblemTypeBase,
@@ -684,7 +684,7 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, start time.
 			if !m.streamAll {
 				m.cutOff(r, start, a, status, "idemhttp: streamed response not recorded; the connection is aborted before the end of the response, and the key stays in progress until its lease ends", err)
 			}
-			m.log(r, slog.LevelError, "idemhttp: streamed response not recorded; the client got it whole (WithStreamAll), and the key stays in progress until its lease ends", err, a.Key())
+			m.log(r, slog.LevelError, "idemhttp: streamed response not recorded; the client got it whole (httpkit.StreamAll), and the key stays in progress until its lease ends", err, a.Key())
 			break
 		}
 		cw.end()
@@ -732,7 +732,7 @@ func (m *Middleware) record(w http.ResponseWriter, r *http.Request, start time.T
 			m.cutOff(r, start, a, status, "idemhttp: streamed response not recorded; the connection is aborted before the end of the response", err)
 		}
 		if cw.sent {
-			m.log(r, slog.LevelError, "idemhttp: streamed response not recorded; the client got it whole (WithStreamAll)", err, a.Key())
+			m.log(r, slog.LevelError, "idemhttp: streamed response not recorded; the client got it whole (httpkit.StreamAll)", err, a.Key())
 			m.emit(r, Event{Outcome: OutcomeExecuted, Status: status, Duration: time.Since(start), Err: err})
 			return
 		}

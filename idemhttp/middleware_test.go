@@ -20,6 +20,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemhttp"
+	"github.com/idemgo/idem/idemhttp/httpkit"
 	"github.com/idemgo/idem/memstore"
 	"github.com/idemgo/idem/storekit"
 )
@@ -1516,7 +1517,7 @@ func testAbandon(t *testing.T, newStore func(t *testing.T) idem.Store) {
 
 // testPathKey checks that PathKey and PrincipalPathKey name the record the
 // middleware writes for a request routed by URL path, and that the stored
-// response decodes with DecodeStoredResponse.
+// response decodes with httpkit.DecodeResponse.
 func testPathKey(t *testing.T, newStore func(t *testing.T) idem.Store) {
 	tests := []struct {
 		name string
@@ -1526,7 +1527,7 @@ func testPathKey(t *testing.T, newStore func(t *testing.T) idem.Store) {
 		{"no principal", nil, idemhttp.PathKey("POST", "/payments/7", "k 1")},
 		{"principal", []idemhttp.Option{idemhttp.WithPrincipal(func(r *http.Request) string { return r.Header.Get("X-User") })},
 			idemhttp.PrincipalPathKey("POST", "/payments/7", "alice", "k 1")},
-		{"empty principal", []idemhttp.Option{idemhttp.WithPrincipal(func(r *http.Request) string { return r.Header.Get("X-Nobody") }), idemhttp.WithEmptyPrincipal(true)},
+		{"empty principal", []idemhttp.Option{idemhttp.WithPrincipal(func(r *http.Request) string { return r.Header.Get("X-Nobody") }), httpkit.EmptyPrincipal(true)},
 			idemhttp.PrincipalPathKey("POST", "/payments/7", "", "k 1")},
 	}
 	for _, tt := range tests {
@@ -1548,7 +1549,7 @@ func testPathKey(t *testing.T, newStore func(t *testing.T) idem.Store) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			res, err := idemhttp.DecodeStoredResponse(value)
+			res, err := httpkit.DecodeResponse(value)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -1570,7 +1571,7 @@ func testPathKey(t *testing.T, newStore func(t *testing.T) idem.Store) {
 			}
 		})
 	}
-	if _, err := idemhttp.DecodeStoredResponse([]byte("garbage")); !errors.Is(err, idem.ErrCorruptResult) {
-		t.Errorf("DecodeStoredResponse(garbage): got %v, want ErrCorruptResult", err)
+	if _, err := httpkit.DecodeResponse([]byte("garbage")); !errors.Is(err, idem.ErrCorruptResult) {
+		t.Errorf("httpkit.DecodeResponse(garbage): got %v, want ErrCorruptResult", err)
 	}
 }

@@ -5,14 +5,11 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/keysource"
 )
 
 // Defaults of the options.
 const (
-	// DefaultHeader is the field that carries the key.
-	DefaultHeader = "Idempotency-Key"
 	// ReplayedHeader is added, with the value "true", to replayed
 	// responses.
 	ReplayedHeader = "Idempotent-Replayed"
@@ -23,19 +20,17 @@ const (
 	IgnoredHeader = "Idempotency-Key-Ignored"
 	// DefaultMaxBodySize is the largest request body read: 1 MiB.
 	DefaultMaxBodySize = 1 << 20
-	// DefaultMaxResponseSize is the largest response body stored: the
-	// Executor's default maximum result size, 1 MiB.
-	DefaultMaxResponseSize = idem.DefaultMaxResultSize
-	// DefaultRetryAfter is the Retry-After of 503 responses when the store
-	// is unreachable or the server is busy.
-	DefaultRetryAfter = time.Second
 )
+
+// defaultRetryAfter is the Retry-After of 503 responses when the store is
+// unreachable or the server is busy (WithRetryAfter).
+const defaultRetryAfter = time.Second
 
 // Option configures a Middleware.
 type Option func(*Middleware)
 
 // WithHeader sets the name of the field that carries the key. The default
-// is DefaultHeader, "Idempotency-Key". It is WithKeySource with the source
+// is keysource.DefaultHeader, "Idempotency-Key". It is WithKeySource with the source
 // header:name.
 func WithHeader(name string) Option {
 	return func(m *Middleware) { m.header, m.bodyKey, m.zeroSource = name, keysource.Source{}, false }
@@ -123,21 +118,11 @@ func WithMethods(methods ...string) Option {
 // neither stored nor logged. An empty string means that the request has no
 // principal: it is answered with 400 (TypePrincipalMissing) and the handler
 // does not run, since requests without a principal would share one scope and
-// replay each other's responses; WithEmptyPrincipal(true) lets them. principal
+// replay each other's responses; httpkit.EmptyPrincipal(true) lets them. principal
 // must be safe for concurrent use. The default is no principal: keys are
 // scoped by method and route only.
 func WithPrincipal(principal func(r *http.Request) string) Option {
 	return func(m *Middleware) { m.principal = principal; m.principalSet = true }
-}
-
-// WithEmptyPrincipal sets whether a request for which the principal function
-// (WithPrincipal) returns "" is served. When true, all such requests share
-// one anonymous scope, so one anonymous client can be replayed another's
-// response with the same key: use it only where anonymous requests carry
-// random keys and their responses are not private. The default is false:
-// they are answered with 400 (TypePrincipalMissing).
-func WithEmptyPrincipal(allowed bool) Option {
-	return func(m *Middleware) { m.emptyPrincipal = allowed }
 }
 
 // WithRoute sets how the route part of a key's scope is found. The default
@@ -215,33 +200,6 @@ func WithWait(d time.Duration) Option {
 	return func(m *Middleware) { m.wait, m.waitSet = d, true }
 }
 
-// WithStreamOnFlush sets whether a handler that flushes its response makes
-// it a stream. The middleware holds a response back from the client until
-// it is stored, so that a client is never told a success that was not
-// recorded; a stream is sent as it is written instead, and stored after the
-// handler returns (see the package documentation). With true, the first
-// flush sends what was held and streams the rest; with false, flushes of a
-// held response do nothing, and only text/event-stream responses and
-// bodies over the size limit stream. Use false for handlers that flush
-// without streaming, such as net/http/httputil.ReverseProxy, which flushes
-// every response of unknown length. The default is true.
-func WithStreamOnFlush(on bool) Option {
-	return func(m *Middleware) { m.streamOnFlush = on }
-}
-
-// WithStreamAll makes every response a stream written through whole: sent
-// to the client as the handler writes it, end included, and stored after
-// the handler returns. A client then gets its response sooner, but if
-// storing fails it has been told the handler's answer although nothing was
-// recorded, and a retry after the lease runs the handler again (other
-// streams withhold their end until they are recorded; see the package
-// documentation). Use it only where that is acceptable; the
-// reliability suite uses it as the negative control of record before
-// success. The default is false.
-func WithStreamAll(on bool) Option {
-	return func(m *Middleware) { m.streamAll = on }
-}
-
 // WithPolicy sets which responses are stored and which release the key. It
 // may decide per route from the request. The default is DefaultPolicy;
 // ReleaseServerErrors also releases on every 5xx; StoreSuccessOnly stores
@@ -276,7 +234,7 @@ func WithFailOpen(open bool) Option {
 
 // WithRetryAfter sets the Retry-After of 503 responses sent when the store
 // cannot be reached. It is sent in whole seconds, rounded up. The default is
-// DefaultRetryAfter (1s).
+// 1s.
 func WithRetryAfter(d time.Duration) Option {
 	return func(m *Middleware) { m.retryAfter = d }
 }

@@ -30,7 +30,7 @@ const (
 	// TypePrincipalMissing: 400. The middleware scopes keys by principal
 	// (WithPrincipal) and the request has none (an empty principal), so
 	// its key cannot be kept apart from other clients' (see
-	// WithEmptyPrincipal). The handler did not run.
+	// httpkit.EmptyPrincipal). The handler did not run.
 	TypePrincipalMissing = DefaultProblemTypeBase + "principal-missing"
 	// TypeSignatureInvalid: 401. The middleware checks the requests'
 	// signatures (WithVerifier) and this one's is missing, wrong or

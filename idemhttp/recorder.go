@@ -57,7 +57,7 @@ func (c *recorderCtx) Value(key any) any {
 // hands the response to rec instead of completing the key itself (see
 // Recorder). It returns ErrNoMiddleware outside the middleware's handler,
 // and an error if a recorder is already set. A streamed response (see
-// WithStreamOnFlush) reaches the client, all but its end, before Record
+// httpkit.StreamOnFlush) reaches the client, all but its end, before Record
 // commits it, and is aborted if Record fails or returns another run's
 // response: do not stream from a handler with a recorder.
 func SetRecorder(ctx context.Context, rec Recorder) error {

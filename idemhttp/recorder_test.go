@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemhttp"
+	"github.com/idemgo/idem/keysource"
 	"github.com/idemgo/idem/memstore"
 )
 
@@ -63,7 +64,7 @@ func TestRecorder(t *testing.T) {
 	do := func(key string) *httptest.ResponseRecorder {
 		w := httptest.NewRecorder()
 		r := httptest.NewRequest(http.MethodPost, "/", nil)
-		r.Header.Set(idemhttp.DefaultHeader, key)
+		r.Header.Set(keysource.DefaultHeader, key)
 		h.ServeHTTP(w, r)
 		return w
 	}
@@ -100,7 +101,7 @@ func rec0(t *testing.T, _ *idemhttp.Middleware) []byte {
 		fmt.Fprint(w, "theirs")
 	}))
 	r := httptest.NewRequest(http.MethodPost, "/", nil)
-	r.Header.Set(idemhttp.DefaultHeader, "x")
+	r.Header.Set(keysource.DefaultHeader, "x")
 	h.ServeHTTP(httptest.NewRecorder(), r)
 	rec, err := ms.Get(t.Context(), key)
 	if err != nil {

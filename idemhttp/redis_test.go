@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem/idemhttp"
+	"github.com/idemgo/idem/idemhttp/httpkit"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/redisstore"
@@ -98,7 +99,7 @@ func (l *lockedBuffer) String() string {
 // chunk or the body's last byte, over HTTP/2 the stream is reset. The log
 // says what happened (never "the key is FAILED"), hooks see
 // OutcomeNotRecorded, and the key stays IN_PROGRESS. The control
-// (WithStreamAll, written through whole) ends cleanly: the test can see a
+// (httpkit.StreamAll, written through whole) ends cleanly: the test can see a
 // clean end. On the code that let streams end when the handler returned,
 // every case ended cleanly.
 func TestStreamEndWithheld(t *testing.T) {
@@ -133,7 +134,7 @@ func TestStreamEndWithheld(t *testing.T) {
 			io.WriteString(w, body[:limit])
 			io.WriteString(w, body[limit:]) // crosses the limit, ends the body
 		}},
-		{name: "write-through control", clean: true, opts: []idemhttp.Option{idemhttp.WithStreamAll(true)}, write: func(w http.ResponseWriter) {
+		{name: "write-through control", clean: true, opts: []idemhttp.Option{httpkit.StreamAll(true)}, write: func(w http.ResponseWriter) {
 			w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 			io.WriteString(w, body)
 		}},

@@ -9,6 +9,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemhttp"
+	"github.com/idemgo/idem/idemhttp/httpkit"
 )
 
 // TestTrailers: a response's trailers, announced in the Trailer field or
@@ -104,9 +105,9 @@ func (committer) Discard(context.Context) {}
 func TestReplayVersion1(t *testing.T) {
 	t.Parallel()
 	old := []byte("\x01\xc9\x01\x03\fContent-Type\x01\ntext/plain\bLocation\x01\t/orders/1\nX-Checksum\x01\x03abccreated")
-	got, err := idemhttp.DecodeStoredResponse(old)
+	got, err := httpkit.DecodeResponse(old)
 	if err != nil || got.Status != 201 || got.Header.Get("Location") != "/orders/1" || got.Trailer != nil || string(got.Body) != "created" {
-		t.Fatalf("DecodeStoredResponse: got %+v, %v", got, err)
+		t.Fatalf("httpkit.DecodeResponse: got %+v, %v", got, err)
 	}
 	var runs int
 	h := newMiddleware(t, newMemExecutor(t)).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

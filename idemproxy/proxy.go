@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemhttp"
+	"github.com/idemgo/idem/idemhttp/httpkit"
 	"github.com/idemgo/idem/internal/httpsyntax"
 	"github.com/idemgo/idem/keysource"
 	"github.com/idemgo/idem/storekit"
@@ -401,8 +402,8 @@ func (p *Proxy) middlewareOptions(g *gateway, methods []string) []idemhttp.Optio
 		// ReverseProxy flushes every response of unknown length
 		// (chunked): only text/event-stream and bodies over the stored
 		// limit stream; the rest is stored before it is sent.
-		idemhttp.WithStreamOnFlush(false),
-		idemhttp.WithStreamAll(p.StreamAll),
+		httpkit.StreamOnFlush(false),
+		httpkit.StreamAll(p.StreamAll),
 		idemhttp.WithFingerprint(p.Fingerprint),
 	}
 	if p.Verifier != nil {
@@ -433,7 +434,7 @@ func (p *Proxy) middlewareOptions(g *gateway, methods []string) []idemhttp.Optio
 				return v[0]
 			}
 			return ""
-		}), idemhttp.WithEmptyPrincipal(p.AllowMissingScope))
+		}), httpkit.EmptyPrincipal(p.AllowMissingScope))
 	}
 	return opts
 }

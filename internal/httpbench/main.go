@@ -4,7 +4,7 @@
 //
 //   - the bare handler;
 //   - idemhttp on redisstore with each client (go-redis, rueidis, valkey-go), and on
-//     go-redis with WithStreamAll (responses written through and stored
+//     go-redis with httpkit.StreamAll (responses written through and stored
 //     afterwards), which shows what record before success costs;
 //   - Fiber v2's idempotency middleware on the same Redis (built from the
 //     benchmark-only module internal/httpbench/fiberpeer, so Fiber never
@@ -74,6 +74,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemhttp"
+	"github.com/idemgo/idem/idemhttp/httpkit"
 	"github.com/idemgo/idem/internal/storescripts"
 	"github.com/idemgo/idem/redisstore"
 	"github.com/idemgo/idem/testkit/proccpu"
@@ -317,7 +318,7 @@ func main() {
 		vkRow = "idemhttp + redis (valkey-go)"
 		grRow = "idemhttp + redis (go-redis)"
 		// The same with every response written through as it is made and
-		// stored afterwards (WithStreamAll), as before record before
+		// stored afterwards (httpkit.StreamAll), as before record before
 		// success: the difference is what holding a response back until
 		// it is stored costs.
 		grAll = "idemhttp + redis (go-redis), stream all"
@@ -355,7 +356,7 @@ func main() {
 		servers = append(servers, server{grRow, serve(labelled(grRow, idemMW(grStore))), bare, 0, false, ""})
 	}
 	if want(grAll) {
-		servers = append(servers, server{grAll, serve(labelled(grAll, idemMW(grStore, idemhttp.WithStreamAll(true)))), bare, 0, false, ""})
+		servers = append(servers, server{grAll, serve(labelled(grAll, idemMW(grStore, httpkit.StreamAll(true)))), bare, 0, false, ""})
 	}
 	if want(flRu) {
 		servers = append(servers, server{flRu, serve(labelled(flRu, floorMiddleware(floorRueidis{ru}, "bench-floor-ru:", handler))), bare, 0, false, ""})

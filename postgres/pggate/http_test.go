@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem/idemhttp"
+	"github.com/idemgo/idem/keysource"
 	"github.com/idemgo/idem/postgres/pggate"
 	"github.com/jackc/pgx/v5"
 )
@@ -25,7 +26,7 @@ var client = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 func post(t *testing.T, url, key string) (int, string, bool) {
 	t.Helper()
 	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, url, strings.NewReader(`{"amount":1000}`))
-	req.Header.Set(idemhttp.DefaultHeader, key)
+	req.Header.Set(keysource.DefaultHeader, key)
 	res, err := client.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -137,7 +138,7 @@ func TestHTTPRollsBack(t *testing.T) {
 		t.Fatalf("first: got %d, want 503", status)
 	}
 	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL, strings.NewReader(`{"amount":1000}`))
-	req.Header.Set(idemhttp.DefaultHeader, "k")
+	req.Header.Set(keysource.DefaultHeader, "k")
 	if res, err := client.Do(req); err == nil {
 		res.Body.Close()
 		t.Fatalf("second (panic): got %d, want the connection aborted", res.StatusCode)

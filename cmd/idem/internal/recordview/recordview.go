@@ -1,6 +1,6 @@
 // Package recordview shows idempotency records to people: the record of
 // one key (idem get) and a table of records (idem ls), with the stored
-// HTTP response decoded by idemhttp.DecodeStoredResponse.
+// HTTP response decoded by idemhttp/httpkit.
 package recordview
 
 import (
@@ -15,14 +15,14 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/cmd/idem/internal/storeopen"
-	"github.com/idemgo/idem/idemhttp"
+	"github.com/idemgo/idem/idemhttp/httpkit"
 	"github.com/idemgo/idem/storekit"
 )
 
 // stored describes a record's stored result: for a COMPLETED record the
 // response's status and body size, for a FAILED one its failure.
 type stored struct {
-	resp    *idemhttp.StoredResponse
+	resp    *httpkit.Response
 	failure string
 	err     error
 }
@@ -38,7 +38,7 @@ func decode(exec *idem.Executor, key string, rec storekit.Record) stored {
 	if rec.State == storekit.StateFailed {
 		return stored{failure: string(v)}
 	}
-	resp, err := idemhttp.DecodeStoredResponse(v)
+	resp, err := httpkit.DecodeResponse(v)
 	if err != nil {
 		return stored{err: err}
 	}
@@ -113,7 +113,7 @@ func Print(w io.Writer, exec *idem.Executor, key, redisKey string, rec storekit.
 
 // printResponse prints a stored response: its status line, its header
 // fields in order and its body.
-func printResponse(w io.Writer, resp *idemhttp.StoredResponse) {
+func printResponse(w io.Writer, resp *httpkit.Response) {
 	fmt.Fprintf(w, "\nHTTP %d %s\n", resp.Status, http.StatusText(resp.Status))
 	for _, k := range slices.Sorted(maps.Keys(resp.Header)) {
 		for _, v := range resp.Header[k] {
