@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/cmd/idem/internal/buildinfo"
 	"github.com/idemgo/idem/cmd/idem/internal/cli"
 	"github.com/idemgo/idem/idemhttp"
 	"github.com/idemgo/idem/idemproxy"
@@ -383,35 +384,15 @@ func TestVersionStamped(t *testing.T) {
 			if code := run(t.Context(), []string{"version", "--json"}, &out, &errOut, noEnv); code != 0 {
 				t.Fatalf("version --json: exit %d, %s", code, errOut.String())
 			}
-			var got buildInfo
+			var got buildinfo.Info
 			if err := json.Unmarshal([]byte(out.String()), &got); err != nil {
 				t.Fatalf("version --json: %v in %q", err, out.String())
 			}
-			want := buildInfo{Version: tc.version, Commit: "0123456789abcdef0123", Dirty: tc.wantDirty,
+			want := buildinfo.Info{Version: tc.version, Commit: "0123456789abcdef0123", Dirty: tc.wantDirty,
 				Date: "2026-01-02T03:04:05Z", Go: runtime.Version(), Platform: runtime.GOOS + "/" + runtime.GOARCH}
 			if got != want {
 				t.Errorf("version --json: got %+v, want %+v", got, want)
 			}
 		})
-	}
-}
-
-// TestVersionUnstamped: a binary built without the link-time values takes
-// its version from what the toolchain recorded.
-func TestVersionUnstamped(t *testing.T) {
-	for _, tc := range []struct {
-		main, rev string
-		modified  bool
-		want      string
-	}{
-		{"v0.3.0", "0123456789abcdef", false, "v0.3.0"},
-		{"(devel)", "0123456789abcdef", false, "devel-0123456789ab"},
-		{"(devel)", "0123456789abcdef", true, "devel-0123456789ab+dirty"},
-		{"(devel)", "", false, "devel"},
-		{"", "", false, "devel"},
-	} {
-		if got := toolchainVersion(tc.main, tc.rev, tc.modified); got != tc.want {
-			t.Errorf("toolchainVersion(%q, %q, %v): got %q, want %q", tc.main, tc.rev, tc.modified, got, tc.want)
-		}
 	}
 }
