@@ -241,6 +241,7 @@ type Processor struct {
 	onLeaseLost    func(context.Context, idem.LeaseLost)
 	passDuplicates bool
 	parallel       int
+	maxRetryDelay  time.Duration
 
 	stats struct {
 		processed, replayed, retried, dead, invalid, panics, redelivered, errors, abandoned atomic.Int64
@@ -483,7 +484,7 @@ func (b *Batch) handle(h Handler, i int) {
 	if ran {
 		b.leaseLost(i, a, rerr, err)
 	}
-	b.results[i] = Result{Action: Retry, Delay: p.retryDelay, Err: errors.Join(err, rerr)}
+	b.results[i] = Result{Action: Retry, Delay: p.backoff(m, a), Err: errors.Join(err, rerr)}
 }
 
 // lastTry reports whether m, whose key a holds, is dead-lettered if its
@@ -492,6 +493,21 @@ func (b *Batch) handle(h Handler, i int) {
 // was lost, by the store's acquisitions).
 func (p *Processor) lastTry(m Message, a *idem.Attempt) bool {
 	return m.Last || p.maxDeliveries > 0 && max(m.Deliveries, a.Attempts()) >= p.maxDeliveries
+}
+
+// backoff is the redelivery delay of m, whose key a holds, after its
+// handler failed: the retry delay, doubled with each delivery after the
+// first (counted as lastTry counts them) up to the maximum of
+// WithRetryBackoff; the retry delay itself without one.
+func (p *Processor) backoff(m Message, a *idem.Attempt) time.Duration {
+	d := p.retryDelay
+	if p.maxRetryDelay <= d {
+		return d
+	}
+	for n := max(m.Deliveries, a.Attempts()); n > 1 && d < p.maxRetryDelay; n-- {
+		d *= 2
+	}
+	return min(d, p.maxRetryDelay)
 }
 
 // passDuplicate runs h for message i, a duplicate of a COMPLETED key

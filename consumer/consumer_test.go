@@ -535,3 +535,30 @@ func TestParallelHandlers(t *testing.T) {
 		t.Errorf("got %+v, want %d processed, 2 dead-lettered, 1 replayed", s, 3*n-2)
 	}
 }
+
+// TestRetryBackoff: with WithRetryBackoff, a failing handler's message is
+// retried after the retry delay doubled with each delivery, up to the
+// maximum; without it, after the retry delay every time.
+func TestRetryBackoff(t *testing.T) {
+	fail := func(context.Context, int) error { return errors.New("downstream 503") }
+	for _, tc := range []struct {
+		name string
+		opts []consumer.Option
+		want []time.Duration // per delivery 1..5
+	}{
+		{"backoff", []consumer.Option{consumer.WithRetryDelay(10 * time.Millisecond), consumer.WithRetryBackoff(50 * time.Millisecond)},
+			[]time.Duration{10, 20, 40, 50, 50}},
+		{"fixed", []consumer.Option{consumer.WithRetryDelay(10 * time.Millisecond)},
+			[]time.Duration{10, 10, 10, 10, 10}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newProcessor(t, append(tc.opts, consumer.WithMaxDeliveries(0))...)
+			for d, want := range tc.want {
+				got := p.Process(t.Context(), []consumer.Message{{Key: "flaky", Deliveries: d + 1}}, fail)
+				if got[0].Action != consumer.Retry || got[0].Delay != want*time.Millisecond {
+					t.Errorf("delivery %d: got %v after %v, want a retry after %v", d+1, got[0].Action, got[0].Delay, want*time.Millisecond)
+				}
+			}
+		})
+	}
+}

@@ -29,6 +29,9 @@ type Config struct {
 	MaxDeliveries int
 	// RetryDelay before a failed message is delivered again (WithRetryDelay).
 	RetryDelay time.Duration
+	// MaxRetryDelay bounds the exponential backoff of handler failures
+	// (WithRetryBackoff); 0 means none.
+	MaxRetryDelay time.Duration
 	// BatchSize is how many messages are processed at once (WithBatchSize).
 	BatchSize int
 	// Concurrency is how many batches are processed at the same time
@@ -126,6 +129,8 @@ func Setup(exec *idem.Executor, defaults Config, adapter any, opts []Option) (*P
 		bad = fmt.Sprintf("batch size %d is not positive", c.BatchSize)
 	case c.Concurrency < 1:
 		bad = fmt.Sprintf("concurrency %d is not positive", c.Concurrency)
+	case c.MaxRetryDelay < 0:
+		bad = fmt.Sprintf("maximum retry delay %v is negative", c.MaxRetryDelay)
 	case c.ParallelHandlers < 1:
 		bad = fmt.Sprintf("parallel handlers %d is not positive", c.ParallelHandlers)
 	case c.ShutdownTimeout < 0:
@@ -139,7 +144,7 @@ func Setup(exec *idem.Executor, defaults Config, adapter any, opts []Option) (*P
 	p := &Processor{
 		exec: exec, scope: c.Scope, maxDeliveries: c.MaxDeliveries, retryDelay: c.RetryDelay,
 		commit: c.Commit, onEvent: c.EventHook, log: c.Logger, onLeaseLost: c.OnLeaseLost, passDuplicates: c.PassDuplicates,
-		parallel: c.ParallelHandlers,
+		parallel: c.ParallelHandlers, maxRetryDelay: c.MaxRetryDelay,
 	}
 	if p.commit == nil {
 		p.commit = func(ctx context.Context, _ []Message, attempts []*idem.Attempt, values [][]byte) []error {
@@ -166,6 +171,17 @@ func WithMaxDeliveries(n int) Option { return func(c *Config) { c.MaxDeliveries 
 // (a nack delay, a visibility timeout, a pause of the partition, an idle
 // time before a claim, as the broker allows). The default is 1s.
 func WithRetryDelay(d time.Duration) Option { return func(c *Config) { c.RetryDelay = d } }
+
+// WithRetryBackoff makes the redelivery delay after a handler's failure
+// grow exponentially: the retry delay (WithRetryDelay) after the first
+// delivery, doubled with each further one (the larger of the broker's
+// count and the record's acquisitions), at most max. Store errors and a
+// key in progress elsewhere keep their own delays. An adapter applies the
+// delay as its broker allows (a NATS or RabbitMQ nack delay, an SQS
+// visibility timeout; Kafka and Redis Streams redeliver after their own
+// fixed delay or idle time). The default is none: every retry after the
+// retry delay.
+func WithRetryBackoff(max time.Duration) Option { return func(c *Config) { c.MaxRetryDelay = max } }
 
 // WithBatchSize sets how many messages are handed to the Processor at once
 // (acquired together, handled in order, completed together). The default

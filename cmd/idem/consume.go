@@ -41,6 +41,7 @@ type consumeConfig struct {
 	parallel        int
 	batch           int
 	retryDelay      time.Duration
+	retryMaxDelay   time.Duration
 	passDuplicates  bool
 	deadLetter      string
 	gate            string
@@ -81,7 +82,7 @@ message; a 4xx other than 408, 409 and 429 is terminal: the message is
 dead-lettered (the status and the start of the body in the dead letter's
 error); a 5xx, 408, 409, 429, no answer within --handler-timeout or a
 refused connection release the key and the message is delivered again after
---retry-delay, then dead-lettered after --max-deliveries. While the handler
+--retry-delay (doubled with each delivery up to --retry-max-delay, if set), then dead-lettered after --max-deliveries. While the handler
 runs, the key's lease is extended; if it is lost anyway, the request is
 cancelled (its connection closed) and --on-lease-lost, if set, gets a POST
 of {"scope","key","fence","reason"}. A message whose key was completed
@@ -175,6 +176,7 @@ func registerConsumeFlags(fs *cli.Set) *consumeConfig {
 		{Name: "max-result", Placeholder: "SIZE", Value: cli.Size(&c.handler.MaxResult), Usage: "the part of a 2xx response's body stored as the key's result"},
 		{Name: "max-deliveries", Placeholder: "N", Value: cli.Int(&c.maxDeliveries), Usage: "deliveries of a failing message before it is dead-lettered (0: retry forever)"},
 		{Name: "retry-delay", Placeholder: "DURATION", Value: cli.Duration(&c.retryDelay), Usage: "delay before a failed message is delivered again (a Redis stream: at least --lease, the claim idle time)"},
+		{Name: "retry-max-delay", Placeholder: "DURATION", Value: cli.Duration(&c.retryMaxDelay), Usage: "exponential backoff: the delay after a failed call doubles with each delivery, up to this (NATS, RabbitMQ, SQS; 0: every retry after --retry-delay)"},
 		{Name: "concurrency", Placeholder: "N", Value: cli.Int(&c.concurrency), Usage: "batches handled at the same time (a Redis stream: N consumers of the group)"},
 		{Name: "batch", Placeholder: "N", Value: cli.Int(&c.batch), Usage: "messages fetched, acquired and completed together (acked once every call of the batch answered)"},
 		{Name: "parallel", Placeholder: "N", Value: cli.Int(&c.parallel), Usage: "calls to the handler of one batch at the same time (a batch's keys are distinct, so one key's messages never run at once; 1: one at a time, in the broker's order)"},
@@ -223,6 +225,7 @@ func (c *consumeConfig) validate() error {
 		cli.Check(c.batch < 1 || c.batch > 10000, "--batch %d is not in 1..10000", c.batch),
 		cli.Check(c.parallel < 1 || c.parallel > c.batch, "--parallel %d is not in 1..--batch (%d)", c.parallel, c.batch),
 		cli.Check(c.retryDelay < 0, "--retry-delay %v is negative", c.retryDelay),
+		cli.Check(c.retryMaxDelay < 0, "--retry-max-delay %v is negative", c.retryMaxDelay),
 		cli.Check(c.shutdownTimeout <= 0, "--shutdown-timeout must be positive"),
 		cli.Check(c.logFormat != "text" && c.logFormat != "json", "invalid --log-format %q: want text or json", c.logFormat),
 		levelErr,
@@ -240,7 +243,7 @@ func (c *consumeConfig) parseKey() error {
 // options are the consumer options every broker gets.
 func (c *consumeConfig) options(log *slog.Logger) []consumer.Option {
 	opts := []consumer.Option{
-		consumer.WithMaxDeliveries(c.maxDeliveries), consumer.WithRetryDelay(c.retryDelay),
+		consumer.WithMaxDeliveries(c.maxDeliveries), consumer.WithRetryDelay(c.retryDelay), consumer.WithRetryBackoff(c.retryMaxDelay),
 		consumer.WithBatchSize(c.batch), consumer.WithParallelHandlers(c.parallel), consumer.WithShutdownTimeout(c.shutdownTimeout),
 		consumer.WithLogger(log), consumer.WithOnLeaseLost(c.handler.OnLeaseLost),
 	}
