@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/idemgo/idem/observe"
 	"github.com/idemgo/idem/storekit"
 )
 
@@ -211,7 +212,7 @@ func (e *Executor) CommitBatchWith(ctx context.Context, attempts []*Attempt, val
 			if err := a.setPartialResult(); err != nil {
 				errs[i] = err
 				a.cancel(nil)
-				a.observeEnd(ctx, ObservedNotRecorded, nil, err)
+				a.observeEnd(ctx, observe.NotRecorded, nil, err)
 				continue
 			}
 		}
@@ -243,9 +244,9 @@ func (e *Executor) CommitBatchWith(ctx context.Context, attempts []*Attempt, val
 			errs[c.Index] = a.effectFailed(ctx, err)
 		case err != nil:
 			errs[c.Index] = fmt.Errorf("idem: complete: %w", err)
-			a.observeEnd(ctx, ObservedExecuted, err, errs[c.Index])
+			a.observeEnd(ctx, observe.Executed, err, errs[c.Index])
 		default:
-			a.observeEnd(ctx, ObservedExecuted, nil, nil)
+			a.observeEnd(ctx, observe.Executed, nil, nil)
 		}
 	}
 	return errs

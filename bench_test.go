@@ -7,6 +7,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/memstore"
+	"github.com/idemgo/idem/observe"
 )
 
 var benchValue = []byte(`{"id":"ch_1","amount":4200,"status":"succeeded"}`)
@@ -27,7 +28,7 @@ func BenchmarkDo(b *testing.B) { benchDo(b) }
 // BenchmarkDoObserved is BenchmarkDo with an Observer that does nothing:
 // the cost of the observations themselves (BenchmarkDo has none).
 func BenchmarkDoObserved(b *testing.B) {
-	benchDo(b, idem.WithObserver(func(context.Context, idem.Observation) {}))
+	benchDo(b, idem.WithObserver(func(context.Context, observe.Observation) {}))
 }
 
 func benchDo(b *testing.B, opts ...idem.Option) {

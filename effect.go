@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 
+	"github.com/idemgo/idem/observe"
 	"github.com/idemgo/idem/storekit"
 )
 
@@ -88,7 +89,7 @@ func (a *Attempt) setPartialResult() error {
 func (a *Attempt) effectFailed(ctx context.Context, err error) error {
 	if errors.Is(err, ErrEffectPartial) {
 		err = Terminal(err)
-		a.observeEnd(ctx, ObservedExecuted, nil, err)
+		a.observeEnd(ctx, observe.Executed, nil, err)
 		return err
 	}
 	a.mu.Lock()
@@ -97,7 +98,7 @@ func (a *Attempt) effectFailed(ctx context.Context, err error) error {
 	st, ferr := a.fail(ctx, err, terminal)
 	if ferr != nil {
 		err = errors.Join(err, ferr)
-		a.observeEnd(ctx, ObservedExecuted, ferr, err)
+		a.observeEnd(ctx, observe.Executed, ferr, err)
 		return err
 	}
 	if terminal {

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemgo/idem/observe"
 	"github.com/idemgo/idem/storekit"
 )
 
@@ -108,7 +109,7 @@ type Executor struct {
 	policy      FailurePolicy
 	codec       blobCodec
 	onLeaseLost func(context.Context, LeaseLost)
-	observer    Observer
+	observer    observe.Observer
 
 	ownerPrefix string
 	ownerSeq    atomic.Uint64
@@ -653,11 +654,11 @@ func (a *Attempt) Commit(ctx context.Context, value []byte) error {
 		tooLarge := resultTooLarge(len(value), a.e.codec.maxSize)
 		if _, ferr := a.fail(ctx, tooLarge, true); ferr != nil {
 			err := errors.Join(tooLarge, ferr)
-			a.observeEnd(ctx, ObservedExecuted, ferr, err)
+			a.observeEnd(ctx, observe.Executed, ferr, err)
 			return err
 		}
 		err := fmt.Errorf("%w; the key is FAILED", tooLarge)
-		a.observeEnd(ctx, ObservedExecuted, nil, err)
+		a.observeEnd(ctx, observe.Executed, nil, err)
 		return err
 	}
 	blob, err := a.e.codec.encode(a.key, value)
@@ -665,7 +666,7 @@ func (a *Attempt) Commit(ctx context.Context, value []byte) error {
 		err = a.setPartialResult()
 	}
 	if err != nil {
-		a.observeEnd(ctx, ObservedNotRecorded, nil, err)
+		a.observeEnd(ctx, observe.NotRecorded, nil, err)
 		return err
 	}
 	if err := a.finish(ctx, endComplete, blob, false); err != nil {
@@ -673,10 +674,10 @@ func (a *Attempt) Commit(ctx context.Context, value []byte) error {
 			return a.effectFailed(ctx, err)
 		}
 		err = fmt.Errorf("idem: complete: %w", err)
-		a.observeEnd(ctx, ObservedExecuted, err, err)
+		a.observeEnd(ctx, observe.Executed, err, err)
 		return err
 	}
-	a.observeEnd(ctx, ObservedExecuted, nil, nil)
+	a.observeEnd(ctx, observe.Executed, nil, nil)
 	return nil
 }
 
@@ -698,7 +699,7 @@ func (a *Attempt) Abort(ctx context.Context, cause error) error {
 	st, ferr := a.fail(ctx, cause, cause != nil && a.e.policy(cause))
 	if ferr != nil {
 		err := errors.Join(cause, ferr)
-		a.observeEnd(ctx, ObservedExecuted, ferr, err)
+		a.observeEnd(ctx, observe.Executed, ferr, err)
 		return err
 	}
 	a.observeEnd(ctx, failedOrReleased(st), nil, cause)
@@ -707,11 +708,11 @@ func (a *Attempt) Abort(ctx context.Context, cause error) error {
 
 // failedOrReleased returns the outcome of an attempt whose failure moved
 // the record to st.
-func failedOrReleased(st storekit.State) Observed {
+func failedOrReleased(st storekit.State) observe.Outcome {
 	if st == storekit.StateFailed {
-		return ObservedExecuted
+		return observe.Executed
 	}
-	return ObservedReleased
+	return observe.Released
 }
 
 // Fail ends the attempt with a terminal failure whatever the failure
@@ -729,7 +730,7 @@ func (a *Attempt) Fail(ctx context.Context, cause error) error {
 	}
 	defer a.cancel(nil)
 	_, err := a.fail(ctx, cause, true)
-	a.observeEnd(ctx, ObservedExecuted, err, err)
+	a.observeEnd(ctx, observe.Executed, err, err)
 	return err
 }
 
@@ -767,7 +768,7 @@ func (a *Attempt) Abandon() error {
 		return err
 	}
 	a.cancel(nil)
-	a.observeEnd(a.lctx.Context, ObservedAbandoned, nil, nil)
+	a.observeEnd(a.lctx.Context, observe.Abandoned, nil, nil)
 	return nil
 }
 
@@ -775,11 +776,11 @@ func (a *Attempt) Abandon() error {
 // caller that records the outcome by other means: a commit gate
 // (postgres/pggate) commits the completion in its own transaction and
 // relays it to the store. The Observer (WithObserver) is told o, for
-// example ObservedExecuted after such a commit, or ObservedReplayed when
+// example observe.Executed after such a commit, or observe.Replayed when
 // the gate found a completion committed by an earlier run. Handoff cannot
 // fail, except with ErrLeaseLost when the attempt already ended or lost its
 // lease (the Observer is then told of the lost lease).
-func (a *Attempt) Handoff(ctx context.Context, o Observed) error {
+func (a *Attempt) Handoff(ctx context.Context, o observe.Outcome) error {
 	if a.replayed {
 		return nil
 	}
@@ -807,10 +808,10 @@ func (a *Attempt) Release(ctx context.Context) error {
 	defer a.cancel(nil)
 	if err := a.finish(ctx, endRelease, nil, false); err != nil {
 		err = fmt.Errorf("idem: release: %w", err)
-		a.observeEnd(ctx, ObservedReleased, err, err)
+		a.observeEnd(ctx, observe.Released, err, err)
 		return err
 	}
-	a.observeEnd(ctx, ObservedReleased, nil, nil)
+	a.observeEnd(ctx, observe.Released, nil, nil)
 	return nil
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/memstore"
+	"github.com/idemgo/idem/observe"
 	"github.com/idemgo/idem/redisstore"
 	"github.com/idemgo/idem/testkit/redistest"
 
@@ -39,17 +40,17 @@ func newRedisStore(t *testing.T, args ...string) *redisstore.Store {
 // recorder is an Observer that keeps what it is told.
 type recorder struct {
 	mu  sync.Mutex
-	obs []idem.Observation
+	obs []observe.Observation
 }
 
-func (r *recorder) observe(_ context.Context, o idem.Observation) {
+func (r *recorder) observe(_ context.Context, o observe.Observation) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.obs = append(r.obs, o)
 }
 
 // take returns the observations since the last take.
-func (r *recorder) take() []idem.Observation {
+func (r *recorder) take() []observe.Observation {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	out := r.obs
@@ -109,7 +110,7 @@ func testObserverOutcomes(t *testing.T, store idem.Store) {
 	ok := func(context.Context) ([]byte, error) { return []byte("v"), nil }
 	n := 0
 	key := func() idem.Key { n++; return idem.Key{Scope: "charge", ID: "k" + string(rune('a'+n))} }
-	want := func(step string, o idem.Observed) idem.Observation {
+	want := func(step string, o observe.Outcome) observe.Observation {
 		t.Helper()
 		got := rec.take()
 		if len(got) != 1 || got[0].Outcome != o {
@@ -132,36 +133,36 @@ func testObserverOutcomes(t *testing.T, store idem.Store) {
 	if _, err := e.Do(ctx, k, "fp", ok); err != nil {
 		t.Fatal(err)
 	}
-	if o := want("first Do", idem.ObservedExecuted); o.TakenOver || o.Err != nil {
+	if o := want("first Do", observe.Executed); o.TakenOver || o.Err != nil {
 		t.Errorf("first Do: got taken over %v, err %v, want false, nil", o.TakenOver, o.Err)
 	}
 	if r, err := e.Do(ctx, k, "fp", ok); err != nil || !r.Replayed {
 		t.Fatal(r, err)
 	}
-	want("second Do", idem.ObservedReplayed)
+	want("second Do", observe.Replayed)
 	if _, err := e.Do(ctx, k, "other", ok); !errors.Is(err, idem.ErrMismatch) {
 		t.Fatal(err)
 	}
-	want("other fingerprint", idem.ObservedMismatch)
+	want("other fingerprint", observe.Mismatch)
 
 	k = key()
 	terminal := idem.Terminal(errors.New("card declined"))
 	if _, err := e.Do(ctx, k, "fp", func(context.Context) ([]byte, error) { return nil, terminal }); !errors.Is(err, terminal) {
 		t.Fatal(err)
 	}
-	if o := want("terminal error", idem.ObservedExecuted); !errors.Is(o.Err, terminal) {
+	if o := want("terminal error", observe.Executed); !errors.Is(o.Err, terminal) {
 		t.Errorf("terminal error: got err %v, want %v", o.Err, terminal)
 	}
 	if _, err := e.Do(ctx, k, "fp", ok); !errors.Is(err, idem.ErrFailed) {
 		t.Fatal(err)
 	}
-	want("FAILED key", idem.ObservedFailed)
+	want("FAILED key", observe.Failed)
 
 	k = key()
 	if _, err := e.Do(ctx, k, "fp", func(context.Context) ([]byte, error) { return nil, errors.New("retry me") }); err == nil {
 		t.Fatal("retryable error: got nil")
 	}
-	want("retryable error", idem.ObservedReleased)
+	want("retryable error", observe.Released)
 
 	// In progress, then abandoned, then taken over once the lease ended.
 	k = key()
@@ -175,19 +176,19 @@ func testObserverOutcomes(t *testing.T, store idem.Store) {
 	if _, err := e.Do(ctx, k, "fp", ok); !errors.Is(err, idem.ErrInProgress) {
 		t.Fatal(err)
 	}
-	want("key held", idem.ObservedInProgress)
+	want("key held", observe.InProgress)
 	deadline := a.LeaseDeadline()
 	if err := a.Abandon(); err != nil {
 		t.Fatal(err)
 	}
-	want("Abandon", idem.ObservedAbandoned)
+	want("Abandon", observe.Abandoned)
 	// The store ends the lease after the local deadline, by the acquire's
 	// one-way delay (well under a millisecond here).
 	time.Sleep(time.Until(deadline) + 100*time.Millisecond)
 	if _, err := e.Do(ctx, k, "fp", ok); err != nil {
 		t.Fatal(err)
 	}
-	if o := want("takeover", idem.ObservedExecuted); !o.TakenOver {
+	if o := want("takeover", observe.Executed); !o.TakenOver {
 		t.Error("takeover: got storekit.TakenOver false, want true")
 	}
 
@@ -204,11 +205,11 @@ func testObserverOutcomes(t *testing.T, store idem.Store) {
 	if _, err := e.Do(ctx, k, "fp", ok); err != nil {
 		t.Fatal(err)
 	}
-	want("second owner", idem.ObservedExecuted)
+	want("second owner", observe.Executed)
 	if err := a.Commit(ctx, []byte("late")); !errors.Is(err, idem.ErrLeaseLost) {
 		t.Fatalf("Commit after the key was taken: got %v, want ErrLeaseLost", err)
 	}
-	want("first owner's Commit", idem.ObservedLeaseLost)
+	want("first owner's Commit", observe.LeaseLost)
 	if err := a.Commit(ctx, []byte("late")); !errors.Is(err, idem.ErrLeaseLost) {
 		t.Fatal(err)
 	}
@@ -221,7 +222,7 @@ func testObserverOutcomes(t *testing.T, store idem.Store) {
 	if _, err := e.Do(ctx, key(), "fp", ok); !errors.Is(err, errInjected) {
 		t.Fatal(err)
 	}
-	want("acquire failing", idem.ObservedStoreError)
+	want("acquire failing", observe.StoreError)
 	fs.failAcquire.Store(false)
 	fs.failComplete.Store(true)
 	_, a, err = e.Begin(ctx, key(), "fp")
@@ -233,7 +234,7 @@ func testObserverOutcomes(t *testing.T, store idem.Store) {
 	if err := a.Commit(done, []byte("v")); !errors.Is(err, errInjected) {
 		t.Fatal(err)
 	}
-	want("complete failing", idem.ObservedNotRecorded)
+	want("complete failing", observe.NotRecorded)
 	fs.failComplete.Store(false)
 
 	// Invalid input is the caller's mistake, not an outcome.
@@ -298,21 +299,6 @@ func TestObserverBatch(t *testing.T) {
 	}
 }
 
-// TestObservedString checks the names used as metric labels.
-func TestObservedString(t *testing.T) {
-	var names []string
-	for _, o := range idem.ObservedOutcomes() {
-		names = append(names, o.String())
-	}
-	want := []string{"executed", "replayed", "failed", "in-progress", "mismatch", "released", "abandoned", "lease-lost", "store-error", "not-recorded"}
-	if !slices.Equal(names, want) {
-		t.Errorf("got %v, want %v", names, want)
-	}
-	if s := idem.Observed(200).String(); s != "invalid" {
-		t.Errorf("got %q, want invalid", s)
-	}
-}
-
 // TestObserverHandoff checks that Handoff reports the outcome given, once,
 // and a lost lease as such.
 func TestObserverHandoff(t *testing.T) {
@@ -324,13 +310,13 @@ func TestObserverHandoff(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := a.Handoff(ctx, idem.ObservedExecuted); err != nil {
+	if err := a.Handoff(ctx, observe.Executed); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.Handoff(ctx, idem.ObservedExecuted); !errors.Is(err, idem.ErrLeaseLost) {
+	if err := a.Handoff(ctx, observe.Executed); !errors.Is(err, idem.ErrLeaseLost) {
 		t.Fatalf("second Handoff: got %v, want ErrLeaseLost", err)
 	}
-	if got := rec.take(); len(got) != 1 || got[0].Outcome != idem.ObservedExecuted {
+	if got := rec.take(); len(got) != 1 || got[0].Outcome != observe.Executed {
 		t.Fatalf("got %+v, want one executed", got)
 	}
 	// The record stays IN_PROGRESS: Handoff makes no store call.

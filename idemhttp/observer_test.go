@@ -11,6 +11,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemhttp"
 	"github.com/idemgo/idem/memstore"
+	"github.com/idemgo/idem/observe"
 )
 
 // TestObserverMatchesOutcomes checks that the Executor's Observer sees the
@@ -23,9 +24,9 @@ func TestObserverMatchesOutcomes(t *testing.T) {
 	}
 	fs := &flakyStore{Store: ms}
 	var mu sync.Mutex
-	var seen []idem.Observation
+	var seen []observe.Observation
 	// A short lease: a failing completion is repeated for one.
-	exec := newExecutor(t, fs, idem.WithLease(300*time.Millisecond), idem.WithObserver(func(_ context.Context, o idem.Observation) {
+	exec := newExecutor(t, fs, idem.WithLease(300*time.Millisecond), idem.WithObserver(func(_ context.Context, o observe.Observation) {
 		mu.Lock()
 		defer mu.Unlock()
 		seen = append(seen, o)
@@ -46,13 +47,13 @@ func TestObserverMatchesOutcomes(t *testing.T) {
 	steps := []struct {
 		name, key, body, header string
 		want                    idemhttp.Outcome
-		observed                idem.Observed
+		observed                observe.Outcome
 	}{
-		{"new key", "a", "1", "", idemhttp.OutcomeExecuted, idem.ObservedExecuted},
-		{"same request", "a", "1", "", idemhttp.OutcomeReplayed, idem.ObservedReplayed},
-		{"other body", "a", "2", "", idemhttp.OutcomeMismatch, idem.ObservedMismatch},
-		{"store failing while the handler runs", "b", "1", "break-store", idemhttp.OutcomeNotRecorded, idem.ObservedNotRecorded},
-		{"store down", "c", "1", "", idemhttp.OutcomeStoreError, idem.ObservedStoreError},
+		{"new key", "a", "1", "", idemhttp.OutcomeExecuted, observe.Executed},
+		{"same request", "a", "1", "", idemhttp.OutcomeReplayed, observe.Replayed},
+		{"other body", "a", "2", "", idemhttp.OutcomeMismatch, observe.Mismatch},
+		{"store failing while the handler runs", "b", "1", "break-store", idemhttp.OutcomeNotRecorded, observe.NotRecorded},
+		{"store down", "c", "1", "", idemhttp.OutcomeStoreError, observe.StoreError},
 	}
 	for i, s := range steps {
 		r := request(http.MethodPost, "/payments", s.key, s.body)
@@ -87,7 +88,7 @@ func TestObserverMatchesOutcomes(t *testing.T) {
 	<-done
 	mu.Lock()
 	defer mu.Unlock()
-	if len(seen) != 2 || seen[0].Outcome != idem.ObservedInProgress || seen[1].Outcome != idem.ObservedExecuted {
+	if len(seen) != 2 || seen[0].Outcome != observe.InProgress || seen[1].Outcome != observe.Executed {
 		t.Errorf("concurrent requests: got %+v, want in-progress then executed", seen)
 	}
 }

@@ -22,7 +22,7 @@
 // API: the counter idem.operations, the histograms idem.operation.duration
 // and idem.operation.store.duration (seconds, bounds from 50µs) and the
 // counter idem.operation.takeovers, with the attributes idem.outcome and
-// idem.scope.kind (never a key). It is an idem.Observer:
+// idem.scope.kind (never a key). It is an observe.Observer:
 //
 //	m, err := otelidem.NewMetrics(otelidem.WithMeterProvider(mp))
 //	exec, err := idem.New(store, idem.WithObserver(m.Observe))

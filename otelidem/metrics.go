@@ -10,7 +10,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/observe"
 )
 
 // The instruments of Metrics.
@@ -32,9 +32,9 @@ const (
 	MetricTakeovers = "idem.operation.takeovers"
 )
 
-// KeyScopeKind is the scope's kind (idem.Observation.ScopeKind): "http"
+// KeyScopeKind is the scope's kind (observe.Observation.ScopeKind): "http"
 // for idemhttp, the scope name otherwise; never a key. The measurements of
-// Metrics carry it, and KeyOutcome with idem.Observed's name (executed,
+// Metrics carry it, and KeyOutcome with observe.Outcome's name (executed,
 // replayed, failed, in-progress, mismatch, released, abandoned,
 // lease-lost, store-error, not-recorded).
 const KeyScopeKind = attribute.Key("idem.scope.kind")
@@ -52,7 +52,7 @@ var DurationBuckets = []float64{
 const maxScopeKinds = 100
 
 // Metrics records the outcomes of Executors with the OpenTelemetry metrics
-// API. Its Observe method is an idem.Observer: pass it to
+// API. Its Observe method is an observe.Observer: pass it to
 // idem.WithObserver, and idemhttp and the consumer adapters built on the
 // Executor are measured too. It is safe for concurrent use.
 type Metrics struct {
@@ -71,8 +71,8 @@ type Metrics struct {
 // kindAttrs holds the measurement options of one scope kind, made once so
 // that a measurement allocates nothing.
 type kindAttrs struct {
-	add     [][]metric.AddOption    // by idem.Observed
-	record  [][]metric.RecordOption // by idem.Observed
+	add     [][]metric.AddOption    // by observe.Outcome
+	record  [][]metric.RecordOption // by observe.Outcome
 	kind    []metric.RecordOption
 	kindAdd []metric.AddOption
 }
@@ -139,7 +139,7 @@ func (m *Metrics) kind(kind string) *kindAttrs {
 
 // makeKind makes the measurement options of kind.
 func (m *Metrics) makeKind(kind string) *kindAttrs {
-	outcomes := idem.ObservedOutcomes()
+	outcomes := observe.Outcomes()
 	ka := &kindAttrs{
 		add:    make([][]metric.AddOption, len(outcomes)+1),
 		record: make([][]metric.RecordOption, len(outcomes)+1),
@@ -155,8 +155,8 @@ func (m *Metrics) makeKind(kind string) *kindAttrs {
 	return ka
 }
 
-// Observe records one outcome. It is an idem.Observer.
-func (m *Metrics) Observe(ctx context.Context, o idem.Observation) {
+// Observe records one outcome. It is an observe.Observer.
+func (m *Metrics) Observe(ctx context.Context, o observe.Observation) {
 	ka := m.kind(o.ScopeKind)
 	i := int(o.Outcome)
 	if i <= 0 || i >= len(ka.add) {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/memstore"
+	"github.com/idemgo/idem/observe"
 	"github.com/idemgo/idem/otelidem"
 )
 
@@ -102,7 +103,7 @@ func BenchmarkMetricsObserve(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	o := idem.Observation{Outcome: idem.ObservedExecuted, ScopeKind: "http"}
+	o := observe.Observation{Outcome: observe.Executed, ScopeKind: "http"}
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {

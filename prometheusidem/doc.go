@@ -3,7 +3,7 @@
 // github.com/prometheus/client_golang. It is a module of its own, so that
 // idem's users who do not use Prometheus do not download it.
 //
-// Metrics is an idem.Observer (pass its Observe method to idem.WithObserver)
+// Metrics is an observe.Observer (pass its Observe method to idem.WithObserver)
 // and a prometheus.Collector; the Executor tells it every outcome, so
 // idemhttp and the consumer adapters built on that Executor are counted
 // too:
@@ -27,6 +27,6 @@
 //	p.Observer = pm.Observe
 //
 // The histograms' buckets start at 50µs (DefaultBuckets). Series carry the
-// scope's kind (idem.Observation.ScopeKind), never a key; the number of
+// scope's kind (observe.Observation.ScopeKind), never a key; the number of
 // kinds is bounded (WithMaxScopeKinds).
 package prometheusidem

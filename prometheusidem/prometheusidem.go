@@ -8,7 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/observe"
 )
 
 // DefaultBuckets are the histograms' bounds, in seconds: 50µs to 10s, fine
@@ -60,7 +60,7 @@ func WithScopeKinds(kinds ...string) Option {
 func WithConstLabels(l prometheus.Labels) Option { return func(c *config) { c.constant = l } }
 
 // Metrics records the outcomes of Executors as Prometheus metrics. Its
-// Observe method is an idem.Observer; it is a prometheus.Collector to
+// Observe method is an observe.Observer; it is a prometheus.Collector to
 // register. The series:
 //
 //	idem_operations_total{outcome,scope_kind}                    counter
@@ -68,7 +68,7 @@ func WithConstLabels(l prometheus.Labels) Option { return func(c *config) { c.co
 //	idem_operation_store_duration_seconds{scope_kind}            histogram
 //	idem_operation_takeovers_total{scope_kind}                   counter
 //
-// outcome is idem.Observed's name (executed, replayed, failed, in-progress,
+// outcome is observe.Outcome's name (executed, replayed, failed, in-progress,
 // mismatch, released, abandoned, lease-lost, store-error, not-recorded).
 // It is safe for concurrent use; one Metrics may observe several
 // Executors.
@@ -88,8 +88,8 @@ type Metrics struct {
 // kindSeries are the series of one scope kind, resolved once so that an
 // observation takes no lock and allocates nothing.
 type kindSeries struct {
-	outcomes  []prometheus.Counter  // by idem.Observed
-	durations []prometheus.Observer // by idem.Observed
+	outcomes  []prometheus.Counter  // by observe.Outcome
+	durations []prometheus.Observer // by observe.Outcome
 	store     prometheus.Observer
 	takeovers prometheus.Counter
 }
@@ -145,7 +145,7 @@ func New(opts ...Option) (*Metrics, error) {
 
 // series resolves the series of kind.
 func (m *Metrics) series(kind string) *kindSeries {
-	outcomes := idem.ObservedOutcomes()
+	outcomes := observe.Outcomes()
 	ks := &kindSeries{
 		outcomes:  make([]prometheus.Counter, len(outcomes)+1),
 		durations: make([]prometheus.Observer, len(outcomes)+1),
@@ -182,8 +182,8 @@ func (m *Metrics) kind(kind string) *kindSeries {
 	return ks
 }
 
-// Observe records one outcome. It is an idem.Observer.
-func (m *Metrics) Observe(_ context.Context, o idem.Observation) {
+// Observe records one outcome. It is an observe.Observer.
+func (m *Metrics) Observe(_ context.Context, o observe.Observation) {
 	ks := m.kind(o.ScopeKind)
 	i := int(o.Outcome)
 	if i <= 0 || i >= len(ks.outcomes) {

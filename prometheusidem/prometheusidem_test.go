@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/memstore"
+	"github.com/idemgo/idem/observe"
 	"github.com/idemgo/idem/prometheusidem"
 )
 
@@ -51,14 +52,14 @@ func TestMetrics(t *testing.T) {
 # TYPE idem_operations_total counter
 `
 	var lines []string
-	for _, o := range idem.ObservedOutcomes() {
+	for _, o := range observe.Outcomes() {
 		for _, kind := range []string{"charge", "http", "other"} {
 			v := "0"
 			if kind == "charge" {
 				switch o {
-				case idem.ObservedExecuted, idem.ObservedMismatch:
+				case observe.Executed, observe.Mismatch:
 					v = "1"
-				case idem.ObservedReplayed:
+				case observe.Replayed:
 					v = "2"
 				}
 			}
@@ -68,8 +69,8 @@ func TestMetrics(t *testing.T) {
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want+sortedLines(lines)), "idem_operations_total"); err != nil {
 		t.Error(err)
 	}
-	if n := testutil.CollectAndCount(m, "idem_operation_duration_seconds"); n != 3*len(idem.ObservedOutcomes()) {
-		t.Errorf("duration series: got %d, want %d", n, 3*len(idem.ObservedOutcomes()))
+	if n := testutil.CollectAndCount(m, "idem_operation_duration_seconds"); n != 3*len(observe.Outcomes()) {
+		t.Errorf("duration series: got %d, want %d", n, 3*len(observe.Outcomes()))
 	}
 	families, err := reg.Gather()
 	if err != nil {
@@ -99,7 +100,7 @@ func TestMetrics(t *testing.T) {
 func TestMaxScopeKinds(t *testing.T) {
 	m, _ := newMetrics(t, prometheusidem.WithMaxScopeKinds(2))
 	for _, kind := range []string{"a", "b", "c", "d", "a"} {
-		m.Observe(t.Context(), idem.Observation{Outcome: idem.ObservedExecuted, ScopeKind: kind, Duration: time.Millisecond, TakenOver: kind == "d"})
+		m.Observe(t.Context(), observe.Observation{Outcome: observe.Executed, ScopeKind: kind, Duration: time.Millisecond, TakenOver: kind == "d"})
 	}
 	for kind, want := range map[string]float64{"a": 2, "b": 1, "other": 2} {
 		c, err := mOutcome(m, kind)
@@ -110,8 +111,8 @@ func TestMaxScopeKinds(t *testing.T) {
 			t.Errorf("kind %s: got %v, want %v", kind, c, want)
 		}
 	}
-	if n := testutil.CollectAndCount(m, "idem_operations_total"); n != 3*len(idem.ObservedOutcomes()) {
-		t.Errorf("series: got %d, want %d (a, b, other)", n, 3*len(idem.ObservedOutcomes()))
+	if n := testutil.CollectAndCount(m, "idem_operations_total"); n != 3*len(observe.Outcomes()) {
+		t.Errorf("series: got %d, want %d (a, b, other)", n, 3*len(observe.Outcomes()))
 	}
 	if _, err := prometheusidem.New(prometheusidem.WithMaxScopeKinds(0)); err == nil {
 		t.Error("WithMaxScopeKinds(0): got no error")
@@ -153,7 +154,7 @@ func BenchmarkObserve(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	o := idem.Observation{Outcome: idem.ObservedExecuted, ScopeKind: "http", Duration: time.Millisecond, StoreDuration: 200 * time.Microsecond}
+	o := observe.Observation{Outcome: observe.Executed, ScopeKind: "http", Duration: time.Millisecond, StoreDuration: 200 * time.Microsecond}
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/observe"
 	"github.com/idemgo/idem/postgres/internal/pgq"
 	"github.com/idemgo/idem/storekit"
 	"github.com/jackc/pgx/v5"
@@ -385,7 +386,7 @@ func (g *Gate[T]) commit(actx, sctx context.Context, a *idem.Attempt, tx pgq.Tx,
 	case st == stepEncode:
 		return res, errors.Join(fmt.Errorf("%w; the transaction was rolled back and the key is FAILED", err), a.Fail(sctx, err))
 	case st == stepLease:
-		_ = a.Handoff(sctx, idem.ObservedLeaseLost) // the record has a newer owner
+		_ = a.Handoff(sctx, observe.LeaseLost) // the record has a newer owner
 		return res, err
 	case st == stepInsert:
 		return res, g.failed(sctx, a, err)
@@ -397,7 +398,7 @@ func (g *Gate[T]) commit(actx, sctx context.Context, a *idem.Attempt, tx pgq.Tx,
 	case conflict:
 		return g.replay(actx, a)
 	}
-	_ = a.Handoff(sctx, idem.ObservedExecuted) // ends the attempt; the completion is written below
+	_ = a.Handoff(sctx, observe.Executed) // ends the attempt; the completion is written below
 	g.relayed(sctx, a, blob)
 	return res, nil
 }
@@ -476,14 +477,14 @@ func (g *Gate[T]) replay(ctx context.Context, a *idem.Attempt) (res idem.Result,
 
 // replayOutcome is what the Executor's Observer is told of a replay that
 // returned err.
-func replayOutcome(err error) idem.Observed {
+func replayOutcome(err error) observe.Outcome {
 	switch {
 	case err == nil:
-		return idem.ObservedReplayed
+		return observe.Replayed
 	case errors.Is(err, idem.ErrMismatch):
-		return idem.ObservedMismatch
+		return observe.Mismatch
 	default:
-		return idem.ObservedStoreError
+		return observe.StoreError
 	}
 }
 

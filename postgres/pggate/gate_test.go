@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/memstore"
+	"github.com/idemgo/idem/observe"
 	"github.com/idemgo/idem/postgres/pggate"
 	"github.com/idemgo/idem/postgres/pgtest"
 	"github.com/idemgo/idem/storekit"
@@ -615,7 +616,7 @@ func TestObserverOutcomes(t *testing.T) {
 	}
 	var mu sync.Mutex
 	var seen []string
-	e, err := idem.New(ms, idem.WithObserver(func(_ context.Context, o idem.Observation) {
+	e, err := idem.New(ms, idem.WithObserver(func(_ context.Context, o observe.Observation) {
 		mu.Lock()
 		defer mu.Unlock()
 		seen = append(seen, o.Outcome.String())
