@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/observe"
 	"github.com/idemgo/idem/postgres/internal/pgq"
 	"github.com/idemgo/idem/storekit"
 )
@@ -197,7 +198,7 @@ func (g *Gate[T]) Run(ctx context.Context, key idem.Key, fingerprint string, f *
 	case r.found && r.finished:
 		return g.replay(actx, a)
 	case r.found && r.fingerprint != a.Fingerprint():
-		_ = a.Handoff(sctx, idem.ObservedMismatch)
+		_ = a.Handoff(sctx, observe.Mismatch)
 		return idem.Result{}, idem.ErrMismatch
 	case r.found && r.p.Flow != f.Name:
 		return idem.Result{}, errors.Join(fmt.Errorf("%w: the request belongs to flow %q, not %q", ErrNotFlow, r.p.Flow, f.Name), a.Release(sctx))
@@ -230,7 +231,7 @@ func (g *Gate[T]) Run(ctx context.Context, key idem.Key, fingerprint string, f *
 	done = true
 	if err != nil {
 		if errors.Is(err, ErrClaimLost) {
-			_ = a.Handoff(sctx, idem.ObservedLeaseLost)
+			_ = a.Handoff(sctx, observe.LeaseLost)
 			return idem.Result{}, err
 		}
 		if idem.IsTerminal(err) {
@@ -240,7 +241,7 @@ func (g *Gate[T]) Run(ctx context.Context, key idem.Key, fingerprint string, f *
 		run.unclaim(sctx)
 		return idem.Result{}, errors.Join(err, a.Release(sctx))
 	}
-	_ = a.Handoff(sctx, idem.ObservedExecuted)
+	_ = a.Handoff(sctx, observe.Executed)
 	// The store gets the completion after the commit, pgstore too: the
 	// steps' transactions do not complete its record (Do's does).
 	g.relay(sctx, a.Key(), storekit.Completion{Fingerprint: a.Fingerprint(), Fence: a.Lease().Fence, Result: blob, Retention: g.e.Retention()})
