@@ -21,6 +21,7 @@ import (
 	"github.com/idemgo/idem/cmd/idem/internal/cli"
 	"github.com/idemgo/idem/cmd/idem/internal/delivery"
 	"github.com/idemgo/idem/cmd/idem/internal/redact"
+	"github.com/idemgo/idem/cmd/idem/internal/serving"
 	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/consumer/redisstream"
 	"github.com/idemgo/idem/consumer/sidecar"
@@ -473,7 +474,7 @@ func addStats(a, b consumer.Stats) consumer.Stats {
 // consumeAdmin serves /healthz, /readyz (503 while draining or while the
 // store's last check failed) and /metrics.
 func consumeAdmin(reg *prometheus.Registry, st *openedStore, draining *atomic.Bool) http.Handler {
-	return adminMux(reg, func(context.Context) error {
+	return serving.AdminMux(reg, func(context.Context) error {
 		if draining.Load() {
 			return idemproxy.ErrDraining
 		}

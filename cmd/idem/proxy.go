@@ -16,15 +16,14 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/cmd/idem/internal/certreload"
 	"github.com/idemgo/idem/cmd/idem/internal/cli"
 	"github.com/idemgo/idem/cmd/idem/internal/redact"
 	"github.com/idemgo/idem/cmd/idem/internal/routesfile"
+	"github.com/idemgo/idem/cmd/idem/internal/serving"
 	"github.com/idemgo/idem/cmd/idem/internal/size"
-	"github.com/idemgo/idem/cmd/idem/internal/storeopen"
 	"github.com/idemgo/idem/cmd/idem/internal/tracing"
 	"github.com/idemgo/idem/idemhttp"
 	"github.com/idemgo/idem/idemproxy"
@@ -477,10 +476,10 @@ func runProxy(ctx context.Context, e *env, c *proxyConfig) error {
 	if err != nil {
 		return err
 	}
-	if err := s.serve(ctx); err != nil {
+	if err := s.Serve(ctx); err != nil {
 		return err
 	}
-	s.drain(c.shutdownTimeout)
+	s.Drain(c.shutdownTimeout)
 	return nil
 }
 
@@ -491,16 +490,7 @@ func closeStore(st *openedStore, log *slog.Logger) {
 }
 
 // proxyServer is a built proxy: its servers, listening.
-type proxyServer struct {
-	proxy   *idemproxy.Proxy
-	log     *slog.Logger
-	srv     *http.Server
-	ln      net.Listener
-	admin   *http.Server // nil without --admin-listen
-	adminLn net.Listener
-	certs   *certreload.Reloader // nil without --tls-cert
-	started []any                // the attributes of the start's log line
-}
+type proxyServer = serving.Server
 
 // build makes the Executor, the Proxy, its metrics and its servers, and
 // opens their listeners.
@@ -541,45 +531,45 @@ func (c *proxyConfig) build(st *openedStore, tr *tracing.Tracing, errorHandler i
 	if err := p.Init(); err != nil {
 		return nil, c.fieldError(err)
 	}
-	s := &proxyServer{proxy: p, log: log, srv: &http.Server{
+	s := &proxyServer{Proxy: p, Log: log, Srv: &http.Server{
 		Handler:           handler,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}}
-	s.srv.Protocols = new(http.Protocols)
-	s.srv.Protocols.SetHTTP1(true)
-	s.srv.Protocols.SetUnencryptedHTTP2(c.h2c)
+	s.Srv.Protocols = new(http.Protocols)
+	s.Srv.Protocols.SetHTTP1(true)
+	s.Srv.Protocols.SetUnencryptedHTTP2(c.h2c)
 	if c.tlsCert != "" {
-		if s.certs, err = certreload.New(c.tlsCert, c.tlsKey, log); err != nil {
+		if s.Certs, err = certreload.New(c.tlsCert, c.tlsKey, log); err != nil {
 			return nil, cli.Usagef("%v", err)
 		}
-		s.srv.TLSConfig = s.certs.Config()
-		s.srv.Protocols.SetHTTP2(true)
+		s.Srv.TLSConfig = s.Certs.Config()
+		s.Srv.Protocols.SetHTTP2(true)
 	}
-	if s.ln, err = net.Listen("tcp", c.listen); err != nil {
+	if s.Ln, err = net.Listen("tcp", c.listen); err != nil {
 		return nil, fmt.Errorf("cannot listen on %s: %v", c.listen, cli.Cause(err))
 	}
-	s.started = []any{"listen", s.ln.Addr().String(), "upstream", redact.URL(p.Target.String()), "store", st.Describe,
+	s.Started = []any{"listen", s.Ln.Addr().String(), "upstream", redact.URL(p.Target.String()), "store", st.Describe,
 		"methods", strings.Join(p.Methods, ","), "lease", cli.FormatDuration(c.lease), "retention", cli.FormatDuration(c.retention),
 		"tls", c.tlsCert != "", "h2c", c.h2c, "upstream_h2c", p.UpstreamH2C}
 	if c.adminListen != "" {
-		if s.adminLn, err = net.Listen("tcp", c.adminListen); err != nil {
-			s.ln.Close()
+		if s.AdminLn, err = net.Listen("tcp", c.adminListen); err != nil {
+			s.Ln.Close()
 			return nil, fmt.Errorf("cannot listen on %s (--admin-listen): %v", c.adminListen, cli.Cause(err))
 		}
-		s.admin = &http.Server{Handler: adminHandler(reg, p), ReadHeaderTimeout: 10 * time.Second}
-		s.started = append(s.started, "admin", s.adminLn.Addr().String())
+		s.Admin = &http.Server{Handler: serving.AdminMux(reg, p.Ready), ReadHeaderTimeout: 10 * time.Second}
+		s.Started = append(s.Started, "admin", s.AdminLn.Addr().String())
 	}
 	if len(c.routes) > 0 {
-		s.started = append(s.started, "routes", len(c.routes))
+		s.Started = append(s.Started, "routes", len(c.routes))
 	}
 	if c.webhook != "" {
-		s.started = append(s.started, "webhook", c.webhook, "key_from", p.KeySource.String(), "signatures_checked", p.Verifier != nil)
+		s.Started = append(s.Started, "webhook", c.webhook, "key_from", p.KeySource.String(), "signatures_checked", p.Verifier != nil)
 	}
 	if tr != nil {
 		u, _ := c.tracing.exportURL()
-		s.started = append(s.started, "otel_endpoint", redact.URL(u))
+		s.Started = append(s.Started, "otel_endpoint", redact.URL(u))
 	}
 	return s, nil
 }
@@ -601,99 +591,4 @@ func newRegistry(store idem.Store) (*prometheus.Registry, *prometheusidem.Metric
 		reg.MustRegister(sc)
 	}
 	return reg, exec
-}
-
-// serve serves until ctx is done, or the server fails.
-func (s *proxyServer) serve(ctx context.Context) error {
-	if s.admin != nil {
-		go s.admin.Serve(s.adminLn)
-	}
-	s.log.Info("idem proxy started", s.started...)
-	serveErr := make(chan error, 1)
-	if s.certs != nil {
-		s.certs.Watch(ctx, time.Second)
-		go func() { serveErr <- s.srv.ServeTLS(s.ln, "", "") }()
-	} else {
-		go func() { serveErr <- s.srv.Serve(s.ln) }()
-	}
-	select {
-	case err := <-serveErr:
-		return fmt.Errorf("serving on %s: %v", s.ln.Addr(), err)
-	case <-ctx.Done():
-		return nil
-	}
-}
-
-// drain stops the servers: the requests in flight finish and their
-// responses are stored, for up to timeout; then the connections of those
-// still running (slow readers) are closed, and their handlers get another
-// timeout to store what the upstream answered.
-func (s *proxyServer) drain(timeout time.Duration) {
-	s.log.Info("idem proxy shutting down: finishing requests in flight", "in_flight", s.proxy.InFlight(), "timeout", cli.FormatDuration(timeout))
-	dctx, stop := context.WithCancel(context.Background())
-	defer stop()
-	drained := make(chan error, 1)
-	go func() { drained <- s.proxy.Drain(dctx) }() // /readyz answers 503 from now on
-	sctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	err := s.srv.Shutdown(sctx)
-	if err != nil {
-		// Clients still being sent a response (slow readers) lose their
-		// connection. The handlers go on: a response held for storing was
-		// stored already; the rest of one being streamed is read from the
-		// upstream, and its key stored or failed, before the store closes.
-		s.log.Warn("requests still in flight after the shutdown timeout; closing their connections and storing what the upstream answered",
-			"in_flight", s.proxy.InFlight(), "error", err)
-		s.srv.Close()
-		t := time.NewTimer(timeout)
-		defer t.Stop()
-		select {
-		case <-drained:
-		case <-t.C:
-			s.log.Error("requests still in flight after closing their connections; their keys stay in progress until their leases end",
-				"in_flight", s.proxy.InFlight())
-		}
-	}
-	if s.admin != nil {
-		actx, acancel := context.WithTimeout(context.Background(), time.Second)
-		_ = s.admin.Shutdown(actx)
-		acancel()
-	}
-	s.log.Info("idem proxy stopped", "clean", err == nil)
-}
-
-// adminHandler serves /metrics, /healthz (the process runs) and /readyz
-// (idemproxy.Proxy.Ready: the store answers, its last check found it fit,
-// and the proxy is not shutting down).
-func adminHandler(reg *prometheus.Registry, p *idemproxy.Proxy) http.Handler {
-	return adminMux(reg, p.Ready)
-}
-
-// adminMux serves /metrics of reg, /healthz (the process runs) and /readyz:
-// 200 when ready returns nil, else 503 saying why (idemproxy.ErrDraining:
-// shutting down; any other error: the store's). idem proxy and idem
-// consume serve the same probes.
-func adminMux(reg *prometheus.Registry, ready func(context.Context) error) http.Handler {
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		fmt.Fprintln(w, "ok")
-	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-		defer cancel()
-		switch err := ready(ctx); {
-		case err == nil:
-			fmt.Fprintln(w, "ready")
-		case errors.Is(err, idemproxy.ErrDraining):
-			w.WriteHeader(http.StatusServiceUnavailable)
-			fmt.Fprintln(w, "not ready: shutting down")
-		default:
-			w.WriteHeader(http.StatusServiceUnavailable)
-			fmt.Fprintf(w, "not ready: %v\n", storeopen.Error(err))
-		}
-	})
-	return mux
 }
