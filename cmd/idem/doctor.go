@@ -2,17 +2,10 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"os"
-	"slices"
-	"strings"
-	"sync"
 
-	"github.com/idemgo/idem/boltstore"
 	"github.com/idemgo/idem/cmd/idem/internal/cli"
 	"github.com/idemgo/idem/cmd/idem/internal/doctor"
-	"github.com/idemgo/idem/cmd/idem/internal/storeopen"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -102,7 +95,7 @@ For the embedded store: the file opens (or is in use by a running proxy).`,
 				case d.store.redis():
 					doctorRedis(ctx, r, &d)
 				case d.store.postgres == "":
-					doctorBolt(r, &d.store)
+					doctor.Bolt(r, d.store.dataPath())
 				}
 				if d.store.postgres != "" {
 					doctorPostgres(ctx, r, &d.store)
@@ -114,24 +107,6 @@ For the embedded store: the file opens (or is in use by a running proxy).`,
 				return nil
 			}
 		},
-	}
-}
-
-func doctorBolt(r *doctor.Report, s *storeFlags) {
-	path := s.dataPath()
-	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
-		r.Add(doctor.Warn, "embedded store", "%s does not exist yet; the proxy creates it (Redis checks do not apply)", path)
-		return
-	}
-	st, err := boltstore.Open(path, boltstore.WithSweepInterval(0))
-	switch {
-	case errors.Is(err, boltstore.ErrLocked):
-		r.Add(doctor.OK, "embedded store", "%s is in use by a running proxy (Redis checks do not apply)", path)
-	case err != nil:
-		r.Add(doctor.Fail, "embedded store", "%v", storeopen.BoltError(path, err))
-	default:
-		st.Close()
-		r.Add(doctor.OK, "embedded store", "%s opens (Redis checks do not apply)", path)
 	}
 }
 
@@ -148,25 +123,7 @@ func doctorRedis(ctx context.Context, r *doctor.Report, d *doctorFlags) {
 	}
 	defer c.Close()
 	o := &doctor.Redis{Prefix: s.prefix, WaitReplicas: d.waitReplicas, WaitAOF: d.waitAOF, NotRedis: s.probe().NotRedis}
-	cluster := s.cluster != ""
-	for _, n := range nodes {
-		label := ""
-		if cluster {
-			label = n.Options().Addr + " "
-		}
-		if !o.Node(ctx, r, n, label) {
-			return // the rights cannot be tried either
-		}
-	}
-	if cluster {
-		doctor.ClusterSlots(ctx, r, nodes[0])
-	}
-	doctor.Rights(ctx, r, c, s.prefix)
-	// The proxy's store keeps a replay cache on a go-redis client that is
-	// not a Cluster's, unless it waits for replicas or the AOF.
-	if rc, ok := c.(*redis.Client); ok && d.waitReplicas == 0 && !d.waitAOF {
-		doctor.ReplayCache(ctx, r, rc, s.prefix)
-	}
+	o.Run(ctx, r, c, nodes)
 }
 
 // doctorClients returns the client of the flags' Redis and the clients of
@@ -193,16 +150,7 @@ func (s *storeFlags) doctorClients(ctx context.Context) (redis.UniversalClient, 
 		return nil, nil, err
 	}
 	cc := redis.NewClusterClient(opt)
-	var mu sync.Mutex
-	var nodes []*redis.Client
-	cctx, cancel := context.WithTimeout(ctx, connectTimeout)
-	defer cancel()
-	err = cc.ForEachMaster(cctx, func(_ context.Context, n *redis.Client) error {
-		mu.Lock()
-		nodes = append(nodes, n)
-		mu.Unlock()
-		return nil
-	})
+	nodes, err := doctor.Primaries(ctx, cc)
 	if err != nil {
 		cc.Close()
 		if nr := s.probe().NotRedis(ctx); nr != nil {
@@ -210,7 +158,6 @@ func (s *storeFlags) doctorClients(ctx context.Context) (redis.UniversalClient, 
 		}
 		return nil, nil, fmt.Errorf("cannot reach the cluster: %v", err)
 	}
-	slices.SortFunc(nodes, func(a, b *redis.Client) int { return strings.Compare(a.Options().Addr, b.Options().Addr) })
 	return cc, nodes, nil
 }
 
