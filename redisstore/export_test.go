@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem/redisstore/internal/backend"
+	"github.com/idemgo/idem/storekit"
 )
 
 // AcquireSource returns the source of acquire.lua, for tests that call it
@@ -131,3 +132,13 @@ func ServerChecks(s *Store) int64 {
 	defer s.monitor.mu.Unlock()
 	return s.monitor.checks
 }
+
+// CachedReplay answers an acquire of key from the local replay cache, as
+// Acquire does when the key is in the replay index.
+func CachedReplay(ctx context.Context, s *Store, key, fingerprint string) (storekit.Acquisition, bool) {
+	return s.cachedReplay(ctx, s.Key(key), fingerprint)
+}
+
+// MarkReplayed puts key in the replay index, as an acquire answered with a
+// replay by its script does.
+func MarkReplayed(s *Store, key string) { s.replays.add(s.Key(key)) }

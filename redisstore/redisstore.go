@@ -518,13 +518,25 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 		// The server's invalidation of the cached record may arrive after
 		// the reply to the DEL (Redis 7.0 sends a client's own after it):
 		// the next acquire here must not read the cache before it does.
-		s.replays.remove(s.Key(key))
-		s.cached.Forget(s.Key(key))
+		// Forgotten before the DEL, for the acquires while it runs, and
+		// again after its reply (or its failure): a read of the cache that
+		// the server answered before the DEL, and whose reply came after
+		// the first forget, would otherwise keep the deleted record until
+		// the invalidation arrives (TestReplayCacheDeleteRacingRead).
+		s.forgetReplay(key)
+		defer s.forgetReplay(key)
 	}
 	if err := s.b.Del(ctx, s.Key(key), s.pub, s.channel(key)); err != nil {
 		return fmt.Errorf("redisstore: delete: %w", err)
 	}
 	return nil
+}
+
+// forgetReplay drops key from the replay index and its record from the
+// local cache, and cancels the cache's reads of it in flight.
+func (s *Store) forgetReplay(key string) {
+	s.replays.remove(s.Key(key))
+	s.cached.Forget(s.Key(key))
 }
 
 // Watch implements storekit.Watcher: it subscribes to the record's channel on a

@@ -1,7 +1,10 @@
 package redisstore_test
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -457,5 +460,69 @@ func migrateKey(t *testing.T, cluster *redistest.Cluster, rkey string) {
 	src.Do(t, "MIGRATE", host, port, "", "0", "5000", "KEYS", rkey)
 	if _, err := src.Command("GET", rkey); err == nil || !strings.HasPrefix(err.Error(), "ASK") {
 		t.Fatalf("GET %s on its old node: got %v, want ASK", rkey, err)
+	}
+}
+
+// TestReplayCacheDeleteRacingRead: a read of the go-redis store's cache
+// that the server answers before a Delete's DEL, and whose reply arrives
+// after the Delete began, must not leave the deleted record in the cache:
+// once Delete returned, the next acquire of the same store runs (before the
+// fix, it was answered with the deleted record's replay until the server's
+// invalidation reached the tracking connection). CLIENT PAUSE WRITE holds
+// the DEL at the server while reads go through, which makes the order
+// certain.
+func TestReplayCacheDeleteRacingRead(t *testing.T) {
+	srv := redistest.Start(t)
+	s := cachedGoRedisStore(t, srv.Addr())
+	admin := goRedisClient(t, srv.Addr())
+	// The server's invalidation may still reach the tracking connection
+	// before the acquire that follows Delete: the order is certain only
+	// up to that, so the scenario runs on several keys.
+	for i := range 20 {
+		deleteRacingRead(t, s, admin, fmt.Sprintf("k%d", i))
+	}
+}
+
+func deleteRacingRead(t *testing.T, s *redisstore.Store, admin *redis.Client, key string) {
+	completeAndCache(t, s, key, "fp", time.Hour)
+	if err := admin.Do(t.Context(), "CLIENT", "PAUSE", "10000", "WRITE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	unpaused := false
+	unpause := func() {
+		if !unpaused {
+			unpaused = true
+			if err := admin.Do(context.Background(), "CLIENT", "UNPAUSE").Err(); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	defer unpause()
+	deleted := make(chan error, 1)
+	go func() { deleted <- s.Delete(context.Background(), key) }()
+	// Delete drops the cached record before it sends the DEL, which the
+	// pause then holds.
+	for entries, _ := redisstore.CacheSize(s); entries != 0; entries, _ = redisstore.CacheSize(s) {
+		runtime.Gosched()
+	}
+	// A concurrent acquire whose script replayed before the DEL puts the
+	// key in the replay index again, and another one reads the cache:
+	// the GET runs now, before the DEL.
+	redisstore.MarkReplayed(s, key)
+	if a, ok := redisstore.CachedReplay(t.Context(), s, key, "fp"); !ok || a.Outcome != storekit.Replay {
+		t.Fatalf("%s: the read before the DEL: got %v %v, want the replay", key, a.Outcome, ok)
+	}
+	select {
+	case err := <-deleted:
+		t.Fatalf("%s: Delete returned during the pause: %v", key, err)
+	default:
+	}
+	unpause()
+	if err := <-deleted; err != nil {
+		t.Fatal(err)
+	}
+	a, err := s.Acquire(t.Context(), key, acquireReq("fp", time.Hour))
+	if err != nil || a.Outcome != storekit.Acquired {
+		t.Fatalf("%s: acquire after Delete returned: got %v, %v, want Acquired (not the deleted record's replay)", key, a.Outcome, err)
 	}
 }
