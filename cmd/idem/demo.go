@@ -2,17 +2,14 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
-	"strconv"
-	"sync"
 	"time"
 
 	"github.com/idemgo/idem/cmd/idem/internal/cli"
+	"github.com/idemgo/idem/cmd/idem/internal/demoapi"
 )
 
 func upstreamDemoCommand() *command {
@@ -45,7 +42,7 @@ Idempotent-Replayed: true, and the demo logged one execution.`,
 					return fmt.Errorf("cannot listen on %s: %v", listen, cli.Cause(err))
 				}
 				log := slog.New(slog.NewTextHandler(e.stderr, nil))
-				srv := &http.Server{Handler: newDemoAPI(log), ReadHeaderTimeout: 10 * time.Second}
+				srv := &http.Server{Handler: demoapi.New(log), ReadHeaderTimeout: 10 * time.Second}
 				log.Info("idem upstream-demo listening", "addr", ln.Addr().String())
 				go func() {
 					<-ctx.Done()
@@ -60,51 +57,4 @@ Idempotent-Replayed: true, and the demo logged one execution.`,
 			}
 		},
 	}
-}
-
-// demoExecution is one execution of the toy API.
-type demoExecution struct {
-	Execution int    `json:"execution"`
-	Method    string `json:"method"`
-	Path      string `json:"path"`
-	Body      string `json:"body"`
-	At        string `json:"at"`
-}
-
-func newDemoAPI(log *slog.Logger) http.Handler {
-	var mu sync.Mutex
-	var done []demoExecution
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		switch r.Method {
-		case http.MethodGet, http.MethodHead:
-			mu.Lock()
-			list := append([]demoExecution{}, done...)
-			mu.Unlock()
-			enc.Encode(map[string]any{"executions": list})
-			return
-		case http.MethodPost, http.MethodPut, http.MethodPatch:
-		default:
-			w.WriteHeader(http.StatusMethodNotAllowed)
-			enc.Encode(map[string]string{"error": "method not allowed"})
-			return
-		}
-		body, _ := io.ReadAll(io.LimitReader(r.Body, 64<<10))
-		if s := r.URL.Query().Get("sleep"); s != "" {
-			if d, err := time.ParseDuration(s); err == nil && d > 0 && d <= time.Minute {
-				log.Info("sleeping", "for", d.String(), "method", r.Method, "path", r.URL.Path)
-				time.Sleep(d)
-			}
-		}
-		mu.Lock()
-		ex := demoExecution{Execution: len(done) + 1, Method: r.Method, Path: r.URL.Path, Body: string(body), At: time.Now().UTC().Format(time.RFC3339Nano)}
-		done = append(done, ex)
-		mu.Unlock()
-		log.Info("executed", "execution", ex.Execution, "method", r.Method, "path", r.URL.Path)
-		w.Header().Set("Location", r.URL.Path+"/"+strconv.Itoa(ex.Execution))
-		w.WriteHeader(http.StatusCreated)
-		enc.Encode(ex)
-	})
 }
