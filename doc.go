@@ -21,18 +21,18 @@
 // # The API, by who uses it
 //
 // The user's path: New and its options; Do (or Typed for a Go value);
-// Begin and the attempt's endings (Commit, Abort, Release, Abandon, Fail)
-// for callers that cannot wrap their operation in a function; WithWait and
-// WaitFor to wait for another caller's attempt on the same key instead of
-// getting an InProgressError (Await to wait without calling again); FenceFrom and LeaseFrom in the
+// Begin and the attempt's four endings for callers that cannot wrap their
+// operation in a function; WithWait and WaitFor to wait for another
+// caller's attempt on the same key instead of getting an InProgressError
+// (Await to wait without calling again); FenceFrom and LeaseFrom in the
 // operation's context; the errors of errors.go; WithOnLeaseLost to
 // compensate work whose lease was lost. The endings, by what the record
-// becomes: Commit, COMPLETED with the result; Abort, RELEASED or FAILED as
-// the failure policy decides for the operation's error; Fail, FAILED
-// whatever the policy (the operation took effect, its result cannot be
-// stored); Release, RELEASED without counting a failure (the operation did
-// not start); Abandon, unchanged until the lease expires (the outcome is
-// unknown).
+// becomes: Commit, COMPLETED with the result; Fail, FAILED or RELEASED as
+// the failure policy decides for the operation's error (FAILED whatever
+// the policy on a last try, SetLastTry: the operation took effect, its
+// result cannot be stored); Release, RELEASED without counting a failure
+// (the operation did not start); Abandon, left IN_PROGRESS until the lease
+// expires (the outcome is unknown) or until another writer records it.
 //
 // Adapters (broker consumers, the HTTP middleware) also use BeginBatch and
 // CommitBatch, and CommitBatchWith for a store call that completes more in

@@ -45,14 +45,15 @@ func SetEffect(ctx context.Context, e Effect) error {
 	return nil
 }
 
-// SetLastTry marks the attempt as the key's last try: if its completion is
-// refused because its effect failed (ErrEffect), the key becomes FAILED
-// whatever the failure policy, and the error Commit (or CommitBatch)
-// returns is marked with Terminal. A broker consumer calls it for a
+// SetLastTry marks the attempt as the key's last try: the key becomes
+// FAILED whatever the failure policy when the attempt ends with Fail, or
+// when its completion is refused because its effect failed (ErrEffect),
+// and then the error Commit (or CommitBatch) returns is marked with
+// Terminal. A broker consumer calls it for a
 // message that it dead-letters if it fails (the maximum of deliveries
 // reached, or a last delivery), so that the dead-lettered message's key is
 // FAILED, as after a handler's own error, rather than left RELEASED for a
-// later copy to run again. Call it before the commit; it is safe for
+// later copy to run again. Call it before the ending; it is safe for
 // concurrent use.
 func (a *Attempt) SetLastTry() {
 	a.mu.Lock()

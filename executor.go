@@ -294,7 +294,7 @@ type Result struct {
 // that leaves its outcome unknown (see storekit.OutcomeUnknown), for up to one lease:
 // giving up at once would leave the key IN_PROGRESS, to be taken over and
 // run again after the lease. So while the store is unreachable, such a Do
-// returns after up to one lease. The same holds for Commit, Abort, Release
+// returns after up to one lease. The same holds for Commit, Fail, Release
 // and CommitBatch.
 func (e *Executor) Do(ctx context.Context, key Key, fingerprint string, fn func(ctx context.Context) ([]byte, error), opts ...CallOption) (Result, error) {
 	if fn == nil {
@@ -318,7 +318,10 @@ func (e *Executor) Do(ctx context.Context, key Key, fingerprint string, fn func(
 	sctx := withoutCancel(ctx)
 	res := Result{Value: v, Fence: a.lease.Fence}
 	if ferr != nil {
-		err = a.Abort(sctx, ferr)
+		err = ferr
+		if serr := a.Fail(sctx, ferr); serr != nil {
+			err = errors.Join(ferr, serr)
+		}
 	} else {
 		err = a.Commit(sctx, v)
 	}
@@ -329,10 +332,10 @@ func (e *Executor) Do(ctx context.Context, key Key, fingerprint string, fn func(
 }
 
 // Attempt is one acquisition of a key, returned by Begin, for callers that
-// cannot wrap their operation in a function. Exactly one of Commit, Abort or
-// Release must be called (a replayed Attempt needs none). Its methods are
-// safe for concurrent use; after the first of Commit, Abort or Release, the
-// others return ErrLeaseLost.
+// cannot wrap their operation in a function. Exactly one of its endings,
+// Commit, Fail, Release or Abandon, must be called (a replayed Attempt
+// needs none). Its methods are safe for concurrent use; after the first
+// ending, the others return ErrLeaseLost.
 type Attempt struct {
 	e        *Executor
 	key      string // store key (digest)
@@ -681,45 +684,17 @@ func (a *Attempt) Commit(ctx context.Context, value []byte) error {
 	return nil
 }
 
-// Abort ends the attempt after the operation failed with cause. Per the
-// failure policy the key is released (retryable) or moved to FAILED with
-// cause's text stored (terminal); after the configured maximum of attempts a
-// retryable failure is also stored as FAILED. Abort returns cause, joined
-// with the store's error if the store could not be updated.
-func (a *Attempt) Abort(ctx context.Context, cause error) error {
-	if a.replayed {
-		return cause
-	}
-	if err := a.end(); err != nil {
-		err = errors.Join(cause, err)
-		a.endFailed(ctx, err)
-		return err
-	}
-	defer a.cancel(nil)
-	st, ferr := a.fail(ctx, cause, cause != nil && a.e.policy(cause))
-	if ferr != nil {
-		err := errors.Join(cause, ferr)
-		a.observeEnd(ctx, observe.Executed, ferr, err)
-		return err
-	}
-	a.observeEnd(ctx, failedOrReleased(st), nil, cause)
-	return cause
-}
-
-// failedOrReleased returns the outcome of an attempt whose failure moved
-// the record to st.
-func failedOrReleased(st storekit.State) observe.Outcome {
-	if st == storekit.StateFailed {
-		return observe.Executed
-	}
-	return observe.Released
-}
-
-// Fail ends the attempt with a terminal failure whatever the failure
-// policy: the key becomes FAILED with cause's text stored, and later calls
-// get a *FailedError. Use it when the operation took effect but its result
-// cannot be stored (for example a response over the size limit). It
-// returns the store's error, if any.
+// Fail ends the attempt after the operation failed with cause. The
+// failure policy (WithFailurePolicy) decides what the record becomes:
+// FAILED with cause's text stored, replayed to later calls as a
+// *FailedError (terminal), or RELEASED, so that the next call runs the
+// operation again (retryable; after the configured maximum of attempts a
+// retryable failure is stored as FAILED too). On the attempt's last try
+// (SetLastTry) the record becomes FAILED whatever the policy: mark it so
+// when the operation took effect but its result cannot be stored (for
+// example a response over the size limit). Fail returns the store's error,
+// nil once the failure is recorded, and ErrLeaseLost when the attempt is
+// no longer the owner.
 func (a *Attempt) Fail(ctx context.Context, cause error) error {
 	if a.replayed {
 		return nil
@@ -729,9 +704,25 @@ func (a *Attempt) Fail(ctx context.Context, cause error) error {
 		return err
 	}
 	defer a.cancel(nil)
-	_, err := a.fail(ctx, cause, true)
-	a.observeEnd(ctx, observe.Executed, err, err)
-	return err
+	a.mu.Lock()
+	last := a.lastTry
+	a.mu.Unlock()
+	st, ferr := a.fail(ctx, cause, last || (cause != nil && a.e.policy(cause)))
+	if ferr != nil {
+		a.observeEnd(ctx, observe.Executed, ferr, errors.Join(cause, ferr))
+		return ferr
+	}
+	a.observeEnd(ctx, failedOrReleased(st), nil, cause)
+	return nil
+}
+
+// failedOrReleased returns the outcome of an attempt whose failure moved
+// the record to st.
+func failedOrReleased(st storekit.State) observe.Outcome {
+	if st == storekit.StateFailed {
+		return observe.Executed
+	}
+	return observe.Released
 }
 
 // fail stores a failure and returns the state the record moved to; the
@@ -752,35 +743,24 @@ func (a *Attempt) fail(ctx context.Context, cause error, terminal bool) (storeki
 	return st, nil
 }
 
-// Abandon ends the attempt without telling the store: the heartbeat stops
-// and the record stays IN_PROGRESS until its lease expires, after which the
-// next caller takes the key over. Use it when the operation's outcome is
-// unknown (for example an upstream timed out after receiving the request):
-// releasing could run it twice at once, storing could replay a result that
-// never was. Abandon makes no store call and cannot fail, except with
-// ErrLeaseLost when the attempt already ended.
-func (a *Attempt) Abandon() error {
-	if a.replayed {
-		return nil
-	}
-	if err := a.end(); err != nil {
-		a.endFailed(a.lctx.Context, err)
-		return err
-	}
-	a.cancel(nil)
-	a.observeEnd(a.lctx.Context, observe.Abandoned, nil, nil)
-	return nil
-}
-
-// Handoff ends the attempt without a store call, as Abandon does, for a
-// caller that records the outcome by other means: a commit gate
-// (postgres/pggate) commits the completion in its own transaction and
-// relays it to the store. The Observer (WithObserver) is told o, for
-// example observe.Executed after such a commit, or observe.Replayed when
-// the gate found a completion committed by an earlier run. Handoff cannot
-// fail, except with ErrLeaseLost when the attempt already ended or lost its
-// lease (the Observer is then told of the lost lease).
-func (a *Attempt) Handoff(ctx context.Context, o observe.Outcome) error {
+// Abandon ends the attempt without a store call: the heartbeat stops and
+// the record stays IN_PROGRESS until its lease expires, after which the
+// next caller takes the key over, unless a writer of its own records the
+// outcome first. o is the outcome the Observer (WithObserver) is told:
+//
+//   - observe.Abandoned when the operation's outcome is unknown (for
+//     example an upstream timed out after receiving the request):
+//     releasing could run it twice at once, storing could replay a result
+//     that never was;
+//   - the outcome recorded by other means, for a caller that records it
+//     itself: a commit gate (postgres/pggate) commits the completion in
+//     its own transaction and relays it to the store (observe.Executed),
+//     or found a completion committed by an earlier run
+//     (observe.Replayed).
+//
+// Abandon cannot fail, except with ErrLeaseLost when the attempt already
+// ended or lost its lease (the Observer is then told of the lost lease).
+func (a *Attempt) Abandon(ctx context.Context, o observe.Outcome) error {
 	if a.replayed {
 		return nil
 	}

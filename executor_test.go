@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/memstore"
+	"github.com/idemgo/idem/observe"
 
 	"github.com/idemgo/idem/storekit"
 )
@@ -381,7 +382,7 @@ func TestAbandonLeavesTheKeyUntilTheLeaseEnds(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	if err := a.Abandon(); err != nil {
+	if err := a.Abandon(t.Context(), observe.Abandoned); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := e.Do(t.Context(), key, "", func(context.Context) ([]byte, error) { return nil, nil }); !errors.Is(err, idem.ErrInProgress) {

@@ -178,7 +178,7 @@ func testObserverOutcomes(t *testing.T, store idem.Store) {
 	}
 	want("key held", observe.InProgress)
 	deadline := a.LeaseDeadline()
-	if err := a.Abandon(); err != nil {
+	if err := a.Abandon(t.Context(), observe.Abandoned); err != nil {
 		t.Fatal(err)
 	}
 	want("Abandon", observe.Abandoned)
@@ -299,9 +299,9 @@ func TestObserverBatch(t *testing.T) {
 	}
 }
 
-// TestObserverHandoff checks that Handoff reports the outcome given, once,
+// TestObserverAbandonWith checks that Abandon reports the outcome given, once,
 // and a lost lease as such.
-func TestObserverHandoff(t *testing.T) {
+func TestObserverAbandonWith(t *testing.T) {
 	rec := &recorder{}
 	e, s := newExec(t, idem.WithObserver(rec.observe))
 	ctx := t.Context()
@@ -310,16 +310,16 @@ func TestObserverHandoff(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := a.Handoff(ctx, observe.Executed); err != nil {
+	if err := a.Abandon(ctx, observe.Executed); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.Handoff(ctx, observe.Executed); !errors.Is(err, idem.ErrLeaseLost) {
-		t.Fatalf("second Handoff: got %v, want ErrLeaseLost", err)
+	if err := a.Abandon(ctx, observe.Executed); !errors.Is(err, idem.ErrLeaseLost) {
+		t.Fatalf("second Abandon: got %v, want ErrLeaseLost", err)
 	}
 	if got := rec.take(); len(got) != 1 || got[0].Outcome != observe.Executed {
 		t.Fatalf("got %+v, want one executed", got)
 	}
-	// The record stays IN_PROGRESS: Handoff makes no store call.
+	// The record stays IN_PROGRESS: Abandon makes no store call.
 	if r, err := s.Get(ctx, key.Digest()); err != nil || r.State != storekit.StateInProgress {
 		t.Fatalf("record: got %v, %v, want IN_PROGRESS", r.State, err)
 	}

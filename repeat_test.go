@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/memstore"
+	"github.com/idemgo/idem/observe"
 
 	"github.com/idemgo/idem/storekit"
 )
@@ -275,7 +276,7 @@ func TestLostBatchAcquireRepliesAreRepeated(t *testing.T) {
 		if b.Err != nil || b.Attempt == nil || b.Attempt.Replayed() {
 			t.Fatalf("key %d: %+v; want it acquired", i, b)
 		}
-		_ = b.Attempt.Abandon()
+		_ = b.Attempt.Abandon(t.Context(), observe.Abandoned)
 	}
 	if got := s.acquires.Load(); got != 8 {
 		t.Fatalf("acquires: %d, want 8 (five, then the three lost again)", got)

@@ -10,6 +10,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/boltstore"
 	"github.com/idemgo/idem/memstore"
+	"github.com/idemgo/idem/observe"
 	"github.com/idemgo/idem/redisstore"
 	"github.com/idemgo/idem/storekit"
 )
@@ -64,7 +65,7 @@ func TestStats(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer a.Abandon()
+			defer a.Abandon(ctx, observe.Abandoned)
 
 			st, err := ss.Stats(ctx)
 			if err != nil {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/observe"
 	"github.com/idemgo/idem/storekit"
 )
 
@@ -456,7 +457,7 @@ func (b *Batch) handle(h Handler, i int) {
 			// the key (another owner would run it at once, beside
 			// this one) nor store anything. Its lease ends, and the
 			// next owner takes the key over with a higher fence.
-			_ = a.Abandon()
+			_ = a.Abandon(sctx, observe.Abandoned)
 			b.held[i] = nil
 			b.results[i] = Result{Action: Retry, Delay: max(time.Until(a.LeaseDeadline()), time.Millisecond), Err: ErrAbandoned}
 			return
@@ -469,6 +470,7 @@ func (b *Batch) handle(h Handler, i int) {
 	}
 	b.held[i] = nil
 	if !errors.Is(err, ErrStopping) && (idem.IsTerminal(err) || p.lastTry(m, a)) {
+		a.SetLastTry() // FAILED whatever the Executor's failure policy
 		ferr := a.Fail(sctx, err)
 		if ran {
 			b.leaseLost(i, a, ferr, err)
@@ -669,7 +671,7 @@ func (b *Batch) Commit(ctx context.Context) []Result {
 func (b *Batch) Abandon() {
 	for i, a := range b.held {
 		if a != nil {
-			_ = a.Abandon()
+			_ = a.Abandon(context.WithoutCancel(b.ctx), observe.Abandoned)
 			b.held[i] = nil
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/observe"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -216,7 +217,7 @@ func (s *Server) run(ctx, actx context.Context, a *idem.Attempt, req any, info *
 		_ = a.Release(sctx)
 		return resp, herr
 	case AbandonKey:
-		_ = a.Abandon()
+		_ = a.Abandon(sctx, observe.Abandoned)
 		return resp, herr
 	}
 	var o outcome
@@ -228,6 +229,7 @@ func (s *Server) run(ctx, actx context.Context, a *idem.Attempt, req any, info *
 		if !ok {
 			// It ran; its response cannot be stored: a retry must not
 			// run it again.
+			a.SetLastTry() // FAILED whatever the failure policy
 			_ = a.Fail(sctx, fmt.Errorf("idemgrpc: the response of %s is a %T, not a protobuf message", info.FullMethod, resp))
 			return resp, herr
 		}
@@ -235,6 +237,7 @@ func (s *Server) run(ctx, actx context.Context, a *idem.Attempt, req any, info *
 		defer putBuf(buf)
 		b, err := deterministic.MarshalAppend((*buf)[:0], m)
 		if err != nil {
+			a.SetLastTry() // FAILED whatever the failure policy
 			_ = a.Fail(sctx, fmt.Errorf("idemgrpc: encoding the response: %w", err))
 			return resp, herr
 		}
@@ -244,6 +247,7 @@ func (s *Server) run(ctx, actx context.Context, a *idem.Attempt, req any, info *
 	}
 	blob, err := o.encode()
 	if err != nil {
+		a.SetLastTry() // FAILED whatever the failure policy
 		_ = a.Fail(sctx, err)
 		return resp, herr
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/httpsyntax"
 	"github.com/idemgo/idem/keysource"
+	"github.com/idemgo/idem/observe"
 )
 
 // ErrHandlerPanicked is wrapped by Event.Err when the handler panicked; the
@@ -649,7 +650,7 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, start time.
 		m.emit(r, Event{Outcome: OutcomeReleased, Status: status, Duration: time.Since(start), Err: err})
 		return
 	case decision == AbandonKey:
-		err = a.Abandon()
+		err = a.Abandon(sctx, observe.Abandoned)
 		m.log(r, slog.LevelWarn, "idemhttp: outcome unknown; the key stays in progress until its lease expires", err, a.Key())
 		cw.end()
 		m.emit(r, Event{Outcome: OutcomeAbandoned, Status: status, Duration: time.Since(start), Err: err})
@@ -661,6 +662,7 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, start time.
 		if !cw.overflow {
 			err = fmt.Errorf("%w: response of %d bytes as stored, over the limit of %d", idem.ErrResultTooLarge, len(cw.buf), m.exec.MaxResultSize())
 		}
+		a.SetLastTry() // FAILED whatever the failure policy
 		if ferr := a.Fail(sctx, err); ferr != nil {
 			err = errors.Join(err, ferr)
 			if !cw.sent {

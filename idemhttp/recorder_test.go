@@ -12,6 +12,7 @@ import (
 	"github.com/idemgo/idem/idemhttp"
 	"github.com/idemgo/idem/keysource"
 	"github.com/idemgo/idem/memstore"
+	"github.com/idemgo/idem/observe"
 )
 
 // fakeRecorder records what the middleware asked of it; Record ends the
@@ -26,7 +27,7 @@ type fakeRecorder struct {
 func (f *fakeRecorder) Record(ctx context.Context, response []byte) ([]byte, error) {
 	f.recorded = append([]byte{}, response...)
 	if f.stored != nil {
-		return f.stored, f.a.Abandon()
+		return f.stored, f.a.Abandon(ctx, observe.Abandoned)
 	}
 	return nil, f.a.Commit(ctx, response)
 }

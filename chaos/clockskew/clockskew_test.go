@@ -19,6 +19,7 @@ import (
 	"github.com/idemgo/idem/chaos/chaostest"
 	"github.com/idemgo/idem/idemhttp"
 	"github.com/idemgo/idem/memstore"
+	"github.com/idemgo/idem/observe"
 	"github.com/idemgo/idem/storekit"
 )
 
@@ -179,7 +180,7 @@ func trace(t *testing.T, s idem.Store, offset time.Duration, c *chaostest.Counte
 	var ip *idem.InProgressError
 	add("k2 while held: in progress=%v retry-after within the lease=%v",
 		errors.As(err, &ip), ip != nil && ip.RetryAfter > 0 && ip.RetryAfter <= traceLease)
-	if err := stale.Abandon(); err != nil {
+	if err := stale.Abandon(t.Context(), observe.Abandoned); err != nil {
 		t.Fatal(err)
 	}
 	waitRecord(t, s, stale.Key(), "the end of the lease", func(r storekit.Record) bool { return r.Now.After(r.LeaseUntil) })

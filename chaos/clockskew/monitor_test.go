@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/chaos/chaostest"
+	"github.com/idemgo/idem/observe"
 	"github.com/idemgo/idem/redisstore"
 	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/testkit/redistest"
@@ -330,7 +331,7 @@ func lifecycle(t *testing.T, store *redisstore.Store, scope string, fences *fenc
 		t.Fatal(err)
 	}
 	fences.add(stale.Lease().Fence)
-	if err := stale.Abandon(); err != nil {
+	if err := stale.Abandon(t.Context(), observe.Abandoned); err != nil {
 		t.Fatal(err)
 	}
 	waitRecord(t, store, stale.Key(), "the end of the lease", func(r storekit.Record) bool { return r.Now.After(r.LeaseUntil) })

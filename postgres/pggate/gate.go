@@ -284,7 +284,10 @@ func (g *Gate[T]) Do(ctx context.Context, key idem.Key, fingerprint string, fn f
 	res := idem.Result{Value: v, Fence: a.Lease().Fence}
 	if ferr != nil {
 		_ = tx.Rollback(sctx)
-		return res, a.Abort(sctx, ferr)
+		if err := a.Fail(sctx, ferr); err != nil {
+			return res, errors.Join(ferr, err)
+		}
+		return res, ferr
 	}
 	return g.commit(actx, sctx, a, tx, res)
 }
@@ -384,9 +387,10 @@ func (g *Gate[T]) commit(actx, sctx context.Context, a *idem.Attempt, tx pgq.Tx,
 	blob, conflict, st, err := g.record(actx, sctx, a.Executor(), a, tx, res.Value)
 	switch {
 	case st == stepEncode:
+		a.SetLastTry() // FAILED whatever the failure policy
 		return res, errors.Join(fmt.Errorf("%w; the transaction was rolled back and the key is FAILED", err), a.Fail(sctx, err))
 	case st == stepLease:
-		_ = a.Handoff(sctx, observe.LeaseLost) // the record has a newer owner
+		_ = a.Abandon(sctx, observe.LeaseLost) // the record has a newer owner
 		return res, err
 	case st == stepInsert:
 		return res, g.failed(sctx, a, err)
@@ -398,7 +402,7 @@ func (g *Gate[T]) commit(actx, sctx context.Context, a *idem.Attempt, tx pgq.Tx,
 	case conflict:
 		return g.replay(actx, a)
 	}
-	_ = a.Handoff(sctx, observe.Executed) // ends the attempt; the completion is written below
+	_ = a.Abandon(sctx, observe.Executed) // ends the attempt; the completion is written below
 	g.relayed(sctx, a, blob)
 	return res, nil
 }
@@ -416,6 +420,7 @@ func (g *Gate[T]) relayed(sctx context.Context, a *idem.Attempt, blob []byte) {
 func (g *Gate[T]) failed(sctx context.Context, a *idem.Attempt, err error) error {
 	err = insertErr(err)
 	if errors.Is(err, ErrTxDone) {
+		a.SetLastTry() // FAILED whatever the failure policy
 		return errors.Join(err, a.Fail(sctx, err))
 	}
 	return errors.Join(err, a.Release(sctx))
@@ -457,7 +462,7 @@ FROM idem_completions WHERE digest = $1`, key).Scan(&fp, &c.Fence, &c.Result, &l
 // replay answers an attempt whose insert found a committed completion:
 // the store gets that completion and the caller its result. It ends a.
 func (g *Gate[T]) replay(ctx context.Context, a *idem.Attempt) (res idem.Result, err error) {
-	defer func() { _ = a.Handoff(context.WithoutCancel(ctx), replayOutcome(err)) }()
+	defer func() { _ = a.Abandon(context.WithoutCancel(ctx), replayOutcome(err)) }()
 	c, err := g.load(ctx, a.Key())
 	if err != nil {
 		return idem.Result{}, err

@@ -198,12 +198,13 @@ func (g *Gate[T]) Run(ctx context.Context, key idem.Key, fingerprint string, f *
 	case r.found && r.finished:
 		return g.replay(actx, a)
 	case r.found && r.fingerprint != a.Fingerprint():
-		_ = a.Handoff(sctx, observe.Mismatch)
+		_ = a.Abandon(sctx, observe.Mismatch)
 		return idem.Result{}, idem.ErrMismatch
 	case r.found && r.p.Flow != f.Name:
 		return idem.Result{}, errors.Join(fmt.Errorf("%w: the request belongs to flow %q, not %q", ErrNotFlow, r.p.Flow, f.Name), a.Release(sctx))
 	case r.found && r.p.Failed != "":
 		reason := errors.New(r.p.Failed)
+		a.SetLastTry() // FAILED whatever the failure policy
 		return idem.Result{}, errors.Join(&idem.FailedError{Message: r.p.Failed}, a.Fail(sctx, reason))
 	case r.found && time.Until(r.p.Until) > 0:
 		_ = a.Release(sctx)
@@ -231,17 +232,18 @@ func (g *Gate[T]) Run(ctx context.Context, key idem.Key, fingerprint string, f *
 	done = true
 	if err != nil {
 		if errors.Is(err, ErrClaimLost) {
-			_ = a.Handoff(sctx, observe.LeaseLost)
+			_ = a.Abandon(sctx, observe.LeaseLost)
 			return idem.Result{}, err
 		}
 		if idem.IsTerminal(err) {
 			run.fail(sctx, err.Error())
+			a.SetLastTry() // FAILED whatever the failure policy
 			return idem.Result{}, errors.Join(err, a.Fail(sctx, err))
 		}
 		run.unclaim(sctx)
 		return idem.Result{}, errors.Join(err, a.Release(sctx))
 	}
-	_ = a.Handoff(sctx, observe.Executed)
+	_ = a.Abandon(sctx, observe.Executed)
 	// The store gets the completion after the commit, pgstore too: the
 	// steps' transactions do not complete its record (Do's does).
 	g.relay(sctx, a.Key(), storekit.Completion{Fingerprint: a.Fingerprint(), Fence: a.Lease().Fence, Result: blob, Retention: g.e.Retention()})
