@@ -1,9 +1,6 @@
 package idem
 
-import (
-	"context"
-	"time"
-)
+import "context"
 
 type leaseKey struct{}
 
@@ -41,13 +38,6 @@ func FenceFrom(ctx context.Context) (fence int64, ok bool) {
 	return l.Fence, ok
 }
 
-// OwnerFrom returns the owner token of the attempt that runs with ctx. ok is
-// false outside an attempt.
-func OwnerFrom(ctx context.Context) (owner string, ok bool) {
-	l, ok := LeaseFrom(ctx)
-	return l.Owner, ok
-}
-
 // AttemptFrom returns the attempt that runs with ctx: the one whose
 // operation got ctx (or a context derived from it) from Do, Typed.Do,
 // Begin, BeginBatch or a consumer.Processor. It is for code that must
@@ -61,19 +51,4 @@ func AttemptFrom(ctx context.Context) (a *Attempt, ok bool) {
 		return nil, false
 	}
 	return c.a, true
-}
-
-// LeaseDeadline returns the local time at which the lease of the attempt
-// that runs with ctx ends at the latest (see Attempt.LeaseDeadline): the
-// context is cancelled then, with a cause wrapping ErrLeaseLost, unless an
-// extension moved it. ok is false outside an attempt. It is not ctx's
-// Deadline, since every extension moves it and a Deadline does not move:
-// a downstream call that took it for its own timeout would be cut short
-// while the lease is being extended.
-func LeaseDeadline(ctx context.Context) (deadline time.Time, ok bool) {
-	c, ok := ctx.Value(leaseKey{}).(*leaseCtx)
-	if !ok || c.a == nil {
-		return time.Time{}, false
-	}
-	return c.a.deadline.time(), true
 }

@@ -80,7 +80,7 @@
 // never starts after that local deadline (a reply that comes later fails
 // Do with ErrLeaseLost and releases the key), and its context is cancelled
 // at it, with a cause wrapping ErrLeaseLost, unless an extension moved it
-// in time (LeaseDeadline reports it; the context's Deadline does not,
+// in time (Attempt.LeaseDeadline reports it; the context's Deadline does not,
 // because extensions move it).
 //
 // # Failures

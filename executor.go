@@ -270,7 +270,7 @@ type Result struct {
 //     runs fn with a context that carries the lease (see LeaseFrom and
 //     FenceFrom) and is cancelled, with a cause wrapping ErrLeaseLost, if the
 //     lease is lost or its local deadline passes without a successful
-//     extension (see LeaseDeadline). fn's result is stored and returned.
+//     extension (see Attempt.LeaseDeadline). fn's result is stored and returned.
 //     While fn runs, the lease is extended every third of it. fn never
 //     starts after the lease's local deadline: an acquire whose reply comes
 //     later releases the key and Do returns an error wrapping ErrLeaseLost.
@@ -362,7 +362,7 @@ type Attempt struct {
 
 // Begin acquires key for the caller. It returns the same errors as Do. On
 // success the returned context carries the lease (LeaseFrom, FenceFrom,
-// LeaseDeadline) and is cancelled with a cause wrapping ErrLeaseLost when
+// AttemptFrom) and is cancelled with a cause wrapping ErrLeaseLost when
 // the lease is lost or its local deadline passes without a successful
 // extension; the lease is extended every third of it until the attempt
 // ends.

@@ -41,8 +41,8 @@ func TestDoRunsOnceAndReplays(t *testing.T) {
 		if !ok || fence <= 0 {
 			t.Errorf("FenceFrom: got %d, %v, want a positive fence", fence, ok)
 		}
-		if owner, ok := idem.OwnerFrom(ctx); !ok || owner == "" {
-			t.Errorf("OwnerFrom: got %q, %v", owner, ok)
+		if l, ok := idem.LeaseFrom(ctx); !ok || l.Owner == "" {
+			t.Errorf("LeaseFrom: got owner %q, %v, want one", l.Owner, ok)
 		}
 		return []byte("charged"), nil
 	}

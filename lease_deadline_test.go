@@ -95,7 +95,7 @@ func TestLeaseDeadlineCancels(t *testing.T) {
 	key := idem.Key{ID: "deadline"}
 	sent := time.Now()
 	_, err = e.Do(t.Context(), key, "", func(ctx context.Context) ([]byte, error) {
-		dl, ok := idem.LeaseDeadline(ctx)
+		dl, ok := leaseDeadline(ctx)
 		if !ok || dl.Before(sent.Add(lease)) || dl.After(time.Now().Add(lease)) {
 			t.Errorf("LeaseDeadline: got %v, %v, want between the send and the reply + lease", dl, ok)
 		}
@@ -135,10 +135,10 @@ func TestLeaseDeadlineMovesWithExtensions(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = e.Do(t.Context(), idem.Key{ID: "extended"}, "", func(ctx context.Context) ([]byte, error) {
-		first, _ := idem.LeaseDeadline(ctx)
+		first, _ := leaseDeadline(ctx)
 		deadline := time.Now().Add(10 * time.Second)
 		for {
-			if dl, _ := idem.LeaseDeadline(ctx); dl.After(first.Add(lease)) {
+			if dl, _ := leaseDeadline(ctx); dl.After(first.Add(lease)) {
 				break // extended at least twice
 			}
 			if time.Now().After(deadline) {
@@ -154,4 +154,13 @@ func TestLeaseDeadlineMovesWithExtensions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// leaseDeadline is the lease deadline of the attempt that runs with ctx.
+func leaseDeadline(ctx context.Context) (time.Time, bool) {
+	a, ok := idem.AttemptFrom(ctx)
+	if !ok {
+		return time.Time{}, false
+	}
+	return a.LeaseDeadline(), true
 }

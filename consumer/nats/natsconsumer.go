@@ -47,7 +47,7 @@ var ErrStopped = errors.New("natsconsumer: stopped")
 var errShutdown = errors.New("natsconsumer: shutdown timeout reached")
 
 // Handler processes one message. ctx carries the idempotency lease
-// (idem.FenceFrom, idem.OwnerFrom) and is cancelled when the lease is lost
+// (idem.FenceFrom, idem.LeaseFrom) and is cancelled when the lease is lost
 // or the shutdown timeout is reached. A nil error completes the message's
 // key and acknowledges the message; an error releases the key and has the
 // message redelivered (an error marked with idem.Terminal dead-letters it at
