@@ -21,8 +21,11 @@ const (
 	DefaultLease         = 30 * time.Second
 	DefaultRetention     = 24 * time.Hour
 	DefaultMaxResultSize = 1 << 20
-	DefaultCompressAbove = 4 << 10
 )
+
+// defaultCompressAbove is the default of WithCompressAbove; no other
+// package needs it.
+const defaultCompressAbove = 4 << 10
 
 // FailurePolicy decides whether an error returned by the operation is
 // terminal (the key becomes FAILED and the error text is replayed to later
@@ -63,7 +66,7 @@ func WithMaxResultSize(n int) Option { return func(e *Executor) { e.codec.maxSiz
 
 // WithCompressAbove sets the size above which stored results are deflated
 // (when that makes them smaller). A negative value disables compression.
-// The default is DefaultCompressAbove (4 KiB).
+// The default is 4 KiB.
 func WithCompressAbove(n int) Option { return func(e *Executor) { e.codec.compressAbove = n } }
 
 // WithEncryption seals stored results with aead (for example AES-GCM), with
@@ -126,7 +129,7 @@ func New(store Store, opts ...Option) (*Executor, error) {
 		lease:     DefaultLease,
 		retention: DefaultRetention,
 		policy:    IsTerminal,
-		codec:     blobCodec{compressAbove: DefaultCompressAbove, maxSize: DefaultMaxResultSize},
+		codec:     blobCodec{compressAbove: defaultCompressAbove, maxSize: DefaultMaxResultSize},
 	}
 	for _, o := range opts {
 		o(e)
