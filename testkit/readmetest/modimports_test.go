@@ -3,7 +3,6 @@ package readmetest
 import (
 	"go/parser"
 	"go/token"
-	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
@@ -59,33 +58,19 @@ type module struct{ dir, path string }
 func repoModules(t *testing.T) []module {
 	t.Helper()
 	var mods []module
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+	for _, f := range repoFiles(t, "go.mod") {
+		if path.Base(f) != "go.mod" {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(root, filepath.FromSlash(f)))
 		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			if p != root && skipDir(d.Name()) {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if d.Name() != "go.mod" {
-			return nil
-		}
-		b, err := os.ReadFile(p)
-		if err != nil {
-			return err
+			t.Fatal(err)
 		}
 		for line := range strings.Lines(string(b)) {
-			if f := strings.Fields(line); len(f) == 2 && f[0] == "module" {
-				rel, _ := filepath.Rel(root, filepath.Dir(p))
-				mods = append(mods, module{dir: filepath.ToSlash(rel), path: f[1]})
+			if w := strings.Fields(line); len(w) == 2 && w[0] == "module" {
+				mods = append(mods, module{dir: path.Dir(f), path: w[1]})
 			}
 		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
 	}
 	if len(mods) < 2 {
 		t.Fatalf("got %d modules, want the root and its siblings", len(mods))
