@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/idemgo/idem/testkit/readmetest"
 )
 
 // readmePath is the repository's README, from this package's directory.
@@ -30,47 +32,6 @@ type demoLine struct {
 	comment    string
 }
 
-// shellWords splits a command line the way sh does for the README's
-// commands: words separated by blanks, single quotes kept together, a word
-// starting with # begins a comment.
-func shellWords(line string) (words []string, comment string) {
-	var w strings.Builder
-	inWord, quoted := false, false
-	for i := 0; i < len(line); i++ {
-		c := line[i]
-		switch {
-		case quoted && c == '\'':
-			quoted = false
-		case quoted:
-			w.WriteByte(c)
-		case c == '\'':
-			quoted, inWord = true, true
-		case c == ' ' || c == '\t':
-			if inWord {
-				words = append(words, w.String())
-				w.Reset()
-				inWord = false
-			}
-		case c == '#' && !inWord:
-			return words, strings.TrimSpace(line[i+1:])
-		case c == ';' || c == '&':
-			if inWord {
-				words = append(words, w.String())
-				w.Reset()
-				inWord = false
-			}
-			words = append(words, string(c))
-		default:
-			w.WriteByte(c)
-			inWord = true
-		}
-	}
-	if inWord {
-		words = append(words, w.String())
-	}
-	return words, ""
-}
-
 // readmeDemo returns the commands of the README's demo block, the one after
 // the line naming TestQuickStart.
 func readmeDemo(t *testing.T) []demoLine {
@@ -88,7 +49,7 @@ func readmeDemo(t *testing.T) []demoLine {
 	status := regexp.MustCompile(`^\d{3}\b`)
 	var out []demoLine
 	for line := range strings.Lines(block) {
-		words, comment := shellWords(strings.TrimSpace(line))
+		words, comment := readmetest.ShellWords(strings.TrimSpace(line))
 		d := demoLine{text: strings.TrimSpace(line), method: http.MethodGet, header: http.Header{}, comment: comment}
 		if len(words) >= 3 && words[0] == "sleep" && words[2] == ";" {
 			d.afterSleep, words = true, words[3:]
