@@ -1,4 +1,19 @@
 // Package consume holds the reliability scenarios of idem consume, the
 // sidecar that reads a broker and POSTs each message to an HTTP handler
-// in any language (docs/consume.md).
+// in any language (docs/consume.md). The handler is a process of its own
+// (the test binary run as the role "handler") whose effect is a row in
+// PostgreSQL, written in one transaction with the key's completion row
+// (--gate), with the fence check (the key's last Idempotency-Fence, raised
+// only by a larger one), or with neither (the negative control, which
+// must show duplicates). Held calls are synchronized on the handler's
+// "held" line, never on a sleep; outcomes are counted from the database
+// and the broker once it settled:
+//
+//   - TestConsumeSidecarKilled: the sidecar SIGKILLed while the handler
+//     holds its call, a new sidecar takes over, the stale call goes on;
+//   - TestConsumeHandlerKilled: the handler SIGKILLed before its effect
+//     or after its commit, and started again.
+//
+//	make chaos RUN=TestConsume
+//	make chaos-long RUN=TestConsume
 package consume

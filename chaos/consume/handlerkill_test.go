@@ -1,0 +1,83 @@
+package consume
+
+import (
+	"strconv"
+	"testing"
+
+	"github.com/idemgo/idem/chaos/chaostest"
+	"github.com/idemgo/idem/testkit/redistest"
+)
+
+// TestConsumeHandlerKilled: the handler process is killed (SIGKILL) in
+// the middle of a call and started again on its address; the sidecar
+// retries the message (a reset connection, a refused one, then a call
+// with a higher fence). Several rounds, one kill each, either before the
+// call's effect or after its transaction committed and before its
+// answer. Killed before the effect, nothing is written twice with any
+// handler. Killed after the commit, the retry is a new owner with a
+// higher fence, which the fence check lets through: only the gate
+// (the completion row committed with the effect; the sidecar finds it
+// and acks without a call) keeps one row per key; the fence check and
+// the control write a second row per kill.
+func TestConsumeHandlerKilled(t *testing.T) {
+	t.Parallel()
+	n, rounds := chaostest.Size(40, 1000), chaostest.Size(2, 8)
+	for _, tc := range []struct {
+		name, mode, at, batch string
+		dup                   bool // a second row per kill is expected
+	}{
+		{"gate/before-effect", "gate", "before", "10", false},
+		{"gate/after-commit", "gate", "after", "10", false},
+		{"fence/before-effect", "fence", "before", "1", false},
+		{"fence/after-commit", "fence", "after", "1", true},
+		{"control/after-commit", "none", "after", "1", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			d := newDB(t)
+			srv := redistest.Start(t)
+			s := &stream{rdb: srv.GoRedis(t), addr: srv.Addr(), name: "jobs", group: "g"}
+			keys := keyNames(n)
+			var hold []string
+			for r := range rounds {
+				hold = append(hold, keys[(r+1)*n/(rounds+1)])
+			}
+			h := startHandler(t, "127.0.0.1:0", d, tc.mode, envHold+"="+join(hold), envHoldAt+"="+tc.at)
+			s.send(t, keys...)
+			args := []string{"--from", s.from(), "--to", h.url(), "--lease", "1s", "--batch", tc.batch,
+				"--retry-delay", "10ms", "--max-deliveries", "0", "--name", "s"}
+			if tc.mode == "gate" {
+				args = append(args, "--gate", d.url)
+			}
+			p := sidecar(t, args...)
+			for r := range rounds {
+				h.held()
+				h.proc.Kill()
+				// Started again; the keys held in later rounds are held
+				// by the new process.
+				h = startHandler(t, h.addr, d, tc.mode, envHold+"="+join(hold[r+1:]), envHoldAt+"="+tc.at)
+			}
+			waitFor(t, "every entry settled and every key's effect written", func() bool {
+				return s.settled(t) && len(d.effects(t)) == n
+			})
+			p.Signal(15)
+			if err := p.Wait(60e9); err != nil {
+				t.Errorf("the sidecar: %v\n%s", err, p.Stderr())
+			}
+			o := count(t, d, keys)
+			pending := s.pending(t)
+			o.lost += int(pending)
+			report(t, "consume: handler SIGKILL mid-call, "+tc.name, "TestConsumeHandlerKilled", s.sent, s.sent-pending, o,
+				map[string]string{"kills": strconv.Itoa(rounds), "batch": tc.batch})
+			if o.lost != 0 {
+				t.Errorf("%d of %d keys lost, want 0", o.lost, o.keys)
+			}
+			switch {
+			case tc.dup && o.duplicated != rounds:
+				t.Errorf("%d duplicate effects, want %d (one per kill after the commit: the retry's fence is higher)", o.duplicated, rounds)
+			case !tc.dup && o.duplicated != 0:
+				t.Errorf("%d duplicate effects over %d keys, want 0", o.duplicated, o.keys)
+			}
+		})
+	}
+}
