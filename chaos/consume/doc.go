@@ -11,9 +11,13 @@
 //
 //   - TestConsumeSidecarKilled: the sidecar SIGKILLed while the handler
 //     holds its call, a new sidecar takes over, the stale call goes on;
-//   - TestConsumeHandlerKilled: the handler SIGKILLed before its effect
-//     or after its commit, and started again.
 //
-//	make chaos RUN=TestConsume
-//	make chaos-long RUN=TestConsume
+//   - TestConsumeHandlerKilled: the handler SIGKILLed before its effect
+//     or after its commit, and started again;
+//   - TestConsumeSlowHandlerTakeover: the handler slower than the lease
+//     while the sidecar's link to the store is cut; a second sidecar takes
+//     the key over, then the slow call writes as a stale owner.
+//
+//     make chaos RUN=TestConsume
+//     make chaos-long RUN=TestConsume
 package consume
