@@ -7,17 +7,23 @@
 // only by a larger one), or with neither (the negative control, which
 // must show duplicates). Held calls are synchronized on the handler's
 // "held" line, never on a sleep; outcomes are counted from the database
-// and the broker once it settled:
+// and the broker once it settled.
 //
-//   - TestConsumeSidecarKilled: the sidecar SIGKILLed while the handler
-//     holds its call, a new sidecar takes over, the stale call goes on;
+// TestConsumeSidecarKilled: the sidecar SIGKILLed while the handler holds
+// its call, a new sidecar takes over, the stale call goes on.
 //
-//   - TestConsumeHandlerKilled: the handler SIGKILLed before its effect
-//     or after its commit, and started again;
-//   - TestConsumeSlowHandlerTakeover: the handler slower than the lease
-//     while the sidecar's link to the store is cut; a second sidecar takes
-//     the key over, then the slow call writes as a stale owner.
+// TestConsumeHandlerKilled: the handler SIGKILLed before its effect or
+// after its commit, and started again.
 //
-//     make chaos RUN=TestConsume
-//     make chaos-long RUN=TestConsume
+// TestConsumeSlowHandlerTakeover: the handler slower than the lease while
+// the sidecar's link to the store is cut; a second sidecar takes the key
+// over, then the slow call writes as a stale owner.
+//
+// TestConsumeRedeliveryStorm: copies of every message and broker
+// redeliveries, read by three sidecars.
+//
+// Run them with:
+//
+//	make chaos RUN=TestConsume
+//	make chaos-long RUN=TestConsume
 package consume
