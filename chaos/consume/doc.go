@@ -22,6 +22,9 @@
 // TestConsumeRedeliveryStorm: copies of every message and broker
 // redeliveries, read by three sidecars.
 //
+// TestConsumeRedisFlushed: FLUSHALL on the store's redis-server in the
+// middle of a run from RabbitMQ, with --gate, then every message again.
+//
 // Run them with:
 //
 //	make chaos RUN=TestConsume
