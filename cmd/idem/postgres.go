@@ -7,10 +7,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/cmd/idem/internal/cli"
 	"github.com/idemgo/idem/cmd/idem/internal/redact"
+	"github.com/idemgo/idem/cmd/idem/internal/relaying"
 	"github.com/idemgo/idem/postgres/pggate"
+	"github.com/idemgo/idem/postgres/pgoutbox"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -91,10 +92,16 @@ func (r *relayFlags) run(ctx context.Context, e *env, args []string) (err error)
 	}
 	defer pool.Close()
 	if outbox {
-		finish, err := r.outbox.start(ctx, e, pool, describe, r.once)
+		o := &r.outbox
+		if o.interval <= 0 || o.retention <= 0 {
+			return cli.Usagef("relay: --outbox-interval and --outbox-retention must be positive")
+		}
+		ob, err := relaying.OpenOutbox(ctx, pool, describe, o.routes, pgoutbox.WithInterval(o.interval), pgoutbox.WithRetention(o.retention))
 		if err != nil {
 			return err
 		}
+		defer ob.Close()
+		finish := r.loop(e, o.interval, "outbox: ").Start(ctx, ob)
 		if !s.redis() {
 			if !r.once {
 				<-ctx.Done()
@@ -103,54 +110,25 @@ func (r *relayFlags) run(ctx context.Context, e *env, args []string) (err error)
 		}
 		defer func() { err = errors.Join(err, finish()) }()
 	}
-	return r.relayGate(ctx, e, pool, describe)
-}
-
-// relayGate relays the completions of the gate's database (pool, described
-// by describe) to the Redis store of the flags: once with --once, or else
-// every --interval until ctx ends.
-func (r *relayFlags) relayGate(ctx context.Context, e *env, pool *pgxpool.Pool, describe string) error {
-	rs, err := r.store.open(ctx, false) // Redis: --postgres is the gate's database here
+	// The gate's completions go to the Redis store of the flags (--postgres
+	// is the gate's database here).
+	rs, err := s.open(ctx, false)
 	if err != nil {
 		return err
 	}
 	defer rs.Close()
-	exec, err := idem.New(rs.Store)
-	if err != nil {
-		return err
-	}
-	g, err := pggate.New(exec, pool, pggate.WithRelayInterval(0), pggate.WithSweepInterval(0), pggate.WithRelayDelay(r.delay))
+	g, err := relaying.OpenGate(rs.Store, pool, r.delay, describe, rs.Describe)
 	if err != nil {
 		return err
 	}
 	defer g.Close()
-	pass := func() error {
-		n, rerr := g.Relay(ctx)
-		d, serr := g.Sweep(ctx)
-		if n > 0 || d > 0 || r.once {
-			fmt.Fprintf(e.stdout, "%s relayed %d completions from %s to %s, deleted %d expired rows\n",
-				time.Now().UTC().Format(time.RFC3339), n, describe, rs.Describe, d)
-		}
-		return errors.Join(rerr, serr)
-	}
-	if r.once {
-		return pass()
-	}
-	return r.loop(ctx, e, pass)
+	return r.loop(e, r.interval, "").Run(ctx, g)
 }
 
-// loop runs pass every interval until ctx is done, printing its errors.
-func (r *relayFlags) loop(ctx context.Context, e *env, pass func() error) error {
-	t := time.NewTicker(r.interval)
-	defer t.Stop()
-	for {
-		if err := pass(); err != nil && ctx.Err() == nil {
-			fmt.Fprintf(e.stderr, "idem: relay: %s\n", oneLine(e.hider.Hide(err.Error())))
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
+// loop is how relay runs a pass: once with --once, or else every interval,
+// printing its errors after "idem: relay: " and what.
+func (r *relayFlags) loop(e *env, interval time.Duration, what string) relaying.Loop {
+	return relaying.Loop{Once: r.once, Interval: interval, Out: e.stdout, Report: func(err error) {
+		fmt.Fprintf(e.stderr, "idem: relay: %s%s\n", what, oneLine(e.hider.Hide(err.Error())))
+	}}
 }
