@@ -21,18 +21,6 @@ const (
 	exitUsage   = 2 // bad command line or environment
 )
 
-// urlFlagError is the usage error of a URL flag whose value err rejects:
-// the value and the error without its secrets, and a hint when the value
-// lacks a scheme (a bare host:port), which the URL parsers read oddly; a
-// Postgres keyword/value string needs none.
-func urlFlagError(flag, raw string, err error, scheme string) error {
-	hint := ""
-	if !strings.Contains(raw, "://") && !(scheme == "postgres" && redact.IsKeywordValue(raw)) {
-		hint = "; add the scheme: " + flag + " " + scheme + "://" + redact.URL(raw)
-	}
-	return cli.Usagef("invalid %s URL %q: %s%s", flag, redact.URL(raw), redact.Scrub(err.Error(), raw), hint)
-}
-
 // errHelp reports that help was printed: exit code 0.
 var errHelp = errors.New("help printed")
 

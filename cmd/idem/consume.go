@@ -22,6 +22,7 @@ import (
 	"github.com/idemgo/idem/cmd/idem/internal/delivery"
 	"github.com/idemgo/idem/cmd/idem/internal/redact"
 	"github.com/idemgo/idem/cmd/idem/internal/serving"
+	"github.com/idemgo/idem/cmd/idem/internal/storeopen"
 	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/consumer/redisstream"
 	"github.com/idemgo/idem/consumer/sidecar"
@@ -340,7 +341,7 @@ func runConsume(ctx context.Context, e *env, c *consumeConfig) error {
 // the table are their own gates' to relay; its janitor deletes expired
 // rows.
 func (c *consumeConfig) openGate(ctx context.Context, exec *idem.Executor, log *slog.Logger) (func(), error) {
-	pool, describe, err := openPool(ctx, "--gate", c.gate)
+	pool, describe, err := storeopen.Pool(ctx, "--gate", c.gate)
 	if err != nil {
 		return nil, err
 	}
@@ -368,8 +369,8 @@ func (c *consumeConfig) openStore(ctx context.Context) (*openedStore, error) {
 	if !c.store.redis() {
 		return c.store.openRedis(ctx, redis.NewClient(b.Redis), fmt.Sprintf("redis %s db %d", b.Redis.Addr, b.Redis.DB))
 	}
-	if c.store.redisURL != "" {
-		opt, _ := redis.ParseURL(c.store.redisURL) // validated
+	if c.store.target.URL != "" {
+		opt, _ := redis.ParseURL(c.store.target.URL) // validated
 		if opt.Addr != b.Redis.Addr || opt.DB != b.Redis.DB {
 			return nil, cli.Usagef("consume: the records of Redis stream %s must live on its server (the key is completed and the entry acked in one script): --redis is %s db %d, the stream is on %s db %d; drop --redis or make them one",
 				b.Target, opt.Addr, opt.DB, b.Redis.Addr, b.Redis.DB)

@@ -6,6 +6,7 @@ import (
 
 	"github.com/idemgo/idem/cmd/idem/internal/cli"
 	"github.com/idemgo/idem/cmd/idem/internal/doctor"
+	"github.com/idemgo/idem/cmd/idem/internal/storeopen"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -122,38 +123,25 @@ func doctorRedis(ctx context.Context, r *doctor.Report, d *doctorFlags) {
 		return
 	}
 	defer c.Close()
-	o := &doctor.Redis{Prefix: s.prefix, WaitReplicas: d.waitReplicas, WaitAOF: d.waitAOF, NotRedis: s.probe().NotRedis}
+	o := &doctor.Redis{Prefix: s.prefix, WaitReplicas: d.waitReplicas, WaitAOF: d.waitAOF, NotRedis: s.target.Probe().NotRedis}
 	o.Run(ctx, r, c, nodes)
 }
 
 // doctorClients returns the client of the flags' Redis and the clients of
 // its servers: the one server, or each primary of a Cluster.
 func (s *storeFlags) doctorClients(ctx context.Context) (redis.UniversalClient, []*redis.Client, error) {
-	switch {
-	case s.redisURL != "":
-		opt, err := redis.ParseURL(s.redisURL)
-		if err != nil {
-			return nil, nil, urlFlagError("--redis", s.redisURL, err, "redis")
-		}
-		rc := redis.NewClient(opt)
-		return rc, []*redis.Client{rc}, nil
-	case s.sentinel != "":
-		opt, err := s.sentinelOptions()
-		if err != nil {
-			return nil, nil, err
-		}
-		rc := redis.NewFailoverClient(opt)
-		return rc, []*redis.Client{rc}, nil
-	}
-	opt, err := s.clusterOptions()
+	c, _, err := s.target.Client()
 	if err != nil {
 		return nil, nil, err
 	}
-	cc := redis.NewClusterClient(opt)
+	if rc, ok := c.(*redis.Client); ok { // one server, or behind Sentinels
+		return rc, []*redis.Client{rc}, nil
+	}
+	cc := c.(*redis.ClusterClient)
 	nodes, err := doctor.Primaries(ctx, cc)
 	if err != nil {
 		cc.Close()
-		if nr := s.probe().NotRedis(ctx); nr != nil {
+		if nr := s.target.Probe().NotRedis(ctx); nr != nil {
 			err = nr
 		}
 		return nil, nil, fmt.Errorf("cannot reach the cluster: %v", err)
@@ -163,7 +151,7 @@ func (s *storeFlags) doctorClients(ctx context.Context) (redis.UniversalClient, 
 
 // doctorPostgres opens the --postgres database and runs its checks.
 func doctorPostgres(ctx context.Context, r *doctor.Report, s *storeFlags) {
-	pool, describe, err := s.openPool(ctx)
+	pool, describe, err := storeopen.Pool(ctx, "--postgres", s.postgres)
 	if err != nil {
 		r.Add(doctor.Fail, "postgres", "%v", err)
 		return

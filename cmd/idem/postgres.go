@@ -8,37 +8,11 @@ import (
 	"time"
 
 	"github.com/idemgo/idem/cmd/idem/internal/cli"
-	"github.com/idemgo/idem/cmd/idem/internal/redact"
 	"github.com/idemgo/idem/cmd/idem/internal/relaying"
+	"github.com/idemgo/idem/cmd/idem/internal/storeopen"
 	"github.com/idemgo/idem/postgres/pggate"
 	"github.com/idemgo/idem/postgres/pgoutbox"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
-
-// openPool opens and pings the --postgres database.
-func (s *storeFlags) openPool(ctx context.Context) (*pgxpool.Pool, string, error) {
-	return openPool(ctx, "--postgres", s.postgres)
-}
-
-// openPool opens and pings the database at raw, the value of flag.
-func openPool(ctx context.Context, flag, raw string) (*pgxpool.Pool, string, error) {
-	cfg, err := pgxpool.ParseConfig(raw)
-	if err != nil {
-		return nil, "", urlFlagError(flag, raw, err, "postgres")
-	}
-	describe := fmt.Sprintf("postgres %s:%d/%s", cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database)
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, "", fmt.Errorf("%s: %s", describe, redact.Scrub(err.Error(), raw))
-	}
-	pctx, cancel := context.WithTimeout(ctx, connectTimeout)
-	defer cancel()
-	if err := pool.Ping(pctx); err != nil {
-		pool.Close()
-		return nil, "", fmt.Errorf("%s is not reachable: %s", describe, redact.Scrub(err.Error(), raw))
-	}
-	return pool, describe, nil
-}
 
 func relayCommand() *command {
 	return &command{
@@ -86,7 +60,7 @@ func (r *relayFlags) run(ctx context.Context, e *env, args []string) (err error)
 	if err != nil {
 		return err
 	}
-	pool, describe, err := s.openPool(ctx)
+	pool, describe, err := storeopen.Pool(ctx, "--postgres", s.postgres)
 	if err != nil {
 		return err
 	}

@@ -226,7 +226,7 @@ func (c *proxyConfig) validate() error {
 	}
 	u, err := url.Parse(c.upstream)
 	if err != nil {
-		return urlFlagError("--upstream", c.upstream, err, "http")
+		return cli.URLError("--upstream", c.upstream, err, "http")
 	}
 	c.proxy.Target = u
 	if err := c.proxy.Check(); err != nil {
@@ -269,7 +269,7 @@ func (c *proxyConfig) fieldError(err error) error {
 			switch {
 			case d.Field != fe.Field:
 			case d.Secret == cli.URLSecret:
-				return urlFlagError("--"+d.Name, d.Value.String(), errors.New(fe.Reason), "http")
+				return cli.URLError("--"+d.Name, d.Value.String(), errors.New(fe.Reason), "http")
 			default:
 				return cli.Usagef("--%s: %s", d.Name, fe.Reason)
 			}

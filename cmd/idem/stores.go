@@ -20,12 +20,7 @@ import (
 // storeFlags choose the store: Redis, a Redis Cluster, or the embedded
 // store (the default).
 type storeFlags struct {
-	redisURL    string
-	cluster     string
-	sentinel    string // --redis-sentinel NAME@HOST:PORT,...
-	username    string // --redis-username, for --redis-sentinel and --redis-cluster
-	password    string // --redis-password, likewise
-	sentinelPW  string // --redis-sentinel-password: the Sentinels' own
+	target      storeopen.RedisTarget // --redis, --redis-cluster, --redis-sentinel and their user and passwords
 	prefix      string
 	data        string
 	dataDefault string
@@ -61,12 +56,12 @@ const (
 func (s *storeFlags) flags() []cli.Def {
 	s.prefix, s.data = redisstore.DefaultPrefix, defaultDataDir
 	return []cli.Def{
-		{Name: "redis", Placeholder: "URL", Value: cli.String(&s.redisURL), Secret: cli.URLSecret, Usage: "Redis server for the records, e.g. redis://:password@host:6379/0 (rediss:// for TLS); several proxies may share it"},
-		{Name: "redis-cluster", Placeholder: "ADDRS", Value: cli.String(&s.cluster), Secret: cli.URLSecret, Usage: "Redis Cluster for the records: host:port,host:port,... or a redis:// URL with addr= parameters"},
-		{Name: "redis-sentinel", Placeholder: "NAME@ADDRS", Value: cli.String(&s.sentinel), Usage: "Redis behind Sentinels: the primary's name and the Sentinels, e.g. mymaster@10.0.0.1:26379,10.0.0.2:26379,10.0.0.3:26379"},
-		{Name: "redis-username", Placeholder: "USER", Value: cli.String(&s.username), Usage: "ACL user for --redis-sentinel and --redis-cluster (with --redis, put it in the URL)"},
-		{Name: "redis-password", Placeholder: "PASSWORD", Value: cli.String(&s.password), Secret: cli.FullSecret, Usage: "password for --redis-sentinel and --redis-cluster (with --redis, put it in the URL); prefer the environment variable"},
-		{Name: "redis-sentinel-password", Placeholder: "PASSWORD", Value: cli.String(&s.sentinelPW), Secret: cli.FullSecret, Usage: "password of the Sentinels themselves (requirepass of redis-server --sentinel)"},
+		{Name: "redis", Placeholder: "URL", Value: cli.String(&s.target.URL), Secret: cli.URLSecret, Usage: "Redis server for the records, e.g. redis://:password@host:6379/0 (rediss:// for TLS); several proxies may share it"},
+		{Name: "redis-cluster", Placeholder: "ADDRS", Value: cli.String(&s.target.Cluster), Secret: cli.URLSecret, Usage: "Redis Cluster for the records: host:port,host:port,... or a redis:// URL with addr= parameters"},
+		{Name: "redis-sentinel", Placeholder: "NAME@ADDRS", Value: cli.String(&s.target.Sentinel), Usage: "Redis behind Sentinels: the primary's name and the Sentinels, e.g. mymaster@10.0.0.1:26379,10.0.0.2:26379,10.0.0.3:26379"},
+		{Name: "redis-username", Placeholder: "USER", Value: cli.String(&s.target.Username), Usage: "ACL user for --redis-sentinel and --redis-cluster (with --redis, put it in the URL)"},
+		{Name: "redis-password", Placeholder: "PASSWORD", Value: cli.String(&s.target.Password), Secret: cli.FullSecret, Usage: "password for --redis-sentinel and --redis-cluster (with --redis, put it in the URL); prefer the environment variable"},
+		{Name: "redis-sentinel-password", Placeholder: "PASSWORD", Value: cli.String(&s.target.SentinelPassword), Secret: cli.FullSecret, Usage: "password of the Sentinels themselves (requirepass of redis-server --sentinel)"},
 		{Name: "redis-prefix", Placeholder: "PREFIX", Value: cli.String(&s.prefix), Usage: "prefix of the record keys in Redis"},
 		{Name: "data", Placeholder: "DIR", Value: cli.String(&s.data), Usage: "directory of the embedded store (files DIR/" + dataFile + " and DIR/" + dataFile + ".log), used when no Redis is given"},
 		{Name: "postgres", Placeholder: "URL", Value: cli.String(&s.postgres), Secret: cli.URLSecret, Usage: "PostgreSQL for the records (pgstore), e.g. postgres://user:password@host:5432/db; its tables go in the first schema of the search_path"},
@@ -97,108 +92,24 @@ func (s *storeFlags) proxyFlags() []cli.Def {
 
 // validate checks the flags without I/O.
 func (s *storeFlags) validate() error {
-	return cli.FirstError(
+	err := cli.FirstError(
 		cli.Check(s.waitReplicas > 0 && !s.redis(), "--wait-replicas needs a Redis store (--redis, --redis-cluster or --redis-sentinel)"),
 		cli.Check(s.waitReplicas > 0 && s.waitTimeout <= 0, "--wait-replicas-timeout %v must be positive", s.waitTimeout),
-		cli.Check(countSet(s.redisURL, s.cluster, s.sentinel) > 1, "--redis, --redis-cluster and --redis-sentinel exclude each other; give one"),
-		cli.Check(s.redisURL != "" && (s.username != "" || s.password != ""), "--redis-username and --redis-password go with --redis-sentinel or --redis-cluster; with --redis, put them in the URL (redis://user:password@host:port)"),
-		cli.Check(s.sentinelPW != "" && s.sentinel == "", "--redis-sentinel-password needs --redis-sentinel"),
+		s.target.Check(),
 		cli.Check(s.postgres != "" && !s.hybrid && s.redis(), "--postgres and --redis exclude each other; give one store"),
 		cli.Check(strings.ContainsAny(s.prefix, "{}"), "invalid --redis-prefix %q: it must not contain { or }", s.prefix),
 		cli.Check(!s.redis() && s.data == "", "--data is empty; give a directory for the embedded store"),
-		s.validateURLs(),
 	)
-}
-
-// validateURLs parses the flags that hold URLs or addresses.
-func (s *storeFlags) validateURLs() error {
-	if s.sentinel != "" {
-		if _, err := s.sentinelOptions(); err != nil {
-			return err
+	if err == nil && s.postgres != "" {
+		if _, perr := pgxpool.ParseConfig(s.postgres); perr != nil {
+			err = cli.URLError("--postgres", s.postgres, perr, "postgres")
 		}
 	}
-	if s.postgres != "" {
-		if _, err := pgxpool.ParseConfig(s.postgres); err != nil {
-			return urlFlagError("--postgres", s.postgres, err, "postgres")
-		}
-	}
-	if s.redisURL != "" {
-		if _, err := redis.ParseURL(s.redisURL); err != nil {
-			return urlFlagError("--redis", s.redisURL, err, "redis")
-		}
-	}
-	if s.cluster != "" {
-		if _, err := s.clusterOptions(); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// countSet returns how many of vs are not empty.
-func countSet(vs ...string) int {
-	n := 0
-	for _, v := range vs {
-		if v != "" {
-			n++
-		}
-	}
-	return n
-}
-
-func (s *storeFlags) clusterOptions() (*redis.ClusterOptions, error) {
-	if strings.Contains(s.cluster, "://") {
-		o, err := redis.ParseClusterURL(s.cluster)
-		if err != nil {
-			return nil, urlFlagError("--redis-cluster", s.cluster, err, "redis")
-		}
-		return o, nil
-	}
-	addrs, err := parseAddrs("--redis-cluster", s.cluster)
-	if err != nil {
-		return nil, err
-	}
-	return &redis.ClusterOptions{Addrs: addrs, Username: s.username, Password: s.password}, nil
-}
-
-// sentinelOptions parses --redis-sentinel NAME@HOST:PORT,... into the
-// options of go-redis's failover client.
-func (s *storeFlags) sentinelOptions() (*redis.FailoverOptions, error) {
-	name, list, ok := strings.Cut(s.sentinel, "@")
-	if !ok || strings.TrimSpace(name) == "" {
-		return nil, cli.Usagef("invalid --redis-sentinel %q: want NAME@HOST:PORT,... (the primary's name as the Sentinels know it, then the Sentinels)", s.sentinel)
-	}
-	addrs, err := parseAddrs("--redis-sentinel", list)
-	if err != nil {
-		return nil, err
-	}
-	return &redis.FailoverOptions{
-		MasterName: strings.TrimSpace(name), SentinelAddrs: addrs, SentinelPassword: s.sentinelPW,
-		Username: s.username, Password: s.password,
-	}, nil
+	return err
 }
 
 // redis reports whether the flags choose a Redis store.
-func (s *storeFlags) redis() bool { return s.redisURL != "" || s.cluster != "" || s.sentinel != "" }
-
-// parseAddrs parses the host:port,host:port,... list of flag.
-func parseAddrs(flag, list string) ([]string, error) {
-	var addrs []string
-	for a := range strings.SplitSeq(list, ",") {
-		a = strings.TrimSpace(a)
-		if a == "" {
-			continue
-		}
-		if _, port, ok := strings.Cut(a, ":"); !ok || port == "" {
-			return nil, cli.Usagef("invalid %s address %q: want host:port", flag, a)
-		}
-		addrs = append(addrs, a)
-	}
-	if len(addrs) == 0 {
-		return nil, cli.Usagef("%s has no address", flag)
-	}
-	return addrs, nil
-}
+func (s *storeFlags) redis() bool { return s.target.Named() }
 
 // openedStore is a store opened by a command.
 type openedStore = storeopen.Store
@@ -208,29 +119,14 @@ type openedStore = storeopen.Store
 // is pinged, so that a wrong address is reported at once.
 func (s *storeFlags) open(ctx context.Context, create bool) (*openedStore, error) {
 	switch {
-	case s.redisURL != "":
-		opt, err := redis.ParseURL(s.redisURL)
-		if err != nil {
-			return nil, urlFlagError("--redis", s.redisURL, err, "redis")
-		}
-		c := redis.NewClient(opt)
-		return s.openRedis(ctx, c, fmt.Sprintf("redis %s db %d", opt.Addr, opt.DB))
-	case s.cluster != "":
-		opt, err := s.clusterOptions()
+	case s.redis():
+		c, describe, err := s.target.Client()
 		if err != nil {
 			return nil, err
 		}
-		c := redis.NewClusterClient(opt)
-		return s.openRedis(ctx, c, "redis cluster "+strings.Join(opt.Addrs, ","))
-	case s.sentinel != "":
-		opt, err := s.sentinelOptions()
-		if err != nil {
-			return nil, err
-		}
-		c := redis.NewFailoverClient(opt)
-		return s.openRedis(ctx, c, "redis sentinel "+opt.MasterName+"@"+strings.Join(opt.SentinelAddrs, ","))
+		return s.openRedis(ctx, c, describe)
 	case s.postgres != "":
-		pool, describe, err := s.openPool(ctx)
+		pool, describe, err := storeopen.Pool(ctx, "--postgres", s.postgres)
 		if err != nil {
 			return nil, err
 		}
@@ -243,28 +139,8 @@ func (s *storeFlags) open(ctx context.Context, create bool) (*openedStore, error
 func (s *storeFlags) openRedis(ctx context.Context, c redis.UniversalClient, describe string) (*openedStore, error) {
 	return storeopen.Redis(ctx, c, describe, storeopen.RedisOptions{
 		Prefix: s.prefix, AllowEviction: s.allowEviction, WaitReplicas: s.waitReplicas, WaitTimeout: s.waitTimeout,
-		CheckInterval: s.checkInterval, Logger: s.logger, Probe: s.probe(),
+		CheckInterval: s.checkInterval, Logger: s.logger, Probe: s.target.Probe(),
 	})
-}
-
-// probe returns the servers the Redis flags name, asked whether they are
-// Redis servers at all when the ping fails.
-func (s *storeFlags) probe() storeopen.Probe {
-	switch {
-	case s.redisURL != "":
-		if opt, err := redis.ParseURL(s.redisURL); err == nil {
-			return storeopen.Probe{Network: opt.Network, Addrs: []string{opt.Addr}, TLS: opt.TLSConfig}
-		}
-	case s.cluster != "":
-		if opt, err := s.clusterOptions(); err == nil {
-			return storeopen.Probe{Addrs: opt.Addrs, TLS: opt.TLSConfig}
-		}
-	case s.sentinel != "":
-		if opt, err := s.sentinelOptions(); err == nil {
-			return storeopen.Probe{Addrs: opt.SentinelAddrs}
-		}
-	}
-	return storeopen.Probe{}
 }
 
 // dataPath returns the embedded store's file.

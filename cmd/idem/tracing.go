@@ -42,7 +42,7 @@ func (t *tracingFlags) validate() error {
 func (t *tracingFlags) exportURL() (string, error) {
 	u, err := tracing.ExportURL(t.endpoint)
 	if err != nil {
-		return "", urlFlagError("--otel-endpoint", t.endpoint, err, "http")
+		return "", cli.URLError("--otel-endpoint", t.endpoint, err, "http")
 	}
 	return u, nil
 }

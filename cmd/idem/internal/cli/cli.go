@@ -55,6 +55,18 @@ func Cause(err error) error {
 	return err
 }
 
+// URLError is the usage error of a URL flag whose value err rejects: the
+// value and the error without its secrets, and a hint when the value lacks
+// a scheme (a bare host:port), which the URL parsers read oddly; a
+// Postgres keyword/value string needs none.
+func URLError(flag, raw string, err error, scheme string) error {
+	hint := ""
+	if !strings.Contains(raw, "://") && !(scheme == "postgres" && redact.IsKeywordValue(raw)) {
+		hint = "; add the scheme: " + flag + " " + scheme + "://" + redact.URL(raw)
+	}
+	return Usagef("invalid %s URL %q: %s%s", flag, redact.URL(raw), redact.Scrub(err.Error(), raw), hint)
+}
+
 // Set is a flag.FlagSet that knows each flag's value placeholder, reads
 // IDEM_* environment variables and prints help that reads well.
 type Set struct {

@@ -3,7 +3,9 @@
 // and PostgreSQL (pgstore). It turns what goes wrong at start into the one
 // line a command prints, naming the fix: a server that is not Redis, an
 // evicting or too old Redis, an embedded store that is locked, damaged or
-// not readable. The flags are main's; this package takes their values.
+// not readable. The flags are main's; this package takes their values:
+// RedisTarget is the Redis that the values of the Redis flags name, and
+// Pool opens the PostgreSQL database of a URL flag.
 package storeopen
 
 import (
