@@ -71,8 +71,10 @@ algorithm as the Go adapters) and POSTs each one to the HTTP handler at
 
 Each request carries the message's body as received and the headers
 Idempotency-Key, Idempotency-Digest (the scoped key's digest), Idempotency-Fence (grows with every acquisition of the
-key: a handler that stores it with its effect and refuses a smaller one
-applies each message once even after a takeover), Idem-Broker, Idem-Topic,
+key: a handler that stores it with its effect and refuses a write whose
+fence is not above the stored one keeps out a stale owner after a
+takeover; for one effect per key also when an answer or a record is lost,
+see --gate), Idem-Broker, Idem-Topic,
 Idem-Message-Id, Idem-Partition and Idem-Offset (Kafka), Idem-Deliveries,
 and the message's traceparent and tracestate; its other headers (a Redis
 stream entry's other fields) as Idem-Header-NAME.

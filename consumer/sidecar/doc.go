@@ -8,8 +8,10 @@
 //
 // Each message is POSTed to Handler.URL with its body as received and the
 // headers Idempotency-Key, Idempotency-Fence (the lease's fencing token:
-// a handler that stores it with its effect and refuses a smaller one
-// applies each message once even after a takeover), the broker's metadata
+// a handler that stores it with its effect and refuses a write whose fence
+// is not above the stored one keeps out a stale owner after a takeover; a
+// call whose effect committed and whose answer, or record, was lost is
+// made again with a higher fence: docs/consume.md), the broker's metadata
 // (Idem-Broker, Idem-Topic, Idem-Message-Id, Idem-Partition, Idem-Offset,
 // Idem-Deliveries) and the message's traceparent and tracestate, if any.
 // The answer decides:
