@@ -1,11 +1,14 @@
 package main
 
 import (
+	"context"
 	"strings"
 	"time"
 
 	"github.com/idemgo/idem/cmd/idem/internal/cli"
+	"github.com/idemgo/idem/cmd/idem/internal/relaying"
 	"github.com/idemgo/idem/postgres/pgoutbox"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // outboxHelp is the part of `idem help relay` about --outbox.
@@ -58,4 +61,13 @@ func (o *outboxFlags) register(fs *cli.Set) {
 		Usage: "send the outbox rows of destination NAME to the broker at URL (repeatable; see above)"})
 	fs.Duration(&o.interval, "outbox-interval", pgoutbox.DefaultInterval, "time between two passes over the outbox when none is left")
 	fs.Duration(&o.retention, "outbox-retention", pgoutbox.DefaultRetention, "how long sent outbox rows are kept")
+}
+
+// open opens the relay of the outbox on pool (db describes it) to the
+// --outbox routes.
+func (o *outboxFlags) open(ctx context.Context, pool *pgxpool.Pool, db string) (*relaying.Outbox, error) {
+	if o.interval <= 0 || o.retention <= 0 {
+		return nil, cli.Usagef("relay: --outbox-interval and --outbox-retention must be positive")
+	}
+	return relaying.OpenOutbox(ctx, pool, db, o.routes, pgoutbox.WithInterval(o.interval), pgoutbox.WithRetention(o.retention))
 }

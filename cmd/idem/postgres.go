@@ -11,7 +11,7 @@ import (
 	"github.com/idemgo/idem/cmd/idem/internal/relaying"
 	"github.com/idemgo/idem/cmd/idem/internal/storeopen"
 	"github.com/idemgo/idem/postgres/pggate"
-	"github.com/idemgo/idem/postgres/pgoutbox"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 func relayCommand() *command {
@@ -66,16 +66,12 @@ func (r *relayFlags) run(ctx context.Context, e *env, args []string) (err error)
 	}
 	defer pool.Close()
 	if outbox {
-		o := &r.outbox
-		if o.interval <= 0 || o.retention <= 0 {
-			return cli.Usagef("relay: --outbox-interval and --outbox-retention must be positive")
-		}
-		ob, err := relaying.OpenOutbox(ctx, pool, describe, o.routes, pgoutbox.WithInterval(o.interval), pgoutbox.WithRetention(o.retention))
+		ob, err := r.outbox.open(ctx, pool, describe)
 		if err != nil {
 			return err
 		}
 		defer ob.Close()
-		finish := r.loop(e, o.interval, "outbox: ").Start(ctx, ob)
+		finish := r.loop(e, r.outbox.interval, "outbox: ").Start(ctx, ob)
 		if !s.redis() {
 			if !r.once {
 				<-ctx.Done()
@@ -84,9 +80,14 @@ func (r *relayFlags) run(ctx context.Context, e *env, args []string) (err error)
 		}
 		defer func() { err = errors.Join(err, finish()) }()
 	}
-	// The gate's completions go to the Redis store of the flags (--postgres
-	// is the gate's database here).
-	rs, err := s.open(ctx, false)
+	return r.relayGate(ctx, e, pool, describe)
+}
+
+// relayGate relays the completions of the gate's database (pool, described
+// by describe) to the Redis store of the flags (--postgres is the gate's
+// database here).
+func (r *relayFlags) relayGate(ctx context.Context, e *env, pool *pgxpool.Pool, describe string) error {
+	rs, err := r.store.open(ctx, false)
 	if err != nil {
 		return err
 	}

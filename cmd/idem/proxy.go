@@ -27,6 +27,7 @@ import (
 	"github.com/idemgo/idem/cmd/idem/internal/tracing"
 	"github.com/idemgo/idem/idemhttp"
 	"github.com/idemgo/idem/idemproxy"
+	"github.com/idemgo/idem/observe"
 	"github.com/idemgo/idem/prometheusidem"
 	"github.com/idemgo/idem/webhook"
 )
@@ -492,35 +493,15 @@ func closeStore(st *openedStore, log *slog.Logger) {
 // proxyServer is a built proxy: its servers, listening.
 type proxyServer = serving.Server
 
-// build makes the Executor, the Proxy, its metrics and its servers, and
+// build makes the Executors, the Proxy, its metrics and its servers, and
 // opens their listeners.
 func (c *proxyConfig) build(st *openedStore, tr *tracing.Tracing, errorHandler idemhttp.ErrorHandler, log *slog.Logger) (*proxyServer, error) {
 	reg, execMetrics := newRegistry(st.Store)
-	exec, err := idem.New(tr.Store(st.Store),
-		idem.WithLease(c.lease), idem.WithRetention(c.retention), idem.WithMaxResultSize(readLimit),
-		idem.WithObserver(execMetrics.Observe))
-	if err != nil {
-		return nil, cli.Usagef("%v", err)
+	if err := c.executors(tr.Store(st.Store), execMetrics.Observe); err != nil {
+		return nil, err
 	}
 	p := &c.proxy
-	p.Executor, p.Logger, p.ErrorHandler, p.Policy, p.Wait = exec, log, errorHandler, c.policy(), c.waitFor()
-	execs := map[time.Duration]*idem.Executor{c.lease: exec}
-	p.Routes = nil
-	for _, lr := range c.routes {
-		rt := lr.Route
-		if execs[lr.Lease] == nil {
-			// Another lease: another Executor over the same store.
-			e, err := idem.New(tr.Store(st.Store),
-				idem.WithLease(lr.Lease), idem.WithRetention(max(c.retention, lr.Lease)), idem.WithMaxResultSize(readLimit),
-				idem.WithObserver(execMetrics.Observe))
-			if err != nil {
-				return nil, cli.Usagef("--routes: %v", err)
-			}
-			execs[lr.Lease] = e
-		}
-		rt.Executor = execs[lr.Lease]
-		p.Routes = append(p.Routes, rt)
-	}
+	p.Logger, p.ErrorHandler, p.Policy, p.Wait = log, errorHandler, c.policy(), c.waitFor()
 	metrics, err := prometheusidem.NewProxyMetrics(p.InFlight)
 	if err != nil {
 		return nil, err
@@ -547,8 +528,50 @@ func (c *proxyConfig) build(st *openedStore, tr *tracing.Tracing, errorHandler i
 		s.Srv.TLSConfig = s.Certs.Config()
 		s.Srv.Protocols.SetHTTP2(true)
 	}
+	if err := c.openListeners(s, st, reg, tr); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// executors makes the Executors over store, each observed by observe: the
+// default route's, of --lease, and one for each other lease of --routes.
+// It sets them on the Proxy and on its Routes.
+func (c *proxyConfig) executors(store idem.Store, observe observe.Observer) error {
+	execs := make(map[time.Duration]*idem.Executor)
+	executor := func(lease time.Duration) (*idem.Executor, error) {
+		if execs[lease] == nil {
+			e, err := idem.New(store, idem.WithLease(lease), idem.WithRetention(max(c.retention, lease)),
+				idem.WithMaxResultSize(readLimit), idem.WithObserver(observe))
+			if err != nil {
+				return nil, err
+			}
+			execs[lease] = e
+		}
+		return execs[lease], nil
+	}
+	p := &c.proxy
+	var err error
+	if p.Executor, err = executor(c.lease); err != nil {
+		return cli.Usagef("%v", err)
+	}
+	p.Routes = nil
+	for _, lr := range c.routes {
+		rt := lr.Route
+		if rt.Executor, err = executor(lr.Lease); err != nil {
+			return cli.Usagef("--routes: %v", err)
+		}
+		p.Routes = append(p.Routes, rt)
+	}
+	return nil
+}
+
+// openListeners opens the listeners of the built server s and its admin server
+// (serving the metrics of reg), and fills what its start logs.
+func (c *proxyConfig) openListeners(s *proxyServer, st *openedStore, reg *prometheus.Registry, tr *tracing.Tracing) (err error) {
+	p := s.Proxy
 	if s.Ln, err = net.Listen("tcp", c.listen); err != nil {
-		return nil, fmt.Errorf("cannot listen on %s: %v", c.listen, cli.Cause(err))
+		return fmt.Errorf("cannot listen on %s: %v", c.listen, cli.Cause(err))
 	}
 	s.Started = []any{"listen", s.Ln.Addr().String(), "upstream", redact.URL(p.Target.String()), "store", st.Describe,
 		"methods", strings.Join(p.Methods, ","), "lease", cli.FormatDuration(c.lease), "retention", cli.FormatDuration(c.retention),
@@ -556,7 +579,7 @@ func (c *proxyConfig) build(st *openedStore, tr *tracing.Tracing, errorHandler i
 	if c.adminListen != "" {
 		if s.AdminLn, err = net.Listen("tcp", c.adminListen); err != nil {
 			s.Ln.Close()
-			return nil, fmt.Errorf("cannot listen on %s (--admin-listen): %v", c.adminListen, cli.Cause(err))
+			return fmt.Errorf("cannot listen on %s (--admin-listen): %v", c.adminListen, cli.Cause(err))
 		}
 		s.Admin = &http.Server{Handler: serving.AdminMux(reg, p.Ready), ReadHeaderTimeout: 10 * time.Second}
 		s.Started = append(s.Started, "admin", s.AdminLn.Addr().String())
@@ -571,7 +594,7 @@ func (c *proxyConfig) build(st *openedStore, tr *tracing.Tracing, errorHandler i
 		u, _ := c.tracing.exportURL()
 		s.Started = append(s.Started, "otel_endpoint", redact.URL(u))
 	}
-	return s, nil
+	return nil
 }
 
 // newRegistry returns the registry of /metrics with the Executor's
