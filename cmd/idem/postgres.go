@@ -22,12 +22,12 @@ func relayCommand() *command {
 		doc: `
 The commit gate (package pggate) writes each completion in the caller's
 Postgres transaction, then into Redis. When the second write fails or the
-process dies first, the completion row stays unrelayed; every Gate relays
-such rows in the background, and this command does the same for operators:
-it copies every unrelayed completion older than --delay into Redis (a
-record that is not COMPLETED becomes COMPLETED with the committed result; a
-COMPLETED one is left as it is), marks it relayed, and deletes the rows past
-their retention. It runs until interrupted, or once with --once, and prints
+process dies first, Redis lacks it until the relay copies it; every Gate
+relays in the background, and this command does the same for operators:
+it copies every completion written since the relay's cursor and older
+than --delay into Redis (a record that is not COMPLETED becomes COMPLETED
+with the committed result; a COMPLETED one is left as it is), moves the
+cursor past it, and deletes the rows past their retention. It runs until interrupted, or once with --once, and prints
 what it did.` + outboxHelp,
 		flags: func(fs *cli.Set) func(context.Context, *env, []string) error {
 			r := &relayFlags{store: storeFlags{hybrid: true}}

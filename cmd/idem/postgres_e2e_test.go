@@ -89,7 +89,11 @@ func TestRelayOnce(t *testing.T) {
 	if err := g.Migrate(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	// A completion committed by an owner that died before Redis heard of it.
+	// A completion committed 2 minutes ago by an owner that died before
+	// Redis heard of it, after the relay's last pass (3 minutes ago).
+	if _, err := pool.Exec(t.Context(), `UPDATE idem_completions_relay SET created_at = now() - interval '3 minutes'`); err != nil {
+		t.Fatal(err)
+	}
 	key := idem.Key{Scope: "s", ID: "k"}.Digest()
 	if _, err := pool.Exec(t.Context(), `INSERT INTO idem_completions (digest, fingerprint, fence, result, created_at, expires_at)
 VALUES ($1, 'fp', 7, '\x006f6b', now() - interval '2 minutes', now() + interval '1 hour')`, key); err != nil {

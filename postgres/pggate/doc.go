@@ -25,10 +25,12 @@
 //
 // Hybrid (an Executor on redisstore): Redis keeps the lock, the fence, the
 // wake-ups and the fast replay; Postgres keeps the truth. After the commit
-// the gate writes the completion into Redis (storekit.Relayer). If that fails,
-// or the process dies first, the row stays unrelayed and a relay copies it
-// into Redis: every Gate runs one in the background (WithRelayInterval),
-// and `idem relay` runs it for operators. A janitor deletes rows after the
+// the gate writes the completion into Redis (storekit.Relayer). A relay
+// copies every completion row into Redis once more, in the order the rows
+// were written, from a cursor (so the row itself is written once), which
+// repairs Redis when that write failed or the process died first: every
+// Gate runs one in the background (WithRelayInterval), and `idem relay`
+// runs it for operators. A janitor deletes rows after the
 // Executor's retention (WithSweepInterval).
 //
 // pgstore (an Executor on pgstore, the whole store in Postgres): the record

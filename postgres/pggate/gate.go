@@ -86,9 +86,10 @@ type config struct {
 // Relay and Sweep yourself). The default is DefaultRelayInterval (1s).
 func WithRelayInterval(d time.Duration) Option { return func(c *config) { c.relayInterval = d } }
 
-// WithRelayDelay sets the age after which an unrelayed completion is
-// relayed: younger rows are left to the attempt that committed them, which
-// completes the store itself right after its commit. The default is
+// WithRelayDelay sets the age after which a completion is relayed:
+// younger rows are left to the attempt that committed them, which
+// completes the store itself right after its commit (and to transactions
+// still committing, see Gate.Relay). The default is
 // DefaultRelayDelay (5s).
 func WithRelayDelay(d time.Duration) Option { return func(c *config) { c.relayDelay = d } }
 
@@ -132,7 +133,6 @@ type Gate[T any] struct {
 	flowsMu sync.Mutex
 	flows   map[string]*Flow[T] // Register
 
-	marks   chan string // digests whose completion the store holds
 	stop    chan struct{}
 	stopped chan struct{}
 	once    sync.Once
@@ -191,7 +191,6 @@ func newGate[T any](e *idem.Executor, db pgq.DB[T], opts []Option) (*Gate[T], er
 	txc, _ := storekit.StoreAs[TxCompleter](e.Store())
 	g := &Gate[T]{
 		e: e, db: db, relayer: r, txc: txc, cfg: c,
-		marks:   make(chan string, 4*c.batch),
 		stop:    make(chan struct{}),
 		stopped: make(chan struct{}),
 	}
@@ -199,9 +198,8 @@ func newGate[T any](e *idem.Executor, db pgq.DB[T], opts []Option) (*Gate[T], er
 	return g, nil
 }
 
-// Close stops the background relay and janitor and records, in one last
-// statement, which completions the store received. It does not close the
-// pool or the Executor's store.
+// Close stops the background relay, completer and janitor. It does not
+// close the pool or the Executor's store.
 func (g *Gate[T]) Close() error {
 	g.once.Do(func() { close(g.stop) })
 	<-g.stopped
@@ -296,8 +294,8 @@ func (g *Gate[T]) Do(ctx context.Context, key idem.Key, fingerprint string, fn f
 // retention ended (the janitor had not deleted it yet). It affects no row
 // when a live completion for the digest already committed; when another
 // transaction inserted one and has not committed yet, it waits for it.
-const insertCompletion = `INSERT INTO idem_completions AS c (digest, fingerprint, fence, result, expires_at, relayed)
-VALUES ($1, $2, $3, $4, now() + $5 * interval '1 microsecond', $6)
+const insertCompletion = `INSERT INTO idem_completions AS c (digest, fingerprint, fence, result, created_at, expires_at, relayed)
+VALUES ($1, $2, $3, $4, clock_timestamp(), now() + $5 * interval '1 microsecond', $6)
 ON CONFLICT (digest) DO UPDATE SET fingerprint = excluded.fingerprint, fence = excluded.fence,
   result = excluded.result, created_at = excluded.created_at, expires_at = excluded.expires_at, relayed = excluded.relayed,
   progress = NULL
@@ -310,8 +308,8 @@ WHERE c.expires_at <= now()`
 // one, as insertCompletion).
 const (
 	deleteExpired = `DELETE FROM idem_completions WHERE digest = $1 AND expires_at <= now()`
-	insertNew     = `INSERT INTO idem_completions (digest, fingerprint, fence, result, expires_at, relayed)
-VALUES ($1, $2, $3, $4, now() + $5 * interval '1 microsecond', $6)`
+	insertNew     = `INSERT INTO idem_completions (digest, fingerprint, fence, result, created_at, expires_at, relayed)
+VALUES ($1, $2, $3, $4, clock_timestamp(), now() + $5 * interval '1 microsecond', $6)`
 )
 
 // step says which step of record failed.
@@ -494,20 +492,13 @@ func replayOutcome(err error) observe.Outcome {
 }
 
 // relay writes a committed completion into the store, repeating a call
-// whose outcome is unknown a few times. On success the row is marked
-// relayed (in a later batch); otherwise the relay takes it.
+// whose outcome is unknown a few times; the relay copies it again later
+// (Relay), which changes nothing when this copy arrived.
 func (g *Gate[T]) relay(ctx context.Context, key string, c storekit.Completion) {
 	pause := 10 * time.Millisecond
 	for i := 0; ; i++ {
 		err := g.relayer.RelayCompletion(ctx, key, c)
-		if err == nil {
-			select {
-			case g.marks <- key:
-			default: // the marker is behind: the relay will find the row
-			}
-			return
-		}
-		if !storekit.OutcomeUnknown(err) || i == 2 {
+		if err == nil || !storekit.OutcomeUnknown(err) || i == 2 {
 			return
 		}
 		time.Sleep(pause)

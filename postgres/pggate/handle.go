@@ -51,10 +51,9 @@ var ErrNoAttempt = errors.New("pggate: no idem attempt in the context (Handle ru
 // the message redelivered; if the outcome of COMMIT is unknown the
 // redelivery finds the completion, or runs again, never both.
 //
-// Rows committed by Handle are marked relayed by the relay (the store
-// usually has them already, and relaying a COMPLETED record changes
-// nothing), not right after the commit as Do's: Handle does not learn
-// whether the Processor's completion succeeded.
+// Rows committed by Handle reach the store through the Processor's
+// completion and again through the relay, as Do's (relaying a COMPLETED
+// record changes nothing).
 func (g *Gate[T]) Handle(ctx context.Context, fn func(ctx context.Context, tx T) error) error {
 	if fn == nil {
 		return fmt.Errorf("%w: nil function", idem.ErrInvalid)

@@ -6,15 +6,12 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/postgres/internal/pgq"
 	"github.com/idemgo/idem/storekit"
 )
 
-// markEvery is how often the digests of completions that the store got
-// right after their commit are marked relayed, in one statement.
-const markEvery = 100 * time.Millisecond
-
-// background runs the marker, the relay and the janitor until Close.
+// background runs the relay, the completer and the janitor until Close.
 func (g *Gate[T]) background() {
 	defer close(g.stopped)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -33,39 +30,11 @@ func (g *Gate[T]) background() {
 		stops = append(stops, t.Stop)
 		return t.C
 	}
-	relayC, sweepC, markC, completeC := tick(g.cfg.relayInterval), tick(g.cfg.sweepInterval), tick(markEvery), tick(g.cfg.complete)
-	var pending []string
-	flush := func() {
-		if len(pending) == 0 {
-			return
-		}
-		if err := mark(ctx, g.db, pending); err != nil {
-			// The rows stay unrelayed; the relay finds them, and relaying a
-			// completion the store holds changes nothing.
-			g.cfg.log.Warn("pggate: marking completions relayed", "rows", len(pending), "error", err)
-		}
-		pending = pending[:0]
-	}
+	relayC, sweepC, completeC := tick(g.cfg.relayInterval), tick(g.cfg.sweepInterval), tick(g.cfg.complete)
 	for {
 		select {
 		case <-g.stop:
-		drain:
-			for {
-				select {
-				case k := <-g.marks:
-					pending = append(pending, k)
-				default:
-					break drain
-				}
-			}
-			flush()
 			return
-		case k := <-g.marks:
-			if pending = append(pending, k); len(pending) >= g.cfg.batch {
-				flush()
-			}
-		case <-markC:
-			flush()
 		case <-relayC:
 			if _, err := g.Relay(ctx); err != nil {
 				g.cfg.log.Warn("pggate: relay", "error", err)
@@ -82,21 +51,28 @@ func (g *Gate[T]) background() {
 	}
 }
 
-// mark marks the completions of keys relayed.
-func mark(ctx context.Context, q pgq.Querier, keys []string) error {
-	_, err := q.Exec(ctx, `UPDATE idem_completions SET relayed = true WHERE digest = ANY($1) AND NOT relayed`, keys)
-	return err
-}
-
-// Relay copies into the store every committed completion that is not
-// marked relayed and older than the relay delay (WithRelayDelay), then
-// marks it relayed; it returns how many it copied. The store gets each
-// with storekit.Relayer: a record that is not COMPLETED becomes COMPLETED with
-// the committed result (a crashed owner's IN_PROGRESS record, a record the
-// store lost), a COMPLETED record is left as it is. Rows are taken with
-// FOR UPDATE SKIP LOCKED, so several relays (every Gate runs one, and `idem
-// relay`) share the work. A row whose copy fails stays unrelayed for the
-// next run. Relay is safe for concurrent use.
+// Relay copies into the store every committed completion written since the
+// relay's cursor and older than the relay delay (WithRelayDelay), in the
+// order the rows were written, then moves the cursor past them; it returns
+// how many it copied. The store gets each with storekit.Relayer: a record
+// that is not COMPLETED becomes COMPLETED with the committed result (a
+// crashed owner's IN_PROGRESS record, a record the store lost), a COMPLETED
+// record is left as it is, so the completions that the attempt wrote into
+// the store right after its commit are copied again and nothing changes.
+// No completion row is written: the cursor, one row for the table
+// (idem_completions_relay), is what records the relay's progress. Several
+// relays (every Gate runs one, and `idem relay`) take turns: the cursor is
+// taken with FOR UPDATE SKIP LOCKED, and a relay that finds it taken
+// returns at once. A copy that fails stops the pass there, and the next
+// pass starts with that row, unless the store refused the completion as
+// invalid (idem.ErrInvalid; it never will take it): that row is skipped
+// and reported. Relay is safe for concurrent use.
+//
+// The cursor follows created_at, which the gate writes with the statement
+// that precedes its COMMIT: a row whose COMMIT took longer than the relay
+// delay after its insert may be passed over. The store then lacks that
+// completion until the key's next attempt, whose insert conflicts with the
+// row and replays it (as when the store loses a record).
 func (g *Gate[T]) Relay(ctx context.Context) (int, error) {
 	total := 0
 	for {
@@ -115,19 +91,37 @@ func (g *Gate[T]) relayBatch(ctx context.Context) (n int, more bool, err error) 
 		return 0, false, fmt.Errorf("pggate: relay: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
+	var (
+		at   time.Time
+		last string
+	)
+	err = tx.QueryRow(ctx, `SELECT created_at, digest FROM idem_completions_relay FOR UPDATE SKIP LOCKED`).Scan(&at, &last)
+	if pgq.NoRows(err) {
+		return 0, false, nil // another relay holds the cursor
+	}
+	if err != nil {
+		return 0, false, relayErr(err)
+	}
 	type row struct {
-		key string
-		c   storekit.Completion
+		key  string
+		at   time.Time
+		copy bool // a completion of the store's, unexpired
+		c    storekit.Completion
 	}
 	var rows []row
-	err = tx.Query(ctx, `SELECT digest, fingerprint, fence, result, (extract(epoch FROM expires_at - now()) * 1000000)::bigint
+	// Every row past the cursor counts towards the batch, so that rows with
+	// nothing to relay (relayed, unfinished, expired) move the cursor too;
+	// their result is not read.
+	err = tx.Query(ctx, `SELECT digest, created_at, NOT relayed AND progress IS NULL AND expires_at > now(), fingerprint, fence,
+  CASE WHEN NOT relayed AND progress IS NULL AND expires_at > now() THEN result END,
+  (extract(epoch FROM expires_at - now()) * 1000000)::bigint
 FROM idem_completions
-WHERE NOT relayed AND created_at < now() - $1 * interval '1 microsecond' AND expires_at > now()
-ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED`, []any{g.cfg.relayDelay.Microseconds(), g.cfg.batch}, func(r pgq.Row) error {
+WHERE (created_at, digest) > ($1, $2) AND created_at < now() - $3 * interval '1 microsecond'
+ORDER BY created_at, digest LIMIT $4`, []any{at, last, g.cfg.relayDelay.Microseconds(), g.cfg.batch}, func(r pgq.Row) error {
 		var x row
 		var fp []byte
 		var left int64
-		if err := r.Scan(&x.key, &fp, &x.c.Fence, &x.c.Result, &left); err != nil {
+		if err := r.Scan(&x.key, &x.at, &x.copy, &fp, &x.c.Fence, &x.c.Result, &left); err != nil {
 			return err
 		}
 		x.c.Fingerprint = string(fp)
@@ -138,17 +132,24 @@ ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED`, []any{g.cfg.relayDelay.Mic
 	if err != nil {
 		return 0, false, relayErr(err)
 	}
-	var done []string
 	var errs []error
+	done := 0 // rows the cursor moves past
 	for _, x := range rows {
-		if err := g.relayer.RelayCompletion(ctx, x.key, x.c); err != nil {
-			errs = append(errs, err)
-			continue
+		if x.copy {
+			if err := g.relayer.RelayCompletion(ctx, x.key, x.c); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", x.key, err))
+				if !errors.Is(err, idem.ErrInvalid) {
+					break // the next pass starts with this row
+				}
+			} else {
+				n++
+			}
 		}
-		done = append(done, x.key)
+		done++
 	}
-	if len(done) > 0 {
-		if err := mark(ctx, tx, done); err != nil {
+	if done > 0 {
+		end := rows[done-1]
+		if _, err := tx.Exec(ctx, `UPDATE idem_completions_relay SET created_at = $1, digest = $2`, end.at, end.key); err != nil {
 			return 0, false, relayErr(err)
 		}
 		if err := tx.Commit(ctx); err != nil {
@@ -156,9 +157,9 @@ ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED`, []any{g.cfg.relayDelay.Mic
 		}
 	}
 	if len(errs) > 0 {
-		return len(done), false, fmt.Errorf("pggate: relay: %d of %d completions not copied: %w", len(errs), len(rows), errors.Join(errs...))
+		return n, false, fmt.Errorf("pggate: relay: %d of %d completions not copied: %w", len(errs), len(rows), errors.Join(errs...))
 	}
-	return len(done), len(rows) == g.cfg.batch, nil
+	return n, len(rows) == g.cfg.batch, nil
 }
 
 func relayErr(err error) error {

@@ -427,7 +427,8 @@ WHERE c.expires_at <= now()`, r.digest, []byte(r.fp), r.g.e.Retention().Microsec
 }
 
 // finish completes the row as Do's insert would: the result, the fence,
-// progress NULL, unrelayed (the store gets it next).
+// progress NULL, relayed false and created_at now (the store gets it next,
+// and the relay after it).
 func (r *flowRun[T]) finish(ctx context.Context, tx pgq.Tx, prevStep, prevOwner string, blob []byte, fence int64) error {
 	if !r.exists {
 		// One transaction for the whole request: Do's insert.
@@ -440,7 +441,7 @@ func (r *flowRun[T]) finish(ctx context.Context, tx pgq.Tx, prevStep, prevOwner 
 		}
 		return nil
 	}
-	n, err := tx.Exec(ctx, `UPDATE idem_completions SET progress = NULL, result = $4, fence = $5, relayed = false, created_at = now()
+	n, err := tx.Exec(ctx, `UPDATE idem_completions SET progress = NULL, result = $4, fence = $5, relayed = false, created_at = clock_timestamp()
 WHERE digest = $1 AND progress->>'owner' = $2 AND progress->>'step' = $3`, r.digest, prevOwner, prevStep, blob, fence)
 	if err != nil {
 		return insertErr(err)
