@@ -71,7 +71,11 @@ CHART_ENV = IDEM_HELM=$(HELM) IDEM_KUBECONFORM=$(KUBECONFORM) \
 ## module built on its own (make modules), the short variant of the
 ## reliability suite (make chaos) and the checks of what ships beside the
 ## code: the image, the chart and the stamped version (make deploy-test).
-test: check-redis check-brokers check-postgres vet race modules chaos deploy-test
+## After vet, these parts are independent and run JOBS at a time, the
+## longest first; each part's output is printed whole when it ends.
+JOBS ?= 3
+test: check-redis check-brokers check-postgres vet
+	@$(MAKE) --no-print-directory -j$(JOBS) --output-sync=target modules chaos race deploy-test
 
 check-redis:
 	@command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 || { \
@@ -106,8 +110,17 @@ vet:
 	@# The library also builds where int has 32 bits.
 	GOARCH=386 $(GO) build ./...
 
-race:
-	@for m in $(filter-out ./chaos ./internal/modproxy ./internal/deploytest,$(MODULES)); do (cd $$m && $(GO) test -race -count=1 -timeout 15m ./...) || exit 1; done
+## race: the race-enabled tests of every module but the suites that have
+## targets of their own, one target per module (race@DIR), so that make -j
+## runs modules side by side.
+RACE_MODULES := $(filter-out ./chaos ./internal/modproxy ./internal/deploytest,$(MODULES))
+race: $(RACE_MODULES:%=race@%)
+define race_rule
+.PHONY: race@$(1)
+race@$(1):
+	cd $(1) && $(GO) test -race -count=1 -timeout 15m ./...
+endef
+$(foreach m,$(RACE_MODULES),$(eval $(call race_rule,$(m))))
 
 ## modules: every module as its users get it. A local module proxy serves
 ## the tree as if each module were tagged at MODVERSION; in an empty GOPATH,
