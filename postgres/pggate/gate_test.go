@@ -429,7 +429,7 @@ func TestResultTooLarge(t *testing.T) {
 func TestSweepDeletesExpiredRows(t *testing.T) {
 	pool, _ := pgtest.Pool(t)
 	ms, _ := memstore.New()
-	e, _ := idem.New(ms, idem.WithLease(10*time.Millisecond), idem.WithRetention(50*time.Millisecond))
+	e, _ := idem.New(ms, idem.WithLease(time.Second), idem.WithRetention(time.Second)) // a lease the commit outlasts on a loaded machine
 	g, _ := pggate.New(e, pool, pggate.WithRelayInterval(0), pggate.WithBatchSize(2))
 	defer g.Close()
 	if err := g.Migrate(t.Context()); err != nil {
@@ -551,7 +551,7 @@ func TestBinaryFingerprint(t *testing.T) {
 func TestExpiredRowReplaced(t *testing.T) {
 	pool, _ := pgtest.Pool(t)
 	ms, _ := memstore.New()
-	e, _ := idem.New(ms, idem.WithLease(10*time.Millisecond), idem.WithRetention(50*time.Millisecond))
+	e, _ := idem.New(ms, idem.WithLease(time.Second), idem.WithRetention(time.Second)) // a lease the commit outlasts on a loaded machine
 	g, _ := pggate.New(e, pool, pggate.WithRelayInterval(0), pggate.WithSweepInterval(0))
 	defer g.Close()
 	if err := g.Migrate(t.Context()); err != nil {
