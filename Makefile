@@ -65,7 +65,7 @@ CHART_ENV = IDEM_HELM=$(HELM) IDEM_KUBECONFORM=$(KUBECONFORM) \
   IDEM_K8S_OPENAPI="$(foreach v,$(K8S_VERSIONS),$(call moddir,k8s.io/kubernetes@$(v))/api/openapi-spec/swagger.json:)" \
   IDEM_SERVICEMONITOR_CRD="$(call moddir,github.com/prometheus-operator/prometheus-operator@$(PROMOP_VERSION))/jsonnet/prometheus-operator/servicemonitors-crd.json"
 
-.PHONY: test vet race modules tidy build release image image-test chart-test stamp-test deploy-test manifests fuzz soak chaos chaos-long chaos-report bench bench-instructions bench-streams bench-consume bench-functions bench-http bench-grpc bench-proxy bench-resources bench-postgres check-redis check-brokers check-postgres demo
+.PHONY: test vet race modules chaos-suite tidy build release image image-test chart-test stamp-test deploy-test manifests fuzz soak chaos chaos-long chaos-report bench bench-instructions bench-streams bench-consume bench-functions bench-http bench-grpc bench-proxy bench-resources bench-postgres check-redis check-brokers check-postgres demo
 
 ## test: formatting, vet, the race-enabled tests of every module, each
 ## module built on its own (make modules), the short variant of the
@@ -73,9 +73,11 @@ CHART_ENV = IDEM_HELM=$(HELM) IDEM_KUBECONFORM=$(KUBECONFORM) \
 ## code: the image, the chart and the stamped version (make deploy-test).
 ## After vet, these parts are independent and run JOBS at a time, the
 ## longest first; each part's output is printed whole when it ends.
+## The servers are checked once, before: the parts have no prerequisites
+## left to wait for, so make starts them in the order given.
 JOBS ?= 3
 test: check-redis check-brokers check-postgres vet
-	@$(MAKE) --no-print-directory -j$(JOBS) --output-sync=target modules chaos race deploy-test
+	@$(MAKE) --no-print-directory -j$(JOBS) --output-sync=target modules chaos-suite race deploy-test
 
 check-redis:
 	@command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 || { \
@@ -143,6 +145,8 @@ tidy:
 RUN          ?= .
 CHAOS_REPORT ?= $(CURDIR)/chaos-report.jsonl
 chaos: check-redis check-postgres
+	@$(MAKE) --no-print-directory chaos-suite
+chaos-suite:
 	@rm -f $(CHAOS_REPORT)
 	cd chaos && IDEM_CHAOS_REPORT=$(CHAOS_REPORT) $(GO) test -race -count=1 -timeout 20m -run '$(RUN)' ./...
 
