@@ -2,14 +2,11 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
-	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -17,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/cmd/idem/internal/brokersource"
 	"github.com/idemgo/idem/cmd/idem/internal/brokerurl"
 	"github.com/idemgo/idem/cmd/idem/internal/cli"
 	"github.com/idemgo/idem/cmd/idem/internal/delivery"
@@ -24,7 +22,6 @@ import (
 	"github.com/idemgo/idem/cmd/idem/internal/serving"
 	"github.com/idemgo/idem/cmd/idem/internal/storeopen"
 	"github.com/idemgo/idem/consumer"
-	"github.com/idemgo/idem/consumer/redisstream"
 	"github.com/idemgo/idem/consumer/sidecar"
 	"github.com/idemgo/idem/idemproxy"
 	"github.com/idemgo/idem/postgres/pggate"
@@ -264,13 +261,6 @@ func (c *consumeConfig) options(log *slog.Logger) []consumer.Option {
 	return append(opts, consumer.WithScope(scope))
 }
 
-// source is a broker's consumers, built.
-type source struct {
-	run   func(ctx context.Context) error // until ctx is done and the drain ended
-	stats func() consumer.Stats
-	close func()
-}
-
 // runConsume runs `idem consume`.
 func runConsume(ctx context.Context, e *env, c *consumeConfig) error {
 	if err := c.validate(); err != nil {
@@ -303,11 +293,14 @@ func runConsume(ctx context.Context, e *env, c *consumeConfig) error {
 		}
 		defer closeGate()
 	}
-	src, err := c.open(ctx, st, exec, log)
+	src, err := (&brokersource.Config{
+		Broker: c.broker, Key: c.keySpec, Handler: &c.handler, Options: c.options(log), Concurrency: c.concurrency,
+		Name: c.name, Scope: c.scope, DeadLetter: c.deadLetter, Lease: c.lease, Redis: st.Redis,
+	}).Open(ctx, exec)
 	if err != nil {
 		return err
 	}
-	defer src.close()
+	defer src.Close()
 
 	var draining atomic.Bool
 	var admin *http.Server
@@ -324,9 +317,9 @@ func runConsume(ctx context.Context, e *env, c *consumeConfig) error {
 		started = append(started, "admin", ln.Addr().String())
 	}
 	log.Info("idem consume started", started...)
-	err = src.run(ctx)
+	err = src.Run(ctx)
 	draining.Store(true)
-	s := src.stats()
+	s := src.Stats()
 	log.Info("idem consume stopped", "processed", s.Processed, "replayed", s.Replayed, "retried", s.Retried,
 		"dead_lettered", s.DeadLettered, "errors", s.Errors, "abandoned", s.Abandoned)
 	if admin != nil {
@@ -381,97 +374,6 @@ func (c *consumeConfig) openStore(ctx context.Context) (*openedStore, error) {
 	// --redis-cluster, --redis-sentinel: the stream is read through the
 	// store's client, on the server that holds the records.
 	return c.store.open(ctx, false)
-}
-
-// open builds the consumers of --from.
-func (c *consumeConfig) open(ctx context.Context, st *openedStore, exec *idem.Executor, log *slog.Logger) (*source, error) {
-	switch c.broker.Kind {
-	case "redis-stream":
-		return c.openRedisStream(st, exec, log)
-	case "kafka":
-		return c.openKafka(exec, log)
-	case "amqp":
-		return c.openAMQP(exec, log)
-	case "nats":
-		return c.openNATS(ctx, exec, log)
-	}
-	return c.openSQS(ctx, exec, log)
-}
-
-// openRedisStream builds --concurrency consumers of the group.
-func (c *consumeConfig) openRedisStream(st *openedStore, exec *idem.Executor, log *slog.Logger) (*source, error) {
-	b := c.broker
-	opts := c.options(log)
-	keyField := c.keySpec.HeaderOr(redisstream.DefaultKeyField)
-	if !c.keySpec.IsDefault() {
-		opts = append(opts, redisstream.WithKeyFunc(c.keySpec.RedisStreamKey))
-	}
-	handle := func(ctx context.Context, m redis.XMessage) error {
-		return c.handler.Call(ctx, delivery.RedisStream(b.Target, keyField, m))
-	}
-	var cs []*redisstream.Consumer
-	for i := range c.concurrency {
-		name := c.name
-		if c.concurrency > 1 {
-			name += "-" + strconv.Itoa(i)
-		}
-		rc, err := redisstream.New(st.Redis, b.Target, b.Query.Get("group"), name, exec, handle, opts...)
-		if err != nil {
-			return nil, cli.Usagef("consume: %v", err)
-		}
-		cs = append(cs, rc)
-	}
-	return sourceOf(cs, nil, func() {}), nil
-}
-
-// runner is a broker consumer of the consumer package's adapters.
-type runner interface {
-	Run(ctx context.Context) error
-	Stats() consumer.Stats
-}
-
-// sourceOf is the source of the consumers cs, run at once until every one
-// has returned, their statistics summed; a Run's error that is stopped
-// (the adapter's clean stop; nil for none) is no error; close ends what
-// they share.
-func sourceOf[C runner](cs []C, stopped error, close func()) *source {
-	return &source{
-		run: func(ctx context.Context) error {
-			errs := make([]error, len(cs))
-			var wg sync.WaitGroup
-			for i, c := range cs {
-				wg.Go(func() {
-					if err := c.Run(ctx); !errors.Is(err, stopped) {
-						errs[i] = err
-					}
-				})
-			}
-			wg.Wait()
-			return errors.Join(errs...)
-		},
-		stats: func() consumer.Stats {
-			var s consumer.Stats
-			for _, c := range cs {
-				s = addStats(s, c.Stats())
-			}
-			return s
-		},
-		close: close,
-	}
-}
-
-// addStats adds the counters of b to a.
-func addStats(a, b consumer.Stats) consumer.Stats {
-	a.Processed += b.Processed
-	a.Replayed += b.Replayed
-	a.Retried += b.Retried
-	a.DeadLettered += b.DeadLettered
-	a.Invalid += b.Invalid
-	a.Panics += b.Panics
-	a.Redelivered += b.Redelivered
-	a.Errors += b.Errors
-	a.Abandoned += b.Abandoned
-	return a
 }
 
 // consumeAdmin serves /healthz, /readyz (503 while draining or while the
