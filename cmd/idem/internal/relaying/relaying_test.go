@@ -13,8 +13,8 @@ import (
 	"github.com/idemgo/idem/cmd/idem/internal/outboxroute"
 )
 
-// passer counts its passes; pass number fail returns an error, and pass
-// number stop cancels the context first.
+// passer counts its passes; pass number fail returns an error, pass
+// number stop cancels the context, and it and the later ones fail.
 type passer struct {
 	n, fail, stop int
 	always        []bool
@@ -24,8 +24,10 @@ type passer struct {
 func (p *passer) Pass(ctx context.Context, w io.Writer, always bool) error {
 	p.n++
 	p.always = append(p.always, always)
-	if p.n == p.stop {
-		p.cancel()
+	if p.stop > 0 && p.n >= p.stop {
+		if p.n == p.stop {
+			p.cancel()
+		}
 		return errors.New("interrupted") // after ctx is done: not reported
 	}
 	if p.n == p.fail {
@@ -67,8 +69,9 @@ func TestLoopRun(t *testing.T) {
 	if err := l.Run(ctx, p); err != nil {
 		t.Errorf("Run: got %v, want nil", err)
 	}
-	if p.n != 4 {
-		t.Errorf("got %d passes, want 4", p.n)
+	// A tick that came with the cancellation may make one more pass.
+	if p.n < 4 {
+		t.Errorf("got %d passes, want 4 or more", p.n)
 	}
 	for i, a := range p.always {
 		if a {
