@@ -49,6 +49,17 @@ type Harness interface {
 
 // Run runs the suite; newHarness returns a harness on a fresh queue.
 func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
+	run(t, newHarness, nil)
+}
+
+// run runs the suite's cases but those of inapplicable (by name; the
+// value is the reason).
+func run(t *testing.T, newHarness func(t *testing.T) Harness, inapplicable map[string]string) {
+	tRun := func(name string, f func(t *testing.T)) {
+		if _, ok := inapplicable[name]; !ok {
+			t.Run(name, f)
+		}
+	}
 	opts := []consumer.Option{consumer.WithMaxDeliveries(MaxDeliveries), consumer.WithRetryDelay(20 * time.Millisecond)}
 	// scoped returns the suite's options with a scope of the subtest's
 	// own, so that the suite knows the keys' records.
@@ -56,7 +67,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		scope := fmt.Sprintf("consumertest-%d", time.Now().UnixNano())
 		return append(append(append([]consumer.Option{}, opts...), consumer.WithScope(scope)), extra...), scope
 	}
-	t.Run("OrderAcquireHandlerComplete", func(t *testing.T) {
+	tRun("OrderAcquireHandlerComplete", func(t *testing.T) {
 		// The handler runs with the key acquired (IN_PROGRESS in the store,
 		// under the fence of its context), and the message counts as
 		// processed only once the record is COMPLETED. That the
@@ -70,7 +81,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		var mu sync.Mutex
 		var seen []string
 		stats, stop := h.Start(t, opts, func(ctx context.Context, k string, payload []byte) error {
-			fence, ok := idem.FenceFrom(ctx)
+			fence, ok := fenceFrom(ctx)
 			rec, err := exec.Store().Get(context.WithoutCancel(ctx), key.Digest())
 			mu.Lock()
 			defer mu.Unlock()
@@ -99,7 +110,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 			t.Errorf("handler runs saw %q, want one run with its key acquired", seen)
 		}
 	})
-	t.Run("InProgressDuplicateNeverAcked", func(t *testing.T) {
+	tRun("InProgressDuplicateNeverAcked", func(t *testing.T) {
 		// Another owner holds the key: the message is not handled and not
 		// acknowledged while it does; once the owner completes, the message
 		// comes back and is replayed.
@@ -123,7 +134,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 			t.Errorf("handler ran %d times for a key held by another owner, want 0", n)
 		}
 	})
-	t.Run("LeaseLostNotAckedHookCalled", func(t *testing.T) {
+	tRun("LeaseLostNotAckedHookCalled", func(t *testing.T) {
 		// The record is deleted while the handler runs (as a takeover
 		// would): its context is cancelled with idem.ErrLeaseLost, the
 		// compensation hook gets the key and fence, and the message is not
@@ -139,7 +150,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		stats, stop := h.Start(t, opts, r.handler(nil).wrap(func(ctx context.Context) error {
 			var err error
 			first.Do(func() {
-				fence, _ := idem.FenceFrom(ctx)
+				fence, _ := fenceFrom(ctx)
 				entered <- fence
 				<-ctx.Done()
 				err = context.Cause(ctx)
@@ -160,7 +171,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 			return r.count("lost") == 1 && stats().Processed == 1 // r counts the second run only
 		})
 	})
-	t.Run("CompletedDuplicateAckedWithoutHandler", func(t *testing.T) {
+	tRun("CompletedDuplicateAckedWithoutHandler", func(t *testing.T) {
 		h := newHarness(t)
 		r := newRuns()
 		stats, stop := h.Start(t, opts, r.handler(nil))
@@ -173,7 +184,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 			t.Errorf("handler ran %d times for one key, want 1", n)
 		}
 	})
-	t.Run("HandlerErrorRedeliveredThenDeadLettered", func(t *testing.T) {
+	tRun("HandlerErrorRedeliveredThenDeadLettered", func(t *testing.T) {
 		h := newHarness(t)
 		r := newRuns()
 		stats, stop := h.Start(t, opts, r.handler(func(string) error { return errors.New("downstream refused") }))
@@ -184,7 +195,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 			t.Errorf("handler ran %d times, want %d (the maximum of deliveries)", n, MaxDeliveries)
 		}
 	})
-	t.Run("PanicIsAnError", func(t *testing.T) {
+	tRun("PanicIsAnError", func(t *testing.T) {
 		h := newHarness(t)
 		r := newRuns()
 		stats, stop := h.Start(t, opts, r.handler(func(key string) error {
@@ -204,7 +215,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 			t.Errorf("stats %+v, want %d panics", st, MaxDeliveries)
 		}
 	})
-	t.Run("InvalidDeadLetteredAtOnce", func(t *testing.T) {
+	tRun("InvalidDeadLetteredAtOnce", func(t *testing.T) {
 		h := newHarness(t)
 		r := newRuns()
 		stats, stop := h.Start(t, opts, r.handler(nil))
@@ -224,7 +235,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 			t.Errorf("handler ran %d times, want 1 (only the valid message)", n)
 		}
 	})
-	t.Run("ShutdownFinishesOrReleasesInFlight", func(t *testing.T) {
+	tRun("ShutdownFinishesOrReleasesInFlight", func(t *testing.T) {
 		h := newHarness(t)
 		started, release := make(chan struct{}), make(chan struct{})
 		var first sync.Once
@@ -258,7 +269,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 			return r.count("inflight") == 1 && st.Processed+st.Replayed == 1
 		})
 	})
-	t.Run("StuckHandlerAbandonedAtShutdown", func(t *testing.T) {
+	tRun("StuckHandlerAbandonedAtShutdown", func(t *testing.T) {
 		// A handler that ignores its context does not keep Run from
 		// returning: Run returns once the shutdown timeout (and the
 		// Processor's second of grace) passed, while the handler still
@@ -283,7 +294,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 				// the stuck run is this consumer's only one.
 				return errors.New("consumertest: a second run in the consumer whose handler is stuck")
 			}
-			fence, _ := idem.FenceFrom(ctx)
+			fence, _ := fenceFrom(ctx)
 			entered <- fence
 			<-release // ignores ctx
 			close(returned)
@@ -333,7 +344,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		var mu sync.Mutex
 		var fences []int64
 		stats2, stop2 := h.Start(t, opts, func(ctx context.Context, k string, payload []byte) error {
-			f, _ := idem.FenceFrom(ctx)
+			f, _ := fenceFrom(ctx)
 			mu.Lock()
 			fences = append(fences, f)
 			mu.Unlock()
@@ -372,7 +383,7 @@ func (r *runs) handler(fail func(key string) error) Handler {
 		r.mu.Lock()
 		r.n[key]++
 		r.mu.Unlock()
-		if _, ok := idem.FenceFrom(ctx); !ok {
+		if _, ok := fenceFrom(ctx); !ok {
 			return errors.New("consumertest: no fence in the handler's context")
 		}
 		if fail != nil {

@@ -22,6 +22,15 @@ func TestConformance(t *testing.T) {
 	})
 }
 
+// TestSidecarConformance runs the suite against the sidecar (package
+// consumer/sidecar, the core of `idem consume`) on this adapter.
+func TestSidecarConformance(t *testing.T) {
+	consumertest.RunSidecar(t, func(t *testing.T) consumertest.Harness {
+		addrs := startCluster(t, 1, "in", "in.dlq")
+		return &harness{addrs: addrs, prod: producer(t, addrs)}
+	})
+}
+
 type harness struct {
 	addrs []string
 	prod  *kgo.Client

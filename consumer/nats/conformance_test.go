@@ -25,6 +25,15 @@ func TestConformance(t *testing.T) {
 	})
 }
 
+// TestSidecarConformance runs the suite against the sidecar (package
+// consumer/sidecar, the core of `idem consume`) on this adapter.
+func TestSidecarConformance(t *testing.T) {
+	consumertest.RunSidecar(t, func(t *testing.T) consumertest.Harness {
+		_, js := connect(t)
+		return &harness{js: js, s: newStream(t, js, nil)}
+	})
+}
+
 type harness struct {
 	js   jetstream.JetStream
 	s    *testStream

@@ -21,6 +21,15 @@ func TestConformance(t *testing.T) {
 	})
 }
 
+// TestSidecarConformance runs the suite against the sidecar (package
+// consumer/sidecar, the core of `idem consume`) on this adapter.
+func TestSidecarConformance(t *testing.T) {
+	consumertest.RunSidecar(t, func(t *testing.T) consumertest.Harness {
+		q := testQueue(t)
+		return &harness{q: q, pub: newPublisher(t, q), conn: dial(t)}
+	})
+}
+
 type harness struct {
 	q    string
 	pub  *publisher

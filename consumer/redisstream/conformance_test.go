@@ -62,3 +62,12 @@ func (h *harness) DeadLetters(t *testing.T) int {
 	}
 	return int(n)
 }
+
+// TestSidecarConformance runs the suite against the sidecar (package
+// consumer/sidecar, the core of `idem consume`) on this adapter.
+func TestSidecarConformance(t *testing.T) {
+	rdb := standalone(t)
+	consumertest.RunSidecar(t, func(t *testing.T) consumertest.Harness {
+		return &harness{e: newEnv(t, rdb, "", 200*time.Millisecond)}
+	})
+}

@@ -25,6 +25,15 @@ func TestConformance(t *testing.T) {
 	})
 }
 
+// TestSidecarConformance runs the suite against the sidecar (package
+// consumer/sidecar, the core of `idem consume`) on this adapter.
+func TestSidecarConformance(t *testing.T) {
+	consumertest.RunSidecar(t, func(t *testing.T) consumertest.Harness {
+		f := startFake(t)
+		return &harness{f: f, q: f.CreateQueue("q", sqsfake.QueueOptions{}), dlq: f.CreateQueue("dlq", sqsfake.QueueOptions{})}
+	})
+}
+
 type harness struct {
 	f      *fakeSQS
 	q, dlq string
