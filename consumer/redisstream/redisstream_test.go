@@ -384,7 +384,7 @@ func TestCluster(t *testing.T) {
 		t.Errorf("New on a Cluster without hash tag: %v, want ErrInvalid", err)
 	}
 
-	e := newEnv(t, rdb, "orders", 50*time.Millisecond)
+	e := newEnv(t, rdb, "orders", 500*time.Millisecond)
 	for _, k := range []string{"a", "b", "a", "c", "b"} {
 		e.add("key", k)
 	}
