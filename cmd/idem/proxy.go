@@ -10,7 +10,6 @@ import (
 	"net/url"
 	"os"
 	"runtime"
-	"slices"
 	"strings"
 	"time"
 
@@ -29,7 +28,6 @@ import (
 	"github.com/idemgo/idem/idemproxy"
 	"github.com/idemgo/idem/observe"
 	"github.com/idemgo/idem/prometheusidem"
-	"github.com/idemgo/idem/webhook"
 )
 
 // proxyConfig is the configuration of `idem proxy`: the idemproxy.Proxy
@@ -245,8 +243,6 @@ func (c *proxyConfig) validate() error {
 		cli.Check(c.shutdownTimeout <= 0, "--shutdown-timeout must be positive"),
 		cli.Check(c.logFormat != "text" && c.logFormat != "json", "invalid --log-format %q: want text or json", c.logFormat),
 		cli.Check(c.policy() == nil, "invalid --store-policy %q: want default, release-5xx or only-2xx", c.storePolicy),
-		cli.Check(c.webhook != "" && !slices.Contains(webhook.Providers, c.webhook), "invalid --webhook %q: want %s", c.webhook, strings.Join(webhook.Providers, ", ")),
-		cli.Check(c.webhook == "" && c.webhookSecrets != "", "--webhook-secret-file needs --webhook"),
 		cli.Check(c.proxy.ProblemTypeBase == "", "invalid --problem-type-base \"\": want an absolute URI, e.g. https://docs.example.com/errors#"),
 		levelErr,
 		c.tracing.validate(),
@@ -318,43 +314,24 @@ const webhookSecretEnv = "IDEM_WEBHOOK_SECRET"
 // otherwise the only-2xx policy unless --store-policy was given. It
 // returns whether signatures are checked.
 func (c *proxyConfig) setupWebhook(getenv func(string) string) (bool, error) {
+	rc, err := routesfile.Webhook{
+		Provider: c.webhook, Name: "--webhook",
+		SecretFile: c.webhookSecrets, SecretFileName: "--webhook-secret-file",
+		SecretEnv: webhookSecretEnv, DefaultEnv: true,
+		Getenv: getenv,
+	}.Setup()
+	if err != nil {
+		return false, cli.Usagef("%v", err)
+	}
 	if c.webhook == "" {
 		return false, nil
 	}
 	if !c.keyFromSet {
-		src, err := webhook.KeySource(c.webhook)
-		if err != nil {
-			return false, cli.Usagef("--webhook: %v", err)
-		}
-		c.proxy.KeySource = src
+		c.proxy.KeySource = rc.KeySource
 	}
-	var text string
-	switch {
-	case c.webhookSecrets != "":
-		b, err := os.ReadFile(c.webhookSecrets)
-		if err != nil {
-			return false, cli.Usagef("--webhook-secret-file: %v", cli.Cause(err))
-		}
-		text = string(b)
-	default:
-		text = getenv(webhookSecretEnv)
-	}
-	secrets := routesfile.ParseSecrets(text)
-	if len(secrets) == 0 {
-		if c.webhookSecrets != "" {
-			return false, cli.Usagef("--webhook-secret-file %s holds no secret", c.webhookSecrets)
-		}
-		if !c.policySet {
-			c.storePolicy = "only-2xx"
-		}
-		return false, nil
-	}
-	v, err := webhook.New(c.webhook, secrets)
-	if err != nil {
-		return false, cli.Usagef("--webhook %s: %v", c.webhook, strings.TrimPrefix(err.Error(), "webhook: "))
-	}
-	c.proxy.Verifier = v
-	return true, nil
+	c.proxy.Verifier = rc.Verifier
+	c.storePolicy = rc.StorePolicy(c.storePolicy, c.policySet)
+	return rc.Verifier != nil, nil
 }
 
 // waitFor returns how long a retry waits for the first request (--wait).

@@ -32,7 +32,6 @@ import (
 	"github.com/idemgo/idem/idemhttp"
 	"github.com/idemgo/idem/idemproxy"
 	"github.com/idemgo/idem/keysource"
-	"github.com/idemgo/idem/webhook"
 )
 
 // routesFile is the file.
@@ -221,58 +220,21 @@ func (d *Defaults) requireKey(r *Route, s *routeSpec) error {
 // webhook sets the key source, wait and verifier of webhook; without a
 // secret, the store policy becomes only-2xx unless store_policy is given.
 func (d *Defaults) webhook(r *Route, s *routeSpec) error {
-	if s.Webhook == "" {
-		if s.WebhookSecretFile != "" || s.WebhookSecretEnv != "" {
-			return errors.New("webhook_secret_file and webhook_secret_env need webhook")
-		}
-		return nil
+	rc, err := Webhook{
+		Provider: s.Webhook, Name: "webhook",
+		SecretFile: s.WebhookSecretFile, SecretFileName: "webhook_secret_file",
+		SecretEnv: s.WebhookSecretEnv, SecretEnvName: "webhook_secret_env",
+		Getenv: d.Getenv,
+	}.Setup()
+	if err != nil || s.Webhook == "" {
+		return err
 	}
-	src, err := webhook.KeySource(s.Webhook)
-	if err != nil {
-		return fmt.Errorf("invalid webhook %q: want %s", s.Webhook, strings.Join(webhook.Providers, ", "))
-	}
-	r.Route.KeySource = src
+	r.Route.KeySource, r.Route.Verifier = rc.KeySource, rc.Verifier
 	if s.Wait == "" {
 		r.Route.Wait = r.Lease
 	}
-	text, err := d.secretText(s)
-	if err != nil {
-		return err
-	}
-	secrets := ParseSecrets(text)
-	if len(secrets) == 0 {
-		if s.StorePolicy == "" {
-			s.StorePolicy = "only-2xx"
-		}
-		return nil
-	}
-	v, err := webhook.New(s.Webhook, secrets)
-	if err != nil {
-		return errors.New(strings.TrimPrefix(err.Error(), "webhook: "))
-	}
-	r.Route.Verifier = v
+	s.StorePolicy = rc.StorePolicy(s.StorePolicy, s.StorePolicy != "")
 	return nil
-}
-
-// secretText reads webhook_secret_file or webhook_secret_env.
-func (d *Defaults) secretText(s *routeSpec) (string, error) {
-	switch {
-	case s.WebhookSecretFile != "" && s.WebhookSecretEnv != "":
-		return "", errors.New("give webhook_secret_file or webhook_secret_env, not both")
-	case s.WebhookSecretFile != "":
-		b, err := os.ReadFile(s.WebhookSecretFile)
-		if err != nil {
-			return "", fmt.Errorf("webhook_secret_file: %v", cli.Cause(err))
-		}
-		return string(b), nil
-	case s.WebhookSecretEnv != "":
-		text := d.Getenv(s.WebhookSecretEnv)
-		if text == "" {
-			return "", fmt.Errorf("webhook_secret_env: the variable %s is empty or not set", s.WebhookSecretEnv)
-		}
-		return text, nil
-	}
-	return "", nil
 }
 
 // parseKeys sets key_from and fingerprint.
@@ -302,16 +264,4 @@ func (d *Defaults) policy(r *Route, s *routeSpec) error {
 		return fmt.Errorf("invalid store_policy %q: want default, release-5xx or only-2xx", s.StorePolicy)
 	}
 	return nil
-}
-
-// ParseSecrets returns the secrets of text, one per line (a webhook's
-// secret file or variable).
-func ParseSecrets(text string) [][]byte {
-	var secrets [][]byte
-	for line := range strings.Lines(text) {
-		if s := strings.TrimSpace(line); s != "" {
-			secrets = append(secrets, []byte(s))
-		}
-	}
-	return secrets
 }

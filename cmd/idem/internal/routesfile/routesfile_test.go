@@ -21,8 +21,11 @@ func defaults() Defaults {
 			return nil
 		},
 		Getenv: func(k string) string {
-			if k == "SECRET" {
+			switch k {
+			case "SECRET":
 				return "s1\n\ns2\n"
+			case "BLANK":
+				return " \n"
 			}
 			return ""
 		},
@@ -74,6 +77,10 @@ func TestLoad(t *testing.T) {
 }
 
 func TestLoadErrors(t *testing.T) {
+	empty := filepath.Join(t.TempDir(), "empty")
+	if err := os.WriteFile(empty, []byte("\n \n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, tt := range []struct{ text, want string }{
 		{"routes:\n  - path: /a\n    key: x\n", ": line 3: field key not found (a route's fields are path, methods,"},
 		{"route:\n  - path: /a\n", ": line 1: field route not found (the file has one field, routes)"},
@@ -85,7 +92,11 @@ func TestLoadErrors(t *testing.T) {
 		{"routes:\n  - path: /a\n    webhook: nope\n", `: line 2: invalid webhook "nope"`},
 		{"routes:\n  - path: /a\n    webhook: github\n    webhook_secret_env: NONE\n", ": line 2: webhook_secret_env: the variable NONE is empty or not set"},
 		{"routes:\n  - path: /a\n    webhook: github\n    webhook_secret_file: f\n    webhook_secret_env: SECRET\n", ": line 2: give webhook_secret_file or webhook_secret_env, not both"},
-		{"routes:\n  - path: /a\n    webhook_secret_env: SECRET\n", ": line 2: webhook_secret_file and webhook_secret_env need webhook"},
+		{"routes:\n  - path: /a\n    webhook_secret_env: SECRET\n", ": line 2: webhook_secret_env needs webhook"},
+		{"routes:\n  - path: /a\n    webhook_secret_file: f\n", ": line 2: webhook_secret_file needs webhook"},
+		{"routes:\n  - path: /a\n    webhook: github\n    webhook_secret_file: " + empty + "\n", ": line 2: webhook_secret_file " + empty + " holds no secret"},
+		{"routes:\n  - path: /a\n    webhook: github\n    webhook_secret_env: BLANK\n", ": line 2: webhook_secret_env: the variable BLANK is empty or not set"},
+		{"routes:\n  - path: /a\n    webhook: standard-webhooks\n    webhook_secret_env: SECRET\n", ": line 2: webhook standard-webhooks: secret 1: a Standard Webhooks secret starts with whsec_"},
 		{"routes:\n  - path: /a\n    key_from: json:id\n", `: line 2: invalid key source "json:id"`},
 		{"routes:\n  - path: /a\n    store_policy: bad\n", `: line 2: invalid store_policy "bad": want default, release-5xx or only-2xx`},
 	} {
