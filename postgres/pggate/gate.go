@@ -129,6 +129,7 @@ type Gate[T any] struct {
 	relayer storekit.Relayer
 	txc     TxCompleter // nil unless the store lives in this database
 	cfg     config
+	copied  copied // completions this gate wrote into the store after their commit
 
 	flowsMu sync.Mutex
 	flows   map[string]*Flow[T] // Register
@@ -492,12 +493,16 @@ func replayOutcome(err error) observe.Outcome {
 }
 
 // relay writes a committed completion into the store, repeating a call
-// whose outcome is unknown a few times; the relay copies it again later
-// (Relay), which changes nothing when this copy arrived.
+// whose outcome is unknown a few times. On success the gate's relay
+// (Relay) does not copy it again (copied); another process's relay does,
+// which changes nothing.
 func (g *Gate[T]) relay(ctx context.Context, key string, c storekit.Completion) {
 	pause := 10 * time.Millisecond
 	for i := 0; ; i++ {
 		err := g.relayer.RelayCompletion(ctx, key, c)
+		if err == nil {
+			g.copied.add(key, max(g.cfg.relayDelay+2*g.cfg.relayInterval, minCopied))
+		}
 		if err == nil || !storekit.OutcomeUnknown(err) || i == 2 {
 			return
 		}

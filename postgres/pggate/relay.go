@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/idemgo/idem"
@@ -57,8 +58,10 @@ func (g *Gate[T]) background() {
 // how many it copied. The store gets each with storekit.Relayer: a record
 // that is not COMPLETED becomes COMPLETED with the committed result (a
 // crashed owner's IN_PROGRESS record, a record the store lost), a COMPLETED
-// record is left as it is, so the completions that the attempt wrote into
-// the store right after its commit are copied again and nothing changes.
+// record is left as it is. The completions that this Gate wrote into the
+// store right after their commit are not copied again (the Gate remembers
+// them for the relay delay and two relay intervals, at least 10s); those of other
+// processes are, and nothing changes.
 // No completion row is written: the cursor, one row for the table
 // (idem_completions_relay), is what records the relay's progress. Several
 // relays (every Gate runs one, and `idem relay`) take turns: the cursor is
@@ -135,7 +138,7 @@ ORDER BY created_at, digest LIMIT $4`, []any{at, last, g.cfg.relayDelay.Microsec
 	var errs []error
 	done := 0 // rows the cursor moves past
 	for _, x := range rows {
-		if x.copy {
+		if x.copy && !g.copied.has(x.key) {
 			if err := g.relayer.RelayCompletion(ctx, x.key, x.c); err != nil {
 				errs = append(errs, fmt.Errorf("%s: %w", x.key, err))
 				if !errors.Is(err, idem.ErrInvalid) {
@@ -187,4 +190,43 @@ func (g *Gate[T]) Sweep(ctx context.Context) (int, error) {
 			return total, nil
 		}
 	}
+}
+
+// copied holds the digests of the completions a Gate wrote into the store
+// right after their commit, so that its relay does not copy them again:
+// each is kept at least one period and less than two (two maps that take
+// turns), at most maxCopied a map. A digest forgotten early is copied
+// again, which changes nothing.
+type copied struct {
+	mu        sync.Mutex
+	cur, prev map[string]struct{}
+	since     time.Time // cur's start
+}
+
+// maxCopied bounds a map of copied; minCopied is the shortest period.
+const (
+	maxCopied = 1 << 17
+	minCopied = 10 * time.Second
+)
+
+func (c *copied) add(key string, period time.Duration) {
+	now := time.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cur == nil || now.Sub(c.since) >= period {
+		c.prev, c.cur, c.since = c.cur, make(map[string]struct{}), now
+	}
+	if len(c.cur) < maxCopied {
+		c.cur[key] = struct{}{}
+	}
+}
+
+func (c *copied) has(key string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.cur[key]
+	if !ok {
+		_, ok = c.prev[key]
+	}
+	return ok
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -34,14 +35,73 @@ func TestRelayCursor(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n, err := v.gate.Relay(t.Context()); err != nil || n != 3 {
+	// Another process's relay: it did not copy the completions itself.
+	other := otherGate(t, v, pggate.WithRelayDelay(0), pggate.WithBatchSize(2))
+	if n, err := other.Relay(t.Context()); err != nil || n != 3 {
 		t.Fatalf("Relay: got %d, %v, want the 3 completions (in batches of 2 rows of 6)", n, err)
 	}
-	if n, err := v.gate.Relay(t.Context()); err != nil || n != 0 {
+	if n, err := other.Relay(t.Context()); err != nil || n != 0 {
 		t.Fatalf("second Relay: got %d, %v, want 0", n, err)
 	}
 	if _, err := v.store.Get(t.Context(), "foreigna"); !errors.Is(err, storekit.ErrNotFound) {
 		t.Fatalf("the foreign row reached the store: %v", err)
+	}
+}
+
+// otherGate is a second gate on v's Executor, as in another process.
+func otherGate(t *testing.T, v *env, opts ...pggate.Option) *pggate.Gate[pgx.Tx] {
+	t.Helper()
+	g, err := pggate.New(v.exec, v.pool, append([]pggate.Option{pggate.WithRelayInterval(0)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Close() })
+	return g
+}
+
+// counting counts the store's RelayCompletion calls.
+type counting struct {
+	idem.Store
+	r storekit.Relayer
+	n atomic.Int64
+}
+
+func (c *counting) RelayCompletion(ctx context.Context, key string, x storekit.Completion) error {
+	c.n.Add(1)
+	return c.r.RelayCompletion(ctx, key, x)
+}
+
+// TestRelaySkipsOwnCopies: a gate's relay does not copy again the
+// completions the gate wrote into the store right after their commit;
+// another process's relay does (it cannot know).
+func TestRelaySkipsOwnCopies(t *testing.T) {
+	pool, _ := pgtest.Pool(t)
+	ms, _ := memstore.New()
+	c := &counting{Store: ms, r: ms}
+	e, _ := idem.New(c, idem.WithLease(time.Minute))
+	g, err := pggate.New(e, pool, pggate.WithRelayInterval(0), pggate.WithRelayDelay(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if err := g.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"a", "b", "c"} {
+		if _, err := g.Do(t.Context(), idem.Key{Scope: "t", ID: id}, "", ok); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, err := g.Relay(t.Context()); err != nil || n != 0 || c.n.Load() != 3 {
+		t.Fatalf("the gate's relay: got %d, %v, %d store calls, want 0 copies and the gate's 3 calls", n, err, c.n.Load())
+	}
+	if _, err := pool.Exec(t.Context(), `UPDATE idem_completions_relay SET created_at = now() - interval '1 hour', digest = ''`); err != nil {
+		t.Fatal(err)
+	}
+	other, _ := pggate.New(e, pool, pggate.WithRelayInterval(0), pggate.WithRelayDelay(0))
+	defer other.Close()
+	if n, err := other.Relay(t.Context()); err != nil || n != 3 || c.n.Load() != 6 {
+		t.Fatalf("another gate's relay: got %d, %v, %d store calls, want 3 copies", n, err, c.n.Load())
 	}
 }
 
@@ -77,13 +137,15 @@ func TestRelayLateCommit(t *testing.T) {
 		done <- err
 	}()
 	<-inTx
+	f.broken.Store(true) // neither completion reaches the store after its commit
 	if _, err := g.Do(t.Context(), quick, "", ok); err != nil {
 		t.Fatal(err)
 	}
+	f.broken.Store(false)
 	if n, err := g.Relay(t.Context()); err != nil || n != 1 {
 		t.Fatalf("Relay: got %d, %v, want the quick completion", n, err)
 	}
-	f.broken.Store(true) // the slow completion does not reach the store after its commit
+	f.broken.Store(true)
 	close(release)
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -110,11 +172,12 @@ VALUES ('bad', '', 0, 'x', clock_timestamp(), now() + interval '1 hour')`); err 
 	if _, err := v.gate.Do(t.Context(), key, "", ok); err != nil {
 		t.Fatal(err)
 	}
-	n, err := v.gate.Relay(t.Context())
+	other := otherGate(t, v, pggate.WithRelayDelay(0))
+	n, err := other.Relay(t.Context())
 	if n != 1 || !errors.Is(err, idem.ErrInvalid) || !strings.Contains(err.Error(), "bad") {
 		t.Fatalf("Relay: got %d, %v, want the completion after the invalid row and an error naming it", n, err)
 	}
-	if n, err := v.gate.Relay(t.Context()); n != 0 || err != nil {
+	if n, err := other.Relay(t.Context()); n != 0 || err != nil {
 		t.Fatalf("second Relay: got %d, %v, want nothing (the cursor passed the invalid row)", n, err)
 	}
 }
