@@ -301,6 +301,7 @@ func runConsume(ctx context.Context, e *env, c *consumeConfig) error {
 		return err
 	}
 	defer src.Close()
+	registerConsumeStats(reg, src.Stats)
 
 	var draining atomic.Bool
 	var admin *http.Server
@@ -321,13 +322,39 @@ func runConsume(ctx context.Context, e *env, c *consumeConfig) error {
 	draining.Store(true)
 	s := src.Stats()
 	log.Info("idem consume stopped", "processed", s.Processed, "replayed", s.Replayed, "retried", s.Retried,
-		"dead_lettered", s.DeadLettered, "errors", s.Errors, "abandoned", s.Abandoned)
+		"dead_lettered", s.DeadLettered, "invalid", s.Invalid, "panics", s.Panics, "errors", s.Errors, "abandoned", s.Abandoned)
 	if admin != nil {
 		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		admin.Shutdown(sctx)
 		cancel()
 	}
 	return err
+}
+
+// registerConsumeStats registers the consumers' statistics (consumer.Stats)
+// in /metrics: idem_consume_messages_total, one series per outcome, and
+// idem_consume_broker_errors_total.
+func registerConsumeStats(reg *prometheus.Registry, stats func() consumer.Stats) {
+	for outcome, get := range map[string]func(consumer.Stats) int64{
+		"processed":     func(s consumer.Stats) int64 { return s.Processed },
+		"replayed":      func(s consumer.Stats) int64 { return s.Replayed },
+		"retried":       func(s consumer.Stats) int64 { return s.Retried },
+		"dead_lettered": func(s consumer.Stats) int64 { return s.DeadLettered },
+		"invalid":       func(s consumer.Stats) int64 { return s.Invalid },
+		"panics":        func(s consumer.Stats) int64 { return s.Panics },
+		"redelivered":   func(s consumer.Stats) int64 { return s.Redelivered },
+		"abandoned":     func(s consumer.Stats) int64 { return s.Abandoned },
+	} {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "idem_consume_messages_total",
+			Help:        "Messages of idem consume by outcome (the consumer's statistics; a message may count in several).",
+			ConstLabels: prometheus.Labels{"outcome": outcome},
+		}, func() float64 { return float64(get(stats())) }))
+	}
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "idem_consume_broker_errors_total",
+		Help: "Broker calls of idem consume that failed (an acknowledgement, a dead-letter write, a fetch).",
+	}, func() float64 { return float64(stats().Errors) }))
 }
 
 // openGate opens the commit gate's completion table at --gate (created

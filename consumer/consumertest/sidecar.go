@@ -3,6 +3,7 @@ package consumertest
 import (
 	"context"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -43,11 +44,15 @@ func RunSidecar(t *testing.T, newHarness func(t *testing.T) Harness) {
 }
 
 // RunExternal runs the suite against a consumer whose handler is reached
-// over HTTP (as the `idem consume` binary's): newHarness's Start must
-// POST each message to the handler that SidecarServer serves, as
-// sidecar.Handler does. The cases of sidecarInapplicable do not run.
-func RunExternal(t *testing.T, newHarness func(t *testing.T) Harness) {
-	run(t, newHarness, sidecarInapplicable)
+// over HTTP, as the `idem consume` binary's: newHarness's Start must POST
+// each message to the handler that SidecarServer serves, as
+// sidecar.Handler does, and apply the suite's options (a consumer.Config)
+// as the consumer's settings. Neither the cases of sidecarInapplicable
+// nor those of inapplicable (by name; the value is the reason) run.
+func RunExternal(t *testing.T, newHarness func(t *testing.T) Harness, inapplicable map[string]string) {
+	skip := maps.Clone(sidecarInapplicable)
+	maps.Copy(skip, inapplicable)
+	run(t, newHarness, skip)
 }
 
 // sidecarHarness is an adapter's harness whose handler is the sidecar's.
