@@ -107,6 +107,7 @@ type Handler struct {
 
 	once   sync.Once
 	client *http.Client
+	late   error // the cause of a call's timeout, built once
 }
 
 // Gate is a table of committed completions, looked up by the digest of a
@@ -150,6 +151,7 @@ type Result struct {
 
 func (h *Handler) init() {
 	h.once.Do(func() {
+		h.late = fmt.Errorf("sidecar: the handler did not answer within %v", h.timeout())
 		h.client = h.Client
 		if h.client == nil {
 			t := http.DefaultTransport.(*http.Transport).Clone()
@@ -205,7 +207,7 @@ func (h *Handler) Check() error {
 // cancelled with it (a lost lease closes the connection).
 func (h *Handler) Call(ctx context.Context, d Delivery) error {
 	h.init()
-	ctx, cancel := context.WithTimeoutCause(ctx, h.timeout(), fmt.Errorf("sidecar: the handler did not answer within %v", h.timeout()))
+	ctx, cancel := context.WithTimeoutCause(ctx, h.timeout(), h.late)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, h.URL, bytes.NewReader(d.Body))
 	if err != nil {
@@ -273,13 +275,22 @@ func (h *Handler) Call(ctx context.Context, d Delivery) error {
 		// (retrying would run it again); store what was read.
 		body = append(body, []byte(fmt.Sprintf("\n[idem: reading the response: %v]", err))...)
 	}
-	r := Result{Status: resp.StatusCode, Header: resp.Header.Clone(), Body: body}
+	// The response is this call's alone: its header's values are kept
+	// as they are, without the hop-by-hop and per-answer ones (no copy).
+	r := Result{Status: resp.StatusCode, Body: body}
+	for k, vs := range resp.Header {
+		switch k {
+		case "Date", "Content-Length", "Connection", "Keep-Alive":
+			continue
+		}
+		if r.Header == nil {
+			r.Header = make(http.Header, len(resp.Header))
+		}
+		r.Header[k] = vs
+	}
 	if len(body) > limit {
 		r.Body, r.Truncated = body[:limit], true
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
-	}
-	for _, k := range []string{"Date", "Content-Length", "Connection", "Keep-Alive"} {
-		r.Header.Del(k)
 	}
 	blob, err := json.Marshal(r)
 	if err == nil {
