@@ -71,11 +71,14 @@ CHART_ENV = IDEM_HELM=$(HELM) IDEM_KUBECONFORM=$(KUBECONFORM) \
 ## module built on its own (make modules), the short variant of the
 ## reliability suite (make chaos) and the checks of what ships beside the
 ## code: the image, the chart and the stamped version (make deploy-test).
-## After vet, these parts are independent and run JOBS at a time, the
-## longest first; each part's output is printed whole when it ends.
-## The servers are checked once, before: the parts have no prerequisites
-## left to wait for, so make starts them in the order given.
-JOBS ?= 3
+## After vet, these parts are independent and run JOBS at a time (1 by
+## default), the longest first; each part's output is printed whole when
+## it ends. The servers are checked once, before: the parts have no
+## prerequisites left to wait for, so make starts them in the order given.
+## JOBS=3 on a 2-core machine still makes two chaos scenarios fail now and
+## then (a port taken between a proxy's stop and its restart, a connection
+## count), so CI runs them one after another until those are fixed.
+JOBS ?= 1
 test: check-redis check-brokers check-postgres vet
 	@$(MAKE) --no-print-directory -j$(JOBS) --output-sync=target modules chaos-suite race deploy-test
 
