@@ -144,14 +144,16 @@ tidy:
 
 ## chaos: the reliability suite (RELIABILITY.md), short bounded variant, with
 ## the race detector. RUN=regexp selects scenarios. Each scenario appends its
-## counters to CHAOS_REPORT; make chaos-report prints them as a table.
+## counters to CHAOS_REPORT; make chaos-report prints them as a table. One
+## package at a time (-p 1): the scenarios measure memory, connections and
+## timings that a neighbour scenario's load disturbs.
 RUN          ?= .
 CHAOS_REPORT ?= $(CURDIR)/chaos-report.jsonl
 chaos: check-redis check-postgres
 	@$(MAKE) --no-print-directory chaos-suite
 chaos-suite:
 	@rm -f $(CHAOS_REPORT)
-	cd chaos && IDEM_CHAOS_REPORT=$(CHAOS_REPORT) $(GO) test -race -count=1 -timeout 20m -run '$(RUN)' ./...
+	cd chaos && IDEM_CHAOS_REPORT=$(CHAOS_REPORT) $(GO) test -race -count=1 -p 1 -timeout 20m -run '$(RUN)' ./...
 
 ## chaos-long: the same scenarios at soak size (minutes; not run by CI).
 chaos-long: check-redis check-postgres
