@@ -260,15 +260,7 @@ func TestRelayRepairsTheStore(t *testing.T) {
 	ms, _ := memstore.New()
 	f := &flaky{Store: ms, r: ms}
 	f.broken.Store(true)
-	e, _ := idem.New(f, idem.WithLease(time.Minute))
-	g, err := pggate.New(e, pool, pggate.WithRelayInterval(0), pggate.WithRelayDelay(0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
-	if err := g.Migrate(t.Context()); err != nil {
-		t.Fatal(err)
-	}
+	g, _ := manualRelayGate(t, pool, f)
 	key := idem.Key{Scope: "t", ID: "relay"}
 	res, err := g.Do(t.Context(), key, "fp", func(context.Context, pgx.Tx) ([]byte, error) { return []byte("ok"), nil })
 	if err != nil || string(res.Value) != "ok" {

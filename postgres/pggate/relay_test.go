@@ -15,6 +15,7 @@ import (
 	"github.com/idemgo/idem/postgres/pgtest"
 	"github.com/idemgo/idem/storekit"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // ok is an operation that writes nothing and returns "ok".
@@ -78,15 +79,7 @@ func TestRelaySkipsOwnCopies(t *testing.T) {
 	pool, _ := pgtest.Pool(t)
 	ms, _ := memstore.New()
 	c := &counting{Store: ms, r: ms}
-	e, _ := idem.New(c, idem.WithLease(time.Minute))
-	g, err := pggate.New(e, pool, pggate.WithRelayInterval(0), pggate.WithRelayDelay(0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
-	if err := g.Migrate(t.Context()); err != nil {
-		t.Fatal(err)
-	}
+	g, e := manualRelayGate(t, pool, c)
 	for _, id := range []string{"a", "b", "c"} {
 		if _, err := g.Do(t.Context(), idem.Key{Scope: "t", ID: id}, "", ok); err != nil {
 			t.Fatal(err)
@@ -113,15 +106,7 @@ func TestRelayLateCommit(t *testing.T) {
 	pool, _ := pgtest.Pool(t)
 	ms, _ := memstore.New()
 	f := &flaky{Store: ms, r: ms}
-	e, _ := idem.New(f, idem.WithLease(time.Minute))
-	g, err := pggate.New(e, pool, pggate.WithRelayInterval(0), pggate.WithRelayDelay(0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
-	if err := g.Migrate(t.Context()); err != nil {
-		t.Fatal(err)
-	}
+	g, _ := manualRelayGate(t, pool, f)
 	slow, quick := idem.Key{Scope: "t", ID: "slow"}, idem.Key{Scope: "t", ID: "quick"}
 	inTx, release := make(chan struct{}), make(chan struct{})
 	done := make(chan error, 1)
@@ -264,4 +249,21 @@ ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED`, 0, 10)
 		t.Fatalf("a version 2 relay: %v", err)
 	}
 	rows.Close()
+}
+
+// manualRelayGate is a migrated gate on pool over store, with a one-minute
+// lease, whose relay runs only when the test calls Relay (no interval, no
+// delay); it is closed when the test ends.
+func manualRelayGate(t *testing.T, pool *pgxpool.Pool, store idem.Store) (*pggate.Gate[pgx.Tx], *idem.Executor) {
+	t.Helper()
+	e, _ := idem.New(store, idem.WithLease(time.Minute))
+	g, err := pggate.New(e, pool, pggate.WithRelayInterval(0), pggate.WithRelayDelay(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Close() })
+	if err := g.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	return g, e
 }
