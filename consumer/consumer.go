@@ -243,6 +243,7 @@ type Processor struct {
 	passDuplicates bool
 	parallel       int
 	maxRetryDelay  time.Duration
+	completeEach   bool
 
 	stats struct {
 		processed, replayed, retried, dead, invalid, panics, redelivered, errors, abandoned atomic.Int64
@@ -288,8 +289,8 @@ func (p *Processor) ReportError(msg string, err error) {
 // Process runs h for each message whose key is not COMPLETED yet, in order,
 // and returns one Result per message: Acquire, then Batch.Handle, then
 // Batch.Commit. Messages are acquired before any handler runs and completed
-// after the last one, so that a store that batches does so in about two
-// round trips per batch.
+// after the last one (or each as its handler returns, WithCompleteEach), so
+// that a store that batches does so in about two round trips per batch.
 //
 // A message whose key already appeared earlier in the batch is not
 // acquired and its handler does not run: it follows the first one. If the
@@ -319,6 +320,15 @@ type Batch struct {
 	invalid   []bool
 	dups      [][]byte // stored results of duplicates passed to the handler
 	values    []*resultSlot
+
+	// The completions of WithCompleteEach: handlers that returned append
+	// their index to queued; one of them at a time (flushing) completes
+	// every queued key in one commit call while the others wait.
+	cmu      sync.Mutex
+	cdone    *sync.Cond
+	queued   []int
+	flushing bool
+	recorded []bool
 }
 
 // Acquire checks every message and acquires the keys of the valid ones in
@@ -466,6 +476,9 @@ func (b *Batch) handle(h Handler, i int) {
 	}
 	if err == nil {
 		b.done[i] = true
+		if p.completeEach {
+			b.completeNow(i)
+		}
 		return
 	}
 	b.held[i] = nil
@@ -589,55 +602,94 @@ func (p *Processor) call(ctx context.Context, h Handler, i int, digest string) (
 	return h(ctx, i)
 }
 
-// Commit completes the keys of the successful messages with the
-// processor's CommitFunc, settles the repeats within the batch, counts
-// and reports every message's decision, and returns one Result per
-// message. A message whose key could not be completed (lease lost, store
-// down) is retried: the record decides at its redelivery.
-func (b *Batch) Commit(ctx context.Context) []Result {
+// completeNow completes message i's key before it returns (WithCompleteEach),
+// together with the keys of the handlers that returned meanwhile: the
+// first caller to find no commit call under way makes one for every
+// queued key, the others wait for it.
+func (b *Batch) completeNow(i int) {
+	b.cmu.Lock()
+	defer b.cmu.Unlock()
+	if b.cdone == nil {
+		b.cdone = sync.NewCond(&b.cmu)
+		b.recorded = make([]bool, len(b.msgs))
+	}
+	b.queued = append(b.queued, i)
+	for !b.recorded[i] {
+		if b.flushing {
+			b.cdone.Wait()
+			continue
+		}
+		take := b.queued
+		b.queued, b.flushing = nil, true
+		b.cmu.Unlock()
+		b.complete(context.WithoutCancel(b.ctx), take)
+		b.cmu.Lock()
+		for _, j := range take {
+			b.recorded[j] = true
+		}
+		b.flushing = false
+		b.cdone.Broadcast()
+	}
+}
+
+// complete completes the keys of the handled messages idx with the
+// processor's CommitFunc and sets their results: Ack, or Retry (the
+// record decides at the redelivery) or DeadLetter (a refused effect on
+// its last try) when the key could not be completed. Each message's slots
+// are touched only here once its handler returned.
+func (b *Batch) complete(ctx context.Context, idx []int) {
 	p := b.p
-	var cmsgs []Message
-	var catt []*idem.Attempt
-	var cvals [][]byte
-	var cidx []int
-	for i, a := range b.held {
-		if a != nil && b.done[i] {
-			cmsgs = append(cmsgs, b.msgs[i])
-			catt = append(catt, a)
-			s := b.values[i]
-			s.mu.Lock()
-			cvals = append(cvals, s.value)
-			s.value = nil
-			s.mu.Unlock()
-			cidx = append(cidx, i)
-			b.held[i] = nil
+	cmsgs := make([]Message, len(idx))
+	catt := make([]*idem.Attempt, len(idx))
+	cvals := make([][]byte, len(idx))
+	for k, i := range idx {
+		cmsgs[k], catt[k] = b.msgs[i], b.held[i]
+		s := b.values[i]
+		s.mu.Lock()
+		cvals[k], s.value = s.value, nil
+		s.mu.Unlock()
+		b.held[i] = nil
+		if p.lastTry(cmsgs[k], catt[k]) {
+			catt[k].SetLastTry()
 		}
 	}
-	if len(catt) > 0 {
-		for k, a := range catt {
-			if p.lastTry(cmsgs[k], a) {
-				a.SetLastTry()
+	for k, err := range p.commit(ctx, cmsgs, catt, cvals) {
+		i := idx[k]
+		b.leaseLost(i, catt[k], err, nil)
+		if err != nil {
+			b.results[i] = Result{Action: Retry, Delay: p.retryDelay, Err: err}
+			// A refused effect (idem.SetEffect) is a failed message:
+			// nothing was applied, and the Executor released the key or
+			// failed it, per its policy or because this was the
+			// message's last try (SetLastTry above); then the error is
+			// terminal and the message dead-lettered. An effect that
+			// failed after it wrote (idem.ErrEffectPartial) left its key
+			// FAILED, and its error is terminal: dead-lettered at once.
+			if errors.Is(err, idem.ErrEffect) && idem.IsTerminal(err) {
+				b.results[i] = Result{Action: DeadLetter, Err: err}
 			}
+			continue
 		}
-		for k, err := range p.commit(context.WithoutCancel(ctx), cmsgs, catt, cvals) {
-			i := cidx[k]
-			b.leaseLost(i, catt[k], err, nil)
-			if err != nil {
-				b.results[i] = Result{Action: Retry, Delay: p.retryDelay, Err: err}
-				// A refused effect (idem.SetEffect) is a failed message:
-				// nothing was applied, and the Executor released the key or
-				// failed it, per its policy or because this was the
-				// message's last try (SetLastTry above); then the error is
-				// terminal and the message dead-lettered. An effect that
-				// failed after it wrote (idem.ErrEffectPartial) left its key
-				// FAILED, and its error is terminal: dead-lettered at once.
-				if errors.Is(err, idem.ErrEffect) && idem.IsTerminal(err) {
-					b.results[i] = Result{Action: DeadLetter, Err: err}
-				}
-				continue
-			}
-			b.results[i] = Result{Action: Ack}
+		b.results[i] = Result{Action: Ack}
+	}
+}
+
+// Commit completes the keys of the successful messages with the
+// processor's CommitFunc (those WithCompleteEach did not complete yet),
+// settles the repeats within the batch, counts and reports every
+// message's decision, and returns one Result per message. A message whose
+// key could not be completed (lease lost, store down) is retried: the
+// record decides at its redelivery.
+func (b *Batch) Commit(ctx context.Context) []Result {
+	p := b.p
+	var idx []int
+	for i, a := range b.held {
+		if a != nil && b.done[i] {
+			idx = append(idx, i)
 		}
+	}
+	if len(idx) > 0 {
+		b.complete(context.WithoutCancel(ctx), idx)
 	}
 	for i, f := range b.follow {
 		if f == 0 {

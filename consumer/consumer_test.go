@@ -562,3 +562,85 @@ func TestRetryBackoff(t *testing.T) {
 		})
 	}
 }
+
+// TestCompleteEach: with WithCompleteEach, a key is completed as soon as
+// its handler returned, before the next handler of the batch starts (one
+// at a time) or with the keys of the handlers that returned meanwhile (in
+// parallel), so that a crash in the middle of the batch (Batch.Abandon)
+// leaves only the running handler's key to be run again. Without it,
+// nothing is completed before the batch's end.
+func TestCompleteEach(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		parallel int
+		each     bool
+	}{
+		{"in-order", 1, true},
+		{"parallel", 4, true},
+		{"off", 1, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var calls atomic.Int64
+			opts := []consumer.Option{consumer.WithParallelHandlers(tc.parallel), consumer.WithCommit(
+				func(ctx context.Context, _ []consumer.Message, attempts []*idem.Attempt, values [][]byte) []error {
+					calls.Add(1)
+					return attempts[0].Executor().CommitBatch(ctx, attempts, values)
+				})}
+			if tc.each {
+				opts = append(opts, consumer.WithCompleteEach())
+			}
+			p := newProcessor(t, opts...)
+			exec := p.Executor()
+			const n = 12
+			var msgs []consumer.Message
+			for i := range n {
+				msgs = append(msgs, consumer.Message{Key: "k" + string(rune('a'+i)), Deliveries: 1})
+			}
+			completed := func(key string) bool {
+				_, a, err := exec.Begin(t.Context(), p.Key(key), "")
+				if err == nil && !a.Replayed() {
+					t.Fatalf("key %q acquired again", key)
+				}
+				return err == nil
+			}
+			// The crash comes while the last handler runs: the batch is
+			// abandoned, not committed.
+			b := p.Acquire(t.Context(), msgs)
+			var before atomic.Int64 // keys found completed by the last handler
+			b.Handle(func(ctx context.Context, i int) error {
+				if i != n-1 {
+					return nil
+				}
+				deadline := time.Now().Add(10 * time.Second)
+				for {
+					before.Store(0)
+					for _, m := range msgs[:n-1] {
+						if completed(m.Key) {
+							before.Add(1)
+						}
+					}
+					// In parallel, the handlers started with the last
+					// one complete as they return: wait for them.
+					if !tc.each || before.Load() == n-1 || time.Now().After(deadline) {
+						return nil
+					}
+					time.Sleep(time.Millisecond) // poll the store
+				}
+			})
+			b.Abandon()
+			want := int64(0)
+			if tc.each {
+				want = n - 1
+			}
+			if got := before.Load(); got != want {
+				t.Errorf("got %d keys completed while the last handler ran, want %d", got, want)
+			}
+			if tc.each && tc.parallel == 1 && calls.Load() != n {
+				t.Errorf("got %d commit calls, want %d (one per handler, one at a time)", calls.Load(), n)
+			}
+			if tc.each && calls.Load() > n {
+				t.Errorf("got %d commit calls, want at most %d", calls.Load(), n)
+			}
+		})
+	}
+}

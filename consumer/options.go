@@ -58,6 +58,9 @@ type Config struct {
 	PassDuplicates bool
 	// Commit completes the handled keys of a batch (WithCommit).
 	Commit CommitFunc
+	// CompleteEach completes each key as soon as its handler returned
+	// (WithCompleteEach).
+	CompleteEach bool
 	// Adapter holds the adapter's own settings (a pointer), for its
 	// options made with AdapterOption; nil for a bare Processor.
 	Adapter any
@@ -144,7 +147,7 @@ func Setup(exec *idem.Executor, defaults Config, adapter any, opts []Option) (*P
 	p := &Processor{
 		exec: exec, scope: c.Scope, maxDeliveries: c.MaxDeliveries, retryDelay: c.RetryDelay,
 		commit: c.Commit, onEvent: c.EventHook, log: c.Logger, onLeaseLost: c.OnLeaseLost, passDuplicates: c.PassDuplicates,
-		parallel: c.ParallelHandlers, maxRetryDelay: c.MaxRetryDelay,
+		parallel: c.ParallelHandlers, maxRetryDelay: c.MaxRetryDelay, completeEach: c.CompleteEach,
 	}
 	if p.commit == nil {
 		p.commit = func(ctx context.Context, _ []Message, attempts []*idem.Attempt, values [][]byte) []error {
@@ -196,8 +199,8 @@ func WithConcurrency(n int) Option { return func(c *Config) { c.Concurrency = n 
 // time. A batch's keys are distinct (a repeat of a key follows the first
 // and does not run), so one key's messages still run one after the other;
 // messages of distinct keys no longer run in the broker's order. The keys
-// are completed, and the messages acknowledged, once every handler of the
-// batch returned, as with 1. Handlers, and the hooks (WithOnLeaseLost),
+// are completed (unless WithCompleteEach), and the messages acknowledged,
+// once every handler of the batch returned, as with 1. Handlers, and the hooks (WithOnLeaseLost),
 // are then called from up to n goroutines at once. The default is 1: in
 // order, one at a time.
 func WithParallelHandlers(n int) Option { return func(c *Config) { c.ParallelHandlers = n } }
@@ -219,6 +222,19 @@ func WithDeadLetter(name string) Option { return func(c *Config) { c.DeadLetter 
 // WithCommit sets how the keys of handled messages are completed (see
 // CommitFunc). The default is the executor's CommitBatch.
 func WithCommit(f CommitFunc) Option { return func(c *Config) { c.Commit = f } }
+
+// WithCompleteEach completes each handled key (through the CommitFunc) as
+// soon as its handler returned, rather than once every handler of the
+// batch returned: a consumer that crashes in the middle of a batch then
+// leaves to be run again only the keys whose handler was running or whose
+// completion was on its way, not every key its batch had handled. Handlers
+// that return while a completion is on its way share the next commit call,
+// so a batch makes between one call (handlers that return together) and
+// one per message (WithParallelHandlers 1); a handler's slot is free again
+// once its key is completed. Acknowledgements still come after the batch,
+// unless the CommitFunc acknowledges with the completion (Redis Streams).
+// The default is off: one commit call per batch.
+func WithCompleteEach() Option { return func(c *Config) { c.CompleteEach = true } }
 
 // WithEventHook sets a function called once per message with the
 // Processor's decision, for metrics or tracing. It is called from the
