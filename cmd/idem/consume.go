@@ -81,8 +81,12 @@ the decision is recorded: a 2xx completes the key (the response's status,
 headers and body up to --max-result are the stored result) and acks the
 message; a 4xx other than 408, 409 and 429 is terminal: the message is
 dead-lettered (the status and the start of the body in the dead letter's
-error); a 5xx, 408, 409, 429, no answer within --handler-timeout or a
-refused connection release the key and the message is delivered again after
+error); a refused, reset or closed connection (the handler died or
+restarts) sends the same request, with the same fence, again (after 10ms,
+doubling up to 1s) until the handler answers or --handler-timeout passes
+(with --gate, not once the key's completion row committed); a 5xx, 408,
+409, 429 or no answer within --handler-timeout release the key and the
+message is delivered again after
 --retry-delay (doubled with each delivery up to --retry-max-delay, if set), then dead-lettered after --max-deliveries. While the handler
 runs, the key's lease is extended; if it is lost anyway, the request is
 cancelled (its connection closed) and --on-lease-lost, if set, gets a POST

@@ -204,7 +204,9 @@ func (h *Handler) Check() error {
 // marked idem.Terminal wrapping a *HandlerError for a terminal 4xx, and
 // another error for whatever is to be retried. ctx is the consumer
 // handler's: the request carries its fence (idem.FenceFrom) and is
-// cancelled with it (a lost lease closes the connection).
+// cancelled with it (a lost lease closes the connection). A request whose
+// connection failed is sent again with the same fence until the handler
+// answers or Timeout passes.
 func (h *Handler) Call(ctx context.Context, d Delivery) error {
 	h.init()
 	ctx, cancel := context.WithTimeoutCause(ctx, h.timeout(), h.late)
@@ -248,12 +250,9 @@ func (h *Handler) Call(ctx context.Context, d Delivery) error {
 			req.Header.Set(HeaderRetention, strconv.FormatInt(int64(a.Executor().Retention().Seconds()), 10))
 		}
 	}
-	resp, err := h.client.Do(req)
-	if err != nil {
-		if cause := context.Cause(ctx); cause != nil {
-			return fmt.Errorf("sidecar: calling the handler: %w", cause)
-		}
-		return fmt.Errorf("sidecar: calling the handler: %w", err)
+	resp, err := h.send(ctx, req, dup)
+	if resp == nil {
+		return err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
@@ -297,6 +296,54 @@ func (h *Handler) Call(ctx context.Context, d Delivery) error {
 		consumer.SetResult(ctx, blob)
 	}
 	return nil
+}
+
+// Pauses between the tries of a call whose connection failed.
+const (
+	firstPause = 10 * time.Millisecond
+	maxPause   = time.Second
+)
+
+// send sends req and returns the handler's answer. A call whose connection
+// failed (refused, reset, closed before the answer: the handler's process
+// died or restarts) is sent again with the same fence, after 10 ms, then
+// twice as long each time up to 1 s, until the handler answers or ctx ends
+// (the call's timeout, a lost lease): the handler may have applied it
+// before it died, and its fence check (docs/consume.md) recognises its
+// own fence, while a new acquisition's higher fence would pass it. With a
+// Gate, each try again is made only if the key's completion row has not
+// committed; otherwise resp is nil and err what Call returns then (nil:
+// the row's result is stored).
+func (h *Handler) send(ctx context.Context, req *http.Request, dup bool) (resp *http.Response, err error) {
+	pause := firstPause
+	for {
+		resp, err = h.client.Do(req)
+		if err == nil {
+			return resp, nil
+		}
+		if cause := context.Cause(ctx); cause != nil {
+			return nil, fmt.Errorf("sidecar: calling the handler: %w", cause)
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("sidecar: calling the handler: %w (then: %w)", err, context.Cause(ctx))
+		case <-t.C:
+		}
+		pause = min(2*pause, maxPause)
+		if a, ok := idem.AttemptFrom(ctx); ok && h.Gate != nil && !dup {
+			if committed, gerr := h.gate(ctx, a.Key()); committed || gerr != nil {
+				return nil, gerr
+			}
+		}
+		body, berr := req.GetBody()
+		if berr != nil {
+			return nil, fmt.Errorf("sidecar: calling the handler again: %w", berr)
+		}
+		req = req.Clone(ctx)
+		req.Body = body
+	}
 }
 
 // gate reports whether digest's completion row committed; then it stores

@@ -96,8 +96,8 @@ func TestStatuses(t *testing.T) {
 	}
 }
 
-// TestTimeoutAndRefused: no answer within the timeout, and a refused
-// connection, are retried.
+// TestTimeoutAndRefused: no answer within the timeout, and a connection
+// refused until the timeout, are retried.
 func TestTimeoutAndRefused(t *testing.T) {
 	release := make(chan struct{})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -113,7 +113,7 @@ func TestTimeoutAndRefused(t *testing.T) {
 	dead.Close()
 	for name, h := range map[string]*sidecar.Handler{
 		"timeout": {URL: srv.URL, Timeout: 50 * time.Millisecond},
-		"refused": {URL: deadURL},
+		"refused": {URL: deadURL, Timeout: 200 * time.Millisecond},
 	} {
 		p := newProcessor(t)
 		got := p.Process(t.Context(), []consumer.Message{{Key: "k", Deliveries: 1}}, func(ctx context.Context, i int) error {
@@ -185,4 +185,79 @@ func TestLeaseLostCancelsAndCalls(t *testing.T) {
 	if len(lost) != 1 || lost[0].Key != "k" || lost[0].Fence != fence || lost[0].Reason == "" || lostFence != strconv.FormatInt(fence, 10) {
 		t.Errorf("lease-lost calls: got %+v (fence header %q), want one for key k fence %d with a reason", lost, lostFence, fence)
 	}
+}
+
+// TestBrokenConnectionSameFence: a handler that dies after it applied a
+// call (its connection closed before the answer) and answers when it is
+// back gets the call again with the same fence, in the same attempt, so
+// that its fence check sees its own fence (already applied), not a higher
+// one; the message is acked with the second answer. With a gate whose row
+// committed meanwhile, the call is not sent again.
+func TestBrokenConnectionSameFence(t *testing.T) {
+	for _, gated := range []bool{false, true} {
+		t.Run(map[bool]string{false: "fence", true: "gate"}[gated], func(t *testing.T) {
+			var mu sync.Mutex
+			var fences []string
+			g := &fakeGate{}
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				io.Copy(io.Discard, r.Body)
+				mu.Lock()
+				fences = append(fences, r.Header.Get(sidecar.HeaderFence))
+				first := len(fences) == 1
+				mu.Unlock()
+				if first { // applied (its row committed), then killed before its answer
+					g.commit(r.Header.Get(sidecar.HeaderDigest))
+					conn, _, err := http.NewResponseController(w).Hijack()
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					conn.Close()
+					return
+				}
+				io.WriteString(w, "done")
+			}))
+			defer srv.Close()
+			h := &sidecar.Handler{URL: srv.URL}
+			if gated {
+				h.Gate = g
+			}
+			p := newProcessor(t)
+			var fence int64
+			got := p.Process(t.Context(), []consumer.Message{{Key: "k", Deliveries: 1}}, func(ctx context.Context, i int) error {
+				fence, _ = idem.FenceFrom(ctx)
+				return h.Call(ctx, sidecar.Delivery{Key: "k"})
+			})
+			if got[0].Action != consumer.Ack {
+				t.Fatalf("got %v (%v), want ack", got[0].Action, got[0].Err)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			want := []string{strconv.FormatInt(fence, 10), strconv.FormatInt(fence, 10)}
+			if gated {
+				want = want[:1] // found committed: not sent again
+			}
+			if len(fences) != len(want) || fences[0] != want[0] || len(fences) > 1 && fences[1] != want[1] {
+				t.Errorf("got calls with fences %q, want %q", fences, want)
+			}
+		})
+	}
+}
+
+// fakeGate is a Gate with at most one row, committed by commit.
+type fakeGate struct {
+	mu     sync.Mutex
+	digest string
+}
+
+func (g *fakeGate) commit(digest string) {
+	g.mu.Lock()
+	g.digest = digest
+	g.mu.Unlock()
+}
+
+func (g *fakeGate) Committed(ctx context.Context, digest string) ([]byte, bool, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return []byte("row"), g.digest != "" && digest == g.digest, nil
 }

@@ -1,8 +1,10 @@
 // A handler for idem consume, with Node's http module only:
 //   node handler.js PORT EFFECTS_FILE
 // It applies each message's effect (a line in EFFECTS_FILE) once per
-// fence: a request whose Idempotency-Fence is not above the last one that
-// wrote for its key is stale (its owner lost the key to a newer one).
+// fence, with the fence check of docs/consume.md: a request whose
+// Idempotency-Fence is the one that wrote for its key is the same call
+// again (its answer was lost: applied already, answer 2xx); one below it
+// is stale (its owner lost the key to a newer one: 409).
 const http = require("http");
 const fs = require("fs");
 
@@ -25,7 +27,9 @@ http
         body = JSON.parse(Buffer.concat(chunks).toString() || "{}");
       } catch {}
       if (!("amount" in body)) return answer(res, 400, { error: "no amount" }); // terminal: dead-lettered
-      if (fence <= (fences.get(key) || 0)) return answer(res, 409, { error: "stale fence" }); // retried, then replayed
+      const last = fences.get(key) || 0;
+      if (fence === last) return answer(res, 200, { charged: body.amount }); // applied already: stored, acked
+      if (fence < last) return answer(res, 409, { error: "stale fence" }); // retried, then replayed
       fences.set(key, fence);
       fs.appendFileSync(process.argv[3], `${key} ${body.amount}\n`);
       answer(res, 200, { charged: body.amount }); // stored; the message is acked

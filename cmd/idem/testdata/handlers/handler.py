@@ -1,8 +1,10 @@
 # A handler for idem consume, with the standard library only:
 #   python3 handler.py PORT EFFECTS_FILE
 # It applies each message's effect (a line in EFFECTS_FILE) once per
-# fence: a request whose Idempotency-Fence is not above the last one that
-# wrote for its key is stale (its owner lost the key to a newer one).
+# fence, with the fence check of docs/consume.md: a request whose
+# Idempotency-Fence is the one that wrote for its key is the same call
+# again (its answer was lost: applied already, answer 2xx); one below it
+# is stale (its owner lost the key to a newer one: 409).
 import json
 import sys
 import threading
@@ -20,7 +22,10 @@ class Handler(BaseHTTPRequestHandler):
         if "amount" not in body:
             return self.answer(400, {"error": "no amount"})  # terminal: dead-lettered
         with lock:
-            if fence <= fences.get(key, 0):
+            last = fences.get(key, 0)
+            if fence == last:
+                return self.answer(200, {"charged": body["amount"]})  # applied already: stored, acked
+            if fence < last:
                 return self.answer(409, {"error": "stale fence"})  # retried, then replayed
             fences[key] = fence
             with open(sys.argv[2], "a") as f:
