@@ -4,7 +4,8 @@
 // (the test binary run as the role "handler") whose effect is a row in
 // PostgreSQL, written in one transaction with the key's completion row
 // (--gate), with the fence check (the key's last Idempotency-Fence, raised
-// only by a larger one), or with neither (the negative control, which
+// only by a larger one; its own fence again is a call applied already),
+// or with neither (the negative control, which
 // must show duplicates). Held calls are synchronized on the handler's
 // "held" line, never on a sleep; outcomes are counted from the database
 // and the broker once it settled.

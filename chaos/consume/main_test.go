@@ -51,8 +51,11 @@ const (
 //   - gate: the key's completion row (pggate.ForeignInsert with the
 //     Idempotency-Digest, -Fence and Idem-Retention headers; no row
 //     changed: another delivery committed, roll back and answer 409);
-//   - fence: the key's fence in fences, raised only by a larger fence
-//     (not raised: a newer owner wrote, roll back and answer 409);
+//   - fence: the fence check of docs/consume.md: the key's fence in
+//     fences, raised only by a larger fence; not raised, roll back, and
+//     if the stored fence is the call's own (the same call again after
+//     its answer was lost) answer 200, the effect written already, or if
+//     it is above (a newer owner wrote) answer 409;
 //   - none: nothing (the negative control).
 //
 // The first call of a key in CONSUME_HANDLER_HOLD writes "held KEY FENCE"
@@ -147,6 +150,13 @@ func apply(ctx context.Context, pool *pgxpool.Pool, mode, key, digest string, fe
 			return http.StatusInternalServerError
 		}
 		if tag.RowsAffected() == 0 {
+			var stored int64
+			if err := tx.QueryRow(ctx, `SELECT fence FROM fences WHERE key = $1`, key).Scan(&stored); err != nil {
+				return http.StatusInternalServerError
+			}
+			if stored == fence {
+				return http.StatusOK // the same call again: applied already
+			}
 			return http.StatusConflict // stale: a newer owner wrote
 		}
 	}

@@ -118,8 +118,10 @@ store flag they do.
 
 Each batch of --batch messages is acquired in one store call, its calls
 to the handler run --parallel at a time (the default 1: one at a time, in
-the broker's order), and its keys are completed, and its messages acked,
-once every call answered. A batch's keys are distinct (a repeat of a key
+the broker's order); each key is completed as soon as its call answered
+(the calls that answer meanwhile share one store call; a Redis stream's
+entry is acked with it), the batch's other messages acked once every call
+answered. A batch's keys are distinct (a repeat of a key
 waits for the first), so --parallel never runs one key twice at once; it
 only gives up the order between distinct keys. --concurrency batches run
 at once.
@@ -251,6 +253,9 @@ func (c *consumeConfig) options(log *slog.Logger) []consumer.Option {
 		consumer.WithMaxDeliveries(c.maxDeliveries), consumer.WithRetryDelay(c.retryDelay), consumer.WithRetryBackoff(c.retryMaxDelay),
 		consumer.WithBatchSize(c.batch), consumer.WithParallelHandlers(c.parallel), consumer.WithShutdownTimeout(c.shutdownTimeout),
 		consumer.WithLogger(log), consumer.WithOnLeaseLost(c.handler.OnLeaseLost),
+		// A sidecar killed mid-batch leaves only its calls in flight to be
+		// made again (docs/consume.md, the fence check).
+		consumer.WithCompleteEach(),
 	}
 	if c.passDuplicates {
 		opts = append(opts, consumer.WithPassDuplicates())

@@ -302,8 +302,8 @@ func TestConsumeRefusesEmbeddedStore(t *testing.T) {
 }
 
 // TestConsumeParallel: with --parallel 4 the handler gets four calls of a
-// batch at once and never more, and no entry is acked while a call of its
-// batch runs (record before ack); every key is called once.
+// batch at once and never more, and no entry is acked while its call runs
+// (record before ack); every key is called once.
 func TestConsumeParallel(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
@@ -343,7 +343,7 @@ func TestConsumeParallel(t *testing.T) {
 		t.Fatalf("got %d calls running at once, want %d", running, parallel)
 	}
 	if got := pendingCount(t, rdb, "par", "g"); got != n {
-		t.Errorf("pending while the batch's calls run: %d, want %d (nothing acked before every call answered)", got, n)
+		t.Errorf("pending while the batch's calls run: %d, want %d (nothing acked before its call answered)", got, n)
 	}
 	close(release)
 	waitFor(t, "every entry acked", func() bool {

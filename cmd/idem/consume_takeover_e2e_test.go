@@ -201,9 +201,9 @@ func runEffectHandler(addr string) {
 }
 
 // TestConsumeHandlerKilled: the handler process is killed (SIGKILL) while
-// it runs a message, then started again on the same address: the message
-// is retried (a reset connection, then a refused one) and handled once;
-// nothing is lost.
+// it runs a message, then started again on the same address: the call is
+// sent again with the same fence (a reset connection, refused ones, then
+// the new process's answer) and handled once; nothing is lost.
 func TestConsumeHandlerKilled(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
