@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -228,8 +229,13 @@ func runSidecar(b *testing.B, br benchBroker, srv *redistest.Server, sink *bench
 	if strings.HasSuffix(from, "group=") {
 		from += group
 	}
-	p := startIdemB(b, "consume", "--from", from, "--to", h.URL, "--redis", "redis://"+srv.Addr(), "--batch", "100", "--parallel", benchParallel, "--log-level", "warn")
-	return p
+	args := []string{"consume", "--from", from, "--to", h.URL, "--redis", "redis://" + srv.Addr(), "--batch", "100", "--parallel", benchParallel, "--log-level", "warn"}
+	var env []string
+	if dir := os.Getenv("IDEM_BENCH_CPU_PROFILE"); dir != "" {
+		// A CPU profile of each sidecar run, written when it stops.
+		env = append(env, profileEnv+"="+filepath.Join(dir, "consume-"+br.name+"-"+group+".pprof"))
+	}
+	return startIdemB(b, env, args...)
 }
 
 func BenchmarkConsume(b *testing.B) {
@@ -345,10 +351,10 @@ func BenchmarkConsumeLatency(b *testing.B) {
 
 // startIdemB starts the binary for a benchmark; it is killed when the
 // benchmark ends.
-func startIdemB(b *testing.B, args ...string) *proc {
+func startIdemB(b *testing.B, env []string, args ...string) *proc {
 	p := &proc{args: args, stdout: &syncBuffer{}, stderr: &syncBuffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(idemBin, args...)
-	p.cmd.Env = testEnv()
+	p.cmd.Env = append(testEnv(), env...)
 	p.cmd.Stdout, p.cmd.Stderr = p.stdout, p.stderr
 	if err := p.cmd.Start(); err != nil {
 		b.Fatal(err)

@@ -26,7 +26,9 @@ func main() {
 		<-ctx.Done()
 		stop()
 	}()
+	stopProfile := startProfile(os.Getenv, os.Stderr)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
+	stopProfile()
 	stop()
 	os.Exit(code)
 }
