@@ -75,8 +75,8 @@
 // one script can complete a record and XACK the stream entry. The record is
 // a string holding a few MessagePack values, packed and unpacked by the
 // scripts with Redis's built-in cmsgpack: a format version, the state,
-// fingerprint, owner, fence, lease end (µs), attempts, creation time (µs)
-// and the result. The result is an opaque blob made by the Executor; Lua
+// fingerprint, owner, fence, lease end (µs), attempts, creation time (an
+// offset from the fence, one byte for a key taken once) and the result. The result is an opaque blob made by the Executor; Lua
 // never looks inside it. A string, not a hash: SET … PX writes the record
 // and its expiry in one call and one GET reads it. A value in another
 // format is refused with an error, never misread.

@@ -6,10 +6,11 @@
 --
 -- The record is a string: the MessagePack values format version (1), state
 -- (p in progress, c completed, r released, f failed), fingerprint, owner,
--- fence, lease end (µs), attempts, created (µs), result; absent values are
--- '' or 0. SET ... PX writes it and its expiry in one call. Times are the
+-- fence, lease end (µs), attempts, created, result; absent values are ''
+-- or 0. SET ... PX writes it and its expiry in one call. Times are the
 -- server's (TIME), in µs; Lua numbers are doubles, exact for integers below
--- 2^53, which µs timestamps are.
+-- 2^53, which µs timestamps are. created is an offset from the fence (see
+-- acquire.lua).
 
 -- clock returns the server's time in µs, read with TIME at most once per
 -- script call.
@@ -35,7 +36,7 @@ local function acquire(key, fp, owner, lease_ms, retention_ms, max_attempts, ttl
   -- read (GET), in one call: a batch is mostly new keys. With no record,
   -- the fence is seeded from the clock, so that it still grows after the
   -- record was deleted or expired.
-  local v = redis.call('SET', key, cmsgpack.pack(1, 'p', fp, owner, now, lease_end, 1, now, ''), 'NX', 'GET', 'PX', ttl_ms)
+  local v = redis.call('SET', key, cmsgpack.pack(1, 'p', fp, owner, now, lease_end, 1, -1, ''), 'NX', 'GET', 'PX', ttl_ms)
   if not v then
     return now
   end
@@ -62,6 +63,12 @@ local function acquire(key, fp, owner, lease_ms, retention_ms, max_attempts, ttl
     return {4, 'f', a, ''}
   end
   local fence = math.max(n + 1, now)
+  -- created, as an offset from the new fence
+  if c < 0 then
+    c = c + n - fence
+  elseif c > 0 then
+    c = c - fence - 1
+  end
   redis.call('SET', key, cmsgpack.pack(1, 'p', f, owner, fence, lease_end, a + 1, c, ''), 'PX', ttl_ms)
   if s == 'p' then
     return {2, fence, a + 1, o}

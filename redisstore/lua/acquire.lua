@@ -22,10 +22,15 @@
 --
 -- The record is a string: the MessagePack values format version (1), state
 -- (p in progress, c completed, r released, f failed), fingerprint, owner,
--- fence, lease end (µs), attempts, created (µs), result; absent values are
--- '' or 0. SET ... PX writes it and its expiry in one call. Times are the
+-- fence, lease end (µs), attempts, created, result; absent values are ''
+-- or 0. SET ... PX writes it and its expiry in one call. Times are the
 -- server's (TIME), in µs; Lua numbers are doubles, exact for integers below
--- 2^53, which µs timestamps are.
+-- 2^53, which µs timestamps are. created is written as an offset from the
+-- fence, which is never earlier: created = fence + 1 + c, a negative c (-1,
+-- one byte, for a key never taken again, whose fence is its creation time);
+-- a positive c is the creation time in µs itself (records written before
+-- the offset), 0 an unknown one (a record the relay wrote). The offset keeps
+-- a completed record 8 bytes shorter than the time would.
 local v = redis.call('GET', KEYS[1])
 local ver, s, f, o, n, l, a, c, r
 if v then
@@ -51,7 +56,7 @@ local lease_end = now + tonumber(ARGV[3]) * 1000
 if not v then
   -- No record: the fence is seeded from the clock, so that it still grows
   -- after the record was deleted or expired.
-  redis.call('SET', KEYS[1], cmsgpack.pack(1, 'p', ARGV[1], ARGV[2], now, lease_end, 1, now, ''), 'PX', ARGV[6])
+  redis.call('SET', KEYS[1], cmsgpack.pack(1, 'p', ARGV[1], ARGV[2], now, lease_end, 1, -1, ''), 'PX', ARGV[6])
   return now
 end
 if s == 'p' and l > now then
@@ -64,6 +69,12 @@ if max > 0 and a >= max then
   return {4, 'f', a, ''}
 end
 local fence = math.max(n + 1, now)
+-- created, as an offset from the new fence
+if c < 0 then
+  c = c + n - fence
+elseif c > 0 then
+  c = c - fence - 1
+end
 redis.call('SET', KEYS[1], cmsgpack.pack(1, 'p', f, ARGV[2], fence, lease_end, a + 1, c, ''), 'PX', ARGV[6])
 if s == 'p' then
   return {2, fence, a + 1, o}

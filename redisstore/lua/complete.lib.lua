@@ -7,7 +7,8 @@
 -- complete stores result in the record at key and moves it to COMPLETED if
 -- owner and fence (a string) still hold it. The owner and the lease end are
 -- dropped: a completed record needs neither, and memory per record counts;
--- the creation time stays (idem get and ls show a record's age). It
+-- the creation time stays (idem get and ls show a record's age), as its
+-- offset from the fence, which completion keeps. It
 -- returns 1 if it wrote the record, 2 if the record was already completed
 -- by this fence with this result (a repeated call after a lost reply), 0 if
 -- the lease is lost (nothing written), or nil

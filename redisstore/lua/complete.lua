@@ -10,7 +10,8 @@
 --
 -- The owner and the lease end are dropped: a completed record needs neither,
 -- and memory per record counts. The creation time stays (idem get and ls
--- show a record's age).
+-- show a record's age), as its offset from the fence, which completion
+-- keeps.
 --
 -- Reply: 1 done (also when the same complete is repeated after a lost
 -- reply), 0 lease lost.

@@ -15,4 +15,7 @@ local ver, s, f, o, n, l, a, c, r = cmsgpack.unpack(v)
 if ver ~= 1 then
   return redis.error_reply('idem: unknown record format')
 end
+if c < 0 then
+  c = n + 1 + c -- an offset from the fence (see acquire.lua)
+end
 return {now, redis.call('PTTL', KEYS[1]), s, f, o, n, l, a, c, r}
