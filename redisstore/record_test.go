@@ -94,6 +94,14 @@ func TestRecordCreated(t *testing.T) {
 				if got := int(n) - len(fp) - len(result); got > framing {
 					t.Fatalf("completed record: %d bytes beyond its fingerprint and result, want at most %d", got, framing)
 				}
+				// The replay cache's decoder reads the offset too.
+				raw, err := c.Get(ctx, s.Key(key)).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if st, dfp, dres, datt, err := redisstore.DecodeRecord(raw); err != nil || st != "c" || dfp != fp || dres != string(result) || datt != 1 {
+					t.Fatalf("DecodeRecord = %q %q %q %d, %v; want the completed record", st, dfp, dres, datt, err)
+				}
 			})
 
 			for _, tc := range []struct {
