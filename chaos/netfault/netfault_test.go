@@ -149,7 +149,7 @@ func TestNetworkResets(t *testing.T) {
 // TestNetworkBlackHole is scenario 5, a black-holed connection: once a fifth
 // of the operations are acknowledged, the proxy swallows everything in both
 // directions (open connections hang; the lease of every owner runs out)
-// and then refuses new connections, for a few seconds in all, and heals.
+// and then cuts them and resets new ones, for a few seconds in all, and heals.
 // The Executor's lease is longer than the black hole, as it is in production
 // (30s by default): an outage longer than the lease cannot be told from a
 // crashed owner, and the key is taken over (see RELIABILITY.md's limits).

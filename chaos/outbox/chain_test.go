@@ -41,9 +41,8 @@ import (
 // Environment of the chain's services, besides envPG, envCtl, envStopEvery
 // and the broker's.
 const (
-	envRedis  = "IDEM_OB_REDIS"  // the service's store (through a fault proxy)
-	envListen = "IDEM_OB_LISTEN" // service A's address
-	envMode   = "IDEM_OB_MODE"   // service B: gate, or control (no deduplication)
+	envRedis = "IDEM_OB_REDIS" // the service's store (through a fault proxy)
+	envMode  = "IDEM_OB_MODE"  // service B: gate, or control (no deduplication)
 )
 
 // chainLease is the services' lease: a killed owner's key is taken over
@@ -90,11 +89,13 @@ func runServiceA() error {
 		w.WriteHeader(http.StatusCreated)
 		w.Write(body)
 	})
-	ln, err := net.Listen("tcp", os.Getenv(envListen))
+	// A port of its own at every start, which it tells the parent: the
+	// port of the one before may have been taken since it was killed.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
 	}
-	chaostest.Say("listening")
+	chaostest.Say("listening %s", ln.Addr())
 	return (&http.Server{Handler: mw.Handler(h), ReadHeaderTimeout: 10 * time.Second}).Serve(ln)
 }
 
@@ -212,6 +213,7 @@ type supervisor struct {
 	t    *testing.T
 	role string
 	env  []string
+	said func(line string) // called with the child's other lines, if not nil
 
 	mu       sync.Mutex
 	p        *chaostest.Proc
@@ -221,8 +223,8 @@ type supervisor struct {
 	starts, stops, kills atomic.Int64
 }
 
-func supervise(t *testing.T, role string, env ...string) *supervisor {
-	s := &supervisor{t: t, role: role, env: env, done: make(chan struct{})}
+func supervise(t *testing.T, role string, said func(line string), env ...string) *supervisor {
+	s := &supervisor{t: t, role: role, env: env, said: said, done: make(chan struct{})}
 	go s.loop()
 	return s
 }
@@ -245,6 +247,9 @@ func (s *supervisor) loop() {
 				s.stops.Add(1)
 				p.Kill()
 				break
+			}
+			if ok && s.said != nil {
+				s.said(line)
 			}
 			if !ok {
 				_ = p.Wait(50 * time.Millisecond)
@@ -350,9 +355,9 @@ func testChain(t *testing.T, kind, mode string, faulty bool) {
 
 	pgAddr := hostOf(t, pgtest.BaseURL())
 	proxy := func(name, upstream string) *hop { return &hop{name: name, px: chaostest.StartNetProxy(t, upstream)} }
-	httpAddr := freeAddr(t)
 	hops := []*hop{
-		proxy("client–A", httpAddr), proxy("A–Postgres", pgAddr), proxy("A–Redis", stores.Addr()),
+		proxy("client–A", ""), // pointed at service A when it says where it listens
+		proxy("A–Postgres", pgAddr), proxy("A–Redis", stores.Addr()),
 		proxy("relay–Postgres", pgAddr), proxy("B–Postgres", pgAddr),
 	}
 	httpHop, pgA, redisA, pgR, pgB := hops[0], hops[1], hops[2], hops[3], hops[4]
@@ -378,13 +383,18 @@ func testChain(t *testing.T, kind, mode string, faulty bool) {
 		drained = func() bool { return streamBacklog(t, busRdb, stream) == 0 }
 	}
 	common := []string{envCtl + "=" + stores.Addr(), envStopEvery + "=" + strconv.Itoa(chainStopEvery)}
-	svcA := supervise(t, "service-a", append(common, envPG+"="+viaProxy(t, urlA, pgA), envRedis+"="+redisA.px.Addr(), envListen+"="+httpAddr)...)
+	pointClientHop := func(line string) {
+		if addr, ok := strings.CutPrefix(line, "listening "); ok {
+			httpHop.px.SetUpstream(addr)
+		}
+	}
+	svcA := supervise(t, "service-a", pointClientHop, append(common, envPG+"="+viaProxy(t, urlA, pgA), envRedis+"="+redisA.px.Addr())...)
 	relayStops := common
 	if !faulty {
 		relayStops = []string{envCtl + "=" + stores.Addr()}
 	}
-	relay := supervise(t, "relay", append(append(relayStops, relayEnv...), envPG+"="+viaProxy(t, urlA, pgR))...)
-	svcB := supervise(t, "service-b", append(append(common, bEnv...), envPG+"="+viaProxy(t, urlB, pgB), envMode+"="+mode)...)
+	relay := supervise(t, "relay", nil, append(append(relayStops, relayEnv...), envPG+"="+viaProxy(t, urlA, pgR))...)
+	svcB := supervise(t, "service-b", nil, append(append(common, bEnv...), envPG+"="+viaProxy(t, urlB, pgB), envMode+"="+mode)...)
 	children := []*supervisor{svcA, relay, svcB}
 
 	// The clients: every request retried with its key until a 2xx.
@@ -630,17 +640,6 @@ func viaProxy(t *testing.T, raw string, h *hop) string {
 	}
 	u.Host = h.px.Addr()
 	return u.String()
-}
-
-// freeAddr returns a loopback address nothing listens on.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 // declareQueue declares a durable queue of the test's own on the shared

@@ -16,7 +16,7 @@
 //   - Redis refusing writes (maxmemory reached, OOM) after the commit.
 //   - 4 processes × 5 concurrent duplicates per key, with FLUSHALL every
 //     100ms: 1 effect row per key.
-//   - Postgres connections cut and refused (a restart as the clients see
+//   - Postgres connections cut and new ones reset (a restart as the clients see
 //     it, through a TCP proxy in front of the shared server): no committed
 //     completion lost, recovery without a manual step.
 //   - Postgres restarted for real, as a crash and as a fast shutdown: a
