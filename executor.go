@@ -156,26 +156,10 @@ func New(store Store, opts ...Option) (*Executor, error) {
 	return e, nil
 }
 
-// Store returns the executor's store.
-func (e *Executor) Store() Store { return e.store }
-
-// Lease returns the configured lease.
-func (e *Executor) Lease() time.Duration { return e.lease }
-
-// Retention returns the configured retention.
-func (e *Executor) Retention() time.Duration { return e.retention }
-
-// MaxResultSize returns the largest result that is stored (WithMaxResultSize).
-func (e *Executor) MaxResultSize() int { return e.codec.maxSize }
-
-// DecodeResult returns the value held by blob, a stored result as
-// Store.Get returns it in Record.Result for the store key storeKey. blob must
-// have been written by an Executor with a compatible configuration: the same
-// encryption key, and a maximum result size no larger than this one's. It is
-// for tools that inspect records (the idem binary's get command); Do and
-// Begin decode replays themselves. The value may share memory with blob.
-// Errors wrap ErrCorruptResult. It is safe for concurrent use.
-func (e *Executor) DecodeResult(storeKey string, blob []byte) ([]byte, error) {
+// decodeResult returns the value held by blob, a stored result as
+// Store.Get returns it in Record.Result for the store key storeKey
+// (adapterkit.DecodeResult).
+func (e *Executor) decodeResult(storeKey string, blob []byte) ([]byte, error) {
 	return e.codec.decode(storeKey, blob)
 }
 

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/adapterkit"
 	"github.com/idemgo/idem/memstore"
 	"github.com/idemgo/idem/observe"
 
@@ -447,12 +448,12 @@ func TestDecodeResult(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, err := e.DecodeResult(key.Digest(), rec.Result)
+			got, err := adapterkit.DecodeResult(e, key.Digest(), rec.Result)
 			if err != nil || string(got) != tt.value {
 				t.Fatalf("DecodeResult: got %.20q, %v, want %.20q, nil", got, err, tt.value)
 			}
 			altered := append([]byte{0xff}, rec.Result[1:]...)
-			if _, err := e.DecodeResult(key.Digest(), altered); !errors.Is(err, idem.ErrCorruptResult) {
+			if _, err := adapterkit.DecodeResult(e, key.Digest(), altered); !errors.Is(err, idem.ErrCorruptResult) {
 				t.Errorf("DecodeResult of an altered blob: got %v, want ErrCorruptResult", err)
 			}
 		})
@@ -463,8 +464,8 @@ func TestDecodeResult(t *testing.T) {
 // and results up to 1 MiB.
 func TestDefaults(t *testing.T) {
 	e, _ := newExec(t)
-	if e.Lease() != 30*time.Second || e.Retention() != 24*time.Hour || e.MaxResultSize() != 1<<20 {
-		t.Fatalf("lease %v, retention %v, max result %d; want 30s, 24h, 1 MiB", e.Lease(), e.Retention(), e.MaxResultSize())
+	if adapterkit.Lease(e) != 30*time.Second || adapterkit.Retention(e) != 24*time.Hour || adapterkit.MaxResultSize(e) != 1<<20 {
+		t.Fatalf("lease %v, retention %v, max result %d; want 30s, 24h, 1 MiB", adapterkit.Lease(e), adapterkit.Retention(e), adapterkit.MaxResultSize(e))
 	}
 	if idem.DefaultLease != 30*time.Second {
 		t.Fatalf("DefaultLease %v", idem.DefaultLease)
@@ -492,7 +493,7 @@ func TestEncryptionRefusesPlainResult(t *testing.T) {
 	if !errors.Is(err, idem.ErrCorruptResult) || r.Replayed || ran {
 		t.Fatalf("plain result under a key: got replayed=%v %q, ran=%v, err %v; want ErrCorruptResult, nothing replayed", r.Replayed, r.Value, ran, err)
 	}
-	if _, err := sealed.DecodeResult(key.Digest(), []byte{0}); !errors.Is(err, idem.ErrCorruptResult) {
+	if _, err := adapterkit.DecodeResult(sealed, key.Digest(), []byte{0}); !errors.Is(err, idem.ErrCorruptResult) {
 		t.Fatalf("DecodeResult of a plain blob with a key: got %v, want ErrCorruptResult", err)
 	}
 }

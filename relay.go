@@ -4,13 +4,9 @@ import (
 	"fmt"
 )
 
-// EncodeResult returns the stored form of value under the store key
-// storeKey, as Commit would store it: compressed and sealed per the
-// Executor's options. It returns an error wrapping ErrResultTooLarge when
-// value is over the size limit. It is for completions written outside the
-// store (the commit gate), read back with DecodeResult. It is safe for
-// concurrent use.
-func (e *Executor) EncodeResult(storeKey string, value []byte) ([]byte, error) {
+// encodeResult returns the stored form of value under the store key
+// storeKey, as Commit would store it (adapterkit.EncodeResult).
+func (e *Executor) encodeResult(storeKey string, value []byte) ([]byte, error) {
 	if len(value) > e.codec.maxSize {
 		return nil, resultTooLarge(len(value), e.codec.maxSize)
 	}

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/adapterkit"
 	"github.com/idemgo/idem/memstore"
 
 	"github.com/idemgo/idem/storekit"
@@ -48,18 +49,18 @@ func TestEncodeResult(t *testing.T) {
 		t.Fatal(err)
 	}
 	value := bytes.Repeat([]byte("abc"), 100)
-	blob, err := e.EncodeResult("k", value)
+	blob, err := adapterkit.EncodeResult(e, "k", value)
 	if err != nil {
 		t.Fatalf("EncodeResult: %v", err)
 	}
 	if len(blob) >= len(value) {
 		t.Errorf("blob of %d bytes for %d compressible bytes: not compressed", len(blob), len(value))
 	}
-	got, err := e.DecodeResult("k", blob)
+	got, err := adapterkit.DecodeResult(e, "k", blob)
 	if err != nil || !bytes.Equal(got, value) {
 		t.Fatalf("DecodeResult: got %q, %v, want the value", got, err)
 	}
-	if _, err := e.EncodeResult("k", make([]byte, 1001)); !errors.Is(err, idem.ErrResultTooLarge) {
+	if _, err := adapterkit.EncodeResult(e, "k", make([]byte, 1001)); !errors.Is(err, idem.ErrResultTooLarge) {
 		t.Fatalf("EncodeResult over the limit: got %v, want ErrResultTooLarge", err)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/adapterkit"
 	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/memstore"
 	"github.com/idemgo/idem/storekit"
@@ -341,7 +342,7 @@ func TestStuckHandlerAbandoned(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("Process had not returned 30s after its context was cancelled, its handler ignoring it")
 	}
-	if res[0].Action != consumer.Retry || !errors.Is(res[0].Err, consumer.ErrAbandoned) || res[0].Delay <= 0 || res[0].Delay > exec.Lease() {
+	if res[0].Action != consumer.Retry || !errors.Is(res[0].Err, consumer.ErrAbandoned) || res[0].Delay <= 0 || res[0].Delay > adapterkit.Lease(exec) {
 		t.Errorf("stuck message: got %+v, want Retry with ErrAbandoned after the rest of the lease", res[0])
 	}
 	if res[1].Action != consumer.Retry || !errors.Is(res[1].Err, consumer.ErrStopping) || nextRuns.Load() != 0 {
@@ -400,7 +401,7 @@ func TestCancelledHandlerNotAbandoned(t *testing.T) {
 	if st := p.Stats(); st.Abandoned != 0 {
 		t.Errorf("stats %+v, want 0 abandoned", st)
 	}
-	if rec, err := p.Executor().Store().Get(t.Context(), p.Key("k").Digest()); err != nil || rec.State != storekit.StateReleased {
+	if rec, err := adapterkit.Store(p.Executor()).Get(t.Context(), p.Key("k").Digest()); err != nil || rec.State != storekit.StateReleased {
 		t.Errorf("record: %v (%v), want RELEASED", rec.State, err)
 	}
 }

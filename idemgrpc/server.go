@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/adapterkit"
 	"github.com/idemgo/idem/observe"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -261,7 +262,7 @@ func (s *Server) run(ctx, actx context.Context, a *idem.Attempt, req any, info *
 		// that a retry might not get.
 		return nil, withDetails(status.New(codes.Unavailable, "idemgrpc: the call's outcome could not be recorded: "+err.Error()),
 			&errdetails.ErrorInfo{Reason: ReasonOutcomeUnknown, Domain: ErrorDomain},
-			&errdetails.RetryInfo{RetryDelay: durationpb.New(s.exec.Lease())}).Err()
+			&errdetails.RetryInfo{RetryDelay: durationpb.New(adapterkit.Lease(s.exec))}).Err()
 	}
 }
 
@@ -315,7 +316,7 @@ func (s *Server) statusOf(err error) error {
 	case errors.Is(err, idem.ErrLeaseLost):
 		return withDetails(status.New(codes.Unavailable, "idemgrpc: "+err.Error()),
 			&errdetails.ErrorInfo{Reason: ReasonOutcomeUnknown, Domain: ErrorDomain},
-			&errdetails.RetryInfo{RetryDelay: durationpb.New(s.exec.Lease())}).Err()
+			&errdetails.RetryInfo{RetryDelay: durationpb.New(adapterkit.Lease(s.exec))}).Err()
 	}
 	return withDetails(status.New(codes.Unavailable, "idemgrpc: the idempotency store is unavailable: "+err.Error()),
 		&errdetails.ErrorInfo{Reason: ReasonStore, Domain: ErrorDomain},

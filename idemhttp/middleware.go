@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/adapterkit"
 	"github.com/idemgo/idem/internal/httpsyntax"
 	"github.com/idemgo/idem/keysource"
 	"github.com/idemgo/idem/observe"
@@ -81,7 +82,7 @@ func New(exec *idem.Executor, opts ...Option) (*Middleware, error) {
 		required:      true,
 		methods:       []string{http.MethodPost, http.MethodPatch},
 		maxBody:       DefaultMaxBodySize,
-		maxResponse:   exec.MaxResultSize(),
+		maxResponse:   adapterkit.MaxResultSize(exec),
 		policy:        DefaultPolicy,
 		deny:          map[string]bool{"Set-Cookie": true},
 		retryAfter:    defaultRetryAfter,
@@ -635,7 +636,7 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, start time.
 	decision := m.policy(r, status)
 	rec := x.rctx.rec
 	// Over the Executor's limit, the response cannot be stored either.
-	tooLarge := cw.overflow || len(cw.buf) > m.exec.MaxResultSize()
+	tooLarge := cw.overflow || len(cw.buf) > adapterkit.MaxResultSize(m.exec)
 	if rec != nil && (tooLarge || decision != StoreResponse) {
 		discard(sctx, &x.rctx) // the response is not stored: neither is the effect
 		rec = nil
@@ -660,7 +661,7 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, start time.
 		// run it again, and the client gets the response once.
 		err = fmt.Errorf("%w: response body over %d bytes", idem.ErrResultTooLarge, m.maxResponse)
 		if !cw.overflow {
-			err = fmt.Errorf("%w: response of %d bytes as stored, over the limit of %d", idem.ErrResultTooLarge, len(cw.buf), m.exec.MaxResultSize())
+			err = fmt.Errorf("%w: response of %d bytes as stored, over the limit of %d", idem.ErrResultTooLarge, len(cw.buf), adapterkit.MaxResultSize(m.exec))
 		}
 		a.SetLastTry() // FAILED whatever the failure policy
 		if ferr := a.Fail(sctx, err); ferr != nil {

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/adapterkit"
 	"github.com/idemgo/idem/idemhttp"
 	"github.com/idemgo/idem/idemhttp/httpkit"
 	"github.com/idemgo/idem/memstore"
@@ -1545,7 +1546,7 @@ func testPathKey(t *testing.T, newStore func(t *testing.T) idem.Store) {
 			if err != nil {
 				t.Fatalf("Get(%s): %v", tt.key.Digest(), err)
 			}
-			value, err := exec.DecodeResult(tt.key.Digest(), rec.Result)
+			value, err := adapterkit.DecodeResult(exec, tt.key.Digest(), rec.Result)
 			if err != nil {
 				t.Fatal(err)
 			}

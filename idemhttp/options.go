@@ -183,7 +183,8 @@ func WithMaxBufferedBodies(n int64) Option {
 // same happens when the encoded response is over the Executor's own limit
 // (idem.WithMaxResultSize). This limit is checked while the response is
 // written, so that a large streamed response is not held in memory. The
-// default is the Executor's MaxResultSize (1 MiB unless configured).
+// default is the Executor's maximum result size (adapterkit.MaxResultSize; 1 MiB
+// unless configured).
 func WithMaxResponseSize(n int) Option {
 	return func(m *Middleware) { m.maxResponse = n }
 }

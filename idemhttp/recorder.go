@@ -14,7 +14,7 @@ import (
 type Recorder interface {
 	// Record is called when the response is to be stored (the Policy said
 	// StoreResponse and the response is within the limits), with the
-	// response as the middleware stores it (see Executor.EncodeResult for
+	// response as the middleware stores it (see adapterkit.EncodeResult for
 	// its stored form). It commits the effect with the response and ends
 	// the key's attempt (idem.AttemptFrom), as Commit would. If a response
 	// was already recorded for the key (by an earlier run whose completion

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/adapterkit"
 	"github.com/idemgo/idem/idemhttp"
 	"github.com/idemgo/idem/keysource"
 	"github.com/idemgo/idem/memstore"
@@ -108,7 +109,7 @@ func rec0(t *testing.T, _ *idemhttp.Middleware) []byte {
 	if err != nil {
 		t.Fatal(err)
 	}
-	v, err := e.DecodeResult(key, rec.Result)
+	v, err := adapterkit.DecodeResult(e, key, rec.Result)
 	if err != nil {
 		t.Fatal(err)
 	}

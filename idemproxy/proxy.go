@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/adapterkit"
 	"github.com/idemgo/idem/idemhttp"
 	"github.com/idemgo/idem/idemhttp/httpkit"
 	"github.com/idemgo/idem/internal/httpsyntax"
@@ -160,7 +161,7 @@ type Proxy struct {
 	// 422. It limits storing only: a response stored under a larger value
 	// is replayed as long as the Executor reads it (idem.WithMaxResultSize
 	// bounds what it reads, the response's fields included). 0: the
-	// Executor's MaxResultSize (idem.DefaultMaxResultSize, 1 MiB, unless
+	// Executor's maximum result size (idem.DefaultMaxResultSize, 1 MiB, unless
 	// set).
 	MaxResponseSize int
 
@@ -331,7 +332,7 @@ func (p *Proxy) build() (*gateway, error) {
 		target:       p.Target,
 		userRewrite:  p.Rewrite,
 		covered:      make(map[string]bool),
-		lease:        p.Executor.Lease(),
+		lease:        adapterkit.Lease(p.Executor),
 		log:          p.Logger,
 		observer:     p.Observer,
 		writeTimeout: orDefault(p.WriteTimeout, DefaultWriteTimeout),
@@ -659,7 +660,7 @@ func (p *Proxy) Ready(ctx context.Context) error {
 	if err := p.Init(); err != nil {
 		return err
 	}
-	store := p.Executor.Store()
+	store := adapterkit.Store(p.Executor)
 	if _, err := store.Get(ctx, readyProbeKey); err != nil && !errors.Is(err, storekit.ErrNotFound) {
 		return fmt.Errorf("store: %w", err)
 	}

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemgo/idem/adapterkit"
 	"github.com/idemgo/idem/idemhttp"
 	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/webhook"
@@ -125,7 +126,7 @@ func TestWebhookForgedFirst(t *testing.T) {
 				t.Fatalf("forged: got %d %q, want 401 signature-invalid", res.status, res.body)
 			}
 			key := idemhttp.PathKey("POST", "/hooks", id)
-			if _, err := exec.Store().Get(t.Context(), key.Digest()); err != storekit.ErrNotFound {
+			if _, err := adapterkit.Store(exec).Get(t.Context(), key.Digest()); err != storekit.ErrNotFound {
 				t.Fatalf("the forged delivery's key: got %v, want no record", err)
 			}
 			if n, denied := rc.count(id); n != 0 || denied != 0 {
@@ -167,7 +168,7 @@ func TestWebhookRedeliveryStorm(t *testing.T) {
 			v, _ := webhook.New(provider, [][]byte{secret})
 			src, _ := webhook.KeySource(provider)
 			exec := newExecutor(t)
-			base := serve(t, &Proxy{Target: target, Executor: exec, KeySource: src, Verifier: v, Wait: exec.Lease()})
+			base := serve(t, &Proxy{Target: target, Executor: exec, KeySource: src, Verifier: v, Wait: adapterkit.Lease(exec)})
 			addr := base[len("http://"):]
 			const deliveries, redeliveries = 5, 20
 			var wg sync.WaitGroup

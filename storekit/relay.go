@@ -19,7 +19,7 @@ type Completion struct {
 	// Fence is the fence of the attempt that committed.
 	Fence int64
 	// Result is the stored result blob, as the Executor encodes it
-	// (idem.Executor.EncodeResult).
+	// (adapterkit.EncodeResult).
 	Result []byte
 	// Retention is how long the record is kept from now on.
 	Retention time.Duration

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/adapterkit"
 	"github.com/idemgo/idem/chaos/chaostest"
 	"github.com/idemgo/idem/redisstore"
 	"github.com/idemgo/idem/storekit"
@@ -286,7 +287,7 @@ func (l *load) check(t *testing.T, exec *idem.Executor, direct idem.Store, skeys
 			}
 			continue
 		}
-		v, err := exec.DecodeResult(skey, rec.Result)
+		v, err := adapterkit.DecodeResult(exec, skey, rec.Result)
 		if err != nil || string(v) != "charged "+keyName(k) {
 			t.Errorf("key %s: stored result %q, %v", keyName(k), v, err)
 		}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/adapterkit"
 	"github.com/idemgo/idem/chaos/chaostest"
 	"github.com/idemgo/idem/idemhttp"
 	"github.com/idemgo/idem/storekit"
@@ -467,7 +468,7 @@ func TestOwnerCrashLibrary(t *testing.T) {
 		if st.Fence != res.Fence || st.Applied != wantApplied {
 			t.Errorf("%s: sink holds %+v, want fence %d with %d applied writes", id, st, res.Fence, wantApplied)
 		}
-		rec, err := exec.Store().Get(ctx, key.Digest())
+		rec, err := adapterkit.Store(exec).Get(ctx, key.Digest())
 		if err != nil || rec.State != storekit.StateCompleted || rec.Fence != res.Fence {
 			c.Lost.Add(1)
 			t.Errorf("%s: record %v fence %d (%v), want COMPLETED with the takeover's fence %d", id, rec.State, rec.Fence, err, res.Fence)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/adapterkit"
 	"github.com/idemgo/idem/chaos/chaostest"
 	"github.com/idemgo/idem/redisstore"
 	"github.com/idemgo/idem/storekit"
@@ -267,7 +268,7 @@ func TestOwnerPause(t *testing.T) {
 			if st.Unfenced != 2 {
 				t.Errorf("%s: unfenced sink has %d writes, want 2 (the control must see A's duplicate)", id, st.Unfenced)
 			}
-			rec, err := exec.Store().Get(ctx, key(id).Digest())
+			rec, err := adapterkit.Store(exec).Get(ctx, key(id).Digest())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -276,7 +277,7 @@ func TestOwnerPause(t *testing.T) {
 				t.Errorf("%s: record %v fence %d, want COMPLETED with B's fence %d", id, rec.State, rec.Fence, fenceB[i])
 				continue
 			}
-			if v, err := exec.DecodeResult(key(id).Digest(), rec.Result); err != nil || string(v) != "B's result for "+id {
+			if v, err := adapterkit.DecodeResult(exec, key(id).Digest(), rec.Result); err != nil || string(v) != "B's result for "+id {
 				fenced.Lost.Add(1)
 				t.Errorf("%s: stored result %q, %v; want B's", id, v, err)
 			}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/adapterkit"
 	"github.com/idemgo/idem/chaos/chaostest"
 	"github.com/idemgo/idem/postgres/pggate"
 	"github.com/idemgo/idem/postgres/pgtest"
@@ -288,7 +289,7 @@ func TestPGOwnerKilledAfterCommit(t *testing.T) {
 					t.Fatalf("relay after the crash: got %d, %v, want at least 1", n, err)
 				}
 				repairedByRelay++
-				rec, err := r.exec.Store().Get(t.Context(), idem.Key{Scope: "pay", ID: id}.Digest())
+				rec, err := adapterkit.Store(r.exec).Get(t.Context(), idem.Key{Scope: "pay", ID: id}.Digest())
 				if err != nil || rec.State != storekit.StateCompleted {
 					t.Fatalf("Redis after the relay: got %v, %v, want COMPLETED", rec.State, err)
 				}

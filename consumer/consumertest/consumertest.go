@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/adapterkit"
 	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/storekit"
 )
@@ -82,7 +83,7 @@ func run(t *testing.T, newHarness func(t *testing.T) Harness, inapplicable map[s
 		var seen []string
 		stats, stop := h.Start(t, opts, func(ctx context.Context, k string, payload []byte) error {
 			fence, ok := fenceFrom(ctx)
-			rec, err := exec.Store().Get(context.WithoutCancel(ctx), key.Digest())
+			rec, err := adapterkit.Store(exec).Get(context.WithoutCancel(ctx), key.Digest())
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
@@ -100,7 +101,7 @@ func run(t *testing.T, newHarness func(t *testing.T) Harness, inapplicable map[s
 		defer stop()
 		h.Publish(t, "ordered", []byte("a"))
 		waitFor(t, "the message processed", func() bool { return stats().Processed == 1 })
-		rec, err := exec.Store().Get(t.Context(), key.Digest())
+		rec, err := adapterkit.Store(exec).Get(t.Context(), key.Digest())
 		if err != nil || rec.State != storekit.StateCompleted {
 			t.Errorf("after the message was processed: record %v, %v; want COMPLETED", rec.State, err)
 		}
@@ -160,7 +161,7 @@ func run(t *testing.T, newHarness func(t *testing.T) Harness, inapplicable map[s
 		defer stop()
 		h.Publish(t, "lost", []byte("a"))
 		fence := waitRecv(t, "the handler", entered)
-		if err := exec.Store().Delete(t.Context(), key.Digest()); err != nil {
+		if err := adapterkit.Store(exec).Delete(t.Context(), key.Digest()); err != nil {
 			t.Fatal(err)
 		}
 		l := waitRecv(t, "the compensation hook", lost)
@@ -318,7 +319,7 @@ func run(t *testing.T, newHarness func(t *testing.T) Harness, inapplicable map[s
 		if st := stats(); st.Processed != 0 || st.Abandoned != 1 || st.Retried != 1 {
 			t.Errorf("stats after Run returned: %+v, want 1 abandoned and retried, 0 processed", st)
 		}
-		rec, err := exec.Store().Get(t.Context(), key.Digest())
+		rec, err := adapterkit.Store(exec).Get(t.Context(), key.Digest())
 		if err != nil || rec.State != storekit.StateInProgress || rec.Fence != fence {
 			t.Fatalf("record after Run returned: %v fence %d (%v), want IN_PROGRESS under the stuck handler's fence %d (left to its lease)", rec.State, rec.Fence, err, fence)
 		}
@@ -329,7 +330,7 @@ func run(t *testing.T, newHarness func(t *testing.T) Harness, inapplicable map[s
 		waitRecv(t, "the stuck handler's return", returned)
 		// The lease ends without an extension: the heartbeat stopped.
 		waitFor(t, "the end of the stuck handler's lease", func() bool {
-			rec, err = exec.Store().Get(t.Context(), key.Digest())
+			rec, err = adapterkit.Store(exec).Get(t.Context(), key.Digest())
 			return err != nil || rec.State != storekit.StateInProgress || rec.Now.After(leaseUntil)
 		})
 		if err != nil || rec.State != storekit.StateInProgress || rec.Fence != fence || !rec.LeaseUntil.Equal(leaseUntil) {
@@ -363,7 +364,7 @@ func run(t *testing.T, newHarness func(t *testing.T) Harness, inapplicable map[s
 		if len(fences) != 1 || fences[0] <= fence {
 			t.Errorf("next consumer's runs had fences %v, want one above the stuck handler's %d", fences, fence)
 		}
-		rec, err = exec.Store().Get(t.Context(), key.Digest())
+		rec, err = adapterkit.Store(exec).Get(t.Context(), key.Digest())
 		if err != nil || rec.State != storekit.StateCompleted || len(fences) == 1 && rec.Fence != fences[0] {
 			t.Errorf("record at the end: %v fence %d (%v), want COMPLETED under the next consumer's fence %v", rec.State, rec.Fence, err, fences)
 		}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/adapterkit"
 	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/testkit/prooftest"
@@ -443,7 +444,7 @@ func TestLeaseLost(t *testing.T) {
 	pub.publish(q, msg("k", "x"))
 	prooftest.Start(t, c.Run)
 	<-entered
-	if err := exec.Store().Delete(t.Context(), idem.Key{Scope: q, ID: "k"}.Digest()); err != nil {
+	if err := adapterkit.Store(exec).Delete(t.Context(), idem.Key{Scope: q, ID: "k"}.Digest()); err != nil {
 		t.Fatal(err)
 	}
 	if err := <-lost; !errors.Is(err, idem.ErrLeaseLost) {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/adapterkit"
 	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/redisstore"
 	"github.com/idemgo/idem/storekit"
@@ -186,13 +187,13 @@ func New(rdb redis.UniversalClient, stream, group, name string, exec *idem.Execu
 	case h == nil:
 		return nil, fmt.Errorf("%w: redisstream: nil handler", idem.ErrInvalid)
 	}
-	store, ok := exec.Store().(*redisstore.Store)
+	store, ok := adapterkit.Store(exec).(*redisstore.Store)
 	if !ok {
-		return nil, fmt.Errorf("%w: redisstream: the executor's store is a %T, not a *redisstore.Store", idem.ErrInvalid, exec.Store())
+		return nil, fmt.Errorf("%w: redisstream: the executor's store is a %T, not a *redisstore.Store", idem.ErrInvalid, adapterkit.Store(exec))
 	}
 	c := &Consumer{
 		rdb: rdb, store: store, exec: exec, stream: stream, group: group, name: name, h: h,
-		config: config{block: DefaultBlock, keyFn: KeyField(DefaultKeyField), claimIdle: exec.Lease(), groupStart: "0"},
+		config: config{block: DefaultBlock, keyFn: KeyField(DefaultKeyField), claimIdle: adapterkit.Lease(exec), groupStart: "0"},
 	}
 	proc, shared, err := consumer.Setup(exec, consumer.Config{
 		Scope:           stream,

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/adapterkit"
 	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/redisstore"
 	"github.com/idemgo/idem/storekit"
@@ -516,7 +517,7 @@ func TestEncryptedResults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := sealed.DecodeResult(idem.Key{Scope: e.stream, ID: "a"}.Digest(), rec.Result); err != nil {
+	if _, err := adapterkit.DecodeResult(sealed, idem.Key{Scope: e.stream, ID: "a"}.Digest(), rec.Result); err != nil {
 		t.Fatalf("the stored result is not sealed by the Executor: %v", err)
 	}
 	e.add("key", "a")

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/adapterkit"
 	"github.com/idemgo/idem/consumer"
 )
 
@@ -247,7 +248,7 @@ func (h *Handler) Call(ctx context.Context, d Delivery) error {
 			if committed || err != nil {
 				return err
 			}
-			req.Header.Set(HeaderRetention, strconv.FormatInt(int64(a.Executor().Retention().Seconds()), 10))
+			req.Header.Set(HeaderRetention, strconv.FormatInt(int64(adapterkit.Retention(a.Executor()).Seconds()), 10))
 		}
 	}
 	resp, err := h.send(ctx, req, dup)

@@ -14,6 +14,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/adapterkit"
 	"github.com/idemgo/idem/consumer"
 	sqsconsumer "github.com/idemgo/idem/consumer/sqs"
 	"github.com/idemgo/idem/storekit"
@@ -199,7 +200,7 @@ func TestRetryThenDeadLetter(t *testing.T) {
 	if dl := f.Messages("dlq"); len(dl) != 1 || dl[0].Body != "poison" {
 		t.Errorf("dead letters: got %+v, want the poison message", dl)
 	}
-	rec, err := exec.Store().Get(t.Context(), c.Processor().Key("p").Digest())
+	rec, err := adapterkit.Store(exec).Get(t.Context(), c.Processor().Key("p").Digest())
 	if err != nil || rec.State != storekit.StateFailed {
 		t.Errorf("record of the poison key: got %v, %v; want FAILED", rec.State, err)
 	}
@@ -341,7 +342,7 @@ func TestShutdown(t *testing.T) {
 			if tt.wantDeleted == 0 && cnt.Visible != 1 {
 				t.Errorf("released message: got %+v, want it visible again", cnt)
 			}
-			rec, err := exec.Store().Get(t.Context(), c.Processor().Key("k").Digest())
+			rec, err := adapterkit.Store(exec).Get(t.Context(), c.Processor().Key("k").Digest())
 			wantState := storekit.StateCompleted
 			if tt.wantDeleted == 0 {
 				wantState = storekit.StateReleased

@@ -65,7 +65,7 @@ type Response struct {
 }
 
 // DecodeResponse decodes the value of a COMPLETED record written by the
-// middleware, as idem.Executor.DecodeResult returns it. It is for tools
+// middleware, as adapterkit.DecodeResult returns it. It is for tools
 // that inspect records; the middleware replays responses itself. Body
 // shares memory with value. Errors wrap idem.ErrCorruptResult.
 func DecodeResponse(value []byte) (Response, error) {

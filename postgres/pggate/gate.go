@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/adapterkit"
 	"github.com/idemgo/idem/observe"
 	"github.com/idemgo/idem/postgres/internal/pgq"
 	"github.com/idemgo/idem/storekit"
@@ -185,11 +186,11 @@ func newGate[T any](e *idem.Executor, db pgq.DB[T], opts []Option) (*Gate[T], er
 	case c.log == nil:
 		return nil, fmt.Errorf("%w: nil logger", idem.ErrInvalid)
 	}
-	r, ok := storekit.StoreAs[storekit.Relayer](e.Store())
+	r, ok := storekit.StoreAs[storekit.Relayer](adapterkit.Store(e))
 	if !ok {
-		return nil, fmt.Errorf("%w (%T)", ErrNoRelayer, e.Store())
+		return nil, fmt.Errorf("%w (%T)", ErrNoRelayer, adapterkit.Store(e))
 	}
-	txc, _ := storekit.StoreAs[TxCompleter](e.Store())
+	txc, _ := storekit.StoreAs[TxCompleter](adapterkit.Store(e))
 	g := &Gate[T]{
 		e: e, db: db, relayer: r, txc: txc, cfg: c,
 		stop:    make(chan struct{}),
@@ -329,7 +330,7 @@ const (
 // back. On an error, tx was rolled back (or its commit failed) and st says
 // where. blob is the stored form of value.
 func (g *Gate[T]) record(ctx, sctx context.Context, e *idem.Executor, a *idem.Attempt, tx pgq.Tx, value []byte) (blob []byte, conflict bool, st step, err error) {
-	blob, err = e.EncodeResult(a.Key(), value)
+	blob, err = adapterkit.EncodeResult(e, a.Key(), value)
 	if err != nil { // too large: a retry would roll back again
 		_ = tx.Rollback(sctx)
 		return nil, false, stepEncode, err
@@ -337,7 +338,7 @@ func (g *Gate[T]) record(ctx, sctx context.Context, e *idem.Executor, a *idem.At
 	lease := a.Lease()
 	inTx := g.txc != nil
 	if inTx {
-		if err := g.txc.CompleteTx(ctx, tx, a.Key(), lease, blob, e.Retention()); err != nil {
+		if err := g.txc.CompleteTx(ctx, tx, a.Key(), lease, blob, adapterkit.Retention(e)); err != nil {
 			_ = tx.Rollback(sctx)
 			if errors.Is(err, idem.ErrLeaseLost) {
 				return nil, false, stepLease, fmt.Errorf("pggate: the transaction was rolled back: %w", err)
@@ -345,7 +346,7 @@ func (g *Gate[T]) record(ctx, sctx context.Context, e *idem.Executor, a *idem.At
 			return nil, false, stepInsert, err
 		}
 	}
-	args := []any{a.Key(), []byte(a.Fingerprint()), lease.Fence, blob, e.Retention().Microseconds(), inTx}
+	args := []any{a.Key(), []byte(a.Fingerprint()), lease.Fence, blob, adapterkit.Retention(e).Microseconds(), inTx}
 	if c, ok := tx.(pgq.Committer); ok {
 		// One round trip: the insert fails (unique violation) when a live
 		// completion committed, and then the COMMIT does not run.
@@ -410,7 +411,7 @@ func (g *Gate[T]) commit(actx, sctx context.Context, a *idem.Attempt, tx pgq.Tx,
 // the store got it inside the transaction (pgstore).
 func (g *Gate[T]) relayed(sctx context.Context, a *idem.Attempt, blob []byte) {
 	if g.txc == nil {
-		g.relay(sctx, a.Key(), storekit.Completion{Fingerprint: a.Fingerprint(), Fence: a.Lease().Fence, Result: blob, Retention: a.Executor().Retention()})
+		g.relay(sctx, a.Key(), storekit.Completion{Fingerprint: a.Fingerprint(), Fence: a.Lease().Fence, Result: blob, Retention: adapterkit.Retention(a.Executor())})
 	}
 }
 
@@ -472,7 +473,7 @@ func (g *Gate[T]) replay(ctx context.Context, a *idem.Attempt) (res idem.Result,
 	if c.Fingerprint != a.Fingerprint() {
 		return idem.Result{}, idem.ErrMismatch
 	}
-	v, err := a.Executor().DecodeResult(a.Key(), c.Result)
+	v, err := adapterkit.DecodeResult(a.Executor(), a.Key(), c.Result)
 	if err != nil {
 		return idem.Result{}, err
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/adapterkit"
 	"github.com/idemgo/idem/observe"
 	"github.com/idemgo/idem/postgres/internal/pgq"
 	"github.com/idemgo/idem/storekit"
@@ -212,12 +213,12 @@ func (g *Gate[T]) Run(ctx context.Context, key idem.Key, fingerprint string, f *
 	}
 	var run flowRun[T]
 	if r.found {
-		run = flowRun[T]{g: g, f: f, digest: a.Key(), fp: a.Fingerprint(), lease: g.e.Lease(), p: r.p, exists: true}
+		run = flowRun[T]{g: g, f: f, digest: a.Key(), fp: a.Fingerprint(), lease: adapterkit.Lease(g.e), p: r.p, exists: true}
 		if err := run.claim(actx); err != nil {
 			return idem.Result{}, errors.Join(err, a.Release(sctx))
 		}
 	} else {
-		run = flowRun[T]{g: g, f: f, digest: a.Key(), fp: a.Fingerprint(), lease: g.e.Lease(),
+		run = flowRun[T]{g: g, f: f, digest: a.Key(), fp: a.Fingerprint(), lease: adapterkit.Lease(g.e),
 			p: progress{Flow: f.Name, State: State{Input: input}, Owner: newOwner()}}
 	}
 	done := false
@@ -246,7 +247,7 @@ func (g *Gate[T]) Run(ctx context.Context, key idem.Key, fingerprint string, f *
 	_ = a.Abandon(sctx, observe.Executed)
 	// The store gets the completion after the commit, pgstore too: the
 	// steps' transactions do not complete its record (Do's does).
-	g.relay(sctx, a.Key(), storekit.Completion{Fingerprint: a.Fingerprint(), Fence: a.Lease().Fence, Result: blob, Retention: g.e.Retention()})
+	g.relay(sctx, a.Key(), storekit.Completion{Fingerprint: a.Fingerprint(), Fence: a.Lease().Fence, Result: blob, Retention: adapterkit.Retention(g.e)})
 	return idem.Result{Value: run.p.State.Result, Fence: a.Lease().Fence}, nil
 }
 
@@ -377,7 +378,7 @@ func (r *flowRun[T]) local(ctx context.Context, s Step[T], last bool, fence int6
 	var blob []byte
 	switch {
 	case last:
-		blob, err = r.g.e.EncodeResult(r.digest, r.p.State.Result)
+		blob, err = adapterkit.EncodeResult(r.g.e, r.digest, r.p.State.Result)
 		if err != nil {
 			_ = tx.Rollback(sctx)
 			return nil, idem.Terminal(err)
@@ -416,7 +417,7 @@ func (r *flowRun[T]) insert(ctx context.Context, tx pgq.Tx) error {
 VALUES ($1, $2, 0, '', now() + $3 * interval '1 microsecond', true, $4::text::jsonb)
 ON CONFLICT (digest) DO UPDATE SET fingerprint = excluded.fingerprint, fence = excluded.fence, result = excluded.result,
   created_at = excluded.created_at, expires_at = excluded.expires_at, relayed = excluded.relayed, progress = excluded.progress
-WHERE c.expires_at <= now()`, r.digest, []byte(r.fp), r.g.e.Retention().Microseconds(), string(b))
+WHERE c.expires_at <= now()`, r.digest, []byte(r.fp), adapterkit.Retention(r.g.e).Microseconds(), string(b))
 	if err != nil {
 		return insertErr(err)
 	}
@@ -432,7 +433,7 @@ WHERE c.expires_at <= now()`, r.digest, []byte(r.fp), r.g.e.Retention().Microsec
 func (r *flowRun[T]) finish(ctx context.Context, tx pgq.Tx, prevStep, prevOwner string, blob []byte, fence int64) error {
 	if !r.exists {
 		// One transaction for the whole request: Do's insert.
-		n, err := tx.Exec(ctx, insertCompletion, r.digest, []byte(r.fp), fence, blob, r.g.e.Retention().Microseconds(), false)
+		n, err := tx.Exec(ctx, insertCompletion, r.digest, []byte(r.fp), fence, blob, adapterkit.Retention(r.g.e).Microseconds(), false)
 		if err != nil {
 			return insertErr(err)
 		}
@@ -542,7 +543,7 @@ ORDER BY created_at LIMIT $2`, []any{g.cfg.giveUp.Microseconds(), g.cfg.batch}, 
 // completeOne claims the abandoned request x and finishes or fails it.
 func (g *Gate[T]) completeOne(ctx context.Context, x abandoned) (finished, failed bool, err error) {
 	f := g.flow(x.p.Flow)
-	run := flowRun[T]{g: g, f: f, digest: x.digest, fp: x.fp, lease: g.e.Lease(), p: x.p, exists: true}
+	run := flowRun[T]{g: g, f: f, digest: x.digest, fp: x.fp, lease: adapterkit.Lease(g.e), p: x.p, exists: true}
 	switch {
 	case x.overdue:
 		reason := fmt.Sprintf("pggate: the multi-step request was given up after %v, at step %q of flow %q", g.cfg.giveUp, x.p.Step, x.p.Flow)
@@ -565,7 +566,7 @@ func (g *Gate[T]) completeOne(ctx context.Context, x abandoned) (finished, faile
 		run.unclaim(ctx)
 		return false, false, err
 	}
-	g.relay(ctx, x.digest, storekit.Completion{Fingerprint: x.fp, Fence: fence, Result: blob, Retention: g.e.Retention()})
+	g.relay(ctx, x.digest, storekit.Completion{Fingerprint: x.fp, Fence: fence, Result: blob, Retention: adapterkit.Retention(g.e)})
 	return true, false, nil
 }
 

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/adapterkit"
 	"github.com/idemgo/idem/cmd/idem/internal/storeopen"
 	"github.com/idemgo/idem/idemhttp/httpkit"
 	"github.com/idemgo/idem/storekit"
@@ -31,7 +32,7 @@ func decode(exec *idem.Executor, key string, rec storekit.Record) stored {
 	if len(rec.Result) == 0 {
 		return stored{}
 	}
-	v, err := exec.DecodeResult(key, rec.Result)
+	v, err := adapterkit.DecodeResult(exec, key, rec.Result)
 	if err != nil {
 		return stored{err: err}
 	}

@@ -1,0 +1,32 @@
+// Package execseam hands package adapterkit what package idem keeps
+// unexported: the Executor's settings and its result codec, which adapter writers use and applications do not. idem sets the
+// functions in its init; adapterkit imports idem, so they are set before
+// it reads them.
+package execseam
+
+import (
+	"time"
+
+	"github.com/idemgo/idem/storekit"
+)
+
+// Funcs are the functions of an Executor that adapterkit exports. This
+// package cannot import idem, so their types are parameters: E is
+// *idem.Executor, K idem.Key and A *idem.Attempt.
+type Funcs[E, K, A any] struct {
+	Store            func(e E) storekit.Store
+	Lease, Retention func(e E) time.Duration
+	MaxResultSize    func(e E) int
+	// EncodeResult and DecodeResult turn a value into its stored form
+	// under a store key and back.
+	EncodeResult, DecodeResult func(e E, storeKey string, b []byte) ([]byte, error)
+}
+
+var funcs any
+
+// Set records f; idem calls it in its init.
+func Set[E, K, A any](f *Funcs[E, K, A]) { funcs = f }
+
+// Get returns the functions Set recorded. It panics if they were recorded
+// with other types, which the first program that imports adapterkit shows.
+func Get[E, K, A any]() *Funcs[E, K, A] { return funcs.(*Funcs[E, K, A]) }
