@@ -173,15 +173,33 @@ func relayErr(err error) error {
 }
 
 // Sweep deletes the completion rows whose retention ended, in batches of
-// the batch size (WithBatchSize), oldest first through the index on
-// expires_at, and returns how many it deleted. The Executor's store forgets
-// the records after the same retention, so a key is new again once both
-// are gone. Sweep is safe for concurrent use, also from several processes.
+// the batch size (WithBatchSize), in the order the rows were written
+// (through the relay's index on created_at), and returns how many it
+// deleted. It deletes the expired rows written before the oldest live one:
+// where Executors of different retentions share the table, an expired row
+// written after a live row of a longer retention stays until that row
+// expires too (the gate treats it as absent all the same). The Executor's
+// store forgets the records after the same retention, so a key is new again
+// once both are gone. Sweep is safe for concurrent use, also from several
+// processes.
 func (g *Gate[T]) Sweep(ctx context.Context) (int, error) {
+	// The bound is read once a pass: every batch starts at the oldest row
+	// again, and reading the bound again would read the rows it deleted.
+	// No live row: every expired row goes (a NULL bound).
+	var bound *time.Time
+	var live time.Time
+	err := g.db.QueryRow(ctx, `SELECT created_at FROM idem_completions WHERE expires_at > now() ORDER BY created_at LIMIT 1`).Scan(&live)
+	switch {
+	case err == nil:
+		bound = &live
+	case !pgq.NoRows(err):
+		return 0, relayErr(err)
+	}
 	total := 0
 	for {
 		n, err := g.db.Exec(ctx, `DELETE FROM idem_completions WHERE digest IN (
-  SELECT digest FROM idem_completions WHERE expires_at <= now() ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)`, g.cfg.batch)
+  SELECT digest FROM idem_completions WHERE expires_at <= now() AND created_at < coalesce($2::timestamptz, 'infinity')
+  ORDER BY created_at LIMIT $1 FOR UPDATE SKIP LOCKED)`, g.cfg.batch, bound)
 		total += int(n)
 		if err != nil {
 			return total, relayErr(err)

@@ -209,7 +209,7 @@ VALUES ($1, '', 1, 'x', now() - $2::interval, now() + interval '1 hour', $3)`, r
 	if err := pool.QueryRow(t.Context(), `SELECT array_agg(indexname::text ORDER BY indexname) FROM pg_indexes WHERE tablename = 'idem_completions' AND schemaname = current_schema()`).Scan(&indexes); err != nil {
 		t.Fatal(err)
 	}
-	if want := "idem_completions_created_at idem_completions_expires_at idem_completions_pkey idem_completions_unfinished"; strings.Join(indexes, " ") != want {
+	if want := "idem_completions_created_at idem_completions_pkey idem_completions_unfinished"; strings.Join(indexes, " ") != want {
 		t.Fatalf("indexes after Migrate: %v, want %s", indexes, want)
 	}
 	if n, err := g.Relay(t.Context()); err != nil || n != 1 {
@@ -266,4 +266,99 @@ func manualRelayGate(t *testing.T, pool *pgxpool.Pool, store idem.Store) (*pggat
 		t.Fatal(err)
 	}
 	return g, e
+}
+
+// TestMigrateFromVersion3: Migrate drops version 3's index on expires_at
+// (the janitor goes through the index on created_at) and keeps the rows;
+// Sweep then deletes the expired one.
+func TestMigrateFromVersion3(t *testing.T) {
+	pool, _ := pgtest.Pool(t)
+	v3, err := os.ReadFile("testdata/schema_v3.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(t.Context(), string(v3)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(t.Context(), `INSERT INTO idem_completions (digest, fingerprint, fence, result, created_at, expires_at)
+VALUES ('expired', '', 1, 'x', now() - interval '2 hours', now() - interval '1 hour'), ('live', '', 1, 'x', now() - interval '1 hour', now() + interval '1 hour')`); err != nil {
+		t.Fatal(err)
+	}
+	ms, _ := memstore.New()
+	g, _ := manualRelayGate(t, pool, ms)
+	if err := g.Migrate(t.Context()); err != nil { // at every start
+		t.Fatal(err)
+	}
+	var indexes []string
+	if err := pool.QueryRow(t.Context(), `SELECT array_agg(indexname::text ORDER BY indexname) FROM pg_indexes WHERE tablename = 'idem_completions' AND schemaname = current_schema()`).Scan(&indexes); err != nil {
+		t.Fatal(err)
+	}
+	if want := "idem_completions_created_at idem_completions_pkey idem_completions_unfinished"; strings.Join(indexes, " ") != want {
+		t.Fatalf("indexes after Migrate: %v, want %s", indexes, want)
+	}
+	if n, err := g.Sweep(t.Context()); n != 1 || err != nil {
+		t.Fatalf("Sweep: got %d, %v, want the expired row", n, err)
+	}
+	var left []string
+	pool.QueryRow(t.Context(), `SELECT array_agg(digest ORDER BY digest) FROM idem_completions`).Scan(&left)
+	if strings.Join(left, " ") != "live" {
+		t.Fatalf("rows left: %v, want live", left)
+	}
+}
+
+// TestSweepOrder: the janitor deletes the expired rows written before the
+// oldest live row, in batches, and never a live row; an expired row
+// written after a live one of a longer retention stays until that one
+// expires.
+func TestSweepOrder(t *testing.T) {
+	pool, _ := pgtest.Pool(t)
+	ms, _ := memstore.New()
+	e, _ := idem.New(ms, idem.WithLease(time.Minute))
+	g, err := pggate.New(e, pool, pggate.WithRelayInterval(0), pggate.WithSweepInterval(0), pggate.WithBatchSize(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if err := g.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	// Written a minute apart, oldest first; "long" still live.
+	rows := []struct {
+		digest string
+		left   string // of its retention, negative: expired
+	}{{"e1", "-5 minutes"}, {"e2", "-4 minutes"}, {"e3", "-3 minutes"}, {"long", "1 hour"}, {"e4", "-1 minute"}, {"short", "1 minute"}}
+	for i, r := range rows {
+		if _, err := pool.Exec(t.Context(), `INSERT INTO idem_completions (digest, fingerprint, fence, result, created_at, expires_at)
+VALUES ($1, '', 1, 'x', now() - interval '10 minutes' + $2 * interval '1 minute', now() + $3::interval)`, r.digest, i, r.left); err != nil {
+			t.Fatal(err)
+		}
+	}
+	left := func() string {
+		var d []string
+		pool.QueryRow(t.Context(), `SELECT array_agg(digest ORDER BY created_at) FROM idem_completions`).Scan(&d)
+		return strings.Join(d, " ")
+	}
+	if n, err := g.Sweep(t.Context()); n != 3 || err != nil {
+		t.Fatalf("Sweep: got %d, %v, want the 3 expired rows before the live one", n, err)
+	}
+	if got, want := left(), "long e4 short"; got != want {
+		t.Fatalf("rows left: %s, want %s", got, want)
+	}
+	// The long row expires: e4 goes with it; the live row stays.
+	if _, err := pool.Exec(t.Context(), `UPDATE idem_completions SET expires_at = now() - interval '1 second' WHERE digest = 'long'`); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := g.Sweep(t.Context()); n != 2 || err != nil {
+		t.Fatalf("second Sweep: got %d, %v, want 2", n, err)
+	}
+	if got, want := left(), "short"; got != want {
+		t.Fatalf("rows left: %s, want %s", got, want)
+	}
+	// No live row: every expired row goes.
+	if _, err := pool.Exec(t.Context(), `UPDATE idem_completions SET expires_at = now() - interval '1 second'`); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := g.Sweep(t.Context()); n != 1 || err != nil {
+		t.Fatalf("third Sweep: got %d, %v, want 1", n, err)
+	}
 }

@@ -1,4 +1,4 @@
--- idem commit gate: the completion table (pggate, schema version 3).
+-- idem commit gate: the completion table (pggate, schema version 4).
 --
 -- Gate.Migrate runs this file. Teams with their own migration tool apply it
 -- as it is; the table lives in the first schema of the connection's
@@ -16,8 +16,6 @@ CREATE TABLE IF NOT EXISTS idem_completions (
 );
 -- Schema version 2: multi-step requests (tables made by version 1).
 ALTER TABLE idem_completions ADD COLUMN IF NOT EXISTS progress jsonb;
--- The janitor deletes expired rows, oldest first.
-CREATE INDEX IF NOT EXISTS idem_completions_expires_at ON idem_completions (expires_at);
 -- Schema version 3: the relay reads the rows in the order they were written,
 -- from its cursor on, instead of marking each row relayed (a second write of
 -- every row). The cursor is the last row it relayed; one row for the table.
@@ -35,5 +33,9 @@ ON CONFLICT (one) DO NOTHING;
 -- Version 2 found the rows by this index, whose predicate made every mark a
 -- non-HOT update.
 DROP INDEX IF EXISTS idem_completions_unrelayed;
+-- Schema version 4: the janitor deletes expired rows in the order they were
+-- written, through the relay's index on created_at; the index on expires_at
+-- was a second B-tree entry for every row.
+DROP INDEX IF EXISTS idem_completions_expires_at;
 -- The completer finds unfinished multi-step requests.
 CREATE INDEX IF NOT EXISTS idem_completions_unfinished ON idem_completions (created_at) WHERE progress IS NOT NULL;

@@ -624,7 +624,7 @@ func Postgres(ctx context.Context, r *Report, pool *pgxpool.Pool, describe strin
 		}
 	}
 	if gate {
-		checkTable(pggate.Table, []string{"idem_completions_pkey", "idem_completions_expires_at", "idem_completions_created_at", "idem_completions_unfinished", "idem_completions_relay_pkey"}, "SELECT, INSERT, UPDATE, DELETE")
+		checkTable(pggate.Table, []string{"idem_completions_pkey", "idem_completions_created_at", "idem_completions_unfinished", "idem_completions_relay_pkey"}, "SELECT, INSERT, UPDATE, DELETE")
 		var backlog int64
 		pool.QueryRow(ctx, `SELECT count(*) FROM idem_completions c, idem_completions_relay r
 WHERE (c.created_at, c.digest) > (r.created_at, r.digest) AND NOT c.relayed AND c.progress IS NULL
