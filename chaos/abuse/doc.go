@@ -17,8 +17,9 @@
 //     principal reusing the first one's keys (same or other bodies) runs its
 //     own requests and never receives the first principal's responses.
 //   - TestSlowUploads: 1,000 connections trickling (or stalling in) almost
-//     1 MiB bodies against the proxy at its default settings: its memory
-//     stays under 150 MB and it keeps answering small requests; without
+//     1 MiB bodies against the proxy at its default settings: what they
+//     add to its memory stays under twice the bodies' memory and 32 KiB
+//     per connection (126.5 MiB) and it keeps answering small requests; without
 //     its bounds (the negative control) it goes far over.
 //
 // The tests live in _test.go files; this package has no API.
