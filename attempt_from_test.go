@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/adapterkit"
 	"github.com/idemgo/idem/memstore"
 )
 
@@ -30,7 +31,7 @@ func TestAttemptFrom(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bs := e.BeginBatch(t.Context(), []idem.Key{{Scope: "s", ID: "b"}}, []string{"fp-b"})
+	bs := adapterkit.BeginBatch(t.Context(), e, []idem.Key{{Scope: "s", ID: "b"}}, []string{"fp-b"})
 	a, ok := idem.AttemptFrom(bs[0].Ctx)
 	if !ok || a != bs[0].Attempt || a.Fingerprint() != "fp-b" {
 		t.Fatalf("AttemptFrom after BeginBatch: got %v, %+v", ok, a)

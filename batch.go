@@ -11,45 +11,34 @@ import (
 	"github.com/idemgo/idem/storekit"
 )
 
-// Began is the outcome of one key of BeginBatch: what Begin returns.
-type Began struct {
-	Ctx     context.Context
-	Attempt *Attempt
-	Err     error
-}
-
-// BeginBatch is Begin for many keys at once: on a storekit.BatchStore the
-// acquisitions go in one pipeline. Each key gets the outcome Begin would
-// give it; a key that appears twice is acquired once, the second gets an
-// *InProgressError. fingerprints must have one entry per key. As Begin, it
-// repeats the acquisitions whose outcome is unknown a few times within
-// about 70ms.
-func (e *Executor) BeginBatch(ctx context.Context, keys []Key, fingerprints []string) []Began {
-	out := make([]Began, len(keys))
+// beginBatch is Begin for many keys at once (adapterkit.BeginBatch): it
+// calls set once per key with the key's index and what Begin returns for
+// it.
+func (e *Executor) beginBatch(ctx context.Context, keys []Key, fingerprints []string, set func(i int, ctx context.Context, a *Attempt, err error)) {
 	if len(fingerprints) != len(keys) {
-		for i := range out {
-			out[i] = Began{Ctx: ctx, Err: invalidf("%d keys and %d fingerprints", len(keys), len(fingerprints))}
+		for i := range keys {
+			set(i, ctx, nil, invalidf("%d keys and %d fingerprints", len(keys), len(fingerprints)))
 		}
-		return out
+		return
 	}
 	bs, ok := storekit.StoreAs[storekit.BatchStore](e.store)
 	if !ok {
 		for i, k := range keys {
 			c, a, err := e.begin(ctx, k, fingerprints[i])
-			out[i] = Began{c, a, err}
+			set(i, c, a, err)
 		}
-		return out
+		return
 	}
 	skeys := make([]string, 0, len(keys))
 	reqs := make([]storekit.AcquireRequest, 0, len(keys))
 	idx := make([]int, 0, len(keys))
 	for i, k := range keys {
 		if err := k.Validate(); err != nil {
-			out[i] = Began{Ctx: ctx, Err: err}
+			set(i, ctx, nil, err)
 			continue
 		}
 		if len(fingerprints[i]) > storekit.MaxFingerprintLen {
-			out[i] = Began{Ctx: ctx, Err: invalidf("fingerprint is %d bytes, over the limit of %d", len(fingerprints[i]), storekit.MaxFingerprintLen)}
+			set(i, ctx, nil, invalidf("fingerprint is %d bytes, over the limit of %d", len(fingerprints[i]), storekit.MaxFingerprintLen))
 			continue
 		}
 		skey, owner := e.keyAndOwner(k)
@@ -58,7 +47,7 @@ func (e *Executor) BeginBatch(ctx context.Context, keys []Key, fingerprints []st
 		idx = append(idx, i)
 	}
 	if len(skeys) == 0 {
-		return out
+		return
 	}
 	// Repeat the acquisitions whose outcome is unknown, as Begin does.
 	var acqs []storekit.Acquisition
@@ -83,24 +72,21 @@ func (e *Executor) BeginBatch(ctx context.Context, keys []Key, fingerprints []st
 	for j, i := range idx {
 		if errs[j] != nil {
 			err := fmt.Errorf("idem: acquire: %w", errs[j])
-			out[i] = Began{Ctx: ctx, Err: err}
+			set(i, ctx, nil, err)
 			if e.observer != nil {
 				e.observeBegin(ctx, keys[i].scopeKind(), sent, store, err)
 			}
 			continue
 		}
 		c, a, err := e.begun(ctx, skeys[j], keys[i], reqs[j].Fingerprint, acqs[j], sent, store)
-		out[i] = Began{c, a, err}
+		set(i, c, a, err)
 	}
-	return out
 }
 
-// CommitBatch is Commit for many attempts at once: on a storekit.BatchStore the
-// completions go in one pipeline, those of attempts with an effect too on
-// a storekit.EffectBatchStore. It returns one error per attempt, with Commit's
-// meaning; a nil or replayed attempt gets nil. values must have one entry
-// per attempt; the store does not keep them.
-func (e *Executor) CommitBatch(ctx context.Context, attempts []*Attempt, values [][]byte) []error {
+// commitBatch is Commit for many attempts at once (adapterkit.CommitBatch):
+// on a storekit.BatchStore the completions go in one pipeline, those of
+// attempts with an effect too on a storekit.EffectBatchStore.
+func (e *Executor) commitBatch(ctx context.Context, attempts []*Attempt, values [][]byte) []error {
 	bs, ok := storekit.StoreAs[storekit.BatchStore](e.store)
 	if !ok {
 		errs := make([]error, len(attempts))
@@ -129,7 +115,7 @@ func (e *Executor) CommitBatch(ctx context.Context, attempts []*Attempt, values 
 		}
 	}
 	if ebs, ok := storekit.StoreAs[storekit.EffectBatchStore](e.store); ok && len(alone) > 0 {
-		return e.CommitBatchWith(ctx, attempts, values, func(ctx context.Context, cs []storekit.BatchCompletion) []error {
+		return e.commitBatchWith(ctx, attempts, values, func(ctx context.Context, cs []storekit.BatchCompletion) []error {
 			keys, leases, blobs := completionArgs(cs)
 			effects := make([]*Effect, len(cs))
 			for k, c := range cs {
@@ -145,7 +131,7 @@ func (e *Executor) CommitBatch(ctx context.Context, attempts []*Attempt, values 
 			batch[i] = nil
 		}
 	}
-	errs := e.CommitBatchWith(ctx, batch, values, func(ctx context.Context, cs []storekit.BatchCompletion) []error {
+	errs := e.commitBatchWith(ctx, batch, values, func(ctx context.Context, cs []storekit.BatchCompletion) []error {
 		keys, leases, blobs := completionArgs(cs)
 		return bs.CompleteBatch(ctx, keys, leases, blobs, e.retention)
 	})
@@ -167,21 +153,9 @@ func completionArgs(cs []storekit.BatchCompletion) (keys []string, leases []Leas
 	return keys, leases, blobs
 }
 
-// CommitBatchWith is CommitBatch with the store call made by complete, for
-// a store call that does more in the same atomic step as the completions
-// (redisstore's CompleteAndAckBatch acknowledges a stream entry with each
-// one). The Executor checks sizes, encodes the values, ends the attempts
-// and repeats, with the same arguments, the elements of complete's answer
-// whose outcome is unknown (storekit.OutcomeUnknown), for up to one lease, as Commit
-// does. complete must answer one error per element of cs with the meaning
-// of Store.Complete's, and must be safe to call again with a subset of the
-// completions it was given. A value over the size limit is committed with
-// Commit (which fails the key) without complete. An attempt's effect is in
-// its storekit.BatchCompletion; when complete answers that it failed (ErrEffect),
-// the attempt ends as Commit's does then: released or FAILED per the
-// failure policy, or already FAILED by the store (ErrEffectPartial). CommitBatchWith returns one error per attempt; a nil or
-// replayed attempt gets nil.
-func (e *Executor) CommitBatchWith(ctx context.Context, attempts []*Attempt, values [][]byte, complete func(ctx context.Context, cs []storekit.BatchCompletion) []error) []error {
+// commitBatchWith is commitBatch with the store call made by complete
+// (adapterkit.CommitBatchWith, where complete's contract is).
+func (e *Executor) commitBatchWith(ctx context.Context, attempts []*Attempt, values [][]byte, complete func(ctx context.Context, cs []storekit.BatchCompletion) []error) []error {
 	errs := make([]error, len(attempts))
 	if len(values) != len(attempts) || complete == nil {
 		for i := range errs {

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/adapterkit"
 	"github.com/idemgo/idem/memstore"
 	"github.com/idemgo/idem/storekit"
 )
@@ -19,7 +20,7 @@ func TestBatch(t *testing.T) {
 	}
 	keys := []idem.Key{{ID: "a"}, {ID: "done"}, {ID: "a"}, {ID: ""}, {ID: "b"}}
 	fps := []string{"", "", "", "", strings.Repeat("f", storekit.MaxFingerprintLen+1)}
-	began := e.BeginBatch(ctx, keys, fps)
+	began := adapterkit.BeginBatch(ctx, e, keys, fps)
 	if began[0].Err != nil || began[0].Attempt == nil || began[0].Attempt.Replayed() {
 		t.Fatalf("new key: got %+v", began[0])
 	}
@@ -41,7 +42,7 @@ func TestBatch(t *testing.T) {
 		attempts[i] = b.Attempt
 		values[i] = []byte("new")
 	}
-	for i, err := range e.CommitBatch(ctx, attempts, values) {
+	for i, err := range adapterkit.CommitBatch(ctx, e, attempts, values) {
 		if err != nil {
 			t.Fatalf("CommitBatch %d: %v", i, err)
 		}
@@ -50,7 +51,7 @@ func TestBatch(t *testing.T) {
 		t.Error("a committed attempt's context is still live")
 	}
 	// Committing again is refused for the committed one.
-	if errs := e.CommitBatch(ctx, attempts[:1], values[:1]); !errors.Is(errs[0], idem.ErrLeaseLost) {
+	if errs := adapterkit.CommitBatch(ctx, e, attempts[:1], values[:1]); !errors.Is(errs[0], idem.ErrLeaseLost) {
 		t.Fatalf("second CommitBatch: got %v, want ErrLeaseLost", errs[0])
 	}
 	r, err := e.Do(ctx, idem.Key{ID: "a"}, "", func(context.Context) ([]byte, error) { t.Error("ran twice"); return nil, nil })
@@ -58,7 +59,7 @@ func TestBatch(t *testing.T) {
 		t.Fatalf("replay after CommitBatch: got %+v, %v", r, err)
 	}
 	// Mismatched lengths.
-	if b := e.BeginBatch(ctx, keys, nil); !errors.Is(b[0].Err, idem.ErrInvalid) {
+	if b := adapterkit.BeginBatch(ctx, e, keys, nil); !errors.Is(b[0].Err, idem.ErrInvalid) {
 		t.Fatalf("BeginBatch with missing fingerprints: got %v", b[0].Err)
 	}
 }
@@ -68,11 +69,11 @@ func TestBatchFallback(t *testing.T) {
 	s, _ := memstore.New()
 	e, _ := idem.New(struct{ idem.Store }{s}) // hides AcquireBatch and CompleteBatch
 	ctx := t.Context()
-	began := e.BeginBatch(ctx, []idem.Key{{ID: "x"}, {ID: "x"}}, []string{"", ""})
+	began := adapterkit.BeginBatch(ctx, e, []idem.Key{{ID: "x"}, {ID: "x"}}, []string{"", ""})
 	if began[0].Err != nil || !errors.Is(began[1].Err, idem.ErrInProgress) {
 		t.Fatalf("fallback BeginBatch: got %v, %v", began[0].Err, began[1].Err)
 	}
-	if errs := e.CommitBatch(ctx, []*idem.Attempt{began[0].Attempt, nil}, [][]byte{[]byte("v"), nil}); errs[0] != nil || errs[1] != nil {
+	if errs := adapterkit.CommitBatch(ctx, e, []*idem.Attempt{began[0].Attempt, nil}, [][]byte{[]byte("v"), nil}); errs[0] != nil || errs[1] != nil {
 		t.Fatalf("fallback CommitBatch: %v", errs)
 	}
 	if rec, _ := s.Get(ctx, idem.Key{ID: "x"}.Digest()); rec.State != storekit.StateCompleted {

@@ -40,7 +40,7 @@ func FenceFrom(ctx context.Context) (fence int64, ok bool) {
 
 // AttemptFrom returns the attempt that runs with ctx: the one whose
 // operation got ctx (or a context derived from it) from Do, Typed.Do,
-// Begin, BeginBatch or a consumer.Processor. It is for code that must
+// Begin, adapterkit.BeginBatch or a consumer.Processor. It is for code that must
 // record the attempt's completion elsewhere too (the Postgres commit gate,
 // github.com/idemgo/idem/postgres/pggate, inside a consumer handler or an
 // idemhttp handler); the attempt is ended by whoever began it. ok is false

@@ -34,9 +34,11 @@
 // (the operation did not start); Abandon, left IN_PROGRESS until the lease
 // expires (the outcome is unknown) or until another writer records it.
 //
-// Adapters (broker consumers, the HTTP middleware) also use BeginBatch and
-// CommitBatch, and CommitBatchWith for a store call that completes more in
-// the same atomic step (a stream acknowledgement).
+// Adapter writers (broker consumers, middleware, the proxy, the commit
+// gate) import package adapterkit too: the Executor's batch calls
+// (BeginBatch, CommitBatch, and CommitBatchWith for a store call that
+// completes more in the same atomic step, a stream acknowledgement), its
+// settings and its result codec.
 //
 // Store writers import package storekit, the contract (storekit.Store, of
 // which Store here is an alias), its optional capabilities, the record

@@ -48,7 +48,7 @@ func SetEffect(ctx context.Context, e Effect) error {
 // SetLastTry marks the attempt as the key's last try: the key becomes
 // FAILED whatever the failure policy when the attempt ends with Fail, or
 // when its completion is refused because its effect failed (ErrEffect),
-// and then the error Commit (or CommitBatch) returns is marked with
+// and then the error Commit (or adapterkit.CommitBatch) returns is marked with
 // Terminal. A broker consumer calls it for a
 // message that it dead-letters if it fails (the maximum of deliveries
 // reached, or a last delivery), so that the dead-lettered message's key is

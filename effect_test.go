@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/adapterkit"
 	"github.com/idemgo/idem/memstore"
 
 	"github.com/idemgo/idem/storekit"
@@ -247,7 +248,7 @@ func TestEffectCompletionRepeatedAfterLostReply(t *testing.T) {
 
 func TestCommitBatchAppliesEffects(t *testing.T) {
 	exec, s := newEffectExec(t)
-	began := exec.BeginBatch(t.Context(), []idem.Key{{ID: "a"}, {ID: "b"}}, []string{"", ""})
+	began := adapterkit.BeginBatch(t.Context(), exec, []idem.Key{{ID: "a"}, {ID: "b"}}, []string{"", ""})
 	attempts := make([]*idem.Attempt, len(began))
 	for i, b := range began {
 		if b.Err != nil {
@@ -258,7 +259,7 @@ func TestCommitBatchAppliesEffects(t *testing.T) {
 	if err := idem.SetEffect(began[0].Ctx, idem.Effect{Name: "ok", Keys: []string{"x"}}); err != nil {
 		t.Fatal(err)
 	}
-	for i, err := range exec.CommitBatch(t.Context(), attempts, [][]byte{[]byte("1"), []byte("2")}) {
+	for i, err := range adapterkit.CommitBatch(t.Context(), exec, attempts, [][]byte{[]byte("1"), []byte("2")}) {
 		if err != nil {
 			t.Fatalf("CommitBatch[%d]: %v", i, err)
 		}
@@ -276,7 +277,7 @@ func TestCommitBatchAppliesEffects(t *testing.T) {
 // attempt as Commit would (released by the default policy).
 func TestCommitBatchWithPassesEffects(t *testing.T) {
 	exec, s := newEffectExec(t)
-	began := exec.BeginBatch(t.Context(), []idem.Key{{ID: "a"}, {ID: "b"}, {ID: "c"}}, []string{"", "", ""})
+	began := adapterkit.BeginBatch(t.Context(), exec, []idem.Key{{ID: "a"}, {ID: "b"}, {ID: "c"}}, []string{"", "", ""})
 	attempts := make([]*idem.Attempt, len(began))
 	for i, b := range began {
 		if b.Err != nil {
@@ -290,7 +291,7 @@ func TestCommitBatchWithPassesEffects(t *testing.T) {
 		}
 	}
 	var got []string
-	errs := exec.CommitBatchWith(t.Context(), attempts, make([][]byte, 3), func(ctx context.Context, cs []storekit.BatchCompletion) []error {
+	errs := adapterkit.CommitBatchWith(t.Context(), exec, attempts, make([][]byte, 3), func(ctx context.Context, cs []storekit.BatchCompletion) []error {
 		out := make([]error, len(cs))
 		for k, c := range cs {
 			if c.Effect == nil {

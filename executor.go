@@ -85,7 +85,7 @@ func WithEncryption(aead cipher.AEAD) Option { return func(e *Executor) { e.code
 // it never lasts past the holder's lease. A call still waiting after d
 // returns an *InProgressError whose RetryAfter is the lease left. A call
 // can set its own bound with WaitFor. The default is 0: no waiting.
-// BeginBatch never waits.
+// adapterkit.BeginBatch never waits.
 func WithWait(d time.Duration) Option { return func(e *Executor) { e.wait = d } }
 
 // CallOption configures one call of Do, Begin or Typed.Do.
@@ -282,7 +282,7 @@ type Result struct {
 // giving up at once would leave the key IN_PROGRESS, to be taken over and
 // run again after the lease. So while the store is unreachable, such a Do
 // returns after up to one lease. The same holds for Commit, Fail, Release
-// and CommitBatch.
+// and adapterkit.CommitBatch.
 func (e *Executor) Do(ctx context.Context, key Key, fingerprint string, fn func(ctx context.Context) ([]byte, error), opts ...CallOption) (Result, error) {
 	if fn == nil {
 		return Result{}, invalidf("nil function")
@@ -919,7 +919,7 @@ func (r *repeater) batch(ctx context.Context, call func(idx []int) []error) []er
 // in all or until ctx is done. call(nil) makes the whole batch and returns
 // one error per element; call(idx) makes again the elements listed in idx
 // and returns one error per element of idx. repeatUnknown returns one error
-// per element: the last answer of each. CommitBatchWith does this with d =
+// per element: the last answer of each. commitBatchWith does this with d =
 // the lease.
 func repeatUnknown(ctx context.Context, d time.Duration, call func(idx []int) []error) []error {
 	r := within(d)

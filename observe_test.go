@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/adapterkit"
 	"github.com/idemgo/idem/memstore"
 	"github.com/idemgo/idem/observe"
 	"github.com/idemgo/idem/redisstore"
@@ -277,7 +278,7 @@ func TestObserverBatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec.take()
-	began := e.BeginBatch(ctx, keys, []string{"fp", "fp"})
+	began := adapterkit.BeginBatch(ctx, e, keys, []string{"fp", "fp"})
 	attempts := make([]*idem.Attempt, len(began))
 	for i, b := range began {
 		if b.Err != nil {
@@ -285,7 +286,7 @@ func TestObserverBatch(t *testing.T) {
 		}
 		attempts[i] = b.Attempt
 	}
-	for _, err := range e.CommitBatch(ctx, attempts, [][]byte{nil, []byte("v")}) {
+	for _, err := range adapterkit.CommitBatch(ctx, e, attempts, [][]byte{nil, []byte("v")}) {
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/adapterkit"
 	"github.com/idemgo/idem/memstore"
 	"github.com/idemgo/idem/observe"
 
@@ -119,12 +120,12 @@ func TestEndingCallsAreRepeated(t *testing.T) {
 				}
 				switch end {
 				case "commit batch":
-					b := e.BeginBatch(t.Context(), []idem.Key{key}, []string{""})
+					b := adapterkit.BeginBatch(t.Context(), e, []idem.Key{key}, []string{""})
 					if b[0].Err != nil {
 						t.Fatal(b[0].Err)
 					}
 					runs.Add(1)
-					if errs := e.CommitBatch(t.Context(), []*idem.Attempt{b[0].Attempt}, [][]byte{[]byte("v")}); errs[0] != nil {
+					if errs := adapterkit.CommitBatch(t.Context(), e, []*idem.Attempt{b[0].Attempt}, [][]byte{[]byte("v")}); errs[0] != nil {
 						t.Fatalf("CommitBatch: %v", errs[0])
 					}
 				case "release":
@@ -271,7 +272,7 @@ func TestLostBatchAcquireRepliesAreRepeated(t *testing.T) {
 	for i := range keys {
 		keys[i] = idem.Key{ID: fmt.Sprint("b", i)}
 	}
-	began := e.BeginBatch(t.Context(), keys, make([]string, len(keys)))
+	began := adapterkit.BeginBatch(t.Context(), e, keys, make([]string, len(keys)))
 	for i, b := range began {
 		if b.Err != nil || b.Attempt == nil || b.Attempt.Replayed() {
 			t.Fatalf("key %d: %+v; want it acquired", i, b)

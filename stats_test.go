@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/adapterkit"
 	"github.com/idemgo/idem/boltstore"
 	"github.com/idemgo/idem/memstore"
 	"github.com/idemgo/idem/observe"
@@ -103,7 +104,7 @@ func TestStatsSampled(t *testing.T) {
 	for i := range keys {
 		keys[i] = idem.Key{ID: "k" + strconv.Itoa(i)}
 	}
-	began := e.BeginBatch(ctx, keys, fps)
+	began := adapterkit.BeginBatch(ctx, e, keys, fps)
 	attempts := make([]*idem.Attempt, len(began))
 	values := make([][]byte, len(began))
 	for i, b := range began {
@@ -112,7 +113,7 @@ func TestStatsSampled(t *testing.T) {
 		}
 		attempts[i] = b.Attempt
 	}
-	for _, err := range e.CommitBatch(ctx, attempts, values) {
+	for _, err := range adapterkit.CommitBatch(ctx, e, attempts, values) {
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/adapterkit"
 	"github.com/idemgo/idem/observe"
 	"github.com/idemgo/idem/storekit"
 )
@@ -125,9 +126,9 @@ type Handler func(ctx context.Context, i int) error
 // attempts[k] holds the key of msgs[k], and values[k] the result its
 // handler set (SetResult; nil if none), to store with the completion. It
 // returns one error per attempt with the meaning of idem.Attempt.Commit's.
-// The default is the executor's CommitBatch; an adapter whose broker can
+// The default is adapterkit.CommitBatch; an adapter whose broker can
 // acknowledge in the same atomic call as the completion (Redis Streams)
-// passes its own, built on idem.Executor.CommitBatchWith.
+// passes its own, built on adapterkit.CommitBatchWith.
 type CommitFunc func(ctx context.Context, msgs []Message, attempts []*idem.Attempt, values [][]byte) []error
 
 // Event is what the event hook (WithEventHook) learns of each message.
@@ -361,7 +362,7 @@ func (p *Processor) Acquire(ctx context.Context, msgs []Message) *Batch {
 		fps = append(fps, m.Fingerprint)
 		idx = append(idx, i)
 	}
-	for j, r := range p.exec.BeginBatch(ctx, keys, fps) {
+	for j, r := range adapterkit.BeginBatch(ctx, p.exec, keys, fps) {
 		i := idx[j]
 		switch {
 		case r.Err == nil && r.Attempt.Replayed():

@@ -585,7 +585,7 @@ func TestCompleteEach(t *testing.T) {
 			opts := []consumer.Option{consumer.WithParallelHandlers(tc.parallel), consumer.WithCommit(
 				func(ctx context.Context, _ []consumer.Message, attempts []*idem.Attempt, values [][]byte) []error {
 					calls.Add(1)
-					return attempts[0].Executor().CommitBatch(ctx, attempts, values)
+					return adapterkit.CommitBatch(ctx, attempts[0].Executor(), attempts, values)
 				})}
 			if tc.each {
 				opts = append(opts, consumer.WithCompleteEach())

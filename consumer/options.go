@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/adapterkit"
 )
 
 // Option configures a Processor and every broker adapter: the five
@@ -151,7 +152,7 @@ func Setup(exec *idem.Executor, defaults Config, adapter any, opts []Option) (*P
 	}
 	if p.commit == nil {
 		p.commit = func(ctx context.Context, _ []Message, attempts []*idem.Attempt, values [][]byte) []error {
-			return exec.CommitBatch(ctx, attempts, values)
+			return adapterkit.CommitBatch(ctx, exec, attempts, values)
 		}
 	}
 	return p, c, nil
@@ -220,7 +221,7 @@ func WithShutdownTimeout(d time.Duration) Option { return func(c *Config) { c.Sh
 func WithDeadLetter(name string) Option { return func(c *Config) { c.DeadLetter = name } }
 
 // WithCommit sets how the keys of handled messages are completed (see
-// CommitFunc). The default is the executor's CommitBatch.
+// CommitFunc). The default is adapterkit.CommitBatch.
 func WithCommit(f CommitFunc) Option { return func(c *Config) { c.Commit = f } }
 
 // WithCompleteEach completes each handled key (through the CommitFunc) as

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/adapterkit"
 	"github.com/idemgo/idem/memstore"
 	"github.com/idemgo/idem/otelidem"
 	"github.com/idemgo/idem/storekit"
@@ -440,7 +441,7 @@ func TestBatchStorePreserved(t *testing.T) {
 		t.Fatal(err)
 	}
 	keys := []idem.Key{{ID: "a"}, {ID: "b"}, {ID: "c"}}
-	began := e.BeginBatch(t.Context(), keys, make([]string, len(keys)))
+	began := adapterkit.BeginBatch(t.Context(), e, keys, make([]string, len(keys)))
 	attempts := make([]*idem.Attempt, len(keys))
 	for i, b := range began {
 		if b.Err != nil {
@@ -448,7 +449,7 @@ func TestBatchStorePreserved(t *testing.T) {
 		}
 		attempts[i] = b.Attempt
 	}
-	for _, err := range e.CommitBatch(t.Context(), attempts, make([][]byte, len(keys))) {
+	for _, err := range adapterkit.CommitBatch(t.Context(), e, attempts, make([][]byte, len(keys))) {
 		if err != nil {
 			t.Fatal(err)
 		}

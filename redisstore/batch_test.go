@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/adapterkit"
 	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/testkit/redistest"
 	"github.com/redis/go-redis/v9"
@@ -46,8 +47,8 @@ func TestBatchRoundTrips(t *testing.T) {
 	c := goRedisClient(t, srv.Addr())
 	// Load the scripts, so that the count below has no NOSCRIPT retry.
 	we := newExec(t, newStore(t, c))
-	wb := we.BeginBatch(t.Context(), []idem.Key{{ID: "warm1"}, {ID: "warm2"}}, []string{"", ""})
-	we.CommitBatch(t.Context(), []*idem.Attempt{wb[0].Attempt, wb[1].Attempt}, [][]byte{nil, nil})
+	wb := adapterkit.BeginBatch(t.Context(), we, []idem.Key{{ID: "warm1"}, {ID: "warm2"}}, []string{"", ""})
+	adapterkit.CommitBatch(t.Context(), we, []*idem.Attempt{wb[0].Attempt, wb[1].Attempt}, [][]byte{nil, nil})
 	hook := &roundTrips{}
 	c.AddHook(hook)
 	exec := newExec(t, newStore(t, c))
@@ -56,7 +57,7 @@ func TestBatchRoundTrips(t *testing.T) {
 	for i := range keys {
 		keys[i] = idem.Key{Scope: "batch", ID: fmt.Sprint(i)}
 	}
-	began := exec.BeginBatch(t.Context(), keys, fps)
+	began := adapterkit.BeginBatch(t.Context(), exec, keys, fps)
 	attempts := make([]*idem.Attempt, len(began))
 	values := make([][]byte, len(began))
 	for i, b := range began {
@@ -65,7 +66,7 @@ func TestBatchRoundTrips(t *testing.T) {
 		}
 		attempts[i], values[i] = b.Attempt, []byte(fmt.Sprint("v", i))
 	}
-	for i, err := range exec.CommitBatch(t.Context(), attempts, values) {
+	for i, err := range adapterkit.CommitBatch(t.Context(), exec, attempts, values) {
 		if err != nil {
 			t.Fatalf("commit %d: %v", i, err)
 		}
@@ -81,7 +82,7 @@ func TestBatchRoundTrips(t *testing.T) {
 	if len(ours) != 2 || ours[0] != "pipeline of 1 evalsha" || ours[1] != "pipeline of 1 evalsha" {
 		t.Fatalf("round trips for a batch of 100: %v, want two script calls", ours)
 	}
-	again := exec.BeginBatch(t.Context(), keys, fps)
+	again := adapterkit.BeginBatch(t.Context(), exec, keys, fps)
 	for i, b := range again {
 		if b.Err != nil || !b.Attempt.Replayed() || string(b.Attempt.Value()) != fmt.Sprint("v", i) {
 			t.Fatalf("replay %d: %+v", i, b)

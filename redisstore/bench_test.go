@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/adapterkit"
 	"github.com/idemgo/idem/redisstore"
 	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/testkit/redistest"
@@ -176,7 +177,7 @@ func usecPerCall(b *testing.B, srv *redistest.Server, cmd string) float64 {
 	return 0
 }
 
-// BenchmarkBatch measures Executor.BeginBatch and CommitBatch of 100 new
+// BenchmarkBatch measures adapterkit.BeginBatch and CommitBatch of 100 new
 // keys (the broker consumers' path): one script call acquires the batch,
 // one completes it. An op is one key; redis-µs/key-transition is the Redis
 // time of the batch scripts per key and transition (acquire or complete).
@@ -200,13 +201,13 @@ func BenchmarkBatch(b *testing.B) {
 				for i := range keys {
 					keys[i] = newBenchKey()
 				}
-				for i, r := range x.e.BeginBatch(ctx, keys, fps) {
+				for i, r := range adapterkit.BeginBatch(ctx, x.e, keys, fps) {
 					if r.Err != nil {
 						b.Fatal(r.Err)
 					}
 					attempts[i] = r.Attempt
 				}
-				for _, err := range x.e.CommitBatch(ctx, attempts, values) {
+				for _, err := range adapterkit.CommitBatch(ctx, x.e, attempts, values) {
 					if err != nil {
 						b.Fatal(err)
 					}

@@ -145,7 +145,7 @@
 // # Batches
 //
 // AcquireBatch, CompleteBatch and CompleteAndAckBatch (used by
-// idem.Executor.BeginBatch and CommitBatch, and so by the broker consumers)
+// adapterkit.BeginBatch and CommitBatch, and so by the broker consumers)
 // send one script call for up to 128 keys (acquire_many.lua,
 // complete_many.lua, complete_ack_many.lua) when the keys may share a
 // script: on a standalone server, and on a Cluster when the store has a

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/adapterkit"
 	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/redisstore"
 	"github.com/idemgo/idem/storekit"
@@ -334,7 +335,7 @@ func TestEffectFailedHalfWayRunsOnce(t *testing.T) {
 				// ErrEffectPartial and its key FAILED; the other completes.
 				keys := []idem.Key{{Scope: c.name + m.name + "batch", ID: "half"}, {Scope: c.name + m.name + "batch", ID: "ok"}}
 				for round := range retries {
-					began := exec.BeginBatch(ctx, keys, []string{"fp", "fp"})
+					began := adapterkit.BeginBatch(ctx, exec, keys, []string{"fp", "fp"})
 					var attempts []*idem.Attempt
 					for i, b := range began {
 						attempts = append(attempts, b.Attempt)
@@ -352,7 +353,7 @@ func TestEffectFailedHalfWayRunsOnce(t *testing.T) {
 							t.Fatal(err)
 						}
 					}
-					errs := exec.CommitBatch(ctx, attempts, [][]byte{[]byte("v"), []byte("v")})
+					errs := adapterkit.CommitBatch(ctx, exec, attempts, [][]byte{[]byte("v"), []byte("v")})
 					if round == 0 && (!errors.Is(errs[0], idem.ErrEffectPartial) || !idem.IsTerminal(errs[0]) || errs[1] != nil) {
 						t.Fatalf("CommitBatch: got %v, want a terminal ErrEffectPartial and nil", errs)
 					}
@@ -493,7 +494,7 @@ func TestCompleteAndAckEffect(t *testing.T) {
 	}
 }
 
-// TestCommitBatchWithEffects: Executor.CommitBatch of attempts with and
+// TestCommitBatchWithEffects: adapterkit.CommitBatch of attempts with and
 // without effects applies every effect once, with its completion, in a
 // few round trips (not one per effect); the attempt whose effect fails
 // gets an *storekit.EffectError and its key released, the others complete.
@@ -523,7 +524,7 @@ func TestCommitBatchWithEffects(t *testing.T) {
 					keys[i] = idem.Key{Scope: m.name + round, ID: strconv.Itoa(i)}
 				}
 				attempts := make([]*idem.Attempt, n)
-				for i, b := range exec.BeginBatch(ctx, keys, make([]string, n)) {
+				for i, b := range adapterkit.BeginBatch(ctx, exec, keys, make([]string, n)) {
 					if b.Err != nil {
 						t.Fatal(b.Err)
 					}
@@ -546,12 +547,12 @@ func TestCommitBatchWithEffects(t *testing.T) {
 				values[i] = []byte("v")
 			}
 			_, warm := batch("warm-up")
-			exec.CommitBatch(ctx, warm, values) // loads the scripts or the library
+			adapterkit.CommitBatch(ctx, exec, warm, values) // loads the scripts or the library
 			keys, attempts := batch("")
 			trips.mu.Lock()
 			trips.names = nil
 			trips.mu.Unlock()
-			errs := exec.CommitBatch(ctx, attempts, values)
+			errs := adapterkit.CommitBatch(ctx, exec, attempts, values)
 			trips.mu.Lock()
 			if len(trips.names) > 3 {
 				t.Errorf("round trips for a batch of %d, %d with effects: %q; want 3 at most", n, n-2, trips.names)

@@ -6,8 +6,8 @@ import (
 )
 
 // BatchStore is implemented by stores that acquire and complete many keys in
-// about one round trip (redisstore pipelines the scripts). Executor's
-// BeginBatch and CommitBatch use it when the store has it, also beneath
+// about one round trip (redisstore pipelines the scripts).
+// adapterkit.BeginBatch and CommitBatch use it when the store has it, also beneath
 // wrappers that follow the Unwrapper convention (StoreAs), and fall back to
 // one call per key otherwise. A wrapper (a decorator for tracing or
 // metrics) should implement it itself when it can, or Unwrap. Each key keeps its own outcome and error, with
@@ -35,10 +35,11 @@ type EffectBatchStore interface {
 	CompleteEffectBatch(ctx context.Context, keys []string, leases []Lease, results [][]byte, retention time.Duration, effects []*Effect) []error
 }
 
-// BatchCompletion is one record that CommitBatchWith asks its store call to
-// complete.
+// BatchCompletion is one record that adapterkit.CommitBatchWith asks its
+// store call to complete.
 type BatchCompletion struct {
-	// Index is the position of the attempt in CommitBatchWith's attempts.
+	// Index is the position of the attempt in adapterkit.CommitBatchWith's
+	// attempts.
 	Index int
 	// Key is the store key; Lease the acquisition being completed.
 	Key   string

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/adapterkit"
 	"github.com/idemgo/idem/chaos/chaostest"
 	"github.com/idemgo/idem/observe"
 	"github.com/idemgo/idem/redisstore"
@@ -351,7 +352,7 @@ func lifecycle(t *testing.T, store *redisstore.Store, scope string, fences *fenc
 	}
 	// A batch, and Await woken by the completion's notification.
 	keys := []idem.Key{key("batch-1"), key("batch-2")}
-	began := exec.BeginBatch(ctx, keys, []string{"fp", "fp"})
+	began := adapterkit.BeginBatch(ctx, exec, keys, []string{"fp", "fp"})
 	var attempts []*idem.Attempt
 	for _, b := range began {
 		if b.Err != nil {
@@ -362,7 +363,7 @@ func lifecycle(t *testing.T, store *redisstore.Store, scope string, fences *fenc
 	}
 	awaited := make(chan error, 1)
 	go func() { awaited <- exec.Await(ctx, keys[0]) }()
-	for _, err := range exec.CommitBatch(ctx, attempts, [][]byte{[]byte("1"), []byte("2")}) {
+	for _, err := range adapterkit.CommitBatch(ctx, exec, attempts, [][]byte{[]byte("1"), []byte("2")}) {
 		if err != nil {
 			t.Fatal(err)
 		}

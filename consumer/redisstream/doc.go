@@ -21,7 +21,7 @@
 // only translates entries in and actions out:
 //
 //   - every key is acquired before any handler runs, with one
-//     Executor.BeginBatch on the consumer's own Executor: one script call
+//     adapterkit.BeginBatch on the consumer's own Executor: one script call
 //     per 128 keys (redisstore.Store.AcquireBatch), so a batch costs about
 //     two round trips; a key repeated within the batch follows its first
 //     occurrence instead of being acquired again;
@@ -30,7 +30,7 @@
 //     recovered as consumer.ErrPanic;
 //   - the successful ones are completed and acknowledged in one script call
 //     per 128 entries (redisstore.Store.CompleteAndAckBatch, called by the
-//     Processor's commit hook through idem.Executor.CommitBatchWith, so the
+//     Processor's commit hook through adapterkit.CommitBatchWith, so the
 //     Executor encodes, compresses and seals the result as configured):
 //     each record becomes COMPLETED and its entry is XACKed in the same
 //     script, so no crash can fall between the two;

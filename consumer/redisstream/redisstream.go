@@ -169,7 +169,7 @@ type Consumer struct {
 // consumer.Processor (the one consumer algorithm) that acquires each batch
 // with one BeginBatch. exec's store must be a *redisstore.Store: the
 // completion of a key and the XACK of its entry happen in one script on it
-// (the Processor's commit hook, through idem.Executor.CommitBatchWith, so
+// (the Processor's commit hook, through adapterkit.CommitBatchWith, so
 // the result is encoded, and sealed with WithEncryption, by the Executor),
 // so stream, its dead-letter stream and the store's records must be able
 // to share a script: on a Cluster, create the store with
@@ -480,11 +480,11 @@ func (c *Consumer) settle(ctx context.Context, msgs []redis.XMessage, deliveries
 
 // completeAndAck is the Processor's commit hook: the Executor encodes each
 // result and the store completes each key and acknowledges its entry in
-// one script, repeated (as Executor.CommitBatch does) while the outcome is
+// one script, repeated (as adapterkit.CommitBatch does) while the outcome is
 // unknown: an entry left pending with its key IN_PROGRESS would be claimed
 // after the lease and run again.
 func (c *Consumer) completeAndAck(ctx context.Context, msgs []consumer.Message, attempts []*idem.Attempt, values [][]byte) []error {
-	return c.exec.CommitBatchWith(ctx, attempts, values, func(ctx context.Context, cs []storekit.BatchCompletion) []error {
+	return adapterkit.CommitBatchWith(ctx, c.exec, attempts, values, func(ctx context.Context, cs []storekit.BatchCompletion) []error {
 		acks := make([]redisstore.StreamAck, len(cs))
 		for k, x := range cs {
 			// A handler's effect (idem.SetEffect) is applied in the same

@@ -1,10 +1,12 @@
 // Package execseam hands package adapterkit what package idem keeps
-// unexported: the Executor's settings and its result codec, which adapter writers use and applications do not. idem sets the
+// unexported: the Executor's settings, its result codec and its batch
+// calls, which adapter writers use and applications do not. idem sets the
 // functions in its init; adapterkit imports idem, so they are set before
 // it reads them.
 package execseam
 
 import (
+	"context"
 	"time"
 
 	"github.com/idemgo/idem/storekit"
@@ -20,6 +22,11 @@ type Funcs[E, K, A any] struct {
 	// EncodeResult and DecodeResult turn a value into its stored form
 	// under a store key and back.
 	EncodeResult, DecodeResult func(e E, storeKey string, b []byte) ([]byte, error)
+	// BeginBatch calls set once for each key, with its index and what
+	// Begin returns for it.
+	BeginBatch      func(e E, ctx context.Context, keys []K, fingerprints []string, set func(i int, ctx context.Context, a A, err error))
+	CommitBatch     func(e E, ctx context.Context, attempts []A, values [][]byte) []error
+	CommitBatchWith func(e E, ctx context.Context, attempts []A, values [][]byte, complete func(ctx context.Context, cs []storekit.BatchCompletion) []error) []error
 }
 
 var funcs any
