@@ -14,7 +14,8 @@
 // its call, a new sidecar takes over, the stale call goes on.
 //
 // TestConsumeHandlerKilled: the handler SIGKILLed before its effect or
-// after its commit, and started again.
+// after its commit, and started again; or answering after the sidecar's
+// --handler-timeout once its effect committed (late).
 //
 // TestConsumeSlowHandlerTakeover: the handler slower than the lease while
 // the sidecar's link to the store is cut; a second sidecar takes the key

@@ -39,7 +39,7 @@ const (
 	envDB     = "CONSUME_HANDLER_DB"      // its database (the effects, the fences, the completion rows)
 	envMode   = "CONSUME_HANDLER_MODE"    // gate, fence or none (see runHandler)
 	envHold   = "CONSUME_HANDLER_HOLD"    // keys whose first call in this process is held
-	envHoldAt = "CONSUME_HANDLER_HOLD_AT" // before (the effect) or after (it committed, before the answer)
+	envHoldAt = "CONSUME_HANDLER_HOLD_AT" // before (the effect), after (it committed, before the answer) or late (after, until /release)
 	envFail   = "CONSUME_HANDLER_FAIL"    // keys whose first call in this process answers 503
 )
 
@@ -60,8 +60,9 @@ const (
 //
 // The first call of a key in CONSUME_HANDLER_HOLD writes "held KEY FENCE"
 // on stdout and waits: before its effect until GET /release (and then
-// writes "stale KEY STATUS"), or after its effect committed, forever (the
-// process is killed).
+// writes "stale KEY STATUS"), after its effect committed, forever (the
+// process is killed), or (late) after its effect committed until GET
+// /release, past the sidecar's --handler-timeout.
 func runHandler() int {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv(envDB))
@@ -111,6 +112,10 @@ func runHandler() int {
 		if held && holdAt == "after" {
 			say("held %s %d", key, fence)
 			select {} // killed with its answer unsent
+		}
+		if held && holdAt == "late" {
+			say("held %s %d", key, fence)
+			<-release
 		}
 		if held {
 			say("stale %s %d", key, status)
