@@ -179,7 +179,7 @@ func registerConsumeFlags(fs *cli.Set) *consumeConfig {
 	defs = append(defs, []cli.Def{
 		{Name: "lease", Placeholder: "DURATION", Value: cli.Duration(&c.lease), Usage: "how long a message holds its key before another consumer may take it over; extended while the handler runs"},
 		{Name: "retention", Placeholder: "DURATION", Value: cli.Duration(&c.retention), Usage: "how long completed keys are kept (a duplicate within it is acked without a call)"},
-		{Name: "handler-timeout", Placeholder: "DURATION", Value: cli.Duration(&c.handler.Timeout), Usage: "how long one call to the handler may take; then it is cancelled and the message retried"},
+		{Name: "handler-timeout", Placeholder: "DURATION", Value: cli.Duration(&c.handler.Timeout), Usage: "how long one call to the handler may take, its tries again after a broken connection included; then it is cancelled and the message retried"},
 		{Name: "max-result", Placeholder: "SIZE", Value: cli.Size(&c.handler.MaxResult), Usage: "the part of a 2xx response's body stored as the key's result"},
 		{Name: "max-deliveries", Placeholder: "N", Value: cli.Int(&c.maxDeliveries), Usage: "deliveries of a failing message before it is dead-lettered (0: retry forever)"},
 		{Name: "retry-delay", Placeholder: "DURATION", Value: cli.Duration(&c.retryDelay), Usage: "delay before a failed message is delivered again (a Redis stream: at least --lease, the claim idle time)"},
