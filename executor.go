@@ -12,15 +12,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemgo/idem/internal/execseam"
 	"github.com/idemgo/idem/observe"
 	"github.com/idemgo/idem/storekit"
-)
-
-// Defaults of the Executor's options.
-const (
-	DefaultLease         = 30 * time.Second
-	DefaultRetention     = 24 * time.Hour
-	DefaultMaxResultSize = 1 << 20
 )
 
 // defaultCompressAbove is the default of WithCompressAbove; no other
@@ -38,12 +32,12 @@ type Option func(*Executor)
 
 // WithLease sets how long an attempt holds a key before another caller may
 // take it over. While the operation runs, the Executor extends the lease
-// every third of it. The default is DefaultLease (30s); it must be at least
+// every third of it. The default is 30s (adapterkit.DefaultLease); it must be at least
 // 1ms.
 func WithLease(d time.Duration) Option { return func(e *Executor) { e.lease = d } }
 
 // WithRetention sets how long a COMPLETED or FAILED record is kept and
-// replayed. The default is DefaultRetention (24h); it must be at least the
+// replayed. The default is 24h (adapterkit.DefaultRetention); it must be at least the
 // lease.
 func WithRetention(d time.Duration) Option { return func(e *Executor) { e.retention = d } }
 
@@ -61,7 +55,7 @@ func WithFailurePolicy(p FailurePolicy) Option { return func(e *Executor) { e.po
 // that is stored. A larger result is still returned to the caller of Do, but
 // the key becomes FAILED (the operation ran; running it again could repeat
 // its effect) and Do returns an error wrapping ErrResultTooLarge. The
-// default is DefaultMaxResultSize (1 MiB).
+// default is 1 MiB (adapterkit.DefaultMaxResultSize).
 func WithMaxResultSize(n int) Option { return func(e *Executor) { e.codec.maxSize = n } }
 
 // WithCompressAbove sets the size above which stored results are deflated
@@ -126,10 +120,10 @@ func New(store Store, opts ...Option) (*Executor, error) {
 	}
 	e := &Executor{
 		store:     store,
-		lease:     DefaultLease,
-		retention: DefaultRetention,
+		lease:     execseam.DefaultLease,
+		retention: execseam.DefaultRetention,
 		policy:    IsTerminal,
-		codec:     blobCodec{compressAbove: defaultCompressAbove, maxSize: DefaultMaxResultSize},
+		codec:     blobCodec{compressAbove: defaultCompressAbove, maxSize: execseam.DefaultMaxResultSize},
 	}
 	for _, o := range opts {
 		o(e)

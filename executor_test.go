@@ -89,8 +89,8 @@ func TestDoInProgress(t *testing.T) {
 		return nil, nil
 	})
 	var ip *idem.InProgressError
-	if !errors.As(err, &ip) || !errors.Is(err, idem.ErrInProgress) || ip.RetryAfter <= 0 || ip.RetryAfter > idem.DefaultLease {
-		t.Fatalf("concurrent Do: got %v, want *InProgressError with RetryAfter in (0, %v]", err, idem.DefaultLease)
+	if !errors.As(err, &ip) || !errors.Is(err, idem.ErrInProgress) || ip.RetryAfter <= 0 || ip.RetryAfter > adapterkit.DefaultLease {
+		t.Fatalf("concurrent Do: got %v, want *InProgressError with RetryAfter in (0, %v]", err, adapterkit.DefaultLease)
 	}
 	// Await returns once the first completes.
 	awaited := make(chan error)
@@ -469,8 +469,8 @@ func TestDefaults(t *testing.T) {
 	if adapterkit.Lease(e) != 30*time.Second || adapterkit.Retention(e) != 24*time.Hour || adapterkit.MaxResultSize(e) != 1<<20 {
 		t.Fatalf("lease %v, retention %v, max result %d; want 30s, 24h, 1 MiB", adapterkit.Lease(e), adapterkit.Retention(e), adapterkit.MaxResultSize(e))
 	}
-	if idem.DefaultLease != 30*time.Second {
-		t.Fatalf("DefaultLease %v", idem.DefaultLease)
+	if adapterkit.DefaultLease != 30*time.Second {
+		t.Fatalf("DefaultLease %v", adapterkit.DefaultLease)
 	}
 }
 

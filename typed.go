@@ -12,14 +12,15 @@ type Codec interface {
 	Unmarshal(data []byte, v any) error
 }
 
-// JSONCodec is the Codec used by Typed when none is set: encoding/json.
-type JSONCodec struct{}
+// JSONCodec is the Codec used by Typed when none is set: encoding/json's
+// Marshal and Unmarshal.
+var JSONCodec Codec = jsonCodec{}
 
-// Marshal calls json.Marshal.
-func (JSONCodec) Marshal(v any) ([]byte, error) { return json.Marshal(v) }
+// jsonCodec is JSONCodec's type.
+type jsonCodec struct{}
 
-// Unmarshal calls json.Unmarshal.
-func (JSONCodec) Unmarshal(data []byte, v any) error { return json.Unmarshal(data, v) }
+func (jsonCodec) Marshal(v any) ([]byte, error)      { return json.Marshal(v) }
+func (jsonCodec) Unmarshal(data []byte, v any) error { return json.Unmarshal(data, v) }
 
 // Typed runs operations that return a Go value of type T through an Executor,
 // storing the value with Codec (JSONCodec when nil). The zero Codec works;
@@ -38,7 +39,7 @@ func (t Typed[T]) Do(ctx context.Context, key Key, fingerprint string, fn func(c
 	}
 	codec := t.Codec
 	if codec == nil {
-		codec = JSONCodec{}
+		codec = JSONCodec
 	}
 	var marshalErr error
 	res, err := t.Executor.Do(ctx, key, fingerprint, func(ctx context.Context) ([]byte, error) {

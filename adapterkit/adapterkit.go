@@ -7,6 +7,14 @@ import (
 	"github.com/idemgo/idem/internal/execseam"
 )
 
+// Defaults of the Executor's options, for programs that show them or
+// configure other parts to match (the idem binary's flags).
+const (
+	DefaultLease         = execseam.DefaultLease         // idem.WithLease
+	DefaultRetention     = execseam.DefaultRetention     // idem.WithRetention
+	DefaultMaxResultSize = execseam.DefaultMaxResultSize // idem.WithMaxResultSize
+)
+
 var funcs = execseam.Get[*idem.Executor, idem.Key, *idem.Attempt]()
 
 // Store returns e's store: the Store given to idem.New.

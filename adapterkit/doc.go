@@ -4,9 +4,9 @@
 // does not need: the Executor's batch calls (BeginBatch, CommitBatch, and
 // CommitBatchWith for a store call that completes more in the same atomic
 // step, as a stream acknowledgement), its settings (Store, Lease,
-// Retention, MaxResultSize) and its result codec (EncodeResult,
-// DecodeResult), with which an adapter writes or reads a stored result the
-// way Commit and a replay do.
+// Retention, MaxResultSize, and their defaults) and its result codec
+// (EncodeResult, DecodeResult), with which an adapter writes or reads a
+// stored result the way Commit and a replay do.
 //
 // An adapter that writes a completion outside the store, as the commit
 // gate does in its own transaction, encodes it first:

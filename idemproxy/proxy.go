@@ -161,7 +161,7 @@ type Proxy struct {
 	// 422. It limits storing only: a response stored under a larger value
 	// is replayed as long as the Executor reads it (idem.WithMaxResultSize
 	// bounds what it reads, the response's fields included). 0: the
-	// Executor's maximum result size (idem.DefaultMaxResultSize, 1 MiB, unless
+	// Executor's maximum result size (adapterkit.DefaultMaxResultSize, 1 MiB, unless
 	// set).
 	MaxResponseSize int
 

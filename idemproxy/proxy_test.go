@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/adapterkit"
 	"github.com/idemgo/idem/idemhttp"
 	"github.com/idemgo/idem/memstore"
 )
@@ -189,13 +190,13 @@ func TestZeroValueDefaults(t *testing.T) {
 			if r.URL.Path != "/big" {
 				return false
 			}
-			w.Write(bytes.Repeat([]byte("r"), idem.DefaultMaxResultSize+1))
+			w.Write(bytes.Repeat([]byte("r"), adapterkit.DefaultMaxResultSize+1))
 			return true
 		}
 		up.mu.Unlock()
 		first := send(t, http.MethodPost, base+"/big", "big", []byte("x"))
 		retry := send(t, http.MethodPost, base+"/big", "big", []byte("x"))
-		if len(first.body) != idem.DefaultMaxResultSize+1 || retry.status != 422 || !strings.Contains(retry.body, idemhttp.TypeKeyFailed) {
+		if len(first.body) != adapterkit.DefaultMaxResultSize+1 || retry.status != 422 || !strings.Contains(retry.body, idemhttp.TypeKeyFailed) {
 			t.Errorf("a response over 1 MiB: got %d bytes, then %d %q, want it whole once, then 422 %s", len(first.body), retry.status, retry.body, idemhttp.TypeKeyFailed)
 		}
 	})
@@ -221,8 +222,8 @@ func TestZeroValueDefaults(t *testing.T) {
 			t.Errorf("transport: got %T, want an *http.Transport with ResponseHeaderTimeout %v", g.rp.Transport, DefaultUpstreamTimeout)
 		case g.bodyTimeout != DefaultBodyTimeout || g.writeTimeout != DefaultWriteTimeout || g.maxActive != DefaultMaxConcurrent:
 			t.Errorf("bounds: got body %v write %v concurrent %d, want %v %v %d", g.bodyTimeout, g.writeTimeout, g.maxActive, DefaultBodyTimeout, DefaultWriteTimeout, DefaultMaxConcurrent)
-		case g.fenceHeader != DefaultFenceHeader || g.lease != idem.DefaultLease:
-			t.Errorf("got fence %q lease %v, want %q and the Executor's %v", g.fenceHeader, g.lease, DefaultFenceHeader, idem.DefaultLease)
+		case g.fenceHeader != DefaultFenceHeader || g.lease != adapterkit.DefaultLease:
+			t.Errorf("got fence %q lease %v, want %q and the Executor's %v", g.fenceHeader, g.lease, DefaultFenceHeader, adapterkit.DefaultLease)
 		}
 	})
 }

@@ -103,7 +103,7 @@ func TestBatchAllClients(t *testing.T) {
 			leases := []storekit.Lease{}
 			for i := range 20 {
 				key := idem.Key{Scope: c.name, ID: fmt.Sprint(i)}.Digest()
-				a, err := s.Acquire(t.Context(), key, storekit.AcquireRequest{Owner: "o", Lease: idem.DefaultLease, Retention: idem.DefaultRetention})
+				a, err := s.Acquire(t.Context(), key, storekit.AcquireRequest{Owner: "o", Lease: adapterkit.DefaultLease, Retention: adapterkit.DefaultRetention})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -111,7 +111,7 @@ func TestBatchAllClients(t *testing.T) {
 			}
 			leases[3].Fence++ // a stale lease
 			results := make([][]byte, len(keys))
-			errs := s.CompleteBatch(t.Context(), keys, leases, results, idem.DefaultRetention)
+			errs := s.CompleteBatch(t.Context(), keys, leases, results, adapterkit.DefaultRetention)
 			for i, err := range errs {
 				if i == 3 {
 					if !errors.Is(err, idem.ErrLeaseLost) {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/adapterkit"
 	"github.com/idemgo/idem/redisstore"
 	"github.com/idemgo/idem/redisstore/redisinfo"
 	"github.com/idemgo/idem/storekit"
@@ -580,8 +581,8 @@ func TestRawKeysNeverReachRedis(t *testing.T) {
 	if len(value) > 120 {
 		t.Errorf("a completed record with a 2-byte result takes %d bytes, want a compact record", len(value))
 	}
-	if ttl, _ := c.PTTL(t.Context(), want).Result(); ttl <= 0 || ttl > idem.DefaultRetention {
-		t.Errorf("TTL of a completed record: got %v, want (0, %v]", ttl, idem.DefaultRetention)
+	if ttl, _ := c.PTTL(t.Context(), want).Result(); ttl <= 0 || ttl > adapterkit.DefaultRetention {
+		t.Errorf("TTL of a completed record: got %v, want (0, %v]", ttl, adapterkit.DefaultRetention)
 	}
 	if _, err := redisstore.New(c, redisstore.WithPrefix("bad{")); !errors.Is(err, idem.ErrInvalid) {
 		t.Errorf("prefix with a brace: got %v, want ErrInvalid", err)

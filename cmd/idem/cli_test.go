@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/adapterkit"
 	"github.com/idemgo/idem/cmd/idem/internal/buildinfo"
 	"github.com/idemgo/idem/cmd/idem/internal/cli"
 	"github.com/idemgo/idem/idemhttp"
@@ -192,7 +192,7 @@ func TestProxyFlagDefaults(t *testing.T) {
 		{"Methods", p.Methods, []string{http.MethodPost, http.MethodPatch}},
 		{"KeyOptional", p.KeyOptional, false},
 		{"MaxBodySize", p.MaxBodySize, int64(idemhttp.DefaultMaxBodySize)},
-		{"MaxResponseSize", p.MaxResponseSize, idem.DefaultMaxResultSize},
+		{"MaxResponseSize", p.MaxResponseSize, adapterkit.DefaultMaxResultSize},
 		{"MaxBodyMemory", p.MaxBodyMemory, int64(idemproxy.DefaultMaxBodyMemory)},
 		{"MaxConcurrent", p.MaxConcurrent, idemproxy.DefaultMaxConcurrent},
 		{"BodyTimeout", p.BodyTimeout, idemproxy.DefaultBodyTimeout},

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/adapterkit"
 	"github.com/idemgo/idem/cmd/idem/internal/brokersource"
 	"github.com/idemgo/idem/cmd/idem/internal/brokerurl"
 	"github.com/idemgo/idem/cmd/idem/internal/cli"
@@ -160,7 +161,7 @@ func consumeCommand() *command {
 
 func registerConsumeFlags(fs *cli.Set) *consumeConfig {
 	c := &consumeConfig{
-		lease: idem.DefaultLease, retention: idem.DefaultRetention,
+		lease: adapterkit.DefaultLease, retention: adapterkit.DefaultRetention,
 		maxDeliveries: 5, concurrency: 1, parallel: 1, batch: 10, retryDelay: time.Second,
 		shutdownTimeout: 30 * time.Second, logFormat: "text", logLevel: "info",
 	}

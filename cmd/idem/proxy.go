@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/adapterkit"
 	"github.com/idemgo/idem/cmd/idem/internal/certreload"
 	"github.com/idemgo/idem/cmd/idem/internal/cli"
 	"github.com/idemgo/idem/cmd/idem/internal/redact"
@@ -147,8 +148,8 @@ so it cannot forge a fence.`,
 func registerProxyFlags(fs *cli.Set) *proxyConfig {
 	c := &proxyConfig{
 		listen:          "127.0.0.1:8080",
-		lease:           idem.DefaultLease,
-		retention:       idem.DefaultRetention,
+		lease:           adapterkit.DefaultLease,
+		retention:       adapterkit.DefaultRetention,
 		storePolicy:     "default",
 		errorBody:       "problem",
 		logFormat:       "text",
@@ -158,7 +159,7 @@ func registerProxyFlags(fs *cli.Set) *proxyConfig {
 	}
 	p := &c.proxy
 	p.Methods = []string{http.MethodPost, http.MethodPatch}
-	p.MaxBodySize, p.MaxResponseSize, p.MaxBodyMemory = idemhttp.DefaultMaxBodySize, idem.DefaultMaxResultSize, idemproxy.DefaultMaxBodyMemory
+	p.MaxBodySize, p.MaxResponseSize, p.MaxBodyMemory = idemhttp.DefaultMaxBodySize, adapterkit.DefaultMaxResultSize, idemproxy.DefaultMaxBodyMemory
 	p.ProblemTypeBase, p.FenceHeader = idemhttp.DefaultProblemTypeBase, idemproxy.DefaultFenceHeader
 	p.BodyTimeout, p.UpstreamTimeout, p.WriteTimeout = idemproxy.DefaultBodyTimeout, idemproxy.DefaultUpstreamTimeout, idemproxy.DefaultWriteTimeout
 	p.MaxConcurrent = idemproxy.DefaultMaxConcurrent

@@ -12,6 +12,13 @@ import (
 	"github.com/idemgo/idem/storekit"
 )
 
+// Defaults of the Executor's options, which adapterkit exports.
+const (
+	DefaultLease         = 30 * time.Second
+	DefaultRetention     = 24 * time.Hour
+	DefaultMaxResultSize = 1 << 20
+)
+
 // Funcs are the functions of an Executor that adapterkit exports. This
 // package cannot import idem, so their types are parameters: E is
 // *idem.Executor, K idem.Key and A *idem.Attempt.

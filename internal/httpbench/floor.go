@@ -13,7 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/adapterkit"
 	"github.com/idemgo/idem/internal/fsync"
 	"github.com/idemgo/idem/storekit"
 	"github.com/redis/go-redis/v9"
@@ -125,8 +125,8 @@ func newScriptFloor(c rueidis.Client, acquireSHA, completeSHA string) *scriptFlo
 	ms := func(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
 	return &scriptFloor{
 		c: c, acquireSHA: acquireSHA, completeSHA: completeSHA,
-		lease: ms(idem.DefaultLease), retention: ms(floorKeep),
-		ttl: ms(2*idem.DefaultLease + storekit.InProgressGrace),
+		lease: ms(adapterkit.DefaultLease), retention: ms(floorKeep),
+		ttl: ms(2*adapterkit.DefaultLease + storekit.InProgressGrace),
 	}
 }
 
