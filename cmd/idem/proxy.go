@@ -312,7 +312,8 @@ const webhookSecretEnv = "IDEM_WEBHOOK_SECRET"
 
 // setupWebhook applies --webhook to the Proxy: the provider's key source
 // unless --key-from was given, its Verifier when a secret is given, and
-// otherwise the only-2xx policy unless --store-policy was given. It
+// otherwise the only-2xx policy unless --store-policy was given, and the
+// lease as the wait unless --wait was given. It
 // returns whether signatures are checked.
 func (c *proxyConfig) setupWebhook(getenv func(string) string) (bool, error) {
 	rc, err := routesfile.Webhook{
@@ -332,6 +333,7 @@ func (c *proxyConfig) setupWebhook(getenv func(string) string) (bool, error) {
 	}
 	c.proxy.Verifier = rc.Verifier
 	c.storePolicy = rc.StorePolicy(c.storePolicy, c.policySet)
+	c.proxy.Wait = rc.Wait(c.proxy.Wait, c.waitSet, c.lease)
 	return rc.Verifier != nil, nil
 }
 
@@ -340,11 +342,10 @@ func (c *proxyConfig) setupWebhook(getenv func(string) string) (bool, error) {
 // retries a 409 it decoded (see idemhttp.WriteStripeError), so a retry
 // that its SDK sends while the first request runs must wait for its
 // response; the lease bounds the wait, as the first request is taken over
-// once it ends. With --webhook too: a provider that redelivers while the
-// first delivery runs gets its real answer, not a 409 it would count as a
-// failure (docs/webhooks.md).
+// once it ends. With --webhook, setupWebhook has set the default
+// (routesfile.Receiver.Wait).
 func (c *proxyConfig) waitFor() time.Duration {
-	if !c.waitSet && (strings.TrimSpace(c.errorBody) == "stripe" || c.webhook != "") {
+	if !c.waitSet && strings.TrimSpace(c.errorBody) == "stripe" {
 		return c.lease
 	}
 	return c.proxy.Wait

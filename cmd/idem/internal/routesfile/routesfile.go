@@ -230,9 +230,7 @@ func (d *Defaults) webhook(r *Route, s *routeSpec) error {
 		return err
 	}
 	r.Route.KeySource, r.Route.Verifier = rc.KeySource, rc.Verifier
-	if s.Wait == "" {
-		r.Route.Wait = r.Lease
-	}
+	r.Route.Wait = rc.Wait(r.Route.Wait, s.Wait != "", r.Lease)
 	s.StorePolicy = rc.StorePolicy(s.StorePolicy, s.StorePolicy != "")
 	return nil
 }

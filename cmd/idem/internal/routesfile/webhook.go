@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/idemgo/idem/cmd/idem/internal/cli"
 	"github.com/idemgo/idem/idemhttp"
@@ -107,6 +108,18 @@ func (r Receiver) StorePolicy(policy string, given bool) string {
 		return "only-2xx"
 	}
 	return policy
+}
+
+// Wait returns how long a retry of the route waits for the first request,
+// given the wait its flag or field holds, whether that was given, and the
+// route's lease: a webhook's wait is the lease unless one was given, so
+// that a provider that redelivers while the first delivery runs gets its
+// real answer, not a 409 it would count as a failure (docs/webhooks.md).
+func (r Receiver) Wait(wait time.Duration, given bool, lease time.Duration) time.Duration {
+	if !given && !r.KeySource.IsZero() {
+		return lease
+	}
+	return wait
 }
 
 // parseSecrets returns the secrets of text, one per line (a webhook's

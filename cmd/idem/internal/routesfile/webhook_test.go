@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // proxyWebhook is the Webhook of `idem proxy --webhook`: the secrets in
@@ -69,6 +70,31 @@ func TestWebhookSetup(t *testing.T) {
 	} {
 		if _, err := tt.w.Setup(); err == nil || !strings.HasPrefix(err.Error(), tt.want) {
 			t.Errorf("%+v: got %v, want %q", tt.w, err, tt.want)
+		}
+	}
+}
+
+// TestReceiverWait: a webhook's wait is the lease unless one was given,
+// for --webhook and a route's webhook alike; without a webhook the wait
+// stays as given.
+func TestReceiverWait(t *testing.T) {
+	gh, err := Webhook{Provider: "github", Name: "webhook", Getenv: func(string) string { return "" }}.Setup()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name  string
+		rc    Receiver
+		wait  time.Duration
+		given bool
+		want  time.Duration
+	}{
+		{"webhook, no wait given", gh, 0, false, 7 * time.Second},
+		{"webhook, wait given", gh, -1, true, -1},
+		{"no webhook", Receiver{}, 0, false, 0},
+	} {
+		if got := tt.rc.Wait(tt.wait, tt.given, 7*time.Second); got != tt.want {
+			t.Errorf("%s: got %v, want %v", tt.name, got, tt.want)
 		}
 	}
 }
