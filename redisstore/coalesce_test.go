@@ -111,47 +111,15 @@ func (c gatedRueidis) Do(ctx context.Context, cmd rueidis.Completed) rueidis.Red
 	return c.Client.Do(ctx, cmd)
 }
 
-// sentRueidis records a rueidis pipeline (sentPipeline).
-func (g *gate) sentRueidis(cmds []rueidis.Completed) {
+func (c gatedRueidis) DoMulti(ctx context.Context, cmds ...rueidis.Completed) []rueidis.RedisResult {
 	var keys []string
 	for _, cmd := range cmds {
 		if k, ok := rueidisScriptKey(cmd); ok {
 			keys = append(keys, k)
 		}
 	}
-	g.sentPipeline(keys, len(cmds))
-}
-
-func (c gatedRueidis) DoMulti(ctx context.Context, cmds ...rueidis.Completed) []rueidis.RedisResult {
-	c.g.sentRueidis(cmds)
+	c.g.sentPipeline(keys, len(cmds))
 	return c.Client.DoMulti(ctx, cmds...)
-}
-
-// Dedicated reports the calls made on a dedicated connection to g too:
-// the store sends a lone caller's calls on one.
-func (c gatedRueidis) Dedicated(fn func(rueidis.DedicatedClient) error) error {
-	return c.Client.Dedicated(func(dc rueidis.DedicatedClient) error {
-		return fn(gatedDedicated{dc, c.g})
-	})
-}
-
-// gatedDedicated is a dedicated rueidis connection whose Do and DoMulti
-// report to g.
-type gatedDedicated struct {
-	rueidis.DedicatedClient
-	g *gate
-}
-
-func (c gatedDedicated) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
-	if k, ok := rueidisScriptKey(cmd); ok {
-		c.g.sent(k)
-	}
-	return c.DedicatedClient.Do(ctx, cmd)
-}
-
-func (c gatedDedicated) DoMulti(ctx context.Context, cmds ...rueidis.Completed) []rueidis.RedisResult {
-	c.g.sentRueidis(cmds)
-	return c.DedicatedClient.DoMulti(ctx, cmds...)
 }
 
 func acquireKey(ctx context.Context, s *redisstore.Store, i int) (storekit.Acquisition, error) {
@@ -358,42 +326,5 @@ func testQueuedCallsGetTheirOwnReplies(t *testing.T, client string) {
 	t.Logf("%d replies, %d calls whose context ended", got, ended)
 	if got == 0 || ended == 0 {
 		t.Fatalf("%d replies and %d ended calls: the test needs both", got, ended)
-	}
-}
-
-// TestLoneCallCanceled: a lone caller's call, which the rueidis store
-// sends on a dedicated connection with a context rueidis cannot cancel,
-// still ends with the caller's context while the server holds it (CLIENT
-// PAUSE WRITE), with and without the client-side cache; the store works
-// on after it.
-func TestLoneCallCanceled(t *testing.T) {
-	for _, cache := range []bool{false, true} {
-		t.Run("cache="+strconv.FormatBool(cache), func(t *testing.T) {
-			srv := redistest.Start(t)
-			c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: !cache})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(c.Close)
-			s, err := redisstore.NewRueidis(c)
-			if err != nil {
-				t.Fatal(err)
-			}
-			srv.Do(t, "CLIENT", "PAUSE", "60000", "WRITE")
-			ctx, cancel := context.WithCancel(t.Context())
-			done := make(chan error, 1)
-			go func() { _, err := acquireKey(ctx, s, 1); done <- err }()
-			waitFor(t, "the acquire held by the server", func() bool {
-				return strings.Contains(srv.Do(t, "INFO", "clients"), "blocked_clients:1\r\n")
-			})
-			cancel()
-			if err := <-done; !errors.Is(err, context.Canceled) {
-				t.Fatalf("the canceled lone call: got %v, want context.Canceled", err)
-			}
-			srv.Do(t, "CLIENT", "UNPAUSE")
-			if a, err := acquireKey(t.Context(), s, 2); err != nil || a.Outcome != storekit.Acquired {
-				t.Fatalf("acquire after the canceled call: got %v, %v, want Acquired", a.Outcome, err)
-			}
-		})
 	}
 }

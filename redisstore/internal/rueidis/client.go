@@ -36,7 +36,7 @@ func New(c rueidis.Client) *Client {
 	b := &Client{c: c}
 	if c.Mode() != rueidis.ClientModeCluster {
 		b.read.Store(readDoCache)
-		b.calls = &backend.Coalescer{Senders: backend.CoalesceSenders, One: b.callAlone, Many: b.callMany}
+		b.calls = &backend.Coalescer{Senders: backend.CoalesceSenders, One: b.callOne, Many: b.callMany}
 	}
 	return b
 }
@@ -106,51 +106,12 @@ func (b *Client) Run(ctx context.Context, s *backend.Script, keys, args []string
 // EVALSHA falling back to EVAL, the commands rueidis's Lua.Exec sends
 // (without a Lua value per script and client).
 func (b *Client) callOne(ctx context.Context, s *backend.Script, keys, args []string, fcall bool) (any, error) {
-	return callOn(ctx, b.c, s, keys, args, fcall)
-}
-
-// doer is what callOn needs of a rueidis.Client or DedicatedClient.
-type doer interface {
-	B() rueidis.Builder
-	Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult
-}
-
-// callOn runs s once on c (callOne).
-func callOn(ctx context.Context, c doer, s *backend.Script, keys, args []string, fcall bool) (any, error) {
 	how := backend.FirstCall(fcall)
-	r := c.Do(ctx, scriptCmd(c, s, keys, args, how))
+	r := b.c.Do(ctx, scriptCmd(b.c, s, keys, args, how))
 	if how == backend.BySHA && noScript(r.Error()) {
-		r = c.Do(ctx, scriptCmd(c, s, keys, args, backend.BySource))
+		r = b.c.Do(ctx, scriptCmd(b.c, s, keys, args, backend.BySource))
 	}
 	v, _, err := normalize(r)
-	return v, err
-}
-
-// callAlone runs s once for a caller that waits for no other (the
-// coalescer's lone call), on a dedicated connection that rueidis reads and
-// writes on the calling goroutine. On its shared connection rueidis hands
-// every command to the connection's writer goroutine and the reply back
-// from its reader goroutine as soon as a caller's context can be canceled
-// without a deadline (every HTTP request's) or the client-side cache is in
-// use; a lone caller then waits for two more goroutine wake-ups per call.
-// rueidis reads on the caller's goroutine only for a context it cannot
-// cancel, so the call gets one without cancellation, and the caller's
-// cancellation closes the connection, which ends the call as rueidis would
-// (the outcome is unknown).
-func (b *Client) callAlone(ctx context.Context, s *backend.Script, keys, args []string, fcall bool) (any, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	var v any
-	var err error
-	b.c.Dedicated(func(dc rueidis.DedicatedClient) error {
-		stop := context.AfterFunc(ctx, dc.Close)
-		v, err = callOn(context.WithoutCancel(ctx), dc, s, keys, args, fcall)
-		if !stop() && err != nil {
-			err = ctx.Err()
-		}
-		return nil
-	})
 	return v, err
 }
 
