@@ -29,7 +29,9 @@
 //
 // With -callgrind it prints instead the instructions redis-server executes
 // per new key, counted under valgrind's callgrind, for Executor.Do with each
-// client against the floor's two plain SETs (see callgrind.go); counts do
+// client against the floor's two plain SETs, and the same two SETs each
+// sent as a one-call script, the least a Lua transition can cost (see
+// callgrind.go); counts do
 // not depend on the machine's load as times do:
 //
 //	go run ./internal/benchcmd -callgrind [-keys 2000] [-runs 3] [-profiles DIR]
