@@ -144,6 +144,14 @@ type Gate[T any] struct {
 // e's store (or a store it wraps, see storekit.StoreAs) must implement
 // storekit.Relayer (redisstore, memstore, boltstore and pgstore do). New does no
 // I/O; it starts the background relay and janitor.
+//
+// The pgx.Tx handed to a function sends BEGIN with the function's first
+// statement (Exec, Query, QueryRow, SendBatch: one round trip for both), or
+// with the completion and COMMIT when the function runs none; its Begin
+// (a savepoint), CopyFrom, Prepare, LargeObjects and Conn, called first,
+// send BEGIN alone. If the server refuses that first statement before it
+// runs, no transaction began: the function's later statements return the
+// same error and nothing commits.
 func New(e *idem.Executor, pool *pgxpool.Pool, opts ...Option) (*Gate[pgx.Tx], error) {
 	if pool == nil {
 		return nil, fmt.Errorf("%w: nil pool", idem.ErrInvalid)

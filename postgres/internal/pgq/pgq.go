@@ -46,14 +46,6 @@ type DB[T any] interface {
 // Pgx adapts a pgx pool.
 type Pgx struct{ Pool *pgxpool.Pool }
 
-// PgxTx adapts a pgx transaction on a connection of its own, acquired
-// from the pool, which it gives back when the transaction ends (Commit,
-// Rollback or CommitWith).
-type PgxTx struct {
-	Tx pgx.Tx
-	c  *pgxpool.Conn // nil once released
-}
-
 // Committer is a Tx that can run a last statement and COMMIT in one round
 // trip (pgx). SQLTx is not one: database/sql hides the connection.
 type Committer interface {
@@ -128,83 +120,6 @@ func (d Pgx) Query(ctx context.Context, sql string, args []any, each func(Row) e
 	return pgxQuery(ctx, d.Pool, sql, args, each)
 }
 
-// Begin implements DB.
-func (d Pgx) Begin(ctx context.Context) (Tx, pgx.Tx, error) {
-	c, err := d.Pool.Acquire(ctx)
-	if err != nil {
-		return nil, nil, err
-	}
-	tx, err := c.Begin(ctx)
-	if err != nil {
-		c.Release()
-		return nil, nil, err
-	}
-	return &PgxTx{Tx: tx, c: c}, tx, nil
-}
-
-// Exec implements Querier.
-func (t *PgxTx) Exec(ctx context.Context, sql string, args ...any) (int64, error) {
-	return pgxExec(ctx, t.Tx, sql, args)
-}
-
-// QueryRow implements Querier.
-func (t *PgxTx) QueryRow(ctx context.Context, sql string, args ...any) Row {
-	return t.Tx.QueryRow(ctx, sql, args...)
-}
-
-// Query implements Querier.
-func (t *PgxTx) Query(ctx context.Context, sql string, args []any, each func(Row) error) error {
-	return pgxQuery(ctx, t.Tx, sql, args, each)
-}
-
-// Commit implements Tx.
-func (t *PgxTx) Commit(ctx context.Context) error {
-	if t.c == nil { // CommitWith committed: the connection is another's now
-		return pgx.ErrTxClosed
-	}
-	defer t.release()
-	return t.Tx.Commit(ctx)
-}
-
-// Rollback implements Tx.
-func (t *PgxTx) Rollback(ctx context.Context) error {
-	if t.c == nil {
-		return pgx.ErrTxClosed
-	}
-	defer t.release()
-	return t.Tx.Rollback(ctx)
-}
-
-// CommitWith implements Committer.
-func (t *PgxTx) CommitWith(ctx context.Context, stmts ...Statement) error {
-	if t.c == nil {
-		return pgx.ErrTxClosed
-	}
-	switch t.c.Conn().PgConn().TxStatus() {
-	case 'T':
-	case 'E':
-		return aborted{errors.New("the transaction is aborted: one of its statements failed")}
-	default: // idle: the transaction was committed or rolled back
-		return pgx.ErrTxClosed
-	}
-	b := &pgx.Batch{}
-	for _, st := range stmts {
-		b.Queue(st.SQL, st.Args...)
-	}
-	b.Queue("COMMIT")
-	if err := t.c.Conn().SendBatch(ctx, b).Close(); err != nil {
-		if !t.c.Conn().IsClosed() && t.c.Conn().PgConn().TxStatus() == 'E' {
-			return aborted{err} // a statement failed: the COMMIT did not run
-		}
-		return err
-	}
-	if t.c.Conn().PgConn().TxStatus() != 'I' {
-		return errors.New("COMMIT did not end the transaction")
-	}
-	t.release() // committed: the pool takes the connection back
-	return nil
-}
-
 // aborted is the error of a CommitWith whose statements failed before the
 // COMMIT: nothing committed.
 type aborted struct{ error }
@@ -228,15 +143,6 @@ func NoRows(err error) bool {
 func ConflictOn(err error, table string) bool {
 	var pe *pgconn.PgError
 	return errors.As(err, &pe) && pe.Code == UniqueViolation && pe.TableName == table
-}
-
-// release gives the connection back to the pool (which closes it if it is
-// still in a transaction), once.
-func (t *PgxTx) release() {
-	if t.c != nil {
-		t.c.Release()
-		t.c = nil
-	}
 }
 
 // sqlQuerier is what *sql.DB and *sql.Tx share.
