@@ -6,7 +6,14 @@
 // with go-redis, the client most users have, and with rueidis)
 // and through pggate on pgstore ("pgstore gate"). It prints new keys per
 // second at 1 and 64 concurrent callers and replays per second at 64, the
-// medians of -runs runs of -duration each, as a Markdown table.
+// medians of -runs runs of -duration each, as a Markdown table. The
+// anchor's keys come from a counter ("bench/1", "bench/2", …), which its
+// B-tree appends nearly in order; "hand-written keys row, UUID keys" keys
+// the same row by random UUIDs, as clients send Idempotency-Key.
+// "BEGIN alone" runs the gate with a function that asks for the
+// transaction's connection first, so that BEGIN takes a round trip of its
+// own as it did before the gate sent it with the first statement: the
+// change measured side by side.
 //
 // Two more modes split the hybrid gate into its parts: "gate, in-process
 // store" runs the gate on memstore (the gate's Postgres work, the
@@ -27,6 +34,8 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -60,7 +69,7 @@ import (
 func main() {
 	duration := flag.Duration("duration", 2*time.Second, "length of one measurement")
 	runs := flag.Int("runs", 3, "measurements per cell; the median is printed")
-	only := flag.String("modes", "", "comma-separated modes to run (bare,handwritten,memgate,lifecycle,hybrid,hybrid-rueidis,pgstore,pgstore-quiet); all by default (bare and handwritten always run)")
+	only := flag.String("modes", "", "comma-separated modes to run (bare,handwritten,handwritten-uuid,memgate,memgate-begin,lifecycle,hybrid,hybrid-begin,hybrid-rueidis,pgstore,pgstore-quiet); all by default (bare and handwritten always run)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
 	if *cpuprofile != "" {
@@ -116,9 +125,11 @@ func run(duration time.Duration, runs int, only string) error {
 	// request's fingerprint, the stored response and when it was made (for
 	// a janitor that deletes by age without an index, as in Brandur Leach's
 	// design).
-	if _, err := pool.Exec(ctx, `CREATE TABLE bench_idempotency_keys (
+	for _, table := range []string{"bench_idempotency_keys", "bench_idempotency_keys_uuid"} {
+		if _, err := pool.Exec(ctx, `CREATE TABLE `+table+` (
   key text PRIMARY KEY, fingerprint bytea NOT NULL, response bytea NOT NULL, created_at timestamptz NOT NULL DEFAULT now())`); err != nil {
-		return err
+			return err
+		}
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 80})
 	defer rdb.Close()
@@ -138,36 +149,53 @@ func run(duration time.Duration, runs int, only string) error {
 	// hand-written keys row: the effect and the key's row in one
 	// transaction; the key's unique index decides, and a conflict rolls
 	// the effect back and replays the stored response.
-	handwritten := func(ctx context.Context, id int64) (bool, error) {
-		key := "bench/" + strconv.FormatInt(id, 10)
-		tx, err := pool.Begin(ctx)
-		if err != nil {
-			return false, err
+	keyRow := func(table string, key func(id int64) string) op {
+		return func(ctx context.Context, id int64) (bool, error) {
+			key := key(id)
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				return false, err
+			}
+			defer tx.Rollback(ctx)
+			if err := insert(ctx, tx, id); err != nil {
+				return false, err
+			}
+			_, err = tx.Exec(ctx, `INSERT INTO `+table+` (key, fingerprint, response) VALUES ($1, $2, $3)`, key, []byte{}, []byte("ok"))
+			var pe *pgconn.PgError
+			if errors.As(err, &pe) && pe.Code == "23505" {
+				tx.Rollback(ctx)
+				var resp []byte
+				return true, pool.QueryRow(ctx, `SELECT response FROM `+table+` WHERE key = $1`, key).Scan(&resp)
+			}
+			if err != nil {
+				return false, err
+			}
+			return false, tx.Commit(ctx)
 		}
-		defer tx.Rollback(ctx)
-		if err := insert(ctx, tx, id); err != nil {
-			return false, err
-		}
-		_, err = tx.Exec(ctx, `INSERT INTO bench_idempotency_keys (key, fingerprint, response) VALUES ($1, $2, $3)`, key, []byte{}, []byte("ok"))
-		var pe *pgconn.PgError
-		if errors.As(err, &pe) && pe.Code == "23505" {
-			tx.Rollback(ctx)
-			var resp []byte
-			return true, pool.QueryRow(ctx, `SELECT response FROM bench_idempotency_keys WHERE key = $1`, key).Scan(&resp)
-		}
-		if err != nil {
-			return false, err
-		}
-		return false, tx.Commit(ctx)
 	}
-	gated := func(g *pggate.Gate[pgx.Tx]) op {
+	handwritten := keyRow("bench_idempotency_keys", func(id int64) string { return "bench/" + strconv.FormatInt(id, 10) })
+	// The same keyed by what clients send as Idempotency-Key, a random
+	// UUID (here one derived from the id, so that a replay sends the same):
+	// random keys land all over the B-tree, as the gate's digests do, and
+	// are 36 characters long.
+	handwrittenUUID := keyRow("bench_idempotency_keys_uuid", uuidOf)
+	// gatedWith runs the handler through g; alone sends BEGIN in a round trip
+	// of its own, as the gate did before it went with the first
+	// statement: the function asks for the connection first (pgx.Tx.Conn
+	// sends BEGIN alone).
+	gatedWith := func(g *pggate.Gate[pgx.Tx], alone bool) op {
 		return func(ctx context.Context, id int64) (bool, error) {
 			res, err := g.Do(ctx, idem.Key{Scope: "bench", ID: strconv.FormatInt(id, 10)}, "", func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+				if alone {
+					tx.Conn()
+				}
 				return []byte("ok"), insert(ctx, tx, id)
 			})
 			return res.Replayed, err
 		}
 	}
+	gated := func(g *pggate.Gate[pgx.Tx]) op { return gatedWith(g, false) }
+	gatedAlone := func(g *pggate.Gate[pgx.Tx]) op { return gatedWith(g, true) }
 	// gateOn returns a gate on an Executor on st, the caller closes it; err
 	// is the error of st's constructor, so that gateOn(memstore.New()) reads.
 	gateOn := func(st idem.Store, err error) (*pggate.Gate[pgx.Tx], *idem.Executor, error) {
@@ -249,8 +277,10 @@ func run(duration time.Duration, runs int, only string) error {
 		gate *pggate.Gate[pgx.Tx] // nil without the gate
 	}
 	var modes []mode
-	for _, m := range []mode{{"bare", "bare tx", bare, nil}, {"handwritten", "hand-written keys row", handwritten, nil}, {"memgate", "gate, in-process store (its Postgres part)", gated(mg), mg},
+	for _, m := range []mode{{"bare", "bare tx", bare, nil}, {"handwritten", "hand-written keys row", handwritten, nil},
+		{"handwritten-uuid", "hand-written keys row, UUID keys", handwrittenUUID, nil}, {"memgate", "gate, in-process store (its Postgres part)", gated(mg), mg},
 		{"lifecycle", "Redis lifecycle, no Postgres (the gate's Redis part)", lifecycle, nil}, {"hybrid", "hybrid gate (Redis + Postgres)", gated(hg), hg},
+		{"memgate-begin", "gate, in-process store, BEGIN alone", gatedAlone(mg), mg}, {"hybrid-begin", "hybrid gate, BEGIN alone", gatedAlone(hg), hg},
 		{"hybrid-rueidis", "hybrid gate, rueidis client", gated(rg), rg}, {"pgstore", "pgstore gate (Postgres only)", gated(pg), pg},
 		{"pgstore-quiet", "pgstore gate, WithNotify(false)", gated(pgq), pgq}} {
 		if only == "" || m.flag == "bare" || m.flag == "handwritten" || slices.Contains(strings.Split(only, ","), m.flag) {
@@ -478,4 +508,14 @@ func readCPU(redisPID int) cpuTimes {
 		}
 	}
 	return t
+}
+
+// uuidOf is a version 4 UUID, in its text form, derived from id: a random
+// one for every id, the same for the same id.
+func uuidOf(id int64) string {
+	h := sha256.Sum256(strconv.AppendInt(nil, id, 10))
+	h[6] = h[6]&0x0f | 0x40
+	h[8] = h[8]&0x3f | 0x80
+	x := hex.EncodeToString(h[:16])
+	return x[:8] + "-" + x[8:12] + "-" + x[12:16] + "-" + x[16:20] + "-" + x[20:]
 }
