@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -556,3 +557,55 @@ for i = first, first + n - 1 do
 // scriptPartsLoop is the number of steps each EVAL of BenchmarkScriptParts
 // runs.
 const scriptPartsLoop = 1000
+
+// BenchmarkLoneCaller measures Executor.Do on a new key for one caller
+// whose context can be canceled, as an HTTP request's is (BenchmarkLifecycle
+// passes context.Background(), which the clients treat differently): on
+// go-redis with the replay cache (the default) and without it, whose
+// difference is the cost of the cache's tracking connection to a new key
+// (each write under the prefix sends it an invalidation), and on rueidis,
+// whose shared connection hands such a call to its writer and reader
+// goroutines. It reports the median time per new key (p50-µs).
+func BenchmarkLoneCaller(b *testing.B) {
+	srv := redistest.Start(b)
+	gr := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	b.Cleanup(func() { gr.Close() })
+	grs, err := redisstore.New(gr, redisstore.WithPrefix("gr:"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { grs.Close() })
+	grn, err := redisstore.New(gr, redisstore.WithPrefix("gn:"), redisstore.WithReplayCache(false))
+	if err != nil {
+		b.Fatal(err)
+	}
+	rus, err := redisstore.NewRueidis(srv.Rueidis(b), redisstore.WithPrefix("ru:"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, s := range []struct {
+		name  string
+		store storekit.Store
+	}{{"go-redis", grs}, {"go-redis,no-replay-cache", grn}, {"rueidis", rus}} {
+		e, err := idem.New(s.store)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run(s.name, func(b *testing.B) {
+			var took []time.Duration
+			b.ReportAllocs()
+			for b.Loop() {
+				ctx, cancel := context.WithCancel(context.Background())
+				start := time.Now()
+				_, err := e.Do(ctx, newBenchKey(), "fp", benchFn)
+				took = append(took, time.Since(start))
+				cancel()
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+			slices.Sort(took)
+			b.ReportMetric(float64(took[len(took)/2].Nanoseconds())/1e3, "p50-µs")
+		})
+	}
+}
