@@ -154,7 +154,9 @@ type resultKey struct{}
 // result it set.
 type resultSlot struct {
 	msg   Message
-	dup   bool // a duplicate passed to the handler: no result to set
+	i     int     // the message's index in its batch
+	group *gather // WithGatheredHandlers: the batch's handlers
+	dup   bool    // a duplicate passed to the handler: no result to set
 	mu    sync.Mutex
 	value []byte
 }
@@ -245,6 +247,7 @@ type Processor struct {
 	parallel       int
 	maxRetryDelay  time.Duration
 	completeEach   bool
+	gathered       bool
 
 	stats struct {
 		processed, replayed, retried, dead, invalid, panics, redelivered, errors, abandoned atomic.Int64
@@ -321,6 +324,7 @@ type Batch struct {
 	invalid   []bool
 	dups      [][]byte // stored results of duplicates passed to the handler
 	values    []*resultSlot
+	group     *gather // WithGatheredHandlers
 
 	// The completions of WithCompleteEach: handlers that returned append
 	// their index to queued; one of them at a time (flushing) completes
@@ -374,7 +378,7 @@ func (p *Processor) Acquire(ctx context.Context, msgs []Message) *Batch {
 				b.dups[i] = append([]byte{}, r.Attempt.Value()...)
 			}
 		case r.Err == nil:
-			b.values[i] = &resultSlot{msg: msgs[i]}
+			b.values[i] = &resultSlot{msg: msgs[i], i: i}
 			b.held[i], b.ctxs[i] = r.Attempt, context.WithValue(r.Ctx, resultKey{}, b.values[i])
 		default:
 			b.results[i] = p.refused(r.Err)
@@ -416,6 +420,9 @@ func (b *Batch) Held(i int) bool { return b.held[i] != nil }
 // before (Commit).
 func (b *Batch) Handle(h Handler) {
 	n := b.p.parallel
+	if b.p.gathered {
+		n = b.gather() // every handler at once: they wait for each other
+	}
 	if n <= 1 {
 		for i := range b.msgs {
 			b.handle(h, i)
@@ -425,7 +432,7 @@ func (b *Batch) Handle(h Handler) {
 	sem := make(chan struct{}, n)
 	var wg sync.WaitGroup
 	for i := range b.msgs {
-		if b.held[i] == nil && (b.dups == nil || b.dups[i] == nil) {
+		if !b.toRun(i) {
 			continue // nothing to run: skip without taking a slot
 		}
 		sem <- struct{}{}
@@ -436,6 +443,10 @@ func (b *Batch) Handle(h Handler) {
 	}
 	wg.Wait()
 }
+
+// toRun reports whether message i's handler is to run: the batch holds
+// its key, or it is a duplicate passed on.
+func (b *Batch) toRun(i int) bool { return b.held[i] != nil || b.dups != nil && b.dups[i] != nil }
 
 // handle runs h for message i if the batch holds its key (or passes it on
 // as a duplicate) and settles its attempt on failure. Calls for distinct
@@ -456,8 +467,10 @@ func (b *Batch) handle(h Handler, i int) {
 	var err error
 	if cerr := b.ctx.Err(); cerr != nil {
 		err = fmt.Errorf("%w: %w", ErrStopping, cerr)
+		b.group.leave(i)
 	} else if b.ctxs[i].Err() != nil {
 		err = context.Cause(b.ctxs[i]) // the lease was lost before the handler started
+		b.group.leave(i)
 	} else {
 		start := time.Now()
 		var abandoned bool
@@ -530,7 +543,7 @@ func (p *Processor) backoff(m Message, a *idem.Attempt) time.Duration {
 // (WithPassDuplicates), with the stored result in its context.
 func (b *Batch) passDuplicate(h Handler, i int) {
 	p := b.p
-	ctx := context.WithValue(context.WithValue(b.ctx, duplicateKey{}, b.dups[i]), resultKey{}, &resultSlot{msg: b.msgs[i], dup: true})
+	ctx := context.WithValue(context.WithValue(b.ctx, duplicateKey{}, b.dups[i]), resultKey{}, &resultSlot{msg: b.msgs[i], dup: true, i: i, group: b.group})
 	start := time.Now()
 	abandoned, err := b.run(ctx, h, i, p.Key(b.msgs[i].Key).Digest())
 	b.durations[i] = time.Since(start)
@@ -549,7 +562,7 @@ func (b *Batch) passDuplicate(h Handler, i int) {
 func (b *Batch) run(ctx context.Context, h Handler, i int, digest string) (abandoned bool, err error) {
 	stop := b.ctx.Done()
 	if stop == nil {
-		return false, b.p.call(ctx, h, i, digest) // a batch that is never stopped
+		return false, b.call(ctx, h, i, digest) // a batch that is never stopped
 	}
 	done := make(chan error, 1)
 	go func() {
@@ -559,7 +572,7 @@ func (b *Batch) run(ctx context.Context, h Handler, i int, digest string) (aband
 				done <- fmt.Errorf("%w: runtime.Goexit", ErrPanic)
 			}
 		}()
-		err := b.p.call(ctx, h, i, digest)
+		err := b.call(ctx, h, i, digest)
 		returned = true
 		done <- err
 	}()
@@ -589,6 +602,13 @@ func (b *Batch) leaseLost(i int, a *idem.Attempt, endErr, handlerErr error) {
 		return
 	}
 	b.p.onLeaseLost(context.WithoutCancel(b.ctx), idem.LeaseLost{Key: b.p.Key(b.msgs[i].Key), Fence: a.Lease().Fence, Err: handlerErr})
+}
+
+// call runs h for message i with p.call; with WithGatheredHandlers, a
+// handler that returns without Gather leaves its batch's group.
+func (b *Batch) call(ctx context.Context, h Handler, i int, digest string) error {
+	defer b.group.leave(i)
+	return b.p.call(ctx, h, i, digest)
 }
 
 // call runs h for message i, turning a panic into an error.

@@ -62,6 +62,9 @@ type Config struct {
 	// CompleteEach completes each key as soon as its handler returned
 	// (WithCompleteEach).
 	CompleteEach bool
+	// Gathered starts every handler of a batch at once for Gather
+	// (WithGatheredHandlers).
+	Gathered bool
 	// Adapter holds the adapter's own settings (a pointer), for its
 	// options made with AdapterOption; nil for a bare Processor.
 	Adapter any
@@ -148,7 +151,7 @@ func Setup(exec *idem.Executor, defaults Config, adapter any, opts []Option) (*P
 	p := &Processor{
 		exec: exec, scope: c.Scope, maxDeliveries: c.MaxDeliveries, retryDelay: c.RetryDelay,
 		commit: c.Commit, onEvent: c.EventHook, log: c.Logger, onLeaseLost: c.OnLeaseLost, passDuplicates: c.PassDuplicates,
-		parallel: c.ParallelHandlers, maxRetryDelay: c.MaxRetryDelay, completeEach: c.CompleteEach,
+		parallel: c.ParallelHandlers, maxRetryDelay: c.MaxRetryDelay, completeEach: c.CompleteEach, gathered: c.Gathered,
 	}
 	if p.commit == nil {
 		p.commit = func(ctx context.Context, _ []Message, attempts []*idem.Attempt, values [][]byte) []error {
@@ -236,6 +239,14 @@ func WithCommit(f CommitFunc) Option { return func(c *Config) { c.Commit = f } }
 // unless the CommitFunc acknowledges with the completion (Redis Streams).
 // The default is off: one commit call per batch.
 func WithCompleteEach() Option { return func(c *Config) { c.CompleteEach = true } }
+
+// WithGatheredHandlers starts the handlers of every message of a batch
+// that is to run at the same time (WithParallelHandlers does not apply)
+// and lets them serve their messages together with Gather: one call
+// (an HTTP request carrying the batch, a bulk write) for the batch, each
+// handler still returning its own message's error. The Processor decides
+// each message as before. The default is off.
+func WithGatheredHandlers() Option { return func(c *Config) { c.Gathered = true } }
 
 // WithEventHook sets a function called once per message with the
 // Processor's decision, for metrics or tracing. It is called from the

@@ -31,6 +31,7 @@ import (
 // consumeConfig is the configuration of `idem consume`.
 type consumeConfig struct {
 	from, to        string
+	toBatch         string
 	store           storeFlags
 	key             string
 	lease           time.Duration
@@ -136,6 +137,26 @@ changed no row (answering 409). Before each call consume looks the row up:
 a key whose row committed is acked without a call, the row's result stored
 as its result.
 
+With --to-batch URL instead of --to, each batch is one request: a POST
+of a JSON array with one object per message that runs, in the broker's
+order: {"key","fence","replayed","headers","body","encoding"}, where
+headers holds what the message's own request would carry as headers
+(Idempotency-Key, Idempotency-Fence, Idempotency-Digest, Idem-Broker,
+traceparent, …; one value each), body is the message's body as a string
+when encoding is "text", in base64 when it is "base64"; fence is absent
+for a duplicate passed on (replayed true). The handler answers 2xx with a
+JSON array of as many outcomes, in the same order:
+{"status","headers","body","encoding"} (headers, body and encoding
+optional; encoding "text" or "base64"), and each message is decided by its
+outcome as by the answer to a request of its own (above). An answer that
+is not a 2xx is every message's answer; a 2xx that is not valid JSON, or
+has another count of outcomes, a status outside 100..599 or a bad
+encoding, is logged and every message of the batch is retried; a broken
+connection sends the request again with the same fences; --handler-timeout
+bounds the whole request, and a lease lost (or a stop) cancels it for
+every message of it. --parallel does not apply. docs/consume.md has the
+protocol and handler examples.
+
 On SIGTERM or SIGINT, consume stops fetching, lets the handlers in flight
 finish for up to --shutdown-timeout (then cancels them; their messages are
 delivered again), and exits. With --admin-listen it serves /healthz,
@@ -169,6 +190,7 @@ func registerConsumeFlags(fs *cli.Set) *consumeConfig {
 	defs := []cli.Def{
 		{Name: "from", Placeholder: "URL", Value: cli.String(&c.from), Secret: cli.URLSecret, Usage: "the broker and what to read (see above); required"},
 		{Name: "to", Placeholder: "URL", Value: cli.String(&c.handler.URL), Secret: cli.URLSecret, Usage: "the handler each message is POSTed to, e.g. http://127.0.0.1:9000/messages; required"},
+		{Name: "to-batch", Placeholder: "URL", Value: cli.String(&c.toBatch), Secret: cli.URLSecret, Usage: "instead of --to: the handler each batch is POSTed to in one request, a JSON array of its messages, answered by a JSON array of their outcomes (see above)"},
 		{Name: "key", Placeholder: "SOURCE", Value: cli.String(&c.key), Usage: "where the idempotency key is: id, header:NAME, json:POINTER or hash:POINTER,POINTER… (empty: the broker's default; see above)"},
 	}
 	for _, d := range c.store.flags() {
@@ -205,8 +227,17 @@ func registerConsumeFlags(fs *cli.Set) *consumeConfig {
 
 // validate checks the flags without I/O and parses --from.
 func (c *consumeConfig) validate() error {
+	if c.toBatch != "" {
+		if c.handler.URL != "" {
+			return cli.Usagef("consume: give --to or --to-batch, not both")
+		}
+		if c.parallel != 1 {
+			return cli.Usagef("consume: --parallel does not apply to --to-batch: every message of a batch is in its one request")
+		}
+		c.handler.URL, c.handler.Batch = c.toBatch, true
+	}
 	if c.from == "" || c.handler.URL == "" {
-		return cli.Usagef("consume: --from and --to are required (e.g. --from 'redis-stream://127.0.0.1:6379/orders?group=billing' --to http://127.0.0.1:9000/messages)")
+		return cli.Usagef("consume: --from and --to (or --to-batch) are required (e.g. --from 'redis-stream://127.0.0.1:6379/orders?group=billing' --to http://127.0.0.1:9000/messages)")
 	}
 	b, err := brokerurl.Parse("--from", c.from)
 	if err != nil {
@@ -260,6 +291,9 @@ func (c *consumeConfig) options(log *slog.Logger) []consumer.Option {
 	}
 	if c.passDuplicates {
 		opts = append(opts, consumer.WithPassDuplicates())
+	}
+	if c.handler.Batch {
+		opts = append(opts, consumer.WithGatheredHandlers())
 	}
 	if c.deadLetter != "" && c.broker.Kind != "sqs" { // SQS: New's argument
 		opts = append(opts, consumer.WithDeadLetter(c.deadLetter))
@@ -315,7 +349,7 @@ func runConsume(ctx context.Context, e *env, c *consumeConfig) error {
 
 	var draining atomic.Bool
 	var admin *http.Server
-	started := []any{"from", c.broker.Where, "to", redact.URL(c.handler.URL), "store", st.Describe,
+	started := []any{"from", c.broker.Where, "to", redact.URL(c.handler.URL), "batch_requests", c.handler.Batch, "store", st.Describe,
 		"batch", c.batch, "parallel", c.parallel, "concurrency", c.concurrency, "max_deliveries", c.maxDeliveries,
 		"lease", cli.FormatDuration(c.lease), "handler_timeout", cli.FormatDuration(c.handler.Timeout)}
 	if c.adminListen != "" {

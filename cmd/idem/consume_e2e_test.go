@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -137,6 +139,25 @@ func pendingCount(t *testing.T, rdb *redis.Client, stream, group string) int64 {
 // stays pending; SIGTERM ends the command with code 0.
 func TestConsumeRedisStream(t *testing.T) {
 	t.Parallel()
+	testConsumeRedisStream(t, "--to")
+}
+
+// TestConsumeBatch: TestConsumeRedisStream with one request per batch
+// (--to-batch) to a Go batch handler in front of the same test handler:
+// every message decided as in the per-message mode, with the same headers,
+// fences and stored results, the first batch in one request.
+func TestConsumeBatch(t *testing.T) {
+	t.Parallel()
+	b := testConsumeRedisStream(t, "--to-batch")
+	if n := b.sizes(); len(n) == 0 || n[0] != 4 {
+		t.Errorf("batch requests of %v messages, want the first with the 4 entries but k1's repeat", n)
+	}
+}
+
+// testConsumeRedisStream runs TestConsumeRedisStream's scenario with the
+// handler at flag (--to, or --to-batch: then behind a batchHandler, which
+// it returns).
+func testConsumeRedisStream(t *testing.T, flag string) *batchHandler {
 	srv := redistest.Start(t)
 	rdb := srv.GoRedis(t)
 	h := newTestHandler(t, func(key string, n int) int {
@@ -157,7 +178,13 @@ func TestConsumeRedisStream(t *testing.T) {
 	xadd(t, rdb, "orders", "key", "flaky", "payload", `{}`)
 	xadd(t, rdb, "orders", "key", "busy", "payload", `{}`)
 	admin := freeAddr(t)
-	p := startIdem(t, "consume", "--from", "redis-stream://"+srv.Addr()+"/orders?group=billing", "--to", h.srv.URL+"/messages",
+	url := h.srv.URL + "/messages"
+	var b *batchHandler
+	if flag == "--to-batch" {
+		b = newBatchHandler(t, h)
+		url = b.srv.URL
+	}
+	p := startIdem(t, "consume", "--from", "redis-stream://"+srv.Addr()+"/orders?group=billing", flag, url,
 		"--lease", "300ms", "--retry-delay", "10ms", "--batch", "10", "--admin-listen", admin)
 	waitFor(t, "every entry settled", func() bool {
 		dl, _ := rdb.XLen(t.Context(), "orders:dlq").Result()
@@ -207,6 +234,58 @@ func TestConsumeRedisStream(t *testing.T) {
 	if code := p.wait(); code != 0 {
 		t.Errorf("exit code after SIGTERM: %d, want 0", code)
 	}
+	return b
+}
+
+// batchHandler is a batch handler (--to-batch) that answers each message
+// of a request with what h answers to it as a request of its own.
+type batchHandler struct {
+	h   http.Handler
+	mu  sync.Mutex
+	n   []int // the messages of each request
+	srv *httptest.Server
+}
+
+func newBatchHandler(t *testing.T, h http.Handler) *batchHandler {
+	b := &batchHandler{h: h}
+	b.srv = httptest.NewServer(b)
+	t.Cleanup(b.srv.Close)
+	return b
+}
+
+func (b *batchHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var msgs []sidecar.BatchMessage
+	if err := json.NewDecoder(r.Body).Decode(&msgs); err != nil {
+		http.Error(w, err.Error(), 400)
+		return
+	}
+	b.mu.Lock()
+	b.n = append(b.n, len(msgs))
+	b.mu.Unlock()
+	out := make([]sidecar.BatchOutcome, len(msgs))
+	for k, m := range msgs {
+		body := []byte(m.Body)
+		if m.Encoding == "base64" {
+			body, _ = base64.StdEncoding.DecodeString(m.Body)
+		}
+		req := httptest.NewRequestWithContext(r.Context(), http.MethodPost, "/messages", bytes.NewReader(body))
+		for name, v := range m.Headers {
+			req.Header.Set(name, v)
+		}
+		rec := httptest.NewRecorder()
+		b.h.ServeHTTP(rec, req)
+		out[k] = sidecar.BatchOutcome{Status: rec.Code, Headers: map[string]string{}, Body: rec.Body.String()}
+		for name := range rec.Header() {
+			out[k].Headers[name] = rec.Header().Get(name)
+		}
+	}
+	json.NewEncoder(w).Encode(out)
+}
+
+func (b *batchHandler) sizes() []int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]int(nil), b.n...)
 }
 
 // storedResult returns the result stored for key in scope.

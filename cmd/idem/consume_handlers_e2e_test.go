@@ -13,18 +13,21 @@ import (
 )
 
 // TestConsumeHandlers: the Python and the Node handlers of docs/consume.md
-// (testdata/handlers, included there verbatim), behind idem consume on a
-// Redis stream: each key's effect is written once (the duplicate acked
-// without a call), the message without an amount is dead-lettered.
+// (testdata/handlers, included there verbatim), one request per message
+// (--to) and one per batch (--to-batch), behind idem consume on a Redis
+// stream: each key's effect is written once (the duplicate acked without
+// a call), the message without an amount is dead-lettered.
 func TestConsumeHandlers(t *testing.T) {
 	t.Parallel()
 	doc, err := os.ReadFile("../../docs/consume.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, tc := range []struct{ name, interpreter, file string }{
-		{"python", "python3", "handler.py"},
-		{"node", "node", "handler.js"},
+	for _, tc := range []struct{ name, interpreter, file, flag string }{
+		{"python", "python3", "handler.py", "--to"},
+		{"node", "node", "handler.js", "--to"},
+		{"python-batch", "python3", "batch_handler.py", "--to-batch"},
+		{"node-batch", "node", "batch_handler.js", "--to-batch"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			src, err := os.ReadFile(filepath.Join("testdata", "handlers", tc.file))
@@ -60,7 +63,7 @@ func TestConsumeHandlers(t *testing.T) {
 			for _, e := range [][2]string{{"k1", `{"amount":10}`}, {"k1", `{"amount":10}`}, {"bad", `{}`}, {"k2", `{"amount":20}`}} {
 				xadd(t, rdb, "payments", "key", e[0], "payload", e[1])
 			}
-			p := startIdem(t, "consume", "--from", "redis-stream://"+srv.Addr()+"/payments?group=ledger", "--to", "http://"+addr+"/")
+			p := startIdem(t, "consume", "--from", "redis-stream://"+srv.Addr()+"/payments?group=ledger", tc.flag, "http://"+addr+"/")
 			waitFor(t, "every entry settled", func() bool {
 				dl, _ := rdb.XLen(t.Context(), "payments:dlq").Result()
 				return dl == 1 && pendingCount(t, rdb, "payments", "ledger") == 0 && lastDelivered(t, rdb, "payments", "ledger")

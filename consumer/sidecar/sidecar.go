@@ -105,6 +105,12 @@ type Handler struct {
 	// result becomes the key's stored result and the message is acked.
 	// The requests then carry HeaderRetention. The default is none.
 	Gate Gate
+	// Batch, with a Processor that gathers its handlers
+	// (consumer.WithGatheredHandlers), POSTs the messages of a batch to
+	// URL in one request (BatchRequest) and decides each message by its
+	// outcome in the answer (BatchResponse) as a call of its own would be
+	// decided. The default is one request per message.
+	Batch bool
 
 	once   sync.Once
 	client *http.Client
@@ -210,17 +216,38 @@ func (h *Handler) Check() error {
 // answers or Timeout passes.
 func (h *Handler) Call(ctx context.Context, d Delivery) error {
 	h.init()
+	if h.Batch {
+		return h.callBatch(ctx, d)
+	}
 	ctx, cancel := context.WithTimeoutCause(ctx, h.timeout(), h.late)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, h.URL, bytes.NewReader(d.Body))
 	if err != nil {
 		return idem.Terminal(fmt.Errorf("sidecar: %w", err))
 	}
-	for k, vs := range d.Header {
-		req.Header[k] = vs
+	dup, committed, err := h.header(ctx, d, req.Header)
+	if committed || err != nil {
+		return err
 	}
-	if req.Header.Get("Content-Type") == "" {
-		req.Header.Set("Content-Type", "application/octet-stream")
+	resp, err := h.send(ctx, req, func() (bool, error) { return h.gateAgain(ctx, dup) })
+	if resp == nil {
+		return err
+	}
+	defer resp.Body.Close()
+	return h.decide(ctx, resp.StatusCode, resp.Header, resp.Body)
+}
+
+// header fills hdr with the headers of d's request: d's own, the key, the
+// fence (or HeaderReplayed for a duplicate passed on), the digest, the
+// delivery count, the broker's message ID and, with a Gate, the
+// retention. With a Gate, committed reports that the key's completion row
+// committed: its result is stored and the handler is not to be called.
+func (h *Handler) header(ctx context.Context, d Delivery, hdr http.Header) (dup, committed bool, err error) {
+	for k, vs := range d.Header {
+		hdr[k] = vs
+	}
+	if hdr.Get("Content-Type") == "" {
+		hdr.Set("Content-Type", "application/octet-stream")
 	}
 	key := d.Key
 	if m, ok := consumer.MessageFrom(ctx); ok {
@@ -228,39 +255,51 @@ func (h *Handler) Call(ctx context.Context, d Delivery) error {
 			key = m.Key
 		}
 		if m.Deliveries > 0 {
-			req.Header.Set(HeaderDeliveries, strconv.Itoa(m.Deliveries))
+			hdr.Set(HeaderDeliveries, strconv.Itoa(m.Deliveries))
 		}
-		if m.ID != "" && req.Header.Get(HeaderMessageID) == "" {
-			req.Header.Set(HeaderMessageID, m.ID)
+		if m.ID != "" && hdr.Get(HeaderMessageID) == "" {
+			hdr.Set(HeaderMessageID, m.ID)
 		}
 	}
-	req.Header.Set(HeaderKey, key)
-	_, dup := consumer.DuplicateFrom(ctx)
+	hdr.Set(HeaderKey, key)
+	_, dup = consumer.DuplicateFrom(ctx)
 	if dup {
-		req.Header.Set(HeaderReplayed, "true")
+		hdr.Set(HeaderReplayed, "true")
 	} else if fence, ok := idem.FenceFrom(ctx); ok {
-		req.Header.Set(HeaderFence, strconv.FormatInt(fence, 10))
+		hdr.Set(HeaderFence, strconv.FormatInt(fence, 10))
 	}
 	if a, ok := idem.AttemptFrom(ctx); ok && !dup {
-		req.Header.Set(HeaderDigest, a.Key())
+		hdr.Set(HeaderDigest, a.Key())
 		if h.Gate != nil {
 			committed, err := h.gate(ctx, a.Key())
 			if committed || err != nil {
-				return err
+				return dup, committed, err
 			}
-			req.Header.Set(HeaderRetention, strconv.FormatInt(int64(adapterkit.Retention(a.Executor()).Seconds()), 10))
+			hdr.Set(HeaderRetention, strconv.FormatInt(int64(adapterkit.Retention(a.Executor()).Seconds()), 10))
 		}
 	}
-	resp, err := h.send(ctx, req, dup)
-	if resp == nil {
-		return err
+	return dup, false, nil
+}
+
+// gateAgain is the check before a call is sent again (send): with a Gate,
+// whether the key of the call with ctx has committed its completion row
+// since (then its result is stored).
+func (h *Handler) gateAgain(ctx context.Context, dup bool) (committed bool, err error) {
+	if a, ok := idem.AttemptFrom(ctx); ok && h.Gate != nil && !dup {
+		return h.gate(ctx, a.Key())
 	}
-	defer resp.Body.Close()
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		body, _ := io.ReadAll(io.LimitReader(resp.Body, errorBodyLimit))
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20)) // keep the connection
-		herr := &HandlerError{Status: resp.StatusCode, Header: resp.Header, Body: body}
-		if Terminal(resp.StatusCode) {
+	return false, nil
+}
+
+// decide turns the handler's answer for the message of ctx (its status,
+// header and body) into Call's error, storing a 2xx answer as the key's
+// result (consumer.SetResult): the one place both modes decide a message.
+func (h *Handler) decide(ctx context.Context, status int, header http.Header, body io.Reader) error {
+	if status < 200 || status > 299 {
+		b, _ := io.ReadAll(io.LimitReader(body, errorBodyLimit))
+		_, _ = io.Copy(io.Discard, io.LimitReader(body, 1<<20)) // keep the connection
+		herr := &HandlerError{Status: status, Header: header, Body: b}
+		if Terminal(status) {
 			return idem.Terminal(herr)
 		}
 		return herr
@@ -269,28 +308,28 @@ func (h *Handler) Call(ctx context.Context, d Delivery) error {
 	if limit == 0 {
 		limit = DefaultMaxResult
 	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, int64(limit)+1))
+	b, err := io.ReadAll(io.LimitReader(body, int64(limit)+1))
 	if err != nil {
 		// The handler said 2xx but its body broke off: its work is done
 		// (retrying would run it again); store what was read.
-		body = append(body, []byte(fmt.Sprintf("\n[idem: reading the response: %v]", err))...)
+		b = append(b, []byte(fmt.Sprintf("\n[idem: reading the response: %v]", err))...)
 	}
 	// The response is this call's alone: its header's values are kept
 	// as they are, without the hop-by-hop and per-answer ones (no copy).
-	r := Result{Status: resp.StatusCode, Body: body}
-	for k, vs := range resp.Header {
+	r := Result{Status: status, Body: b}
+	for k, vs := range header {
 		switch k {
 		case "Date", "Content-Length", "Connection", "Keep-Alive":
 			continue
 		}
 		if r.Header == nil {
-			r.Header = make(http.Header, len(resp.Header))
+			r.Header = make(http.Header, len(header))
 		}
 		r.Header[k] = vs
 	}
-	if len(body) > limit {
-		r.Body, r.Truncated = body[:limit], true
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+	if len(b) > limit {
+		r.Body, r.Truncated = b[:limit], true
+		_, _ = io.Copy(io.Discard, io.LimitReader(body, 1<<20))
 	}
 	blob, err := json.Marshal(r)
 	if err == nil {
@@ -311,11 +350,11 @@ const (
 // twice as long each time up to 1 s, until the handler answers or ctx ends
 // (the call's timeout, a lost lease): the handler may have applied it
 // before it died, and its fence check (docs/consume.md) recognises its
-// own fence, while a new acquisition's higher fence would pass it. With a
-// Gate, each try again is made only if the key's completion row has not
-// committed; otherwise resp is nil and err what Call returns then (nil:
-// the row's result is stored).
-func (h *Handler) send(ctx context.Context, req *http.Request, dup bool) (resp *http.Response, err error) {
+// own fence, while a new acquisition's higher fence would pass it. Before
+// each try again, again reports whether the call is still to be made (a
+// Gate: the key's completion row has not committed); otherwise resp is nil
+// and err what Call returns then (nil: the row's result is stored).
+func (h *Handler) send(ctx context.Context, req *http.Request, again func() (done bool, err error)) (resp *http.Response, err error) {
 	pause := firstPause
 	for {
 		resp, err = h.client.Do(req)
@@ -333,10 +372,8 @@ func (h *Handler) send(ctx context.Context, req *http.Request, dup bool) (resp *
 		case <-t.C:
 		}
 		pause = min(2*pause, maxPause)
-		if a, ok := idem.AttemptFrom(ctx); ok && h.Gate != nil && !dup {
-			if committed, gerr := h.gate(ctx, a.Key()); committed || gerr != nil {
-				return nil, gerr
-			}
+		if done, gerr := again(); done || gerr != nil {
+			return nil, gerr
 		}
 		body, berr := req.GetBody()
 		if berr != nil {
