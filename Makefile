@@ -210,7 +210,8 @@ bench-streams: check-redis
 	$(GO) test -run '^$$' -bench 'Consumer/.*/batch=100' -benchtime 50000x -count 5 ./consumer/redisstream/ | $(GO) run ./internal/benchratio -metric msgs/s -base plain -also redis-µs/msg,go-µs/msg
 
 ## bench-consume: idem consume (the binary, POSTing each message to an HTTP
-## handler; --parallel 100, or IDEM_BENCH_PARALLEL) against the Go adapter in process with an empty handler, on the
+## handler, "sidecar"; --parallel 100, or IDEM_BENCH_PARALLEL; and each batch
+## in one request, --to-batch, "batch") against the Go adapter in process with an empty handler, on the
 ## same broker and store, batch 100, Redis Streams and RabbitMQ; 3 runs,
 ## prints the medians of msgs/s and their ratios, the CPU time per message
 ## of the sidecar and of the test process (handler, or adapter), and the

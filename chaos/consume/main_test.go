@@ -2,6 +2,7 @@ package consume
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -15,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemgo/idem/chaos/chaostest"
+	sidecarapi "github.com/idemgo/idem/consumer/sidecar"
 	"github.com/idemgo/idem/postgres/pggate"
 )
 
@@ -62,7 +64,8 @@ const (
 // on stdout and waits: before its effect until GET /release (and then
 // writes "stale KEY STATUS"), after its effect committed, forever (the
 // process is killed), or (late) after its effect committed until GET
-// /release, past the sidecar's --handler-timeout.
+// /release, past the sidecar's --handler-timeout. POST /batch serves
+// --to-batch: each message of the request as such a call, in order.
 func runHandler() int {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv(envDB))
@@ -85,24 +88,15 @@ func runHandler() int {
 	mux.HandleFunc("GET /release", func(w http.ResponseWriter, r *http.Request) {
 		releaseOnce.Do(func() { close(release) })
 	})
-	mux.HandleFunc("POST /", func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		key := r.Header.Get("Idempotency-Key")
-		fence, _ := strconv.ParseInt(r.Header.Get("Idempotency-Fence"), 10, 64)
-		retention, _ := strconv.ParseInt(r.Header.Get("Idem-Retention"), 10, 64)
-		digest := r.Header.Get("Idempotency-Digest")
-		// The handler does not watch its client: a call goes on after
-		// the sidecar that made it is gone.
-		ctx := context.WithoutCancel(r.Context())
+	// call handles one message and returns its answer's status.
+	call := func(ctx context.Context, key, digest string, fence, retention int64) int {
 		if _, err := pool.Exec(ctx, `INSERT INTO calls (key, fence) VALUES ($1, $2)`, key, fence); err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
+			return http.StatusInternalServerError
 		}
 		_, again := seen.LoadOrStore(key, true)
 		held := hold[key] && !again
 		if fail[key] && !again {
-			w.WriteHeader(http.StatusServiceUnavailable) // retried: the broker delivers it again
-			return
+			return http.StatusServiceUnavailable // retried: the broker delivers it again
 		}
 		if held && holdAt == "before" {
 			say("held %s %d", key, fence)
@@ -120,7 +114,31 @@ func runHandler() int {
 		if held {
 			say("stale %s %d", key, status)
 		}
-		w.WriteHeader(status)
+		return status
+	}
+	mux.HandleFunc("POST /", func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		fence, _ := strconv.ParseInt(r.Header.Get("Idempotency-Fence"), 10, 64)
+		retention, _ := strconv.ParseInt(r.Header.Get("Idem-Retention"), 10, 64)
+		// The handler does not watch its client: a call goes on after
+		// the sidecar that made it is gone.
+		w.WriteHeader(call(context.WithoutCancel(r.Context()), r.Header.Get("Idempotency-Key"), r.Header.Get("Idempotency-Digest"), fence, retention))
+	})
+	// POST /batch is the same handler for idem consume --to-batch: the
+	// messages of a request one after the other, each as a call of its own.
+	mux.HandleFunc("POST /batch", func(w http.ResponseWriter, r *http.Request) {
+		var msgs []sidecarapi.BatchMessage
+		if err := json.NewDecoder(r.Body).Decode(&msgs); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		ctx := context.WithoutCancel(r.Context())
+		out := make([]sidecarapi.BatchOutcome, len(msgs))
+		for k, m := range msgs {
+			retention, _ := strconv.ParseInt(m.Headers["Idem-Retention"], 10, 64)
+			out[k].Status = call(ctx, m.Key, m.Headers["Idempotency-Digest"], m.Fence, retention)
+		}
+		json.NewEncoder(w).Encode(out)
 	})
 	ln, err := net.Listen("tcp", os.Getenv(envAddr))
 	if err != nil {

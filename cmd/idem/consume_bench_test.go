@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -24,6 +25,7 @@ import (
 	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/consumer/rabbitmq"
 	"github.com/idemgo/idem/consumer/redisstream"
+	"github.com/idemgo/idem/consumer/sidecar"
 	"github.com/idemgo/idem/redisstore"
 	"github.com/idemgo/idem/testkit/redistest"
 )
@@ -69,6 +71,23 @@ func (s *benchSink) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.handled()
 	w.WriteHeader(200)
 	w.Write([]byte(`{"ok":true}`))
+}
+
+// serveBatch is the sink as a batch handler (--to-batch): every message
+// of the request handled, each answered 200 with the same body.
+func (s *benchSink) serveBatch(w http.ResponseWriter, r *http.Request) {
+	var msgs []sidecar.BatchMessage
+	if err := json.NewDecoder(r.Body).Decode(&msgs); err != nil {
+		http.Error(w, err.Error(), 400)
+		return
+	}
+	out := make([]sidecar.BatchOutcome, len(msgs))
+	for k := range msgs {
+		s.handled()
+		out[k] = sidecar.BatchOutcome{Status: 200, Body: `{"ok":true}`}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(out)
 }
 
 // benchBroker is a broker of the benchmark.
@@ -221,19 +240,29 @@ func benchKeys(n int) []string {
 // once (IDEM_BENCH_PARALLEL overrides it).
 var benchParallel = cmp.Or(os.Getenv("IDEM_BENCH_PARALLEL"), "100")
 
-// runSidecar starts idem consume on br to sink and returns its process.
-func runSidecar(b *testing.B, br benchBroker, srv *redistest.Server, sink *benchSink, group string) *proc {
-	h := httptest.NewServer(sink)
+// runSidecar starts idem consume on br to sink and returns its process:
+// one request per message (mode "sidecar") or per batch ("batch",
+// --to-batch).
+func runSidecar(b *testing.B, br benchBroker, srv *redistest.Server, sink *benchSink, group, mode string) *proc {
+	var h *httptest.Server
+	if mode == "batch" {
+		h = httptest.NewServer(http.HandlerFunc(sink.serveBatch))
+	} else {
+		h = httptest.NewServer(sink)
+	}
 	b.Cleanup(h.Close)
 	from := br.from()
 	if strings.HasSuffix(from, "group=") {
 		from += group
 	}
 	args := []string{"consume", "--from", from, "--to", h.URL, "--redis", "redis://" + srv.Addr(), "--batch", "100", "--parallel", benchParallel, "--log-level", "warn"}
+	if mode == "batch" {
+		args = []string{"consume", "--from", from, "--to-batch", h.URL, "--redis", "redis://" + srv.Addr(), "--batch", "100", "--log-level", "warn"}
+	}
 	var env []string
 	if dir := os.Getenv("IDEM_BENCH_CPU_PROFILE"); dir != "" {
 		// A CPU profile of each sidecar run, written when it stops.
-		env = append(env, profileEnv+"="+filepath.Join(dir, "consume-"+br.name+"-"+group+".pprof"))
+		env = append(env, profileEnv+"="+filepath.Join(dir, "consume-"+mode+"-"+br.name+"-"+group+".pprof"))
 	}
 	return startIdemB(b, env, args...)
 }
@@ -245,7 +274,7 @@ func BenchmarkConsume(b *testing.B) {
 	srv := redistest.Start(b)
 	rdb := srv.GoRedis(b)
 	for _, br := range benchBrokers(b, srv, rdb) {
-		for _, mode := range []string{"inprocess", "sidecar"} {
+		for _, mode := range []string{"inprocess", "sidecar", "batch"} {
 			b.Run(mode+"/"+br.name, func(b *testing.B) {
 				br.fresh()
 				n := b.N
@@ -259,7 +288,7 @@ func BenchmarkConsume(b *testing.B) {
 					exec := benchExec(b, rdb)
 					go func() { runErr <- br.inProcess(b, ctx, exec, sink.handled) }()
 				} else {
-					side = runSidecar(b, br, srv, sink, unique("g"))
+					side = runSidecar(b, br, srv, sink, unique("g"), mode)
 				}
 				// Let the consumer start (its group is created from "$" for
 				// the stream), then publish.
@@ -321,7 +350,7 @@ func BenchmarkConsumeLatency(b *testing.B) {
 					exec := benchExec(b, rdb)
 					go func() { runErr <- br.inProcess(b, ctx, exec, sink.handled) }()
 				} else {
-					side = runSidecar(b, br, srv, sink, unique("g"))
+					side = runSidecar(b, br, srv, sink, unique("g"), "sidecar")
 				}
 				// Warm up: the first message waits for the consumer's start.
 				br.publish(b, benchKeys(1))
