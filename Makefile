@@ -147,14 +147,15 @@ tidy:
 ## the race detector. RUN=regexp selects scenarios. Each scenario appends its
 ## counters to CHAOS_REPORT; make chaos-report prints them as a table. One
 ## package at a time (-p 1): the scenarios measure memory, connections and
-## timings that a neighbour scenario's load disturbs.
+## timings that a neighbour scenario's load disturbs. The test binaries are
+## built side by side first (chaos/suite.sh), then run one at a time.
 RUN          ?= .
 CHAOS_REPORT ?= $(CURDIR)/chaos-report.jsonl
 chaos: check-redis check-postgres
 	@$(MAKE) --no-print-directory chaos-suite
 chaos-suite:
 	@rm -f $(CHAOS_REPORT)
-	cd chaos && IDEM_CHAOS_REPORT=$(CHAOS_REPORT) $(GO) test -race -count=1 -p 1 -timeout 20m -run '$(RUN)' ./...
+	GO=$(GO) RUN='$(RUN)' CHAOS_TIMEOUT=20m IDEM_CHAOS_REPORT=$(CHAOS_REPORT) bash chaos/suite.sh
 
 ## chaos-long: the same scenarios at soak size (minutes; not run by CI).
 chaos-long: check-redis check-postgres

@@ -11,9 +11,15 @@ import (
 
 // BuildIdem builds the idem binary (the root module's cmd/idem, without the
 // race detector) into a temporary directory of t and returns its path.
-// The build cache makes every build after the first one quick.
+// The build cache makes every build after the first one quick, but each
+// build still links the binary again; when IDEM_CHAOS_BIN names a binary
+// built from the same tree (make chaos-suite builds it once, beside the
+// test binaries), BuildIdem returns that path instead.
 func BuildIdem(t testing.TB) string {
 	t.Helper()
+	if bin := os.Getenv("IDEM_CHAOS_BIN"); bin != "" {
+		return bin
+	}
 	out, err := exec.Command("go", "env", "GOMOD").Output()
 	if err != nil {
 		t.Fatalf("chaostest: go env GOMOD: %v", err)
