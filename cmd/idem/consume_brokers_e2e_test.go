@@ -40,7 +40,8 @@ func consumeAnswer(key string, n int) int {
 // TestConsumeBrokers: idem consume on Kafka (kfake), RabbitMQ, NATS
 // JetStream (with --key json:/id) and SQS (the fake): each message is
 // handled once per key, the 400 dead-lettered, the 503 retried, the
-// duplicate acked without a call, with the broker's metadata in headers.
+// duplicate acked without a call, with the broker's metadata in headers;
+// again with one request per batch (--to-batch), the same answers.
 func TestConsumeBrokers(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
@@ -173,30 +174,36 @@ func TestConsumeBrokers(t *testing.T) {
 			return from, []string{"--dead-letter", dlq}, []string{"AWS_ACCESS_KEY_ID=AKIDTEST", "AWS_SECRET_ACCESS_KEY=SECRETTEST"}, send, dl
 		}},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			h := newTestHandler(t, consumeAnswer)
-			from, args, env, send, deadLetters := tc.setup(t)
-			for _, m := range consumeMessages {
-				send(m)
-			}
-			p := startIdemEnv(t, env, append([]string{"consume", "--from", from, "--to", h.srv.URL, "--redis", store, "--lease", "2s", "--scope", unique("s-")}, args...)...)
-			waitFor(t, "every message handled", func() bool {
-				return h.count("flaky") == 2 && h.count("bad") == 1 && h.count("k1") == 1 && deadLetters() == 1
+		for _, flag := range []string{"--to", "--to-batch"} {
+			t.Run(tc.name+map[string]string{"--to": "", "--to-batch": "/to-batch"}[flag], func(t *testing.T) {
+				h := newTestHandler(t, consumeAnswer)
+				url := h.srv.URL
+				if flag == "--to-batch" { // the same answers, one request per batch
+					url = newBatchHandler(t, h).srv.URL
+				}
+				from, args, env, send, deadLetters := tc.setup(t)
+				for _, m := range consumeMessages {
+					send(m)
+				}
+				p := startIdemEnv(t, env, append([]string{"consume", "--from", from, flag, url, "--redis", store, "--lease", "2s", "--scope", unique("s-")}, args...)...)
+				waitFor(t, "every message handled", func() bool {
+					return h.count("flaky") == 2 && h.count("bad") == 1 && h.count("k1") == 1 && deadLetters() == 1
+				})
+				p.terminate()
+				if code := p.wait(); code != 0 {
+					t.Errorf("exit code after SIGTERM: %d, want 0", code)
+				}
+				if n := h.count("k1"); n != 1 {
+					t.Errorf("k1: %d calls, want 1", n)
+				}
+				if !strings.Contains(p.stderr.String(), "replayed=1") || !strings.Contains(p.stderr.String(), "dead_lettered=1") {
+					t.Errorf("stop line: want replayed=1 and dead_lettered=1:\n%s", p.stderr.String())
+				}
+				c := h.callsOf("k1")[0]
+				if c.header.Get("Idem-Broker") != tc.broker || c.header.Get("Traceparent") != tp || c.fence == "" || c.body != `{"id":"k1","n":1}` || c.header.Get("Idem-Message-Id") == "" {
+					t.Errorf("k1's call: headers %v body %q, want the broker, the traceparent, a fence, a message ID and the body", c.header, c.body)
+				}
 			})
-			p.terminate()
-			if code := p.wait(); code != 0 {
-				t.Errorf("exit code after SIGTERM: %d, want 0", code)
-			}
-			if n := h.count("k1"); n != 1 {
-				t.Errorf("k1: %d calls, want 1", n)
-			}
-			if !strings.Contains(p.stderr.String(), "replayed=1") || !strings.Contains(p.stderr.String(), "dead_lettered=1") {
-				t.Errorf("stop line: want replayed=1 and dead_lettered=1:\n%s", p.stderr.String())
-			}
-			c := h.callsOf("k1")[0]
-			if c.header.Get("Idem-Broker") != tc.broker || c.header.Get("Traceparent") != tp || c.fence == "" || c.body != `{"id":"k1","n":1}` || c.header.Get("Idem-Message-Id") == "" {
-				t.Errorf("k1's call: headers %v body %q, want the broker, the traceparent, a fence, a message ID and the body", c.header, c.body)
-			}
-		})
+		}
 	}
 }
