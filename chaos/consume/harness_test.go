@@ -30,16 +30,22 @@ var (
 
 // idemBin builds the idem binary (cmd/idem, without the race detector)
 // once for the package's tests, into a directory that outlives each test
-// (chaostest.BuildIdem builds into the test's own).
+// (chaostest.BuildIdem builds into the test's own), or returns the one
+// IDEM_CHAOS_BIN names (make chaos-suite builds it once for every package).
 func idemBin(t *testing.T) string {
 	t.Helper()
+	if bin := os.Getenv("IDEM_CHAOS_BIN"); bin != "" {
+		return bin
+	}
 	binOnce.Do(func() {
 		binDir, binErr = os.MkdirTemp("", "idem-consume-chaos-")
 		if binErr != nil {
 			return
 		}
 		binPath = filepath.Join(binDir, "idem")
-		cmd := exec.Command("go", "build", "-o", binPath, ".")
+		// -trimpath, as chaostest.BuildIdem: a fresh clone reuses the
+		// packages another checkout compiled.
+		cmd := exec.Command("go", "build", "-trimpath", "-o", binPath, ".")
 		cmd.Dir = filepath.Join("..", "..", "cmd", "idem")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			binErr = fmt.Errorf("building the idem binary: %v\n%s", err, out)
