@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -12,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/idemgo/idem/testkit/redistest"
 )
 
 // server is the throwaway redis-server the command measures against.
@@ -83,7 +84,7 @@ func (s *server) launch(ctx context.Context) error {
 	}
 	deadline := time.Now().Add(wait)
 	for {
-		if err := ping(s.addr()); err == nil {
+		if err := redistest.Probe(s.addr(), s.cmd.Process.Pid); err == nil {
 			return nil
 		}
 		select {
@@ -114,26 +115,6 @@ func (s *server) stop() {
 }
 
 func (s *server) remove() { os.RemoveAll(s.dir) }
-
-func ping(addr string) error {
-	c, err := net.DialTimeout("tcp", addr, time.Second)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(time.Second))
-	if _, err := c.Write([]byte("PING\r\n")); err != nil {
-		return err
-	}
-	line, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil {
-		return err
-	}
-	if line != "+PONG\r\n" {
-		return fmt.Errorf("PING answered %q", line)
-	}
-	return nil
-}
 
 func tail(b []byte, n int) string {
 	lines := bytes.Split(bytes.TrimSpace(b), []byte("\n"))

@@ -50,7 +50,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"flag"
 	"fmt"
@@ -78,6 +77,7 @@ import (
 	"github.com/idemgo/idem/internal/storescripts"
 	"github.com/idemgo/idem/redisstore"
 	"github.com/idemgo/idem/testkit/proccpu"
+	"github.com/idemgo/idem/testkit/redistest"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
 	"github.com/valkey-io/valkey-go"
@@ -740,14 +740,10 @@ func startRedis(dir string) (string, int, func()) {
 	addr := "127.0.0.1:" + strconv.Itoa(port)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		c, err := net.Dial("tcp", addr)
-		if err == nil {
-			fmt.Fprint(c, "PING\r\n")
-			line, _ := bufio.NewReader(c).ReadString('\n')
-			c.Close()
-			if strings.HasPrefix(line, "+PONG") {
-				break
-			}
+		// Ours, not a server that took the port meanwhile: the bench
+		// flushes it.
+		if redistest.Probe(addr, cmd.Process.Pid) == nil {
+			break
 		}
 		if time.Now().After(deadline) {
 			cmd.Process.Kill()

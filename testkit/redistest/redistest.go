@@ -401,7 +401,7 @@ func (s *Server) waitReady(p *process, logOffset int64) error {
 			return fmt.Errorf("redis-server exited before it was ready: %v", p.err)
 		case <-timer.C:
 		}
-		probeErr = probe(addr, pid)
+		probeErr = Probe(addr, pid)
 		if probeErr == nil {
 			return nil
 		}
@@ -412,8 +412,11 @@ func (s *Server) waitReady(p *process, logOffset int64) error {
 	}
 }
 
-// probe checks that addr answers PING and that INFO reports pid.
-func probe(addr string, pid int) error {
+// Probe checks that addr answers PING and that INFO reports pid: that the
+// server there is the redis-server process pid, not one that took the port
+// between the choice of a free port and the process's start. The benchmark
+// commands use it too: they flush the server they measure.
+func Probe(addr string, pid int) error {
 	replies, err := roundTrip(addr, time.Second, []string{"PING"}, []string{"INFO", "server"})
 	if err != nil {
 		return err

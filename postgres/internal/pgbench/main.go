@@ -59,6 +59,7 @@ import (
 	"github.com/idemgo/idem/postgres/pgtest"
 	"github.com/idemgo/idem/redisstore"
 	"github.com/idemgo/idem/testkit/proccpu"
+	"github.com/idemgo/idem/testkit/redistest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -436,10 +437,9 @@ func startRedis() (addr string, pid int, stop func(), err error) {
 	}
 	addr = "127.0.0.1:" + strconv.Itoa(port)
 	stop = func() { cmd.Process.Kill(); cmd.Wait() }
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
-	defer rdb.Close()
 	for i := 0; ; i++ {
-		if rdb.Ping(context.Background()).Err() == nil {
+		// Ours, not a server that took the port meanwhile.
+		if redistest.Probe(addr, cmd.Process.Pid) == nil {
 			return addr, cmd.Process.Pid, stop, nil
 		}
 		if i == 100 {
