@@ -138,7 +138,12 @@ func TestLinearizableRedisNetworkFaults(t *testing.T) {
 	// variant has more keys instead, so that the check ends well within its
 	// time limit (a timeout would be an Unknown verdict, a failure). With
 	// 300 or 600 operations per key and about 30 unknown outcomes per key,
-	// it sometimes did not.
+	// it sometimes did not. With 150 per key and a fault window every
+	// 150–300 ms (12–44 unknown outcomes a history), the check took
+	// milliseconds but now and then 3 s, 19 s, 28 s, and once (in a CI
+	// rehearsal) past its minute; inject waits 250–500 ms between windows
+	// since: 3–17 unknown outcomes a history, every history with some,
+	// 40 of 40 checked in at most 15 ms.
 	w.opsPerKey = 150
 	w.keys = chaostest.Size(3, 12)
 	faulty := func(newStore func(t *testing.T, addr string) idem.Store) func(t *testing.T) idem.Store {
@@ -170,7 +175,7 @@ func inject(ctx context.Context, t *testing.T, p *chaostest.NetProxy) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(time.Duration(150+rand.IntN(150)) * time.Millisecond):
+		case <-time.After(time.Duration(250+rand.IntN(250)) * time.Millisecond):
 		}
 		var name string
 		if i%2 == 0 {
