@@ -105,6 +105,9 @@ func (w workload) record(t *testing.T, store idem.Store) *recorder {
 			t.Fatalf("clearing key %d: %v", i, err)
 		}
 	}
+	if f, ok := store.(*faultyStore); ok {
+		f.begin()
+	}
 	perClient := w.keys * w.opsPerKey / w.clients
 	var wg sync.WaitGroup
 	errs := make(chan error, w.clients)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -65,6 +66,9 @@ func verdict(t *testing.T, scenario, test string, want porcupine.CheckResult, w 
 				if n == 0 && want == porcupine.Ok && what != "in_progress" {
 					t.Errorf("the history has no %s: the workload does not exercise the state machine", what)
 				}
+			}
+			if _, ok := store.(*faultyStore); ok && rec.unknown == 0 {
+				t.Errorf("no call of %d had an unknown outcome: the faults were not felt", len(rec.ops))
 			}
 			if res != want {
 				t.Errorf("porcupine: got %v for %d operations (%d with unknown outcome), want %v", res, len(rec.ops), rec.unknown, want)
@@ -141,9 +145,10 @@ func TestLinearizableRedisNetworkFaults(t *testing.T) {
 	// it sometimes did not. With 150 per key and a fault window every
 	// 150–300 ms (12–44 unknown outcomes a history), the check took
 	// milliseconds but now and then 3 s, 19 s, 28 s, and once (in a CI
-	// rehearsal) past its minute; inject waits 250–500 ms between windows
-	// since: 3–17 unknown outcomes a history, every history with some,
-	// 40 of 40 checked in at most 15 ms.
+	// rehearsal) past its minute. The faults now start with the history (a
+	// history with no unknown outcome fails the test): a first window
+	// 100–250 ms in, then one every 400–700 ms; 2–46 unknown outcomes a
+	// history, 80 of 80 checked in at most 13 ms.
 	w.opsPerKey = 150
 	w.keys = chaostest.Size(3, 12)
 	faulty := func(newStore func(t *testing.T, addr string) idem.Store) func(t *testing.T) idem.Store {
@@ -151,14 +156,20 @@ func TestLinearizableRedisNetworkFaults(t *testing.T) {
 			srv := redistest.Start(t)
 			p := chaostest.StartNetProxy(t, srv.Addr())
 			p.AddToxic(t, "latency", "downstream", map[string]any{"latency": 5, "jitter": 3})
+			f := &faultyStore{Store: newStore(t, p.Addr()), start: make(chan struct{})}
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan struct{})
 			go func() {
 				defer close(done)
+				select {
+				case <-ctx.Done():
+					return
+				case <-f.start:
+				}
 				inject(ctx, t, p)
 			}()
 			t.Cleanup(func() { cancel(); <-done })
-			return newStore(t, p.Addr())
+			return f
 		}
 	}
 	verdict(t, "linearizability (redis + network faults)", "TestLinearizableRedisNetworkFaults", porcupine.Ok, w,
@@ -168,14 +179,31 @@ func TestLinearizableRedisNetworkFaults(t *testing.T) {
 		})
 }
 
+// faultyStore is a store reached through injected faults: the faults start
+// when the history does (begin, after the keys are cleared), and the history
+// must have calls with an unknown outcome, or the faults were not felt and
+// the check proved nothing about them.
+type faultyStore struct {
+	idem.Store
+	start chan struct{}
+	once  sync.Once
+}
+
+func (f *faultyStore) begin() { f.once.Do(func() { close(f.start) }) }
+
 // inject alternates, until ctx is done, windows of swallowed replies and of
-// connection resets with quiet periods.
+// connection resets with quiet periods. The first window opens 100-250 ms
+// into the history, so that every history has one.
 func inject(ctx context.Context, t *testing.T, p *chaostest.NetProxy) {
 	for i := 0; ; i++ {
+		quiet := time.Duration(400+rand.IntN(300)) * time.Millisecond
+		if i == 0 {
+			quiet = time.Duration(100+rand.IntN(150)) * time.Millisecond
+		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(time.Duration(250+rand.IntN(250)) * time.Millisecond):
+		case <-time.After(quiet):
 		}
 		var name string
 		if i%2 == 0 {
