@@ -8,8 +8,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/textproto"
+	"sort"
 	"strconv"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/idemgo/idem/consumer"
 )
@@ -46,10 +49,149 @@ type BatchOutcome struct {
 	Encoding string `json:"encoding,omitempty"`
 }
 
-// batchItem is what each message's call contributes to its batch.
+// batchItem is what each message's call contributes to its batch: its
+// BatchMessage, encoded by appendJSON.
 type batchItem struct {
-	msg BatchMessage
-	dup bool
+	key      string
+	fence    int64
+	dup      bool
+	header   batchHeader
+	body     []byte
+	encoding string // "text" or "base64"
+}
+
+// batchHeader is a batch message's headers (BatchMessage.Headers): one
+// value per name, as name, value, name, value… in the order set.
+type batchHeader struct{ kv []string }
+
+func (b *batchHeader) from(src http.Header) {
+	for k, vs := range src {
+		if len(vs) > 0 {
+			b.kv = append(b.kv, k, vs[0])
+		}
+	}
+}
+
+func (b *batchHeader) get(key string) string {
+	for i := 0; i < len(b.kv); i += 2 {
+		if b.kv[i] == key {
+			return b.kv[i+1]
+		}
+	}
+	return ""
+}
+
+func (b *batchHeader) set(key, value string) {
+	key = textproto.CanonicalMIMEHeaderKey(key) // as http.Header.Set
+	for i := 0; i < len(b.kv); i += 2 {
+		if b.kv[i] == key {
+			b.kv[i+1] = value
+			return
+		}
+	}
+	b.kv = append(b.kv, key, value)
+}
+
+// Len, Less and Swap sort the headers by name (sort.Interface), as
+// encoding/json orders a map's keys.
+func (b *batchHeader) Len() int           { return len(b.kv) / 2 }
+func (b *batchHeader) Less(i, j int) bool { return b.kv[2*i] < b.kv[2*j] }
+func (b *batchHeader) Swap(i, j int) {
+	b.kv[2*i], b.kv[2*j] = b.kv[2*j], b.kv[2*i]
+	b.kv[2*i+1], b.kv[2*j+1] = b.kv[2*j+1], b.kv[2*i+1]
+}
+
+// appendJSON appends the item as the JSON object of its BatchMessage,
+// byte for byte what encoding/json.Marshal writes for it
+// (TestBatchMessageJSON), without building the BatchMessage's map.
+func (it *batchItem) appendJSON(dst []byte) []byte {
+	dst = append(dst, `{"key":`...)
+	dst = appendJSONString(dst, it.key)
+	if it.fence != 0 {
+		dst = append(dst, `,"fence":`...)
+		dst = strconv.AppendInt(dst, it.fence, 10)
+	}
+	if it.dup {
+		dst = append(dst, `,"replayed":true`...)
+	}
+	dst = append(dst, `,"headers":{`...)
+	sort.Sort(&it.header)
+	for i := 0; i < len(it.header.kv); i += 2 {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = appendJSONString(dst, it.header.kv[i])
+		dst = append(dst, ':')
+		dst = appendJSONString(dst, it.header.kv[i+1])
+	}
+	dst = append(dst, `},"body":`...)
+	if it.encoding == "base64" {
+		dst = append(dst, '"')
+		dst = base64.StdEncoding.AppendEncode(dst, it.body)
+		dst = append(dst, '"')
+	} else {
+		dst = appendJSONString(dst, unsafeString(it.body))
+	}
+	dst = append(dst, `,"encoding":`...)
+	dst = appendJSONString(dst, it.encoding)
+	return append(dst, '}')
+}
+
+// unsafeString is b as a string without a copy, for appendJSONString,
+// which only reads it.
+func unsafeString(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
+
+// appendJSONString appends s as a JSON string the way encoding/json
+// writes one: <, > and & escaped as \u003c, \u003e, \u0026, invalid UTF-8
+// as \ufffd, U+2028 and U+2029 escaped.
+func appendJSONString(dst []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	dst = append(dst, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		if c := s[i]; c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' {
+				i++
+				continue
+			}
+			dst = append(dst, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				dst = append(dst, '\\', c)
+			case '\b':
+				dst = append(dst, '\\', 'b')
+			case '\f':
+				dst = append(dst, '\\', 'f')
+			case '\n':
+				dst = append(dst, '\\', 'n')
+			case '\r':
+				dst = append(dst, '\\', 'r')
+			case '\t':
+				dst = append(dst, '\\', 't')
+			default:
+				dst = append(dst, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			dst = append(dst, s[start:i]...)
+			dst = append(dst, `\ufffd`...)
+		case r == '\u2028' || r == '\u2029':
+			dst = append(dst, s[start:i]...)
+			dst = append(dst, '\\', 'u', '2', '0', '2', hex[r&0xf])
+		default:
+			i += size
+			continue
+		}
+		i += size
+		start = i
+	}
+	dst = append(dst, s[start:]...)
+	return append(dst, '"')
 }
 
 // batchAnswer is what the one request of a batch brought back to each
@@ -65,24 +207,20 @@ type batchAnswer struct {
 // (consumer.Gather) and is decided by its own outcome with decide, as a
 // call of its own.
 func (h *Handler) callBatch(ctx context.Context, d Delivery) error {
-	hdr := make(http.Header, len(d.Header)+8)
-	dup, committed, err := h.header(ctx, d, hdr)
+	it := &batchItem{body: d.Body, encoding: "text"}
+	it.header.kv = make([]string, 0, 2*(len(d.Header)+8))
+	dup, committed, err := h.header(ctx, d, &it.header)
 	if committed || err != nil {
 		return err
 	}
-	m := BatchMessage{Key: hdr.Get(HeaderKey), Replayed: dup, Headers: make(map[string]string, len(hdr)), Encoding: "text", Body: string(d.Body)}
-	for k, vs := range hdr {
-		if len(vs) > 0 {
-			m.Headers[k] = vs[0]
-		}
-	}
-	if f := hdr.Get(HeaderFence); f != "" {
-		m.Fence, _ = strconv.ParseInt(f, 10, 64)
+	it.key, it.dup = it.header.get(HeaderKey), dup
+	if f := it.header.get(HeaderFence); f != "" {
+		it.fence, _ = strconv.ParseInt(f, 10, 64)
 	}
 	if !utf8.Valid(d.Body) {
-		m.Encoding, m.Body = "base64", base64.StdEncoding.EncodeToString(d.Body)
+		it.encoding = "base64"
 	}
-	v, me, err := consumer.Gather(ctx, batchItem{msg: m, dup: dup}, func(ctxs []context.Context, items []any) any {
+	v, me, err := consumer.Gather(ctx, it, func(ctxs []context.Context, items []any) any {
 		return h.sendBatch(ctxs, items)
 	})
 	if err != nil {
@@ -109,15 +247,20 @@ func (h *Handler) callBatch(ctx context.Context, d Delivery) error {
 func (h *Handler) sendBatch(ctxs []context.Context, items []any) *batchAnswer {
 	n := len(ctxs)
 	a := &batchAnswer{gated: make([]bool, n)}
-	msgs := make([]BatchMessage, n)
+	size := 2
+	for _, it := range items {
+		it := it.(*batchItem)
+		size += 128 + 2*len(it.body) + 64*len(it.header.kv)
+	}
+	payload := make([]byte, 0, size)
+	payload = append(payload, '[')
 	for k, it := range items {
-		msgs[k] = it.(batchItem).msg
+		if k > 0 {
+			payload = append(payload, ',')
+		}
+		payload = it.(*batchItem).appendJSON(payload)
 	}
-	payload, err := json.Marshal(msgs)
-	if err != nil {
-		a.err = fmt.Errorf("sidecar: encoding the batch: %w", err)
-		return a
-	}
+	payload = append(payload, ']')
 	ctx, cancel := context.WithCancelCause(context.WithoutCancel(ctxs[0]))
 	defer cancel(nil)
 	for _, c := range ctxs {
@@ -136,7 +279,7 @@ func (h *Handler) sendBatch(ctxs []context.Context, items []any) *batchAnswer {
 		all := true
 		for k, c := range ctxs {
 			if !a.gated[k] {
-				committed, err := h.gateAgain(c, items[k].(batchItem).dup)
+				committed, err := h.gateAgain(c, items[k].(*batchItem).dup)
 				if err != nil {
 					return true, err
 				}

@@ -2,11 +2,17 @@ package sidecar_test
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
+	"strings"
 	"testing"
 
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/consumer/sidecar"
+	"github.com/idemgo/idem/memstore"
 )
 
 // BenchmarkCall: the sidecar's cost of one 2xx call (request building,
@@ -28,4 +34,53 @@ func BenchmarkCall(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkBatch: the sidecar's cost of one batch of 100 messages in
+// --to-batch mode (the Processor with gathered handlers and completion as
+// each returns, as idem consume runs it, on memstore), per message:
+// acquiring, the gathered handlers, the request's JSON, the round trip,
+// reading the outcomes, storing each result and completing the keys.
+func BenchmarkBatch(b *testing.B) {
+	answer := []byte("[" + strings.Repeat(`{"status":200,"body":"{\"ok\":true}"},`, 99) + `{"status":200,"body":"{\"ok\":true}"}]`)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(answer)
+	}))
+	defer srv.Close()
+	s, err := memstore.New()
+	if err != nil {
+		b.Fatal(err)
+	}
+	exec, err := idem.New(s)
+	if err != nil {
+		b.Fatal(err)
+	}
+	p, err := consumer.New(exec, consumer.WithGatheredHandlers(), consumer.WithCompleteEach())
+	if err != nil {
+		b.Fatal(err)
+	}
+	h := &sidecar.Handler{URL: srv.URL, Batch: true}
+	hdr := http.Header{sidecar.HeaderBroker: {"redis-stream"}, sidecar.HeaderTopic: {"t"}, "Content-Type": {"application/json"}}
+	body := []byte(`{"amount":1}`)
+	// A context that can be done, as an adapter's: each handler runs on a
+	// goroutine of its own.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	msgs := make([]consumer.Message, 100)
+	b.ReportAllocs()
+	for n := 0; b.Loop(); n++ {
+		for i := range msgs {
+			msgs[i] = consumer.Message{Key: strconv.Itoa(n) + "-" + strconv.Itoa(i), Deliveries: 1, ID: strconv.Itoa(i)}
+		}
+		for i, r := range p.Process(ctx, msgs, func(ctx context.Context, i int) error {
+			return h.Call(ctx, sidecar.Delivery{Body: body, Header: hdr})
+		}) {
+			if r.Action != consumer.Ack {
+				b.Fatalf("message %d: %v %v", i, r.Action, r.Err)
+			}
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(msgs)), "ns/msg")
 }

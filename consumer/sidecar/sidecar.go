@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -225,7 +226,7 @@ func (h *Handler) Call(ctx context.Context, d Delivery) error {
 	if err != nil {
 		return idem.Terminal(fmt.Errorf("sidecar: %w", err))
 	}
-	dup, committed, err := h.header(ctx, d, req.Header)
+	dup, committed, err := h.header(ctx, d, requestHeader(req.Header))
 	if committed || err != nil {
 		return err
 	}
@@ -237,17 +238,34 @@ func (h *Handler) Call(ctx context.Context, d Delivery) error {
 	return h.decide(ctx, resp.StatusCode, resp.Header, resp.Body)
 }
 
-// header fills hdr with the headers of d's request: d's own, the key, the
+// headerWriter is what header writes a message's headers into: the
+// http.Header of a request of its own (requestHeader), or a batch
+// message's headers (batchHeader, one value each).
+type headerWriter interface {
+	// from copies d's own headers (Delivery.Header).
+	from(src http.Header)
+	get(key string) string
+	set(key, value string)
+}
+
+// requestHeader is the http.Header of a message's request of its own.
+type requestHeader http.Header
+
+func (h requestHeader) from(src http.Header) { maps.Copy(h, src) }
+func (h requestHeader) get(key string) string {
+	return http.Header(h).Get(key)
+}
+func (h requestHeader) set(key, value string) { http.Header(h).Set(key, value) }
+
+// header writes into hdr the headers of d's request: d's own, the key, the
 // fence (or HeaderReplayed for a duplicate passed on), the digest, the
 // delivery count, the broker's message ID and, with a Gate, the
 // retention. With a Gate, committed reports that the key's completion row
 // committed: its result is stored and the handler is not to be called.
-func (h *Handler) header(ctx context.Context, d Delivery, hdr http.Header) (dup, committed bool, err error) {
-	for k, vs := range d.Header {
-		hdr[k] = vs
-	}
-	if hdr.Get("Content-Type") == "" {
-		hdr.Set("Content-Type", "application/octet-stream")
+func (h *Handler) header(ctx context.Context, d Delivery, hdr headerWriter) (dup, committed bool, err error) {
+	hdr.from(d.Header)
+	if hdr.get("Content-Type") == "" {
+		hdr.set("Content-Type", "application/octet-stream")
 	}
 	key := d.Key
 	if m, ok := consumer.MessageFrom(ctx); ok {
@@ -255,27 +273,27 @@ func (h *Handler) header(ctx context.Context, d Delivery, hdr http.Header) (dup,
 			key = m.Key
 		}
 		if m.Deliveries > 0 {
-			hdr.Set(HeaderDeliveries, strconv.Itoa(m.Deliveries))
+			hdr.set(HeaderDeliveries, strconv.Itoa(m.Deliveries))
 		}
-		if m.ID != "" && hdr.Get(HeaderMessageID) == "" {
-			hdr.Set(HeaderMessageID, m.ID)
+		if m.ID != "" && hdr.get(HeaderMessageID) == "" {
+			hdr.set(HeaderMessageID, m.ID)
 		}
 	}
-	hdr.Set(HeaderKey, key)
+	hdr.set(HeaderKey, key)
 	_, dup = consumer.DuplicateFrom(ctx)
 	if dup {
-		hdr.Set(HeaderReplayed, "true")
+		hdr.set(HeaderReplayed, "true")
 	} else if fence, ok := idem.FenceFrom(ctx); ok {
-		hdr.Set(HeaderFence, strconv.FormatInt(fence, 10))
+		hdr.set(HeaderFence, strconv.FormatInt(fence, 10))
 	}
 	if a, ok := idem.AttemptFrom(ctx); ok && !dup {
-		hdr.Set(HeaderDigest, a.Key())
+		hdr.set(HeaderDigest, a.Key())
 		if h.Gate != nil {
 			committed, err := h.gate(ctx, a.Key())
 			if committed || err != nil {
 				return dup, committed, err
 			}
-			hdr.Set(HeaderRetention, strconv.FormatInt(int64(adapterkit.Retention(a.Executor()).Seconds()), 10))
+			hdr.set(HeaderRetention, strconv.FormatInt(int64(adapterkit.Retention(a.Executor()).Seconds()), 10))
 		}
 	}
 	return dup, false, nil
