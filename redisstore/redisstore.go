@@ -299,6 +299,19 @@ func (s *Store) Key(key string) string { return s.prefix + "{" + key + "}" }
 
 func (s *Store) channel(key string) string { return s.prefix + "{" + key + "}:w" }
 
+// recordArgs returns the record key of key (Key), its notification
+// channel and fence in decimal, made in one allocation: the calls that end
+// an attempt send all three, and at 64 callers of the hybrid commit gate
+// each allocation of a key's calls counts.
+func (s *Store) recordArgs(key string, fence int64) (rkey, channel, fenceArg string) {
+	b := make([]byte, 0, len(s.prefix)+len(key)+4+20)
+	b = append(append(append(append(b, s.prefix...), '{'), key...), "}:w"...)
+	n := len(b)
+	b = strconv.AppendInt(b, fence, 10)
+	all := unsafe.String(unsafe.SliceData(b), len(b))
+	return all[:n-2], all[:n], all[n:]
+}
+
 // ms formats d in milliseconds. The Executor passes the same few durations
 // on every call, so the last ones formatted are kept, in a slot chosen by
 // a multiplicative hash: round durations are multiples of 16 ms more often
@@ -407,8 +420,9 @@ func (s *Store) Complete(ctx context.Context, key string, lease storekit.Lease, 
 	if err := storekit.ValidateDuration("retention", retention); err != nil {
 		return err
 	}
-	reply, err := s.run(ctx, completeScript, key, []string{
-		lease.Owner, strconv.FormatInt(lease.Fence, 10), bytesArg(result), ms(retention), s.pub, s.channel(key),
+	rkey, ch, fence := s.recordArgs(key, lease.Fence)
+	reply, err := s.runKeys(ctx, completeScript, []string{rkey}, []string{
+		lease.Owner, fence, bytesArg(result), ms(retention), s.pub, ch,
 	}, true)
 	if reply == nil {
 		return err
@@ -428,8 +442,9 @@ func (s *Store) RelayCompletion(ctx context.Context, key string, c storekit.Comp
 	if err := c.Validate(); err != nil {
 		return err
 	}
-	reply, err := s.run(ctx, relayScript, key, []string{
-		c.Fingerprint, strconv.FormatInt(c.Fence, 10), bytesArg(c.Result), ms(c.Retention), s.pub, s.channel(key),
+	rkey, ch, fence := s.recordArgs(key, c.Fence)
+	reply, err := s.runKeys(ctx, relayScript, []string{rkey}, []string{
+		c.Fingerprint, fence, bytesArg(c.Result), ms(c.Retention), s.pub, ch,
 	}, true)
 	if reply == nil {
 		return err
@@ -452,9 +467,10 @@ func (s *Store) Fail(ctx context.Context, key string, lease storekit.Lease, f st
 	if f.Terminal {
 		terminal = "1"
 	}
-	reply, err := s.run(ctx, failScript, key, []string{
-		lease.Owner, strconv.FormatInt(lease.Fence, 10), bytesArg(f.Result), ms(f.Retention), terminal,
-		strconv.Itoa(f.MaxAttempts), s.pub, s.channel(key),
+	rkey, ch, fence := s.recordArgs(key, lease.Fence)
+	reply, err := s.runKeys(ctx, failScript, []string{rkey}, []string{
+		lease.Owner, fence, bytesArg(f.Result), ms(f.Retention), terminal,
+		strconv.Itoa(f.MaxAttempts), s.pub, ch,
 	}, false)
 	if err != nil {
 		return 0, err
@@ -485,8 +501,9 @@ func (s *Store) Release(ctx context.Context, key string, lease storekit.Lease, r
 	if err := storekit.ValidateDuration("retention", retention); err != nil {
 		return err
 	}
-	reply, err := s.run(ctx, releaseScript, key, []string{
-		lease.Owner, strconv.FormatInt(lease.Fence, 10), ms(retention), s.pub, s.channel(key),
+	rkey, ch, fence := s.recordArgs(key, lease.Fence)
+	reply, err := s.runKeys(ctx, releaseScript, []string{rkey}, []string{
+		lease.Owner, fence, ms(retention), s.pub, ch,
 	}, false)
 	if err != nil {
 		return err
