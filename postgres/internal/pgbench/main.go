@@ -10,7 +10,9 @@
 // anchor's keys come from a counter ("bench/1", "bench/2", …), which its
 // B-tree appends nearly in order; "hand-written keys row, UUID keys" keys
 // the same row by random UUIDs, as clients send Idempotency-Key.
-// "BEGIN alone" runs the gate with a function that asks for the
+// "WithReplayCache(false)" runs the hybrid gate on go-redis without the
+// replay cache, whose tracking connection reads an invalidation for every
+// record written. "BEGIN alone" runs the gate with a function that asks for the
 // transaction's connection first, so that BEGIN takes a round trip of its
 // own as it did before the gate sent it with the first statement: the
 // change measured side by side.
@@ -70,7 +72,7 @@ import (
 func main() {
 	duration := flag.Duration("duration", 2*time.Second, "length of one measurement")
 	runs := flag.Int("runs", 3, "measurements per cell; the median is printed")
-	only := flag.String("modes", "", "comma-separated modes to run (bare,handwritten,handwritten-uuid,memgate,memgate-begin,lifecycle,hybrid,hybrid-begin,hybrid-rueidis,pgstore,pgstore-quiet); all by default (bare and handwritten always run)")
+	only := flag.String("modes", "", "comma-separated modes to run (bare,handwritten,handwritten-uuid,memgate,memgate-begin,lifecycle,hybrid,hybrid-begin,hybrid-rueidis,hybrid-no-replay-cache,pgstore,pgstore-quiet); all by default (bare and handwritten always run)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
 	if *cpuprofile != "" {
@@ -225,6 +227,19 @@ func run(duration time.Duration, runs int, only string) error {
 	if err := hg.Migrate(ctx); err != nil {
 		return err
 	}
+	// The same without the replay cache, whose tracking connection gets
+	// an invalidation for every record written (measured apart: its cost
+	// falls on new keys, its gain on replays).
+	rsNC, err := redisstore.New(rdb, redisstore.WithReplayCache(false))
+	if err != nil {
+		return err
+	}
+	defer rsNC.Close()
+	ncg, _, err := gateOn(rsNC, nil)
+	if err != nil {
+		return err
+	}
+	defer ncg.Close()
 	rc, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, DisableCache: true})
 	if err != nil {
 		return err
@@ -282,7 +297,8 @@ func run(duration time.Duration, runs int, only string) error {
 		{"handwritten-uuid", "hand-written keys row, UUID keys", handwrittenUUID, nil}, {"memgate", "gate, in-process store (its Postgres part)", gated(mg), mg},
 		{"lifecycle", "Redis lifecycle, no Postgres (the gate's Redis part)", lifecycle, nil}, {"hybrid", "hybrid gate (Redis + Postgres)", gated(hg), hg},
 		{"memgate-begin", "gate, in-process store, BEGIN alone", gatedAlone(mg), mg}, {"hybrid-begin", "hybrid gate, BEGIN alone", gatedAlone(hg), hg},
-		{"hybrid-rueidis", "hybrid gate, rueidis client", gated(rg), rg}, {"pgstore", "pgstore gate (Postgres only)", gated(pg), pg},
+		{"hybrid-rueidis", "hybrid gate, rueidis client", gated(rg), rg},
+		{"hybrid-no-replay-cache", "hybrid gate, WithReplayCache(false)", gated(ncg), ncg}, {"pgstore", "pgstore gate (Postgres only)", gated(pg), pg},
 		{"pgstore-quiet", "pgstore gate, WithNotify(false)", gated(pgq), pgq}} {
 		if only == "" || m.flag == "bare" || m.flag == "handwritten" || slices.Contains(strings.Split(only, ","), m.flag) {
 			modes = append(modes, m)
