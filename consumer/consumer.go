@@ -454,7 +454,6 @@ func (b *Batch) toRun(i int) bool { return b.held[i] != nil || b.dups != nil && 
 func (b *Batch) handle(h Handler, i int) {
 	p := b.p
 	m := b.msgs[i]
-	sctx := context.WithoutCancel(b.ctx)
 	if b.dups != nil && b.dups[i] != nil {
 		b.passDuplicate(h, i)
 		return
@@ -463,6 +462,9 @@ func (b *Batch) handle(h Handler, i int) {
 	if a == nil {
 		return
 	}
+	// sctx is for the store calls that settle a failed message: made on
+	// that path only, not per message.
+	sctx := func() context.Context { return context.WithoutCancel(b.ctx) }
 	ran := false
 	var err error
 	if cerr := b.ctx.Err(); cerr != nil {
@@ -481,7 +483,7 @@ func (b *Batch) handle(h Handler, i int) {
 			// the key (another owner would run it at once, beside
 			// this one) nor store anything. Its lease ends, and the
 			// next owner takes the key over with a higher fence.
-			_ = a.Abandon(sctx, observe.Abandoned)
+			_ = a.Abandon(sctx(), observe.Abandoned)
 			b.held[i] = nil
 			b.results[i] = Result{Action: Retry, Delay: max(time.Until(a.LeaseDeadline()), time.Millisecond), Err: ErrAbandoned}
 			return
@@ -498,7 +500,7 @@ func (b *Batch) handle(h Handler, i int) {
 	b.held[i] = nil
 	if !errors.Is(err, ErrStopping) && (idem.IsTerminal(err) || p.lastTry(m, a)) {
 		a.SetLastTry() // FAILED whatever the Executor's failure policy
-		ferr := a.Fail(sctx, err)
+		ferr := a.Fail(sctx(), err)
 		if ran {
 			b.leaseLost(i, a, ferr, err)
 		}
@@ -509,7 +511,7 @@ func (b *Batch) handle(h Handler, i int) {
 		}
 		return
 	}
-	rerr := a.Release(sctx)
+	rerr := a.Release(sctx())
 	if ran {
 		b.leaseLost(i, a, rerr, err)
 	}

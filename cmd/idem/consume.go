@@ -285,15 +285,20 @@ func (c *consumeConfig) options(log *slog.Logger) []consumer.Option {
 		consumer.WithMaxDeliveries(c.maxDeliveries), consumer.WithRetryDelay(c.retryDelay), consumer.WithRetryBackoff(c.retryMaxDelay),
 		consumer.WithBatchSize(c.batch), consumer.WithParallelHandlers(c.parallel), consumer.WithShutdownTimeout(c.shutdownTimeout),
 		consumer.WithLogger(log), consumer.WithOnLeaseLost(c.handler.OnLeaseLost),
-		// A sidecar killed mid-batch leaves only its calls in flight to be
-		// made again (docs/consume.md, the fence check).
-		consumer.WithCompleteEach(),
 	}
 	if c.passDuplicates {
 		opts = append(opts, consumer.WithPassDuplicates())
 	}
 	if c.handler.Batch {
+		// The batch's calls are its one request: they all answer at
+		// once, and one commit call completes them (completing each as it
+		// returns made one call for nearly every message, as each
+		// handler found none under way).
 		opts = append(opts, consumer.WithGatheredHandlers())
+	} else {
+		// A sidecar killed mid-batch leaves only its calls in flight to be
+		// made again (docs/consume.md, the fence check).
+		opts = append(opts, consumer.WithCompleteEach())
 	}
 	if c.deadLetter != "" && c.broker.Kind != "sqs" { // SQS: New's argument
 		opts = append(opts, consumer.WithDeadLetter(c.deadLetter))

@@ -37,10 +37,10 @@ func BenchmarkCall(b *testing.B) {
 }
 
 // BenchmarkBatch: the sidecar's cost of one batch of 100 messages in
-// --to-batch mode (the Processor with gathered handlers and completion as
-// each returns, as idem consume runs it, on memstore), per message:
-// acquiring, the gathered handlers, the request's JSON, the round trip,
-// reading the outcomes, storing each result and completing the keys.
+// --to-batch mode (the Processor with gathered handlers, as idem consume
+// runs it, on memstore), per message: acquiring, the gathered handlers,
+// the request's JSON, the round trip, reading the outcomes, storing each
+// result and completing the keys.
 func BenchmarkBatch(b *testing.B) {
 	answer := []byte("[" + strings.Repeat(`{"status":200,"body":"{\"ok\":true}"},`, 99) + `{"status":200,"body":"{\"ok\":true}"}]`)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -57,7 +57,7 @@ func BenchmarkBatch(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	p, err := consumer.New(exec, consumer.WithGatheredHandlers(), consumer.WithCompleteEach())
+	p, err := consumer.New(exec, consumer.WithGatheredHandlers())
 	if err != nil {
 		b.Fatal(err)
 	}
