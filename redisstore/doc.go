@@ -227,26 +227,31 @@
 //
 // With a go-redis *redis.Client (standalone or Sentinel) the store keeps
 // the cache itself: an LRU bounded in bytes (WithReplayCacheBytes, 32 MiB by
-// default) filled by GET and PTTL on the client's pool, and one tracking
-// connection of its own, opened with the client's options (named
-// idem-tracking in CLIENT LIST): in RESP2 it turns on CLIENT TRACKING in
-// broadcasting mode for the store's prefix, redirected to itself, and
-// subscribes to __redis__:invalidate, so that the server reports every
-// write of a key under the prefix, by any client. Nothing is cached or
-// served until that connection's subscription is confirmed; a read in
-// flight when its key is invalidated is not cached; a FLUSHALL, a broken
-// connection or a ping unanswered for 3 s drops every entry. The tracking
-// connection follows the client: the store adds a dial hook to the client
-// (AddHook), and when the client connects to another server (after a
-// Sentinel failover, the new primary) every entry is dropped at once and
-// the tracking connection moves there. go-redis connects to a new primary
-// only when it sends a command, so the store PINGs through the client once
-// a second. If the server refuses CLIENT TRACKING (an ACL), the store logs
-// one warning and reads replays from the server. Store.Close ends the
-// tracking connection (a store that is collected without Close ends it
-// too). With broadcasting, every write of a key under the prefix sends the
-// store a message (Redis batches them per event loop cycle);
-// WithReplayCache(false) spares that where replays are rare.
+// default), with connections of its own opened with the client's options,
+// in RESP2: one tracking connection (named idem-tracking in CLIENT LIST),
+// subscribed to __redis__:invalidate, and up to 4 reader connections
+// (idem-tracking-reader), which turn on CLIENT TRACKING redirected to the
+// tracking connection and send the cache's GET and PTTL. The server then
+// remembers which keys the readers read and reports a write of those keys
+// only, by any client: a key never read through the cache (every new key)
+// costs no invalidation. In RESP2 the server forgets what a connection
+// read when it closes, without a message, so the store reads each reader
+// connection at all times and drops every entry as soon as one ends
+// (CLIENT KILL, the server's timeout, an error, a canceled read); when the
+// tracking connection ends, its readers are closed too and new ones open
+// with the next. Nothing is cached or served until the tracking
+// connection's subscription is confirmed and a reader turned tracking on;
+// a read in flight when its key is invalidated is not cached; a FLUSHALL,
+// a broken connection or a ping unanswered for 3 s drops every entry. The
+// tracking connection follows the client: the store adds a dial hook to the
+// client (AddHook), and when the client (or a reader) connects to another
+// server (after a Sentinel failover, the new primary) every entry is
+// dropped at once and the tracking connection moves there. go-redis
+// connects to a new primary only when it sends a command, so the store
+// PINGs through the client once a second. If the server refuses CLIENT
+// TRACKING (an ACL), the store logs one warning and reads replays from the
+// server. Store.Close ends these connections (a store that is collected
+// without Close ends them too).
 //
 // The cache is on by default, and off with WithWait or WithWaitAOF (those
 // callers asked that each acquire wait for replicas) and on a go-redis

@@ -353,8 +353,9 @@ func TestReplayCacheBytes(t *testing.T) {
 	}
 }
 
-// TestReplayCacheClose: a go-redis store has one tracking connection,
-// which Close ends; the store then reads replays from the server.
+// TestReplayCacheClose: a go-redis store has one tracking connection and
+// reader connections, which Close ends; the store then reads replays from
+// the server.
 func TestReplayCacheClose(t *testing.T) {
 	srv := redistest.Start(t)
 	s := cachedGoRedisStore(t, srv.Addr())
@@ -369,10 +370,14 @@ func TestReplayCacheClose(t *testing.T) {
 	if n := tracking(); n != 1 {
 		t.Fatalf("%d tracking connections, want 1", n)
 	}
+	if n := len(clientIDs(t, srv, "idem-tracking-reader")); n == 0 {
+		t.Fatal("no reader connection")
+	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "no tracking connection after Close", func() bool { return tracking() == 0 })
+	waitFor(t, "no reader connection after Close", func() bool { return len(clientIDs(t, srv, "idem-tracking-reader")) == 0 })
 	before := redisstore.ReplayCacheHits()
 	if a, err := s.Acquire(t.Context(), "k", acquireReq("fp", time.Hour)); err != nil || a.Outcome != storekit.Replay {
 		t.Fatalf("after Close: got %v, %v, want Replay", a.Outcome, err)

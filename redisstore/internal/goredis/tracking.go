@@ -16,35 +16,53 @@ import (
 )
 
 // The local replay cache of a go-redis store (see redisstore's package
-// documentation, "Local replay cache"). go-redis has no client-side cache,
-// so the store keeps its own: an LRU of records bounded in bytes, filled by
-// GET and PTTL on the user's client, and kept consistent by a tracking
-// connection of its own. That connection, in RESP2, turns on client
-// tracking in broadcasting mode for the store's prefix with itself as the
-// redirect target (CLIENT TRACKING ON REDIRECT <own id> BCAST PREFIX p)
-// and subscribes to __redis__:invalidate: the server then tells it of every
-// write or delete of a key under the prefix, by any client, in one message
-// per event loop cycle. Reads stay on the user's pooled connections.
+// documentation, "Local replay cache"). go-redis's client-side cache needs
+// RESP3 on the user's client, so the store keeps its own: an LRU of records
+// bounded in bytes, kept consistent by client tracking in its default mode,
+// in which the server remembers which connection read which key and tells
+// of a write only to those. Two kinds of connections of the store's own,
+// opened with the client's options in RESP2:
+//   - one tracking connection, subscribed to __redis__:invalidate, which
+//     receives the invalidations;
+//   - a few reader connections (readerPool), which turn tracking on with
+//     that connection as the redirect target (CLIENT TRACKING ON REDIRECT
+//     <its id>) and send every GET and PTTL of the cache.
 //
-// Safety rests on five rules:
+// So a key that is never read through the cache (every new key) costs the
+// server no tracking work and the store no message. The price is that the
+// server forgets what a reader read when that reader's connection ends, and
+// what it read for a redirect target that is gone, and says nothing of
+// either in RESP2 (Redis 7.0, tracking.c: a reader's id is skipped once it
+// is freed; a missing redirect target only gets tracking-redir-broken in
+// RESP3). Safety rests on these rules:
 //   - nothing is served or stored while the tracking connection is not
-//     confirmed (the subscription's reply arrived after tracking was
-//     turned on on that connection), and everything is dropped when it
-//     breaks, when the server flushes its keys, or when a message cannot be
-//     read;
-//   - the tracking connection is on the server the user's client talks to:
-//     when the client connects to another server (a Sentinel failover: the
-//     client's dialer now answers the new primary), every entry is dropped
-//     at once, before that connection's first command, and the tracking
-//     connection moves there; one that reached another server than the
-//     client's last connection is not confirmed. A dial hook on the client
-//     (AddHook) sees its connections, and a PING through the client every
-//     trackPing makes it connect to the new primary when nothing else would
-//     (every acquire a local replay), since go-redis learns of a failover
-//     from the Sentinels but connects only when it sends;
+//     confirmed (the subscription's reply arrived, and a reader connection
+//     turned tracking on towards it), and everything is dropped when it
+//     breaks, when it is replaced, when the server flushes its keys, or when
+//     a message cannot be read; the reader connections of that tracking
+//     connection are then closed (a reader's redirect target lives as long
+//     as the tracking connection: it is never used with another);
+//   - the end of a reader connection, closed by the store (go-redis drops a
+//     connection after an error or a canceled read), by the server (CLIENT
+//     KILL, timeout) or by the network, drops every entry and cancels the
+//     reads in flight, as soon as it happens: a goroutine reads each
+//     reader connection at all times (watchedConn), so an idle one's end
+//     is seen when its FIN arrives, as an invalidation would have been;
+//   - the tracking connection is on the server the user's client talks to,
+//     and so are the readers: when the client (or a reader) connects to
+//     another server (a Sentinel failover: the client's dialer now answers
+//     the new primary), every entry is dropped at once, before that
+//     connection's first command, and the tracking connection moves there;
+//     one that reached another server than the client's last connection is
+//     not confirmed. A dial hook on the client (AddHook) sees its
+//     connections, and a PING through the client every trackPing makes it
+//     connect to the new primary when nothing else would (every acquire a
+//     local replay), since go-redis learns of a failover from the Sentinels
+//     but connects only when it sends;
 //   - a read marks its key pending before it is sent, and an invalidation
-//     of the key or a flush while it is in flight cancels the insert, so an
-//     entry never predates an invalidation it has not seen;
+//     of the key, a flush or the end of a reader connection while it is in
+//     flight cancels the insert, so an entry never predates an invalidation
+//     it has not seen;
 //   - an entry's local end is the time before the read was sent plus the
 //     key's PTTL, less backend.ExpiryMargin, and at most backend.CacheTTL, so it
 //     ends before the record does;
@@ -57,6 +75,9 @@ const (
 	trackTimeout = 3 * time.Second
 	// entryOverhead is the bookkeeping counted per entry.
 	entryOverhead = 100
+	// readerPool is the number of reader connections: only reads of
+	// replays the cache does not hold use them.
+	readerPool = 4
 )
 
 // errCacheDown: the tracking connection is not confirmed, the cache is not
@@ -82,6 +103,11 @@ type trackedCache struct {
 	// sessions), userAddr the server of the client's last new connection
 	// ("" before the first the hook saw).
 	trackAddr, userAddr string
+	// trackID is the CLIENT ID of the tracking connection (0 between
+	// sessions); readers is the client of the reader connections that
+	// redirect to it, set while healthy.
+	trackID int64
+	readers *redis.Client
 
 	moved     chan struct{} // the client moved to another server: end the session
 	done      chan struct{} // closed by close
@@ -192,7 +218,8 @@ func (tc *trackedCache) track(prefix string, log *slog.Logger) {
 		if err != nil {
 			return err
 		}
-		return cn.Do(ctx, "CLIENT", "TRACKING", "ON", "REDIRECT", id, "BCAST", "PREFIX", prefix).Err()
+		tc.trackConnected(id)
+		return nil
 	}
 	rc := redis.NewClient(&opt)
 	defer rc.Close()
@@ -200,7 +227,7 @@ func (tc *trackedCache) track(prefix string, log *slog.Logger) {
 	pause := 10 * time.Millisecond
 	warned := false
 	for {
-		confirmed, err := tc.session(rc)
+		confirmed, err := tc.session(rc, prefix)
 		tc.flush()
 		select {
 		case <-tc.done:
@@ -224,10 +251,99 @@ func (tc *trackedCache) track(prefix string, log *slog.Logger) {
 	}
 }
 
+// trackConnected is told the CLIENT ID of each new tracking connection.
+// go-redis replaces a pubsub connection that failed on its own (a ping
+// that could not be written): a second connection in one session drops
+// every entry and ends the session, since the readers redirect to the
+// first one's id.
+func (tc *trackedCache) trackConnected(id int64) {
+	tc.mu.Lock()
+	defer tc.mu.Unlock()
+	if tc.trackID != 0 {
+		tc.flushLocked()
+		select {
+		case tc.moved <- struct{}{}:
+		default:
+		}
+	}
+	tc.trackID = id
+}
+
+// newReaders returns the client of the reader connections of the tracking
+// connection id: each turns tracking on, redirected to id, and is watched
+// (watchedConn) so that its end drops every entry. A reader that reaches
+// another server than the tracking connection, or that connects once the
+// session of id ended, is refused.
+func (tc *trackedCache) newReaders(id int64) *redis.Client {
+	opt := *tc.c.Options()
+	userOnConnect := opt.OnConnect
+	dial := opt.Dialer
+	opt.Protocol = 2
+	opt.PoolSize = readerPool
+	opt.MinIdleConns = 0
+	opt.MaxIdleConns = 0
+	opt.MaxActiveConns = 0
+	opt.ConnMaxIdleTime = -1 // idle readers are kept: each end drops the cache
+	opt.ConnMaxLifetime = 0
+	opt.MaxRetries = -1 // a failed read falls back to the script
+	opt.ClientName = "idem-tracking-reader"
+	opt.ClientSideCacheConfig, opt.ClientSideCache = nil, nil // RESP3 only
+	opt.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		cn, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		if cn.RemoteAddr() == nil || !tc.readerDialed(id, cn.RemoteAddr().String()) {
+			cn.Close()
+			return nil, errCacheDown
+		}
+		return watch(cn, tc.readerLost), nil
+	}
+	opt.OnConnect = func(ctx context.Context, cn *redis.Conn) error {
+		if userOnConnect != nil {
+			if err := userOnConnect(ctx, cn); err != nil {
+				return err
+			}
+		}
+		return cn.Do(ctx, "CLIENT", "TRACKING", "ON", "REDIRECT", id).Err()
+	}
+	return redis.NewClient(&opt)
+}
+
+// readerDialed reports whether a reader connection to addr may serve the
+// session of the tracking connection id. One that reached another server
+// is a move: every entry is dropped and the session ends.
+func (tc *trackedCache) readerDialed(id int64, addr string) bool {
+	tc.mu.Lock()
+	defer tc.mu.Unlock()
+	if tc.trackID != id {
+		return false
+	}
+	if addr != tc.trackAddr {
+		tc.flushLocked()
+		select {
+		case tc.moved <- struct{}{}:
+		default:
+		}
+		return false
+	}
+	return true
+}
+
+// readerLost is told of the end of a reader connection: the server forgot
+// the keys it read, so every entry is dropped and every read in flight
+// cancelled. The session goes on: the other readers' keys are still
+// tracked, and a new reader turns tracking on anew.
+func (tc *trackedCache) readerLost() {
+	tc.mu.Lock()
+	defer tc.mu.Unlock()
+	tc.dropLocked()
+}
+
 // session runs one tracking connection until it breaks, the server
 // flushes its keys or close; confirmed reports that its subscription was
 // confirmed.
-func (tc *trackedCache) session(rc *redis.Client) (confirmed bool, err error) {
+func (tc *trackedCache) session(rc *redis.Client, prefix string) (confirmed bool, err error) {
 	ctx := context.Background()
 	select {
 	case <-tc.moved: // a move before this session, which dials anew
@@ -235,6 +351,13 @@ func (tc *trackedCache) session(rc *redis.Client) (confirmed bool, err error) {
 	}
 	ps := rc.Subscribe(ctx, "__redis__:invalidate")
 	defer ps.Close()
+	var readers *redis.Client
+	defer func() {
+		if readers != nil {
+			tc.flush() // before the readers end, so none is used closed
+			readers.Close()
+		}
+	}()
 	stop := make(chan struct{})
 	defer close(stop)
 	var probing atomic.Bool
@@ -274,13 +397,35 @@ func (tc *trackedCache) session(rc *redis.Client) (confirmed bool, err error) {
 		switch m := msg.(type) {
 		case *redis.Subscription:
 			if m.Kind == "subscribe" && m.Channel == "__redis__:invalidate" {
+				if confirmed {
+					// go-redis subscribed again on a new connection.
+					return confirmed, errors.New("the tracking connection was replaced")
+				}
 				tc.mu.Lock()
-				track, user := tc.trackAddr, tc.userAddr
-				ok := track != "" && (user == "" || user == track)
-				tc.healthy = ok
+				track, user, id := tc.trackAddr, tc.userAddr, tc.trackID
+				tc.mu.Unlock()
+				if track == "" || (user != "" && user != track) {
+					return confirmed, fmt.Errorf("the tracking connection reached %q, the client's last connection %q", track, user)
+				}
+				// One reader turns tracking on before anything is
+				// served: a server that refuses it (an ACL) leaves the
+				// cache off, with the warning.
+				readers = tc.newReaders(id)
+				pctx, cancel := context.WithTimeout(ctx, trackTimeout)
+				err := readers.Ping(pctx).Err()
+				cancel()
+				if err != nil {
+					return confirmed, fmt.Errorf("turning tracking on, redirected to %d (prefix %s): %w", id, prefix, err)
+				}
+				tc.mu.Lock()
+				ok := tc.trackID == id && tc.trackAddr == track && (tc.userAddr == "" || tc.userAddr == track)
+				if ok {
+					tc.healthy = true
+					tc.readers = readers
+				}
 				tc.mu.Unlock()
 				if !ok {
-					return confirmed, fmt.Errorf("the tracking connection reached %q, the client's last connection %q", track, user)
+					return confirmed, errors.New("the tracking connection was replaced")
 				}
 				confirmed = true
 			}
@@ -314,11 +459,19 @@ func (tc *trackedCache) flush() {
 	defer tc.mu.Unlock()
 	tc.flushLocked()
 	tc.trackAddr = ""
+	tc.trackID = 0
 }
 
 // flushLocked is flush, with tc.mu held.
 func (tc *trackedCache) flushLocked() {
 	tc.healthy = false
+	tc.readers = nil
+	tc.dropLocked()
+}
+
+// dropLocked drops every entry and cancels the reads in flight, with tc.mu
+// held.
+func (tc *trackedCache) dropLocked() {
 	tc.gen++
 	tc.lru.Init()
 	clear(tc.entries)
@@ -353,12 +506,13 @@ func (tc *trackedCache) CachedGet(ctx context.Context, key string) (string, bool
 	tc.seq++
 	token := tc.seq
 	tc.pending[key] = token
+	readers := tc.readers
 	tc.mu.Unlock()
 
 	sent := time.Now()
 	var get *redis.StringCmd
 	var pttl *redis.DurationCmd
-	_, err := tc.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+	_, err := readers.Pipelined(ctx, func(p redis.Pipeliner) error {
 		get = p.Get(ctx, key)
 		pttl = p.PTTL(ctx, key)
 		return nil
@@ -368,9 +522,9 @@ func (tc *trackedCache) CachedGet(ctx context.Context, key string) (string, bool
 
 	tc.mu.Lock()
 	defer tc.mu.Unlock()
-	// mine: neither an invalidation of the key nor a flush came while the
-	// read was in flight (a flush clears every pending read, and only a
-	// flush makes the cache unhealthy).
+	// mine: neither an invalidation of the key, nor a flush, nor the end of
+	// a reader connection came while the read was in flight (each clears
+	// the pending read, and only a flush makes the cache unhealthy).
 	mine := tc.pending[key] == token
 	if mine {
 		delete(tc.pending, key)
@@ -416,10 +570,81 @@ func (tc *trackedCache) Size() (entries int, bytes int64) {
 	return len(tc.entries), tc.size
 }
 
-// State returns the cache's generation (incremented by every flush) and
+// State returns the cache's generation (incremented by every flush and
+// every end of a reader connection) and
 // whether its tracking connection is confirmed (tests).
 func (tc *trackedCache) State() (gen uint64, healthy bool) {
 	tc.mu.Lock()
 	defer tc.mu.Unlock()
 	return tc.gen, tc.healthy
 }
+
+// watchedConn is a reader connection whose end is seen when it happens: a
+// goroutine reads the socket at all times and hands what it read to
+// go-redis through a pipe, so the end of an idle connection (CLIENT KILL,
+// the server's timeout, a reset) is read as soon as it arrives, as an
+// invalidation would be, not at the connection's next use. lost is called
+// once, on Close (before the socket is closed) or on the first error of a
+// read or a write.
+type watchedConn struct {
+	net.Conn          // the socket: writes, addresses, write deadlines
+	r, w     net.Conn // the pipe: go-redis reads r
+	lost     func()
+	once     sync.Once
+}
+
+func watch(cn net.Conn, lost func()) *watchedConn {
+	r, w := net.Pipe()
+	wc := &watchedConn{Conn: cn, r: r, w: w, lost: lost}
+	go wc.pump()
+	return wc
+}
+
+func (wc *watchedConn) pump() {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := wc.Conn.Read(buf)
+		if n > 0 {
+			if _, werr := wc.w.Write(buf[:n]); werr != nil && err == nil {
+				err = werr
+			}
+		}
+		if err != nil {
+			wc.end()
+			return
+		}
+	}
+}
+
+func (wc *watchedConn) end() {
+	wc.once.Do(func() {
+		wc.lost()
+		wc.Conn.Close()
+		wc.w.Close()
+		wc.r.Close()
+	})
+}
+
+func (wc *watchedConn) Read(p []byte) (int, error) { return wc.r.Read(p) }
+
+func (wc *watchedConn) Write(p []byte) (int, error) {
+	n, err := wc.Conn.Write(p)
+	if err != nil {
+		wc.end()
+	}
+	return n, err
+}
+
+func (wc *watchedConn) Close() error {
+	wc.end()
+	return nil
+}
+
+func (wc *watchedConn) SetDeadline(t time.Time) error {
+	if err := wc.r.SetReadDeadline(t); err != nil {
+		return err
+	}
+	return wc.Conn.SetWriteDeadline(t)
+}
+
+func (wc *watchedConn) SetReadDeadline(t time.Time) error { return wc.r.SetReadDeadline(t) }

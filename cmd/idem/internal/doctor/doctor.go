@@ -508,13 +508,13 @@ func runTransitions(ctx context.Context, st *redisstore.Store, key string) error
 // tracking to a RESP2 connection (CLIENT TRACKING ... REDIRECT).
 const invalidateChannel = "__redis__:invalidate"
 
-// ReplayCache tries, with the user's ACL, what the tracking
-// connection of the proxy's replay cache sends (see redisstore's package
-// documentation, "Local replay cache"): CLIENT SETNAME, CLIENT ID and
-// CLIENT TRACKING ON REDIRECT <own id> BCAST PREFIX <prefix> on a
-// connection of its own, then SUBSCRIBE __redis__:invalidate. Without
-// them the proxy serves, reads every replay from Redis and logs a warning,
-// so a missing right is a WARN that names the ACL fix.
+// ReplayCache tries, with the user's ACL, what the connections of the
+// proxy's replay cache send (see redisstore's package documentation,
+// "Local replay cache"): CLIENT SETNAME, CLIENT ID and CLIENT TRACKING ON
+// REDIRECT <id> (here its own) on a connection of its own, then SUBSCRIBE
+// __redis__:invalidate. Without them the proxy serves, reads every replay
+// from Redis and logs a warning, so a missing right is a WARN that names
+// the ACL fix.
 func ReplayCache(ctx context.Context, r *Report, c *redis.Client, prefix string) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -523,7 +523,7 @@ func ReplayCache(ctx context.Context, r *Report, c *redis.Client, prefix string)
 	tc := redis.NewClient(&opt)
 	defer tc.Close()
 	t := &tracking{}
-	t.client(ctx, tc, prefix)
+	t.client(ctx, tc)
 	const fallback = "the proxy reads every replay from Redis"
 	if len(t.missing) > 0 {
 		r.Add(Warn, "replay cache", "the user may not run %s, which the replay cache's tracking connection needs: %s; grant it (ACL SETUSER <user> %s)",
@@ -568,16 +568,16 @@ func (t *tracking) note(err error, cmd, grant string) {
 }
 
 // client tries CLIENT SETNAME, CLIENT ID and CLIENT TRACKING on a
-// connection of tc, as the tracking connection sends them.
-func (t *tracking) client(ctx context.Context, tc *redis.Client, prefix string) {
+// connection of tc, as the replay cache's connections send them.
+func (t *tracking) client(ctx context.Context, tc *redis.Client) {
 	cn := tc.Conn()
 	defer cn.Close()
 	t.note(cn.Do(ctx, "CLIENT", "SETNAME", "idem-doctor").Err(), "CLIENT SETNAME", "+client|setname")
-	tracking := []any{"CLIENT", "TRACKING", "ON", "BCAST", "PREFIX", prefix}
+	tracking := []any{"CLIENT", "TRACKING", "ON"}
 	id, err := cn.ClientID(ctx).Result()
 	t.note(err, "CLIENT ID", "+client|id")
 	if err == nil {
-		tracking = []any{"CLIENT", "TRACKING", "ON", "REDIRECT", id, "BCAST", "PREFIX", prefix}
+		tracking = []any{"CLIENT", "TRACKING", "ON", "REDIRECT", id}
 	}
 	err = cn.Do(ctx, tracking...).Err()
 	t.note(err, "CLIENT TRACKING", "+client|tracking")
