@@ -324,7 +324,8 @@ type Batch struct {
 	invalid   []bool
 	dups      [][]byte // stored results of duplicates passed to the handler
 	values    []*resultSlot
-	group     *gather // WithGatheredHandlers
+	group     *gather         // WithGatheredHandlers
+	state     []atomic.Uint32 // handleOwn: each handler's state
 
 	// The completions of WithCompleteEach: handlers that returned append
 	// their index to queued; one of them at a time (flushing) completes
@@ -429,6 +430,10 @@ func (b *Batch) Handle(h Handler) {
 		}
 		return
 	}
+	if b.ctx.Done() != nil {
+		b.handleOwn(h, n)
+		return
+	}
 	sem := make(chan struct{}, n)
 	var wg sync.WaitGroup
 	for i := range b.msgs {
@@ -444,6 +449,75 @@ func (b *Batch) Handle(h Handler) {
 	wg.Wait()
 }
 
+// The states of a handler that runs on a goroutine of its own
+// (handleOwn): Handle abandons a running one, or it returns first.
+const (
+	handlerRunning = iota + 1
+	handlerReturned
+	handlerAbandoned
+)
+
+// handleOwn is Handle for up to n handlers at once on a batch whose
+// context can be done: each message's handler runs on one goroutine of its
+// own, which also settles the message (runOwn), while Handle's goroutine
+// waits for them all and, AbandonAfter after the batch's context is done,
+// abandons those still running (so one goroutine a message, not two).
+func (b *Batch) handleOwn(h Handler, n int) {
+	b.state = make([]atomic.Uint32, len(b.msgs))
+	stop := b.ctx.Done()
+	sem := make(chan struct{}, n)
+	settled := make(chan struct{}, len(b.msgs)) // an abandoned handler's goroutine still sends, later
+	started := 0
+	for i := range b.msgs {
+		if !b.toRun(i) {
+			continue // nothing to run: skip without taking a slot
+		}
+		slot := true
+		select {
+		case sem <- struct{}{}:
+		case <-stop:
+			// The batch stops: no handler of a held key starts
+			// (ErrStopping), and none waits for a slot.
+			slot = false
+		}
+		started++
+		go func() {
+			defer func() {
+				if slot {
+					<-sem
+				}
+				if b.state[i].Load() != handlerAbandoned { // counted when abandoned
+					settled <- struct{}{}
+				}
+			}()
+			b.handle(h, i)
+		}()
+	}
+	var t *time.Timer
+	var late <-chan time.Time
+	for started > 0 {
+		select {
+		case <-settled:
+			started--
+		case <-stop:
+			stop = nil
+			t = time.NewTimer(AbandonAfter)
+			defer t.Stop()
+			late = t.C
+		case <-late:
+			for i := range b.state {
+				if b.state[i].CompareAndSwap(handlerRunning, handlerAbandoned) {
+					b.abandon(i)
+					started--
+				}
+			}
+			// A handler that started since (a duplicate passed on as the
+			// batch stopped) gets AbandonAfter too.
+			t.Reset(AbandonAfter)
+		}
+	}
+}
+
 // toRun reports whether message i's handler is to run: the batch holds
 // its key, or it is a duplicate passed on.
 func (b *Batch) toRun(i int) bool { return b.held[i] != nil || b.dups != nil && b.dups[i] != nil }
@@ -452,8 +526,6 @@ func (b *Batch) toRun(i int) bool { return b.held[i] != nil || b.dups != nil && 
 // as a duplicate) and settles its attempt on failure. Calls for distinct
 // i may run at the same time: each touches only the i-th slots.
 func (b *Batch) handle(h Handler, i int) {
-	p := b.p
-	m := b.msgs[i]
 	if b.dups != nil && b.dups[i] != nil {
 		b.passDuplicate(h, i)
 		return
@@ -462,10 +534,6 @@ func (b *Batch) handle(h Handler, i int) {
 	if a == nil {
 		return
 	}
-	// sctx is for the store calls that settle a failed message: made on
-	// that path only, not per message.
-	sctx := func() context.Context { return context.WithoutCancel(b.ctx) }
-	ran := false
 	var err error
 	if cerr := b.ctx.Err(); cerr != nil {
 		err = fmt.Errorf("%w: %w", ErrStopping, cerr)
@@ -474,22 +542,40 @@ func (b *Batch) handle(h Handler, i int) {
 		err = context.Cause(b.ctxs[i]) // the lease was lost before the handler started
 		b.group.leave(i)
 	} else {
-		start := time.Now()
-		var abandoned bool
-		abandoned, err = b.run(b.ctxs[i], h, i, a.Key())
-		b.durations[i] = time.Since(start)
-		if abandoned {
-			// The handler may still complete its work: neither release
-			// the key (another owner would run it at once, beside
-			// this one) nor store anything. Its lease ends, and the
-			// next owner takes the key over with a higher fence.
-			_ = a.Abandon(sctx(), observe.Abandoned)
-			b.held[i] = nil
-			b.results[i] = Result{Action: Retry, Delay: max(time.Until(a.LeaseDeadline()), time.Millisecond), Err: ErrAbandoned}
-			return
-		}
-		ran = true
+		b.runThen(b.ctxs[i], h, i, a.Key(), func(err error) { b.settle(i, a, err, true) })
+		return
 	}
+	b.settle(i, a, err, false)
+}
+
+// runThen runs h for message i (run) and then decides the message with
+// its error (then), after timing it; or abandons it, unless Handle did
+// (handleOwn).
+func (b *Batch) runThen(ctx context.Context, h Handler, i int, digest string, then func(error)) {
+	start := time.Now()
+	ran := func(err error) {
+		b.durations[i] = time.Since(start)
+		then(err)
+	}
+	abandoned, err := b.run(ctx, h, i, digest, ran)
+	switch {
+	case abandoned && b.state != nil:
+		return // Handle settled it (handleOwn)
+	case abandoned:
+		b.durations[i] = time.Since(start)
+		b.abandon(i)
+		return
+	}
+	ran(err)
+}
+
+// settle decides message i, whose key a holds, after its handler
+// returned err (ran) or did not start with err: a success waits for
+// Commit (or is completed now, WithCompleteEach); a failure releases
+// the key for a redelivery or fails it and dead-letters the message.
+func (b *Batch) settle(i int, a *idem.Attempt, err error, ran bool) {
+	p := b.p
+	m := b.msgs[i]
 	if err == nil {
 		b.done[i] = true
 		if p.completeEach {
@@ -497,10 +583,13 @@ func (b *Batch) handle(h Handler, i int) {
 		}
 		return
 	}
+	// sctx is for the store calls that settle a failed message: made on
+	// that path only, not per message.
+	sctx := context.WithoutCancel(b.ctx)
 	b.held[i] = nil
 	if !errors.Is(err, ErrStopping) && (idem.IsTerminal(err) || p.lastTry(m, a)) {
 		a.SetLastTry() // FAILED whatever the Executor's failure policy
-		ferr := a.Fail(sctx(), err)
+		ferr := a.Fail(sctx, err)
 		if ran {
 			b.leaseLost(i, a, ferr, err)
 		}
@@ -511,11 +600,35 @@ func (b *Batch) handle(h Handler, i int) {
 		}
 		return
 	}
-	rerr := a.Release(sctx())
+	rerr := a.Release(sctx)
 	if ran {
 		b.leaseLost(i, a, rerr, err)
 	}
 	b.results[i] = Result{Action: Retry, Delay: p.backoff(m, a), Err: errors.Join(err, rerr)}
+}
+
+// abandon settles message i, whose handler had not returned AbandonAfter
+// after the batch's context was done (ErrAbandoned). The handler may
+// still complete its work: neither release the key (another owner would
+// run it at once, beside this one) nor store anything. Its lease ends,
+// and the next owner takes the key over with a higher fence.
+func (b *Batch) abandon(i int) {
+	p := b.p
+	a := b.held[i]
+	digest := p.Key(b.msgs[i].Key).Digest()
+	if a != nil {
+		digest = a.Key()
+	}
+	p.stats.abandoned.Add(1)
+	p.log.Warn("consumer: handler abandoned: it had not returned "+AbandonAfter.String()+" after its context was cancelled; its goroutine runs on",
+		"scope", p.scope, "key_digest", digest)
+	if a == nil { // a duplicate passed on
+		b.results[i] = Result{Action: Retry, Delay: p.retryDelay, Err: ErrAbandoned}
+		return
+	}
+	_ = a.Abandon(context.WithoutCancel(b.ctx), observe.Abandoned)
+	b.held[i] = nil
+	b.results[i] = Result{Action: Retry, Delay: max(time.Until(a.LeaseDeadline()), time.Millisecond), Err: ErrAbandoned}
 }
 
 // lastTry reports whether m, whose key a holds, is dead-lettered if its
@@ -546,32 +659,35 @@ func (p *Processor) backoff(m Message, a *idem.Attempt) time.Duration {
 func (b *Batch) passDuplicate(h Handler, i int) {
 	p := b.p
 	ctx := context.WithValue(context.WithValue(b.ctx, duplicateKey{}, b.dups[i]), resultKey{}, &resultSlot{msg: b.msgs[i], dup: true, i: i, group: b.group})
-	start := time.Now()
-	abandoned, err := b.run(ctx, h, i, p.Key(b.msgs[i].Key).Digest())
-	b.durations[i] = time.Since(start)
-	if abandoned {
-		err = ErrAbandoned
-	}
-	if err != nil {
-		b.results[i] = Result{Action: Retry, Delay: p.retryDelay, Err: err}
-	}
+	b.runThen(ctx, h, i, p.Key(b.msgs[i].Key).Digest(), func(err error) {
+		if err != nil {
+			b.results[i] = Result{Action: Retry, Delay: p.retryDelay, Err: err}
+		}
+	})
 }
 
-// run runs h for message i on a goroutine of its own and returns its
-// error, or abandoned if it had not returned AbandonAfter after the
-// batch's context was done (ctx, the handler's, is done by then). An
-// abandoned handler's goroutine runs on; its error is dropped.
-func (b *Batch) run(ctx context.Context, h Handler, i int, digest string) (abandoned bool, err error) {
+// run runs h for message i and returns its error, or abandoned if it had
+// not returned AbandonAfter after the batch's context was done (ctx, the
+// handler's, is done by then): on a goroutine of its own, unless the
+// batch's context can never be done or the caller's goroutine is the
+// message's own (handleOwn; then Handle abandons it). An abandoned
+// handler's goroutine runs on; its error is dropped. goexit settles the
+// message, on the message's own goroutine, when h called runtime.Goexit
+// there (its error wraps ErrPanic).
+func (b *Batch) run(ctx context.Context, h Handler, i int, digest string, goexit func(error)) (abandoned bool, err error) {
 	stop := b.ctx.Done()
 	if stop == nil {
 		return false, b.call(ctx, h, i, digest) // a batch that is never stopped
+	}
+	if b.state != nil {
+		return b.runOwn(ctx, h, i, digest, goexit)
 	}
 	done := make(chan error, 1)
 	go func() {
 		returned := false
 		defer func() {
 			if !returned { // runtime.Goexit in h
-				done <- fmt.Errorf("%w: runtime.Goexit", ErrPanic)
+				done <- goexitError
 			}
 		}()
 		err := b.call(ctx, h, i, digest)
@@ -590,10 +706,31 @@ func (b *Batch) run(ctx context.Context, h Handler, i int, digest string) (aband
 		return false, err
 	case <-t.C:
 	}
-	b.p.stats.abandoned.Add(1)
-	b.p.log.Warn("consumer: handler abandoned: it had not returned "+AbandonAfter.String()+" after its context was cancelled; its goroutine runs on",
-		"scope", b.p.scope, "key_digest", digest)
 	return true, nil
+}
+
+// goexitError is the error of a handler that called runtime.Goexit.
+var goexitError = fmt.Errorf("%w: runtime.Goexit", ErrPanic)
+
+// runOwn is run on the message's own goroutine (handleOwn): abandoned
+// reports that Handle abandoned the handler before it returned (Handle
+// settled the message: touch nothing of it). A handler that calls
+// runtime.Goexit ends this goroutine: the message is settled with
+// goexit on the way out, unless Handle abandoned it.
+func (b *Batch) runOwn(ctx context.Context, h Handler, i int, digest string, goexit func(error)) (abandoned bool, err error) {
+	b.state[i].Store(handlerRunning)
+	returned := false
+	defer func() {
+		if !returned && b.state[i].CompareAndSwap(handlerRunning, handlerReturned) {
+			goexit(goexitError)
+		}
+	}()
+	err = b.call(ctx, h, i, digest)
+	returned = true
+	if !b.state[i].CompareAndSwap(handlerRunning, handlerReturned) {
+		return true, nil
+	}
+	return false, err
 }
 
 // leaseLost calls the compensation hook for message i if endErr, the

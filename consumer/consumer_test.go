@@ -385,6 +385,101 @@ func TestStuckHandlerAbandoned(t *testing.T) {
 	}
 }
 
+// TestStuckHandlerAbandonedParallel: with handlers on goroutines of their
+// own (WithParallelHandlers, WithGatheredHandlers), a handler that ignores
+// its context is abandoned AbandonAfter after the batch's context is done
+// while the others are decided as usual: one that returns its context's
+// cause is released, one that returns nil is completed, one that waited
+// for a slot does not start (ErrStopping); the stuck
+// one's late return changes nothing (the race detector watches its
+// goroutine).
+func TestStuckHandlerAbandonedParallel(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opt  consumer.Option
+		wait bool // the last message waits for a slot (all three taken)
+	}{
+		{"parallel", consumer.WithParallelHandlers(3), true},
+		{"gathered", consumer.WithGatheredHandlers(), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newProcessor(t, tc.opt)
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			release, returned := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			t.Cleanup(func() { once.Do(func() { close(release) }) })
+			var started sync.WaitGroup
+			started.Add(3)
+			if !tc.wait {
+				started.Add(1) // gathered: "last" runs too, before the cancel
+			}
+			var lastRuns atomic.Int32
+			batch := []consumer.Message{{Key: "stuck"}, {Key: "cancelled"}, {Key: "ok"}, {Key: "last"}}
+			done := make(chan []consumer.Result, 1)
+			go func() {
+				done <- p.Process(ctx, batch, func(ctx context.Context, i int) error {
+					switch i {
+					case 0:
+						started.Done()
+						<-release // ignores ctx
+						close(returned)
+						return errors.New("late")
+					case 1:
+						started.Done()
+						<-ctx.Done()
+						return context.Cause(ctx)
+					case 2:
+						started.Done()
+						<-ctx.Done()
+						return nil // done: completed
+					}
+					if lastRuns.Add(1); !tc.wait {
+						started.Done()
+					}
+					return nil
+				})
+			}()
+			started.Wait()
+			cancel()
+			var res []consumer.Result
+			select {
+			case res = <-done:
+			case <-time.After(30 * time.Second):
+				t.Fatal("Process had not returned 30s after its context was cancelled, a handler ignoring it")
+			}
+			if res[0].Action != consumer.Retry || !errors.Is(res[0].Err, consumer.ErrAbandoned) {
+				t.Errorf("stuck: got %+v, want Retry with ErrAbandoned", res[0])
+			}
+			if res[1].Action != consumer.Retry || errors.Is(res[1].Err, consumer.ErrAbandoned) || !errors.Is(res[1].Err, context.Canceled) {
+				t.Errorf("cancelled: got %+v, want Retry with context.Canceled", res[1])
+			}
+			if res[2].Action != consumer.Ack {
+				t.Errorf("ok: got %+v, want Ack", res[2])
+			}
+			switch {
+			case tc.wait && (res[3].Action != consumer.Retry || !errors.Is(res[3].Err, consumer.ErrStopping) || lastRuns.Load() != 0):
+				t.Errorf("last, waiting for a slot: got %+v after %d runs, want Retry with ErrStopping and no run", res[3], lastRuns.Load())
+			case !tc.wait && res[3].Action != consumer.Ack:
+				t.Errorf("last, gathered: got %+v, want Ack", res[3])
+			}
+			if st := p.Stats(); st.Abandoned != 1 || st.Processed+st.Retried != 4 {
+				t.Errorf("stats %+v, want 1 abandoned, 4 decided", st)
+			}
+			close(release) // the late return: a failure, ignored
+			once.Do(func() {})
+			<-returned
+			rec, err := adapterkit.Store(p.Executor()).Get(t.Context(), p.Key("stuck").Digest())
+			if err != nil || rec.State != storekit.StateInProgress {
+				t.Errorf("stuck record after its late return: %v (%v), want IN_PROGRESS (left to its lease)", rec.State, err)
+			}
+			if !errors.Is(res[0].Err, consumer.ErrAbandoned) {
+				t.Errorf("stuck result after its late return: got %+v, want it unchanged (ErrAbandoned)", res[0])
+			}
+		})
+	}
+}
+
 // TestCancelledHandlerNotAbandoned: a handler that returns when its context
 // is cancelled by the batch's is not abandoned: its key is released.
 func TestCancelledHandlerNotAbandoned(t *testing.T) {
@@ -416,6 +511,26 @@ func TestGoexitIsAnError(t *testing.T) {
 	})
 	if res[0].Action != consumer.Retry || !errors.Is(res[0].Err, consumer.ErrPanic) {
 		t.Errorf("got %+v, want Retry with ErrPanic", res[0])
+	}
+}
+
+// TestGoexitIsAnErrorParallel: with handlers on goroutines of their own,
+// a handler that calls runtime.Goexit is a failed message, and the
+// batch's other messages are decided as usual.
+func TestGoexitIsAnErrorParallel(t *testing.T) {
+	for _, opt := range []consumer.Option{consumer.WithParallelHandlers(2), consumer.WithGatheredHandlers()} {
+		p := newProcessor(t, opt)
+		ctx, cancel := context.WithCancel(t.Context()) // a batch that can stop: handlers on goroutines of their own
+		res := p.Process(ctx, []consumer.Message{{Key: "k"}, {Key: "ok"}}, func(_ context.Context, i int) error {
+			if i == 0 {
+				runtime.Goexit()
+			}
+			return nil
+		})
+		cancel()
+		if res[0].Action != consumer.Retry || !errors.Is(res[0].Err, consumer.ErrPanic) || res[1].Action != consumer.Ack {
+			t.Errorf("got %+v, want Retry with ErrPanic, then Ack", res)
+		}
 	}
 }
 
