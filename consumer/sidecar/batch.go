@@ -234,7 +234,7 @@ func (h *Handler) callBatch(ctx context.Context, d Delivery) error {
 		return a.err
 	}
 	o := a.outcomes[me]
-	return h.decide(ctx, o.Status, outcomeHeader(o.Headers), bytes.NewReader([]byte(o.Body)))
+	return h.decideBody(ctx, o.Status, outcomeHeader(o.Headers), []byte(o.Body))
 }
 
 // sendBatch POSTs the batch's messages in one request and returns the
@@ -263,10 +263,15 @@ func (h *Handler) sendBatch(ctxs []context.Context, items []any) *batchAnswer {
 	payload = append(payload, ']')
 	ctx, cancel := context.WithCancelCause(context.WithoutCancel(ctxs[0]))
 	defer cancel(nil)
-	for _, c := range ctxs {
-		stop := context.AfterFunc(c, func() { cancel(context.Cause(c)) })
-		defer stop()
+	stops := make([]func() bool, len(ctxs))
+	for k, c := range ctxs {
+		stops[k] = context.AfterFunc(c, func() { cancel(context.Cause(c)) })
 	}
+	defer func() {
+		for _, stop := range stops {
+			stop()
+		}
+	}()
 	ctx, cancelT := context.WithTimeoutCause(ctx, h.timeout(), h.late)
 	defer cancelT()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, h.URL, bytes.NewReader(payload))
@@ -308,11 +313,7 @@ func (h *Handler) sendBatch(ctxs []context.Context, items []any) *batchAnswer {
 		}
 		return a
 	}
-	limit := h.MaxResult
-	if limit == 0 {
-		limit = DefaultMaxResult
-	}
-	a.outcomes, a.err = readOutcomes(resp.Body, n, int64(n)*(2*int64(limit)+4<<10))
+	a.outcomes, a.err = readOutcomes(resp.Body, n, int64(n)*(2*int64(h.maxResult())+4<<10))
 	if a.err != nil {
 		h.logger().Error("sidecar: the handler's answer to a batch is invalid: every message of the batch is retried",
 			"messages", n, "status", resp.StatusCode, "err", a.err)

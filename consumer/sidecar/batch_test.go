@@ -324,3 +324,57 @@ func TestBatchBrokenConnection(t *testing.T) {
 		})
 	}
 }
+
+// TestResultLimits: one request per message or per batch, a 2xx answer's
+// body over MaxResult is stored cut to MaxResult bytes (Truncated), and a
+// failed answer's HandlerError keeps the first 1 KiB of its body.
+func TestResultLimits(t *testing.T) {
+	long := strings.Repeat("x", 3000)
+	for _, batch := range []bool{false, true} {
+		t.Run(map[bool]string{false: "call", true: "batch"}[batch], func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if !batch {
+					if r.Header.Get(sidecar.HeaderKey) == "fail" {
+						w.WriteHeader(500)
+					}
+					io.WriteString(w, long)
+					return
+				}
+				var msgs []sidecar.BatchMessage
+				json.NewDecoder(r.Body).Decode(&msgs)
+				out := make([]sidecar.BatchOutcome, len(msgs))
+				for k, m := range msgs {
+					out[k] = sidecar.BatchOutcome{Status: 200, Body: long}
+					if m.Key == "fail" {
+						out[k].Status = 500
+					}
+				}
+				json.NewEncoder(w).Encode(out)
+			}))
+			t.Cleanup(srv.Close)
+			h := &sidecar.Handler{URL: srv.URL, Batch: batch, MaxResult: 2000}
+			opts := []consumer.Option{consumer.WithPassDuplicates()}
+			if batch {
+				opts = append(opts, consumer.WithGatheredHandlers())
+			}
+			p := newProcessor(t, opts...)
+			msgs := []consumer.Message{{Key: "ok"}, {Key: "fail"}}
+			got := p.Process(t.Context(), msgs, func(ctx context.Context, i int) error {
+				return h.Call(ctx, sidecar.Delivery{Key: msgs[i].Key, Body: []byte("{}")})
+			})
+			var herr *sidecar.HandlerError
+			if got[0].Action != consumer.Ack || !errors.As(got[1].Err, &herr) || herr.Status != 500 || string(herr.Body) != long[:1024] {
+				t.Fatalf("got %+v, want an Ack and a HandlerError 500 with the first 1 KiB of the body", got)
+			}
+			var stored []byte
+			p.Process(t.Context(), msgs[:1], func(ctx context.Context, i int) error {
+				stored, _ = consumer.DuplicateFrom(ctx)
+				return nil
+			})
+			var r sidecar.Result
+			if err := json.Unmarshal(stored, &r); err != nil || r.Status != 200 || string(r.Body) != long[:2000] || !r.Truncated {
+				t.Errorf("stored result: %d, %d bytes, truncated %v (%v); want 200, the first 2000 bytes, truncated", r.Status, len(r.Body), r.Truncated, err)
+			}
+		})
+	}
+}

@@ -313,25 +313,35 @@ func (h *Handler) gateAgain(ctx context.Context, dup bool) (committed bool, err 
 // header and body) into Call's error, storing a 2xx answer as the key's
 // result (consumer.SetResult): the one place both modes decide a message.
 func (h *Handler) decide(ctx context.Context, status int, header http.Header, body io.Reader) error {
-	if status < 200 || status > 299 {
-		b, _ := io.ReadAll(io.LimitReader(body, errorBodyLimit))
+	ok := status >= 200 && status <= 299
+	limit := errorBodyLimit
+	if ok {
+		limit = h.maxResult()
+	}
+	b, err := io.ReadAll(io.LimitReader(body, int64(limit)+1))
+	if err != nil && ok {
+		// The handler said 2xx but its body broke off: its work is done
+		// (retrying would run it again); store what was read.
+		b = append(b, []byte(fmt.Sprintf("\n[idem: reading the response: %v]", err))...)
+	}
+	if !ok || len(b) > limit {
 		_, _ = io.Copy(io.Discard, io.LimitReader(body, 1<<20)) // keep the connection
-		herr := &HandlerError{Status: status, Header: header, Body: b}
+	}
+	return h.decideBody(ctx, status, header, b)
+}
+
+// decideBody is decide with the answer's body read: b holds at least its
+// first MaxResult+1 bytes (a 2xx) or errorBodyLimit+1 (another status).
+// It keeps b.
+func (h *Handler) decideBody(ctx context.Context, status int, header http.Header, b []byte) error {
+	if status < 200 || status > 299 {
+		herr := &HandlerError{Status: status, Header: header, Body: b[:min(len(b), errorBodyLimit)]}
 		if Terminal(status) {
 			return idem.Terminal(herr)
 		}
 		return herr
 	}
-	limit := h.MaxResult
-	if limit == 0 {
-		limit = DefaultMaxResult
-	}
-	b, err := io.ReadAll(io.LimitReader(body, int64(limit)+1))
-	if err != nil {
-		// The handler said 2xx but its body broke off: its work is done
-		// (retrying would run it again); store what was read.
-		b = append(b, []byte(fmt.Sprintf("\n[idem: reading the response: %v]", err))...)
-	}
+	limit := h.maxResult()
 	// The response is this call's alone: its header's values are kept
 	// as they are, without the hop-by-hop and per-answer ones (no copy).
 	r := Result{Status: status, Body: b}
@@ -347,13 +357,20 @@ func (h *Handler) decide(ctx context.Context, status int, header http.Header, bo
 	}
 	if len(b) > limit {
 		r.Body, r.Truncated = b[:limit], true
-		_, _ = io.Copy(io.Discard, io.LimitReader(body, 1<<20))
 	}
 	blob, err := json.Marshal(r)
 	if err == nil {
 		consumer.SetResult(ctx, blob)
 	}
 	return nil
+}
+
+// maxResult is MaxResult or its default.
+func (h *Handler) maxResult() int {
+	if h.MaxResult == 0 {
+		return DefaultMaxResult
+	}
+	return h.MaxResult
 }
 
 // Pauses between the tries of a call whose connection failed.
