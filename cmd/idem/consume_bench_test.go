@@ -36,7 +36,8 @@ import (
 // broker and store, batch 100. BenchmarkConsume reports msgs/s, the CPU
 // time per message of the sidecar process and of this process (the
 // handler, or the in-process adapter); BenchmarkConsumeLatency the p50 of
-// one message at a time, from its publish to the handler.
+// one message at a time, from its publish to the handler (one request per
+// message, or --to-batch).
 
 // benchSink counts the handled messages and records when each arrived.
 type benchSink struct {
@@ -339,7 +340,7 @@ func BenchmarkConsumeLatency(b *testing.B) {
 	srv := redistest.Start(b)
 	rdb := srv.GoRedis(b)
 	for _, br := range benchBrokers(b, srv, rdb) {
-		for _, mode := range []string{"inprocess", "sidecar"} {
+		for _, mode := range []string{"inprocess", "sidecar", "batch"} {
 			b.Run(mode+"/"+br.name, func(b *testing.B) {
 				br.fresh()
 				sink := newBenchSink(-1)
@@ -350,7 +351,7 @@ func BenchmarkConsumeLatency(b *testing.B) {
 					exec := benchExec(b, rdb)
 					go func() { runErr <- br.inProcess(b, ctx, exec, sink.handled) }()
 				} else {
-					side = runSidecar(b, br, srv, sink, unique("g"), "sidecar")
+					side = runSidecar(b, br, srv, sink, unique("g"), mode)
 				}
 				// Warm up: the first message waits for the consumer's start.
 				br.publish(b, benchKeys(1))
