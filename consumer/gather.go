@@ -22,9 +22,12 @@ type gather struct {
 	ctxs    []context.Context
 	items   []any
 	ready   chan struct{}
-	once    sync.Once
-	members []int // the joined messages' indexes, in the batch's order
-	value   any
+	// Set by the first joiner past ready (the runner), under mu.
+	index  []int // per message: its index among the joined ones
+	shared context.Context
+	cancel context.CancelCauseFunc
+	done   chan struct{} // closed once f returned
+	value  any
 }
 
 // gather makes the batch's group of handlers and returns how many run at
@@ -73,15 +76,18 @@ func (g *gather) arrived() {
 // contributes (item); once every handler of the batch that runs has
 // called it or returned (or did not start: its lease was lost, the
 // consumer stops), f runs once, on one of them, with the callers'
-// contexts and items in the batch's order, and Gather
-// returns f's value to every caller with the caller's index in ctxs.
-// Each handler then returns its own message's error, which the Processor
-// decides as usual. f must cover every context (a lease lost cancels that
-// handler's context only: cancel the shared work with it, so that no
-// handler goes on past its lease). Gather waits for the other handlers
-// without regard to ctx. It returns ErrNotGathered for a context that is
-// not a gathered handler's, or a second call with one.
-func Gather(ctx context.Context, item any, f func(ctxs []context.Context, items []any) any) (v any, me int, err error) {
+// contexts and items in the batch's order, and Gather returns f's value
+// to every caller with the caller's index in ctxs. Each handler then
+// returns its own message's error, which the Processor decides as usual.
+// f's ctx is cancelled, with the cause, as soon as any caller's context
+// is done (a lease lost cancels that handler's context only: so no
+// handler goes on past its lease in the shared work), and once f
+// returned; it carries ctxs[0]'s values. The callers waiting for f watch
+// their own contexts for it, so a batch's shared call costs no hook per
+// message. Gather waits for the other handlers without regard to ctx. It
+// returns ErrNotGathered for a context that is not a gathered handler's,
+// or a second call with one.
+func Gather(ctx context.Context, item any, f func(ctx context.Context, ctxs []context.Context, items []any) any) (v any, me int, err error) {
 	s, ok := ctx.Value(resultKey{}).(*resultSlot)
 	if !ok || s.group == nil {
 		return nil, 0, ErrNotGathered
@@ -96,21 +102,38 @@ func Gather(ctx context.Context, item any, f func(ctxs []context.Context, items 
 	g.arrived()
 	g.mu.Unlock()
 	<-g.ready
-	g.once.Do(func() {
-		ctxs := make([]context.Context, 0, len(g.state))
-		items := make([]any, 0, len(g.state))
+	g.mu.Lock()
+	var ctxs []context.Context
+	var items []any
+	runner := g.shared == nil
+	if runner {
+		g.index = make([]int, len(g.state))
+		ctxs = make([]context.Context, 0, len(g.state))
+		items = make([]any, 0, len(g.state))
 		for i, st := range g.state {
 			if st == 1 {
-				g.members = append(g.members, i)
+				g.index[i] = len(ctxs)
 				ctxs, items = append(ctxs, g.ctxs[i]), append(items, g.items[i])
 			}
 		}
-		g.value = f(ctxs, items)
-	})
-	for k, i := range g.members {
-		if i == s.i {
-			me = k
+		g.shared, g.cancel = context.WithCancelCause(context.WithoutCancel(ctxs[0]))
+		g.done = make(chan struct{})
+	}
+	shared, cancel, done := g.shared, g.cancel, g.done
+	g.mu.Unlock()
+	if runner {
+		stop := context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })
+		g.value = f(shared, ctxs, items)
+		stop()
+		cancel(nil)
+		close(done)
+	} else {
+		select {
+		case <-done:
+		case <-ctx.Done():
+			cancel(context.Cause(ctx))
+			<-done
 		}
 	}
-	return g.value, me, nil
+	return g.value, g.index[s.i], nil
 }

@@ -25,7 +25,7 @@ func TestGather(t *testing.T) {
 		if msgs[i].Key == "b" {
 			return errors.New("b fails without gathering")
 		}
-		v, me, err := consumer.Gather(ctx, msgs[i].Key, func(ctxs []context.Context, it []any) any {
+		v, me, err := consumer.Gather(ctx, msgs[i].Key, func(_ context.Context, ctxs []context.Context, it []any) any {
 			calls++
 			items = it
 			if len(ctxs) != len(it) {

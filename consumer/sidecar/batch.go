@@ -220,8 +220,8 @@ func (h *Handler) callBatch(ctx context.Context, d Delivery) error {
 	if !utf8.Valid(d.Body) {
 		it.encoding = "base64"
 	}
-	v, me, err := consumer.Gather(ctx, it, func(ctxs []context.Context, items []any) any {
-		return h.sendBatch(ctxs, items)
+	v, me, err := consumer.Gather(ctx, it, func(shared context.Context, ctxs []context.Context, items []any) any {
+		return h.sendBatch(shared, ctxs, items)
 	})
 	if err != nil {
 		return fmt.Errorf("sidecar: %w", err)
@@ -238,13 +238,13 @@ func (h *Handler) callBatch(ctx context.Context, d Delivery) error {
 }
 
 // sendBatch POSTs the batch's messages in one request and returns the
-// answer for each. The request is cancelled when any message's context is
-// (its lease lost: no message of it goes on past its lease; the consumer
-// stopping) or after Timeout; a broken connection sends it again, as
+// answer for each. The request runs with ctx, Gather's: cancelled when
+// any message's context is (its lease lost: no message of it goes on past
+// its lease; the consumer stopping), and after Timeout; a broken connection sends it again, as
 // send does for one message. An answer that is not a 2xx is every
 // message's answer; a 2xx whose body is not one valid outcome per message
 // fails the whole batch (retried).
-func (h *Handler) sendBatch(ctxs []context.Context, items []any) *batchAnswer {
+func (h *Handler) sendBatch(ctx context.Context, ctxs []context.Context, items []any) *batchAnswer {
 	n := len(ctxs)
 	a := &batchAnswer{gated: make([]bool, n)}
 	size := 2
@@ -261,17 +261,6 @@ func (h *Handler) sendBatch(ctxs []context.Context, items []any) *batchAnswer {
 		payload = it.(*batchItem).appendJSON(payload)
 	}
 	payload = append(payload, ']')
-	ctx, cancel := context.WithCancelCause(context.WithoutCancel(ctxs[0]))
-	defer cancel(nil)
-	stops := make([]func() bool, len(ctxs))
-	for k, c := range ctxs {
-		stops[k] = context.AfterFunc(c, func() { cancel(context.Cause(c)) })
-	}
-	defer func() {
-		for _, stop := range stops {
-			stop()
-		}
-	}()
 	ctx, cancelT := context.WithTimeoutCause(ctx, h.timeout(), h.late)
 	defer cancelT()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, h.URL, bytes.NewReader(payload))
