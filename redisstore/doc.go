@@ -32,9 +32,10 @@
 //   - Cluster: WithHashTag when one script must touch several keys of the
 //     store (a Redis Streams consumer, effects on shared data, batches in
 //     one script).
-//   - WithReplayCache(false) where replays are rare (see Local replay
-//     cache); WithNotify(false) where no caller waits; WithServerCheck to
-//     keep checking the server while the store runs; WithAllowEviction only
+//   - WithReplayCache(false) where replays are rare and the cache's own
+//     connections are not wanted (see Local replay cache);
+//     WithNotify(false) where no caller waits; WithServerCheck to keep
+//     checking the server while the store runs; WithAllowEviction only
 //     where duplicates are acceptable.
 //
 // # Start check
