@@ -151,6 +151,12 @@ func TestQuickStart(t *testing.T) {
 	for _, d := range lines {
 		keys[d.header.Get("Idempotency-Key")] = true
 	}
+	// The toy API logs an execution before it answers, but its stderr
+	// reaches demo.stderr through os/exec's copying goroutine, which may
+	// not have copied the last line yet when the answer is here: count
+	// once the process has exited (Wait returns after the copy).
+	demo.terminate()
+	demo.wait()
 	if got := strings.Count(demo.stderr.String(), "msg=executed"); got != len(keys) {
 		t.Errorf("upstream-demo executions: got %d, want one per key (%d)", got, len(keys))
 	}
