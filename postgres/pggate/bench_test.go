@@ -50,8 +50,8 @@ func BenchmarkDo(b *testing.B) {
 	}{
 		{"memstore", func() (idem.Store, error) { return memstore.New() }},
 		{"go-redis", func() (idem.Store, error) { return redisstore.New(rdb) }},
-		// Without the replay cache's tracking connection, whose
-		// invalidations (every record written) the process reads.
+		// Without the replay cache and its own connections (the
+		// tracking connection and the readers).
 		{"go-redis-no-replay-cache", func() (idem.Store, error) { return redisstore.New(rdb, redisstore.WithReplayCache(false)) }},
 		{"rueidis", func() (idem.Store, error) { return redisstore.NewRueidis(srv.Rueidis(b)) }},
 	}
