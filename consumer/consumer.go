@@ -615,9 +615,11 @@ func (b *Batch) settle(i int, a *idem.Attempt, err error, ran bool) {
 func (b *Batch) abandon(i int) {
 	p := b.p
 	a := b.held[i]
-	digest := p.Key(b.msgs[i].Key).Digest()
+	var digest string
 	if a != nil {
 		digest = a.Key()
+	} else {
+		digest = p.Key(b.msgs[i].Key).Digest()
 	}
 	p.stats.abandoned.Add(1)
 	p.log.Warn("consumer: handler abandoned: it had not returned "+AbandonAfter.String()+" after its context was cancelled; its goroutine runs on",
