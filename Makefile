@@ -65,7 +65,7 @@ CHART_ENV = IDEM_HELM=$(HELM) IDEM_KUBECONFORM=$(KUBECONFORM) \
   IDEM_K8S_OPENAPI="$(foreach v,$(K8S_VERSIONS),$(call moddir,k8s.io/kubernetes@$(v))/api/openapi-spec/swagger.json:)" \
   IDEM_SERVICEMONITOR_CRD="$(call moddir,github.com/prometheus-operator/prometheus-operator@$(PROMOP_VERSION))/jsonnet/prometheus-operator/servicemonitors-crd.json"
 
-.PHONY: test vet race modules chaos-suite tidy build release image image-test chart-test stamp-test deploy-test manifests fuzz soak chaos chaos-long chaos-report bench bench-instructions bench-streams bench-consume bench-functions bench-http bench-grpc bench-proxy bench-resources bench-postgres check-redis check-brokers check-postgres demo
+.PHONY: test vet race modules chaos-suite tidy build release image image-test chart-test stamp-test deploy-test manifests fuzz soak chaos chaos-long chaos-report bench bench-lifecycle bench-instructions bench-streams bench-consume bench-functions bench-http bench-grpc bench-proxy bench-resources bench-postgres check-redis check-brokers check-postgres demo
 
 ## test: formatting, vet, the race-enabled tests of every module, each
 ## module built on its own (make modules), the short variant of the
@@ -195,6 +195,14 @@ soak: check-redis
 ## bench: the benchmark table (starts its own redis-server).
 bench: check-redis
 	$(GO) run ./internal/benchcmd
+
+## bench-lifecycle: only what the lifecycle targets of make bench need:
+## the lifecycle rows of go-redis and rueidis at 64 callers and the
+## redis-benchmark ceiling's acquire and complete, with the depth of the
+## pipelines the server read (calls per read); 3 runs, about 40 s.
+## ARGS='-runs 5 -callers 1,64'.
+bench-lifecycle: check-redis
+	$(GO) run ./internal/benchcmd -lifecycle -callers 64 $(ARGS)
 
 ## bench-instructions: redis-server's instructions per new key under
 ## valgrind's callgrind, idem's acquire + complete (both clients) against

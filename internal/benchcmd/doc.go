@@ -21,7 +21,12 @@
 // redis-server and redis-benchmark on PATH. Progress goes to stderr, the
 // report to stdout.
 //
-//	go run ./internal/benchcmd [-duration 2s] [-runs 3] [-callers 1,64] [-json]
+//	go run ./internal/benchcmd [-duration 2s] [-runs 3] [-callers 1,64] [-lifecycle] [-json]
+//
+// -lifecycle measures only the lifecycle rows of go-redis and rueidis and
+// the lifecycle ceiling (acquire and complete), what the lifecycle
+// targets need, in about a third of the time; -callers 64 leaves out the
+// lone caller's rows too.
 //
 // -callers sets the concurrencies of the Do rows (the targets are at 64):
 // -callers 64,256 shows how the ratio to the ceiling grows with more calls

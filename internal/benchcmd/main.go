@@ -73,6 +73,24 @@ type options struct {
 	runs     int
 	json     bool
 	callers  []int // the numbers of goroutines calling Do at once (-callers)
+	// lifecycle: only what the lifecycle targets need (-lifecycle).
+	lifecycle bool
+}
+
+// stores returns the names of the stores measured, and kinds the kinds of
+// their rows: with -lifecycle, the Redis stores' lifecycles only.
+func (o options) stores() []string {
+	if o.lifecycle {
+		return []string{"go-redis", "rueidis"}
+	}
+	return []string{"memstore", "go-redis", "rueidis", "valkey"}
+}
+
+func (o options) kinds() []string {
+	if o.lifecycle {
+		return []string{"lifecycle"}
+	}
+	return []string{"lifecycle", "replay"}
 }
 
 func main() {
@@ -85,6 +103,7 @@ func main() {
 	profiles := flag.String("profiles", "", "with -callgrind: a directory where each row's callgrind profile is kept")
 	callers := flag.String("callers", "1,"+strconv.Itoa(targetCallers),
 		fmt.Sprintf("concurrencies of the Do rows, comma-separated; %d (the targets') must be among them", targetCallers))
+	flag.BoolVar(&o.lifecycle, "lifecycle", false, "measure only the lifecycle rows of go-redis and rueidis and the lifecycle ceiling, the lifecycle targets' figures")
 	flag.Parse()
 	if o.duration <= 0 || o.runs < 1 {
 		fmt.Fprintln(os.Stderr, "benchcmd: -duration must be positive and -runs at least 1")
@@ -176,8 +195,8 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	for r := range o.runs {
-		for _, name := range []string{"memstore", "go-redis", "rueidis", "valkey"} {
-			for _, kind := range []string{"lifecycle", "replay"} {
+		for _, name := range o.stores() {
+			for _, kind := range o.kinds() {
 				for _, c := range o.callers {
 					progress("run %d/%d: %s %s c=%d", r+1, o.runs, name, kind, c)
 					if err := b.measureStore(ctx, r, name, kind, c); err != nil {
@@ -190,11 +209,17 @@ func run(ctx context.Context, o options) error {
 		if err := b.ceiling(ctx); err != nil {
 			return err
 		}
+		if o.lifecycle {
+			continue
+		}
 		progress("run %d/%d: memstore Do under testing.Benchmark", r+1, o.runs)
 		b.memstoreDo()
 	}
 	var mem []memoryResult
 	for _, fp := range []string{"fp", httpFingerprint} {
+		if o.lifecycle {
+			break
+		}
 		progress("memory per completed record, %d-byte fingerprint", len(fp))
 		m, err := b.memory(ctx, fp)
 		if err != nil {
@@ -335,7 +360,7 @@ func (b *bench) measureStore(ctx context.Context, run int, name, kind string, c 
 	cpu := func() (t cpuTimes, err error) {
 		t.client = proccpu.Self()
 		if redisRow {
-			t.redis, err = b.admin.cpu(ctx)
+			t.redis, t.reads, err = b.admin.cpu(ctx)
 		}
 		return t, err
 	}
@@ -354,6 +379,9 @@ func (b *bench) measureStore(ctx context.Context, run int, name, kind string, c 
 		b.add(row+"/us", st["evalsha"].perCall())
 		b.add(row+"/cpu", 1e6*win.cpu.redis/float64(win.n))
 		b.add(row+"/busy", win.cpu.redis/win.wall.Seconds())
+		if kind == "lifecycle" && win.cpu.reads > 0 {
+			b.add(row+"/depth", 2*float64(win.n)/win.cpu.reads)
+		}
 	}
 	return nil
 }
@@ -395,6 +423,9 @@ func (b *bench) calibrate(ctx context.Context) error {
 	n := requestsFor(acq, b.o.duration)
 	b.completeKeyspace = min(max(10*n, 200_000), 500_000)
 	b.requests["complete"] = b.completeKeyspace / 10
+	if b.o.lifecycle {
+		return nil
+	}
 	if err := b.setupReplay(ctx); err != nil {
 		return err
 	}
@@ -426,14 +457,14 @@ func (b *bench) ceiling(ctx context.Context) error {
 		if err := b.admin.resetStats(ctx); err != nil {
 			return 0, nil, 0, err
 		}
-		c0, err := b.admin.cpu(ctx)
+		c0, r0, err := b.admin.cpu(ctx)
 		if err != nil {
 			return 0, nil, 0, err
 		}
 		if rps, err = benchmark(ctx, addr, n, keyspace, args...); err != nil {
 			return 0, nil, 0, err
 		}
-		c1, err := b.admin.cpu(ctx)
+		c1, r1, err := b.admin.cpu(ctx)
 		if err != nil {
 			return 0, nil, 0, err
 		}
@@ -444,6 +475,9 @@ func (b *bench) ceiling(ctx context.Context) error {
 		b.add("ceiling/"+name, rps)
 		b.add("ceiling/"+name+"/us", st["evalsha"].perCall())
 		b.add("ceiling/"+name+"/cpu", cpu)
+		if r1 > r0 {
+			b.add("ceiling/"+name+"/depth", st["evalsha"].calls/(r1-r0))
+		}
 		// redis-benchmark's rate covers its requests only, not its
 		// start and end: the busy share is the CPU over n/rps.
 		b.add("ceiling/"+name+"/busy", (c1-c0)/(float64(n)/rps))
@@ -484,6 +518,9 @@ func (b *bench) ceiling(ctx context.Context) error {
 	b.add("ceiling/lifecycle/us", (acqSt["evalsha"].perCall()+cmpSt["evalsha"].perCall())/2)
 	b.add("ceiling/lifecycle/cpu", acqCPU+cmpCPU)
 
+	if b.o.lifecycle {
+		return nil
+	}
 	// Replay: the acquire script on one completed key.
 	if err := b.setupReplay(ctx); err != nil {
 		return err

@@ -23,10 +23,11 @@ type window struct {
 	cpu  cpuTimes      // CPU used during the window
 }
 
-// cpuTimes are CPU times in seconds.
+// cpuTimes are CPU times in seconds, and the server's reads.
 type cpuTimes struct {
 	redis  float64 // the server's main thread
 	client float64 // this process
+	reads  float64 // the server's reads from its clients' connections (a count)
 }
 
 // throughput runs op on conc goroutines for warmup plus d and measures the
@@ -81,7 +82,7 @@ func throughput(ctx context.Context, conc int, warmup, d time.Duration, op func(
 		return window{}, ctx.Err()
 	}
 	wall := t1.Sub(t0)
-	return window{ops: float64(n1-n0) / wall.Seconds(), n: n1 - n0, wall: wall, cpu: cpuTimes{c1.redis - c0.redis, c1.client - c0.client}}, nil
+	return window{ops: float64(n1-n0) / wall.Seconds(), n: n1 - n0, wall: wall, cpu: cpuTimes{c1.redis - c0.redis, c1.client - c0.client, c1.reads - c0.reads}}, nil
 }
 
 // sleep waits for d or until ctx is done; it reports whether d elapsed.

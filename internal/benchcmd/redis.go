@@ -79,13 +79,20 @@ func (a admin) usedMemory(ctx context.Context) (int64, error) {
 
 // cpu returns the CPU time, in seconds, of the server's main thread, the
 // one that runs commands and scripts (INFO cpu; the whole process where
-// the server does not report its main thread).
-func (a admin) cpu(ctx context.Context) (float64, error) {
-	info, err := a.c.Info(ctx, "cpu").Result()
+// the server does not report its main thread), and the reads the server
+// has made from its clients' connections so far (INFO stats'
+// total_reads_processed; 0 where the server does not report it). Calls
+// over reads is how deep the pipelines were that the server read.
+func (a admin) cpu(ctx context.Context) (cpu, reads float64, err error) {
+	info, err := a.c.Info(ctx, "cpu", "stats").Result()
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	return redisinfo.CPU(info)
+	if cpu, err = redisinfo.CPU(info); err != nil {
+		return 0, 0, err
+	}
+	reads, _ = strconv.ParseFloat(redisinfo.Parse(info)["total_reads_processed"], 64)
+	return cpu, reads, nil
 }
 
 // version returns the server's redis_version.
