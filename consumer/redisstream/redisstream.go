@@ -288,6 +288,12 @@ func (c *Consumer) Run(ctx context.Context) error {
 		var msgs []redis.XMessage
 		claimed := false
 		if now := time.Now(); !now.Before(nextClaim) {
+			// The previous batch's tail must end first: until it has
+			// acknowledged or dead-lettered its entries they are pending,
+			// and one idle for longer than the claim idle time (a slow
+			// tail) would be claimed back and dead-lettered, replayed or
+			// retried a second time.
+			prev.wait()
 			res, start, err := c.rdb.XAutoClaim(ctx, &redis.XAutoClaimArgs{
 				Stream: c.stream, Group: c.group, Consumer: c.name,
 				MinIdle: c.claimIdle, Start: claimStart, Count: int64(c.batch),
@@ -386,7 +392,8 @@ func (c *Consumer) deliveries(ctx context.Context, msgs []redis.XMessage, claime
 // tail is the end of a batch's processing (complete and acknowledge,
 // dead-letter, count), which runs while the next batch is read, acquired
 // and handled: Redis and the client work at the same time instead of in
-// turn. At most one tail runs at a time.
+// turn. At most one tail runs at a time, and none while pending entries
+// are claimed (Run waits for it before XAUTOCLAIM).
 type tail struct {
 	done chan struct{}
 	keys map[string]bool // the batch's idempotency keys

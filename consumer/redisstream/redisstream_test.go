@@ -311,6 +311,104 @@ func TestLongHandlerKeepsEntry(t *testing.T) {
 	}
 }
 
+// slowDeadLetter is a go-redis hook that holds the first dead-letter
+// script call (a command naming dlq) until an XAUTOCLAIM has returned the
+// entry id, or a second has passed: the tail of a batch outlasting the
+// claim idle time.
+type slowDeadLetter struct {
+	dlq, id string
+	held    atomic.Bool
+	claimed chan struct{} // closed when an XAUTOCLAIM returned id
+	once    sync.Once
+	calls   atomic.Int32 // dead-letter calls that returned
+}
+
+func (h *slowDeadLetter) names(cmd redis.Cmder) (dl, claim bool) {
+	for _, a := range cmd.Args() {
+		if s, ok := a.(string); ok && s == h.dlq {
+			dl = true
+		}
+	}
+	return dl, cmd.Name() == "xautoclaim"
+}
+
+func (h *slowDeadLetter) hold() {
+	if h.held.CompareAndSwap(false, true) {
+		select {
+		case <-h.claimed:
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func (h *slowDeadLetter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *slowDeadLetter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		dl, claim := h.names(cmd)
+		if dl {
+			h.hold()
+			defer h.calls.Add(1)
+		}
+		err := next(ctx, cmd)
+		if c, ok := cmd.(*redis.XAutoClaimCmd); ok && claim {
+			if msgs, _ := c.Val(); slicesContainID(msgs, h.id) {
+				h.once.Do(func() { close(h.claimed) })
+			}
+		}
+		return err
+	}
+}
+
+func (h *slowDeadLetter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			if dl, _ := h.names(cmd); dl {
+				h.hold()
+				defer h.calls.Add(1)
+				break
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func slicesContainID(msgs []redis.XMessage, id string) bool {
+	for _, m := range msgs {
+		if m.ID == id {
+			return true
+		}
+	}
+	return false
+}
+
+// TestSlowTailNotClaimedBack holds a batch's dead letter (its tail, which
+// runs while the next batch is read) past the claim idle time: the loop's
+// next XAUTOCLAIM must not take the entry back and dead-letter it a second
+// time. Before the claim waited for the tail, the entry came back with a
+// delivery count of 2 and was counted invalid twice (the conformance
+// suite's InvalidDeadLetteredAtOnce failed so under load).
+func TestSlowTailNotClaimedBack(t *testing.T) {
+	rdb := standalone(t)
+	e := newEnv(t, rdb, "", time.Second)
+	id := e.add("body", "no key")
+	hook := &slowDeadLetter{dlq: e.stream + ":dlq", id: id, claimed: make(chan struct{})}
+	rdb.AddHook(hook)
+	c := e.consumer("c1", WithClaimIdle(30*time.Millisecond))
+	err := e.run(c, nopHandler, func() bool {
+		return hook.calls.Load() >= 1 && e.pending() == 0
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := c.Stats(); st.Invalid != 1 || st.DeadLettered != 1 {
+		t.Errorf("stats %+v: the entry was dead-lettered %d times, want once", st, st.DeadLettered)
+	}
+	if n := len(e.dlq()); n != 1 {
+		t.Errorf("%d dead letters, want 1", n)
+	}
+}
+
 // TestLeaseLostIsNotAcked deletes the record while the handler runs (as a
 // takeover would): the handler's context is cancelled, the entry is not
 // acknowledged.
