@@ -234,7 +234,15 @@ func (h *Handler) callBatch(ctx context.Context, d Delivery) error {
 		return a.err
 	}
 	o := a.outcomes[me]
-	return h.decideBody(ctx, o.Status, outcomeHeader(o.Headers), []byte(o.Body))
+	var body []byte
+	if o.Status >= 200 && o.Status <= 299 {
+		// A 2xx body is only encoded into the stored result (decideBody
+		// keeps it in no error): read in place, not copied.
+		body = unsafe.Slice(unsafe.StringData(o.Body), len(o.Body))
+	} else {
+		body = []byte(o.Body)
+	}
+	return h.decideBody(ctx, o.Status, outcomeHeader(o.Headers), body)
 }
 
 // sendBatch POSTs the batch's messages in one request and returns the

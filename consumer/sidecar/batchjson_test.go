@@ -66,3 +66,52 @@ func FuzzBatchMessageJSON(f *testing.F) {
 		}
 	})
 }
+
+// TestResultJSON: a stored result's JSON is encoding/json's of its
+// Result (what the records hold, and what readers of them decode), for
+// headers in any number and order, nil and empty values, odd strings,
+// empty and binary bodies, truncated and gate results.
+func TestResultJSON(t *testing.T) {
+	odd := []string{"", "plain", `q"uote\back`, "<a&b>", "\x00\x1f\x7f", "\xff\xfe", "é\u2028\u2029€😀"}
+	many := http.Header{}
+	for k := range 12 {
+		many[string(rune('Z'-k))+"-Name"] = []string{odd[k%len(odd)], "second"}
+	}
+	cases := []Result{
+		{Status: 200},
+		{Status: 201, Body: []byte(`{"ok":true}`)},
+		{Status: 200, Header: http.Header{}, Body: []byte{}},
+		{Status: 204, Header: http.Header{"Content-Type": {"application/json"}, "Nil": nil, "Empty": {}}},
+		{Status: 200, Header: many, Body: []byte{0xff, 0, 1}, Truncated: true},
+		{Status: http.StatusOK, Body: []byte("row"), Gate: true},
+	}
+	for _, s := range odd {
+		cases = append(cases, Result{Status: 299, Header: http.Header{s: {s}, "X-" + s: {s, s}}, Body: []byte(s)})
+	}
+	for _, r := range cases {
+		want, err := json.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := r.appendJSON(nil); !bytes.Equal(got, want) {
+			t.Errorf("got %s, want %s", got, want)
+		}
+	}
+}
+
+// FuzzResultJSON: Result.appendJSON writes what encoding/json writes for
+// any header and body.
+func FuzzResultJSON(f *testing.F) {
+	f.Add("Content-Type", "text/plain", []byte(`ok`), true)
+	f.Add("<&>", "\u2028\xff", []byte{0xff, 0}, false)
+	f.Fuzz(func(t *testing.T, name, value string, body []byte, flag bool) {
+		r := Result{Status: 200, Header: http.Header{name: {value}, "B": nil}, Body: body, Truncated: flag, Gate: !flag}
+		want, err := json.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := r.appendJSON(nil); !bytes.Equal(got, want) {
+			t.Errorf("got %s, want %s", got, want)
+		}
+	})
+}

@@ -332,7 +332,8 @@ func (h *Handler) decide(ctx context.Context, status int, header http.Header, bo
 
 // decideBody is decide with the answer's body read: b holds at least its
 // first MaxResult+1 bytes (a 2xx) or errorBodyLimit+1 (another status).
-// It keeps b.
+// It keeps b in the error of an answer that is not a 2xx, and only reads
+// it for a 2xx.
 func (h *Handler) decideBody(ctx context.Context, status int, header http.Header, b []byte) error {
 	if status < 200 || status > 299 {
 		herr := &HandlerError{Status: status, Header: header, Body: b[:min(len(b), errorBodyLimit)]}
@@ -358,10 +359,7 @@ func (h *Handler) decideBody(ctx context.Context, status int, header http.Header
 	if len(b) > limit {
 		r.Body, r.Truncated = b[:limit], true
 	}
-	blob, err := json.Marshal(r)
-	if err == nil {
-		consumer.SetResult(ctx, blob)
-	}
+	setResult(ctx, &r)
 	return nil
 }
 
@@ -429,9 +427,7 @@ func (h *Handler) gate(ctx context.Context, digest string) (committed bool, err 
 	if !ok {
 		return false, nil
 	}
-	if blob, err := json.Marshal(Result{Status: http.StatusOK, Body: result, Gate: true}); err == nil {
-		consumer.SetResult(ctx, blob)
-	}
+	setResult(ctx, &Result{Status: http.StatusOK, Body: result, Gate: true})
 	return true, nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"unsafe"
 
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/nats-io/nats.go/jetstream"
@@ -23,7 +24,13 @@ import (
 
 // RedisStreamKey is the key of a stream entry.
 func (k KeySpec) RedisStreamKey(m redis.XMessage) string {
-	body, _ := streamBody(m)
+	var body []byte
+	if p, ok := m.Values[redisstream.PayloadField].(string); ok {
+		// Read only, by the key's source: no copy of the payload.
+		body = unsafe.Slice(unsafe.StringData(p), len(p))
+	} else {
+		body, _ = streamBody(m)
+	}
 	return k.Key(func(name string) []string { return streamField(m, name) }, body, m.ID)
 }
 
@@ -31,11 +38,13 @@ func (k KeySpec) RedisStreamKey(m redis.XMessage) string {
 // key's field is left out of the headers, traceparent and tracestate
 // pass as they are, the other fields as Idem-Header-NAME.
 func RedisStream(stream, keyField string, m redis.XMessage) sidecar.Delivery {
-	h := header("redis-stream", stream)
-	h.Set(sidecar.HeaderMessageID, m.ID)
 	body, isJSON := streamBody(m)
+	// The values of the headers every entry has share one allocation.
+	vs := []string{"redis-stream", stream, m.ID, "application/json"}
+	h := make(http.Header, len(m.Values)+2)
+	h[sidecar.HeaderBroker], h[sidecar.HeaderTopic], h[sidecar.HeaderMessageID] = vs[0:1:1], vs[1:2:2], vs[2:3:3]
 	if isJSON {
-		h.Set("Content-Type", "application/json")
+		h["Content-Type"] = vs[3:4:4]
 	}
 	for k, v := range m.Values {
 		if k != redisstream.PayloadField && k != keyField {
