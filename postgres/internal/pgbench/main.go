@@ -31,6 +31,15 @@
 // as pg_stat_wal's wal_bytes counts it, but exact at once; it counts the
 // whole server: other databases' writes in the same seconds count too).
 //
+// With -breakdown N it measures nothing of the above: it runs N keys one
+// after another through each mode with pgx's tracer and a go-redis hook
+// installed and prints, for each mode, every round trip of a key (Redis
+// calls, pool acquisitions, Postgres statements and batches) with the
+// median time of each and of the caller's own work between them; then the
+// wall and CPU time per key at one caller (Postgres, redis-server and this
+// process; wall minus CPU is time when none of them ran), -runs times,
+// the modes interleaved.
+//
 // It starts its own redis-server (no persistence, a free loopback port) and
 // makes a schema of its own in IDEM_POSTGRES_URL, dropped at the end.
 package main
@@ -75,6 +84,7 @@ func main() {
 	runs := flag.Int("runs", 3, "measurements per cell; the median is printed")
 	only := flag.String("modes", "", "comma-separated modes to run (bare,handwritten,handwritten-uuid,memgate,memgate-begin,lifecycle,hybrid,hybrid-begin,hybrid-rueidis,hybrid-no-replay-cache,pgstore,pgstore-quiet); all by default (bare and handwritten always run)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	trace := flag.Int("breakdown", 0, "instead of the measurements, time each round trip of this many keys at one caller, mode by mode (go-redis and pgx hooks), and the CPU per key at one caller")
 	flag.Parse()
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
@@ -85,7 +95,7 @@ func main() {
 		pprof.StartCPUProfile(f)
 		defer pprof.StopCPUProfile()
 	}
-	if err := run(*duration, *runs, *only); err != nil {
+	if err := run(*duration, *runs, *only, *trace); err != nil {
 		pprof.StopCPUProfile()
 		fmt.Fprintln(os.Stderr, "pgbench:", err)
 		os.Exit(1)
@@ -100,7 +110,7 @@ func insert(ctx context.Context, tx pgx.Tx, id int64) error {
 	return err
 }
 
-func run(duration time.Duration, runs int, only string) error {
+func run(duration time.Duration, runs int, only string, trace int) error {
 	ctx := context.Background()
 	addr, redisPID, stop, err := startRedis()
 	if err != nil {
@@ -117,6 +127,10 @@ func run(duration time.Duration, runs int, only string) error {
 		return err
 	}
 	cfg.MaxConns = 80
+	tl := &timeline{}
+	if trace > 0 {
+		cfg.ConnConfig.Tracer = tl
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return err
@@ -137,6 +151,9 @@ func run(duration time.Duration, runs int, only string) error {
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 80})
 	defer rdb.Close()
+	if trace > 0 {
+		rdb.AddHook(tl)
+	}
 
 	// bare tx
 	bare := func(ctx context.Context, id int64) (bool, error) {
@@ -306,6 +323,23 @@ func run(duration time.Duration, runs int, only string) error {
 		}
 	}
 	var next atomic.Int64
+	if trace > 0 {
+		for _, m := range modes {
+			if err := breakdown(ctx, tl, m.name, m.op, trace, func() int64 { return next.Add(1) }); err != nil {
+				return fmt.Errorf("%s: %w", m.name, err)
+			}
+		}
+		fmt.Println("\n| mode, 1 caller | wall µs/key | CPU µs/key: Postgres | Redis | Go | total | wall − CPU |")
+		fmt.Println("|---|---:|---:|---:|---:|---:|---:|")
+		for r := range runs {
+			for _, m := range modes {
+				if err := cpuAtOne(ctx, fmt.Sprintf("%s (run %d)", m.name, r+1), m.op, trace, func() int64 { return next.Add(1) }, redisPID); err != nil {
+					return fmt.Errorf("%s: %w", m.name, err)
+				}
+			}
+		}
+		return nil
+	}
 	type cells struct {
 		new1, new64, replay64 float64
 		cpu                   cpuTimes // per key at 64 callers
