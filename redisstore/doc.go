@@ -88,7 +88,7 @@
 // (on a rueidis Cluster client, rueidis's own pipelining alone): a call
 // made while two others are in flight is queued, and the first of those to
 // return sends every queued call as one pipeline (a lone caller's calls go
-// out alone, at once); a queued call waits at most 250 µs for that, then
+// out alone, at once); a queued call waits at most 1 ms for that, then
 // the queue is sent at once, so that a slow network does not delay it by a
 // whole round trip. go-redis (v9.23 and later) sends pipelines on a pool
 // of their own, Options.PipelinePoolSize connections (10 by default, with
