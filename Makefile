@@ -111,6 +111,8 @@ check-postgres:
 vet:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	@big=$$(git ls-files -z 2>/dev/null | xargs -0 -r stat -c '%s %n' 2>/dev/null | awk '$$1 > 1048576 { print $$2 }'); \
+	  if [ -n "$$big" ]; then echo "tracked files over 1 MiB (a built binary?):"; echo "$$big"; exit 1; fi
 	@$(MODPROXY) check -version $(MODVERSION) -repo $(CURDIR)
 	@for m in $(MODULES); do (cd $$m && $(GO) vet ./...) || exit 1; done
 	@# The library also builds where int has 32 bits.
