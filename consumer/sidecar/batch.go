@@ -329,9 +329,12 @@ func readOutcomes(r io.Reader, n int, limit int64) ([]BatchOutcome, error) {
 	if int64(len(blob)) > limit {
 		return nil, fmt.Errorf("sidecar: the batch's answer is over %d bytes", limit)
 	}
-	var outs []BatchOutcome
-	if err := json.Unmarshal(blob, &outs); err != nil {
-		return nil, fmt.Errorf("sidecar: the batch's answer is not a JSON array of outcomes: %w", err)
+	outs, ok := parseOutcomes(blob, n)
+	if !ok {
+		outs = nil
+		if err := json.Unmarshal(blob, &outs); err != nil {
+			return nil, fmt.Errorf("sidecar: the batch's answer is not a JSON array of outcomes: %w", err)
+		}
 	}
 	if len(outs) != n {
 		return nil, fmt.Errorf("sidecar: the batch's answer has %d outcomes for %d messages", len(outs), n)
