@@ -194,7 +194,10 @@ func TestDuplicateInNextBatchIsReplayed(t *testing.T) {
 }
 
 func TestRetryThenDeadLetter(t *testing.T) {
-	e := newEnv(t, standalone(t), "", 30*time.Millisecond)
+	// The lease outlasts a stalled scheduler: with 30ms, a lease lost
+	// before the handler started (two busy processes on the two cores)
+	// made a delivery retry without a run, 8 failures in 60.
+	e := newEnv(t, standalone(t), "", time.Second)
 	e.add("key", "bad")
 	var runs atomic.Int32
 	c := e.consumer("c1", consumer.WithMaxDeliveries(3), WithClaimIdle(30*time.Millisecond))
