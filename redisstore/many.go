@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 )
 
 // maxPerScript bounds the keys of one batch script. Redis runs a script to
@@ -21,21 +20,20 @@ func (s *Store) oneScript() bool { return s.tag != "" || !s.isCluster() }
 // span is the calls [lo, hi) of a batch that one batch script carries.
 type span struct{ lo, hi int }
 
-// packAcquire turns one-key acquire calls (args: fingerprint, owner, lease,
-// retention, max attempts, ttl) into acquire_many calls: consecutive calls
-// with the same lease, retention, max attempts and ttl share a script, up to
-// maxPerScript keys.
+// packAcquire turns one-key acquire calls (args: acquireArgs) into
+// acquire_many calls: consecutive calls with the same lease, retention, max
+// attempts and ttl share a script, up to maxPerScript keys.
 func packAcquire(calls []evalCall) ([]evalCall, []span) {
 	var many []evalCall
 	var spans []span
 	for lo := 0; lo < len(calls); {
-		shared := calls[lo].Args[2:6]
+		shared := acquireShared(calls[lo].Args)
 		hi := lo + 1
-		for hi < len(calls) && hi-lo < maxPerScript && slices.Equal(calls[hi].Args[2:6], shared) {
+		for hi < len(calls) && hi-lo < maxPerScript && acquireShared(calls[hi].Args) == shared {
 			hi++
 		}
 		m := evalCall{Keys: make([]string, 0, hi-lo), Args: make([]string, 0, 4+2*(hi-lo))}
-		m.Args = append(m.Args, shared...)
+		m.Args = append(m.Args, shared[:]...)
 		for _, c := range calls[lo:hi] {
 			m.Keys = append(m.Keys, c.Keys[0])
 			m.Args = append(m.Args, c.Args[0], c.Args[1])
@@ -45,6 +43,17 @@ func packAcquire(calls []evalCall) ([]evalCall, []span) {
 		lo = hi
 	}
 	return many, spans
+}
+
+// acquireShared returns the arguments that acquire_many.lua takes once for
+// all its keys (lease, retention, max attempts, ttl) from the arguments of
+// one acquire.lua call (acquireArgs: without an attempt limit, max attempts
+// 0 and a retention acquire does not read).
+func acquireShared(args []string) [4]string {
+	if len(args) < 6 {
+		return [4]string{args[2], "0", "0", args[3]}
+	}
+	return [4]string{args[2], args[5], args[4], args[3]}
 }
 
 // chunk splits n calls into spans of at most maxPerScript.

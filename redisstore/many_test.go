@@ -201,3 +201,59 @@ func TestGetRefusesWrongFieldTypes(t *testing.T) {
 		}
 	}
 }
+
+// TestAttemptLimitArguments checks the arguments that acquire.lua takes
+// only with an attempt limit (max attempts, and the retention of a record
+// that the limit ends FAILED), through Acquire and through a batch that
+// mixes keys with and without a limit: the exhausted key ends FAILED with
+// the retention as its expiry, not the IN_PROGRESS time to live, and the
+// key without a limit is taken again.
+func TestAttemptLimitArguments(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	c := goRedisClient(t, srv.Addr())
+	s := newStore(t, c)
+	ctx := t.Context()
+	limited := storekit.AcquireRequest{Fingerprint: "fp", Owner: "o1", Lease: time.Minute, Retention: time.Hour, MaxAttempts: 1}
+	unlimited := storekit.AcquireRequest{Fingerprint: "fp", Owner: "o1", Lease: time.Minute, Retention: time.Hour}
+	for _, batch := range []bool{false, true} {
+		t.Run(fmt.Sprint("batch=", batch), func(t *testing.T) {
+			keys := []string{idem.Key{ID: fmt.Sprint("limited-", batch)}.Digest(), idem.Key{ID: fmt.Sprint("unlimited-", batch)}.Digest()}
+			acquire := func(reqs []storekit.AcquireRequest) ([]storekit.Acquisition, []error) {
+				if batch {
+					return s.AcquireBatch(ctx, keys, reqs)
+				}
+				out, errs := make([]storekit.Acquisition, len(keys)), make([]error, len(keys))
+				for i, key := range keys {
+					out[i], errs[i] = s.Acquire(ctx, key, reqs[i])
+				}
+				return out, errs
+			}
+			acqs, errs := acquire([]storekit.AcquireRequest{limited, unlimited})
+			for i, key := range keys {
+				if errs[i] != nil || acqs[i].Outcome != storekit.Acquired {
+					t.Fatalf("first acquire of key %d: got %+v, %v; want Acquired", i, acqs[i], errs[i])
+				}
+				if err := s.Release(ctx, key, acqs[i].Lease, time.Hour); err != nil {
+					t.Fatal(err)
+				}
+			}
+			l2, u2 := limited, unlimited
+			l2.Owner, u2.Owner = "o2", "o2"
+			acqs, errs = acquire([]storekit.AcquireRequest{l2, u2})
+			if errs[0] != nil || acqs[0].Outcome != storekit.Replay || acqs[0].State != storekit.StateFailed {
+				t.Fatalf("acquire past the limit: got %+v, %v; want Replay of FAILED", acqs[0], errs[0])
+			}
+			if errs[1] != nil || acqs[1].Outcome != storekit.Acquired || acqs[1].Attempts != 2 {
+				t.Fatalf("acquire without a limit: got %+v, %v; want Acquired, attempt 2", acqs[1], errs[1])
+			}
+			ttl, err := c.PTTL(ctx, s.Key(keys[0])).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ttl <= 10*time.Minute || ttl > time.Hour {
+				t.Fatalf("the FAILED record expires in %v, want the retention (1h)", ttl)
+			}
+		})
+	}
+}

@@ -347,6 +347,17 @@ func bytesArg(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b
 // the lease, one more lease, and storekit.InProgressGrace.
 func inProgressTTL(d time.Duration) string { return ms(2*d + storekit.InProgressGrace) }
 
+// acquireArgs returns the ARGV of acquire.lua for req: fingerprint, owner,
+// lease and the IN_PROGRESS time to live, then max attempts and retention
+// only when there is an attempt limit (each argument costs Redis a Lua
+// string; acquire.lua).
+func acquireArgs(req storekit.AcquireRequest) []string {
+	if req.MaxAttempts == 0 {
+		return []string{req.Fingerprint, req.Owner, ms(req.Lease), inProgressTTL(req.Lease)}
+	}
+	return []string{req.Fingerprint, req.Owner, ms(req.Lease), inProgressTTL(req.Lease), strconv.Itoa(req.MaxAttempts), ms(req.Retention)}
+}
+
 func (s *Store) run(ctx context.Context, sc *script, key string, args []string, durable bool) (any, error) {
 	return s.runKeys(ctx, sc, []string{s.Key(key)}, args, durable)
 }
@@ -391,9 +402,7 @@ func (s *Store) Acquire(ctx context.Context, key string, req storekit.AcquireReq
 			return a, nil
 		}
 	}
-	reply, err := s.run(ctx, acquireScript, key, []string{
-		req.Fingerprint, req.Owner, ms(req.Lease), ms(req.Retention), strconv.Itoa(req.MaxAttempts), inProgressTTL(req.Lease),
-	}, true)
+	reply, err := s.run(ctx, acquireScript, key, acquireArgs(req), true)
 	if reply == nil {
 		return storekit.Acquisition{}, err
 	}

@@ -318,7 +318,7 @@ func TestAcquireNewKeyRepliesItsFence(t *testing.T) {
 	c := goRedisClient(t, srv.Addr())
 	s := newStore(t, c)
 	key := idem.Key{ID: "new"}.Digest()
-	v, err := c.Eval(t.Context(), redisstore.AcquireSource(), []string{s.Key(key)}, "fp", "owner", "60000", "60000", "0", "120000").Result()
+	v, err := c.Eval(t.Context(), redisstore.AcquireSource(), []string{s.Key(key)}, "fp", "owner", "60000", "120000").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -350,7 +350,7 @@ func TestScriptErrorWritesNothing(t *testing.T) {
 	s := newStore(t, c)
 	key := idem.Key{ID: "bad"}.Digest()
 	// Lease "abc": acquire.lua fails at tonumber arithmetic.
-	err := c.Eval(t.Context(), redisstore.AcquireSource(), []string{s.Key(key)}, "fp", "owner", "abc", "1000", "0").Err()
+	err := c.Eval(t.Context(), redisstore.AcquireSource(), []string{s.Key(key)}, "fp", "owner", "abc", "1000").Err()
 	if err == nil {
 		t.Fatal("acquire.lua with a non-numeric lease succeeded")
 	}

@@ -110,7 +110,7 @@ func (s *Store) AcquireBatch(ctx context.Context, keys []string, reqs []storekit
 		}
 		calls = append(calls, evalCall{
 			Keys: []string{s.Key(key)},
-			Args: []string{req.Fingerprint, req.Owner, ms(req.Lease), ms(req.Retention), strconv.Itoa(req.MaxAttempts), inProgressTTL(req.Lease)},
+			Args: acquireArgs(req),
 		})
 		idx = append(idx, i)
 	}

@@ -387,11 +387,11 @@ func (b *bench) measureStore(ctx context.Context, run int, name, kind string, c 
 }
 
 // acquireArgs returns the redis-benchmark command of an acquire on key,
-// with the arguments Executor.Do sends (lease 30s, retention 24h, no
-// attempt limit, the IN_PROGRESS time to live; see acquire.lua).
+// with the arguments Executor.Do sends (lease 30s, the IN_PROGRESS time to
+// live, no attempt limit; see acquire.lua).
 func (b *bench) acquireArgs(key string) []string {
 	return []string{"EVALSHA", b.acquireSHA, "1", key, "fp", "owner",
-		strconv.FormatInt(lease.Milliseconds(), 10), strconv.FormatInt(retention.Milliseconds(), 10), "0",
+		strconv.FormatInt(lease.Milliseconds(), 10),
 		strconv.FormatInt((2*lease + storekit.InProgressGrace).Milliseconds(), 10)}
 }
 

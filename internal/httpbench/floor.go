@@ -138,7 +138,7 @@ func (f *scriptFloor) middleware(prefix string, next http.Handler) http.Handler 
 		key := prefix + r.Header.Get("Idempotency-Key")
 		owner := strconv.FormatUint(f.owners.Add(1), 10)
 		res := f.c.Do(ctx, f.c.B().Evalsha().Sha1(f.acquireSHA).Numkeys(1).Key(key).
-			Arg("fp", owner, f.lease, f.retention, "0" /* no attempt limit */, f.ttl).Build())
+			Arg("fp", owner, f.lease, f.ttl /* no attempt limit */).Build())
 		var kind, fence int64
 		reply, err := res.ToArray()
 		if n, ierr := res.AsInt64(); ierr == nil {

@@ -4,10 +4,16 @@
 -- ARGV[1]  fingerprint
 -- ARGV[2]  owner token
 -- ARGV[3]  lease, ms
--- ARGV[4]  retention, ms (for a record that becomes FAILED here)
--- ARGV[5]  max attempts (0: no limit)
--- ARGV[6]  time to live of an IN_PROGRESS record, ms: two leases plus
+-- ARGV[4]  time to live of an IN_PROGRESS record, ms: two leases plus
 --          idem.InProgressGrace (computed in Go)
+-- ARGV[5]  max attempts (optional: absent when there is no limit)
+-- ARGV[6]  retention, ms, for a record that becomes FAILED here
+--          (optional: only with ARGV[5])
+--
+-- The attempt limit comes last and only when there is one (the default has
+-- none): Redis turns every argument into a Lua string in an ARGV table
+-- that grows as it fills, and a new key's call with 4 arguments costs it
+-- ~5% fewer instructions than with 6 (BENCHMARKS.md).
 --
 -- Reply, one of:
 --   fence                                 Acquired a new record (attempts 1):
@@ -56,16 +62,16 @@ local lease_end = now + tonumber(ARGV[3]) * 1000
 if not v then
   -- No record: the fence is seeded from the clock, so that it still grows
   -- after the record was deleted or expired.
-  redis.call('SET', KEYS[1], cmsgpack.pack(1, 'p', ARGV[1], ARGV[2], now, lease_end, 1, -1, ''), 'PX', ARGV[6])
+  redis.call('SET', KEYS[1], cmsgpack.pack(1, 'p', ARGV[1], ARGV[2], now, lease_end, 1, -1, ''), 'PX', ARGV[4])
   return now
 end
 if s == 'p' and l > now then
   return {3, l - now, a}
 end
 -- Released, or in progress with an expired lease.
-local max = tonumber(ARGV[5])
+local max = tonumber(ARGV[5] or 0)
 if max > 0 and a >= max then
-  redis.call('SET', KEYS[1], cmsgpack.pack(1, 'f', f, '', n, 0, a, c, ''), 'PX', ARGV[4])
+  redis.call('SET', KEYS[1], cmsgpack.pack(1, 'f', f, '', n, 0, a, c, ''), 'PX', ARGV[6])
   return {4, 'f', a, ''}
 end
 local fence = math.max(n + 1, now)
@@ -75,7 +81,7 @@ if c < 0 then
 elseif c > 0 then
   c = c - fence - 1
 end
-redis.call('SET', KEYS[1], cmsgpack.pack(1, 'p', f, ARGV[2], fence, lease_end, a + 1, c, ''), 'PX', ARGV[6])
+redis.call('SET', KEYS[1], cmsgpack.pack(1, 'p', f, ARGV[2], fence, lease_end, a + 1, c, ''), 'PX', ARGV[4])
 if s == 'p' then
   return {2, fence, a + 1, o}
 end
