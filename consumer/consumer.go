@@ -248,6 +248,8 @@ type Processor struct {
 	maxRetryDelay  time.Duration
 	completeEach   bool
 	gathered       bool
+	// work hands a handler to an idle worker (handleOwn, goHandler).
+	work chan func()
 
 	stats struct {
 		processed, replayed, retried, dead, invalid, panics, redelivered, errors, abandoned atomic.Int64
@@ -465,40 +467,55 @@ const (
 func (b *Batch) handleOwn(h Handler, n int) {
 	b.state = make([]atomic.Uint32, len(b.msgs))
 	stop := b.ctx.Done()
-	sem := make(chan struct{}, n)
-	settled := make(chan struct{}, len(b.msgs)) // an abandoned handler's goroutine still sends, later
-	started := 0
+	var sem chan struct{} // nil when every handler may run at once
+	if n < len(b.msgs) {
+		sem = make(chan struct{}, n)
+	}
+	// left counts the handlers not settled yet, plus one for this loop
+	// until every handler started; the one that counts the last sends on
+	// all, so that Handle wakes once, not once per handler.
+	var left atomic.Int64
+	left.Store(1)
+	all := make(chan struct{}, 1)
+	settled := func() {
+		if left.Add(-1) == 0 {
+			all <- struct{}{}
+		}
+	}
 	for i := range b.msgs {
 		if !b.toRun(i) {
 			continue // nothing to run: skip without taking a slot
 		}
-		slot := true
-		select {
-		case sem <- struct{}{}:
-		case <-stop:
-			// The batch stops: no handler of a held key starts
-			// (ErrStopping), and none waits for a slot.
-			slot = false
+		slot := sem != nil
+		if slot {
+			select {
+			case sem <- struct{}{}:
+			case <-stop:
+				// The batch stops: no handler of a held key starts
+				// (ErrStopping), and none waits for a slot.
+				slot = false
+			}
 		}
-		started++
-		go func() {
+		left.Add(1)
+		b.p.goHandler(func() {
 			defer func() {
 				if slot {
 					<-sem
 				}
 				if b.state[i].Load() != handlerAbandoned { // counted when abandoned
-					settled <- struct{}{}
+					settled()
 				}
 			}()
 			b.handle(h, i)
-		}()
+		})
 	}
+	settled()
 	var t *time.Timer
 	var late <-chan time.Time
-	for started > 0 {
+	for {
 		select {
-		case <-settled:
-			started--
+		case <-all:
+			return
 		case <-stop:
 			stop = nil
 			t = time.NewTimer(AbandonAfter)
@@ -508,12 +525,51 @@ func (b *Batch) handleOwn(h Handler, n int) {
 			for i := range b.state {
 				if b.state[i].CompareAndSwap(handlerRunning, handlerAbandoned) {
 					b.abandon(i)
-					started--
+					settled()
 				}
 			}
 			// A handler that started since (a duplicate passed on as the
 			// batch stopped) gets AbandonAfter too.
 			t.Reset(AbandonAfter)
+		}
+	}
+}
+
+// workerIdle is how long a worker of handleOwn waits for another handler
+// before its goroutine ends.
+const workerIdle = 5 * time.Second
+
+// goHandler runs f, a message's handler with what settles it (handleOwn),
+// on an idle worker of the processor, or on a new one when none is idle.
+// A worker runs one f after another, so the handlers of each batch do
+// not each start a goroutine whose stack grows again on the way into
+// the handler (a gathered batch starts all of its handlers at once); it
+// ends after workerIdle without one. A worker whose f does not return
+// (an abandoned handler) serves nothing else, and one whose f calls
+// runtime.Goexit ends with it.
+func (p *Processor) goHandler(f func()) {
+	select {
+	case p.work <- f:
+	default:
+		go p.worker(f)
+	}
+}
+
+// worker runs f, then what goHandler hands it, until it has been idle for
+// workerIdle.
+func (p *Processor) worker(f func()) {
+	var idle *time.Timer
+	for {
+		f()
+		if idle == nil {
+			idle = time.NewTimer(workerIdle)
+		} else {
+			idle.Reset(workerIdle)
+		}
+		select {
+		case f = <-p.work:
+		case <-idle.C:
+			return
 		}
 	}
 }

@@ -13,27 +13,31 @@ var ErrNotGathered = errors.New("consumer: the handler's batch does not gather i
 
 // gather is the group of a batch's handlers (WithGatheredHandlers): every
 // handler that is to run either joins it (Gather) or leaves it (returns
-// without joining, or does not start); once none is pending, the first
-// joiner runs the group's function for all of them.
+// without joining, or does not start); once none is pending, one joiner
+// runs the group's function for all of them: the last to arrive if it
+// joined, or else the one that takes the token the last to leave sends
+// (run). The other joiners wait for done alone, so each parks once.
 type gather struct {
 	mu      sync.Mutex
 	pending int
+	joined  int
 	state   []uint8 // per message: 0 pending (or not a member), 1 joined, 2 left
 	ctxs    []context.Context
 	items   []any
-	ready   chan struct{}
-	// Set by the first joiner past ready (the runner), under mu.
-	index  []int // per message: its index among the joined ones
-	shared context.Context
-	cancel context.CancelCauseFunc
-	done   chan struct{} // closed once f returned
+	run     chan struct{} // one token for a joiner to run f when a leave was last
+	done    chan struct{} // closed once f returned
+	// Set by the runner, under mu.
+	index  []int                   // per message: its index among the joined ones
+	cancel context.CancelCauseFunc // f's context's
+	cause  error                   // a joiner's context done before f started
 	value  any
 }
 
 // gather makes the batch's group of handlers and returns how many run at
 // once: all of them.
 func (b *Batch) gather() int {
-	g := &gather{state: make([]uint8, len(b.msgs)), ctxs: make([]context.Context, len(b.msgs)), items: make([]any, len(b.msgs)), ready: make(chan struct{})}
+	g := &gather{state: make([]uint8, len(b.msgs)), ctxs: make([]context.Context, len(b.msgs)), items: make([]any, len(b.msgs)),
+		run: make(chan struct{}, 1), done: make(chan struct{})}
 	for i := range b.msgs {
 		if !b.toRun(i) {
 			g.state[i] = 2
@@ -44,14 +48,12 @@ func (b *Batch) gather() int {
 			b.values[i].group = g
 		}
 	}
-	if g.pending == 0 {
-		close(g.ready)
-	}
 	b.group = g
 	return g.pending
 }
 
-// leave counts message i's handler out of the group unless it joined.
+// leave counts message i's handler out of the group unless it joined; the
+// last to arrive hands the run to a joiner, if any joined.
 func (g *gather) leave(i int) {
 	if g == nil {
 		return
@@ -60,14 +62,23 @@ func (g *gather) leave(i int) {
 	defer g.mu.Unlock()
 	if g.state[i] == 0 {
 		g.state[i] = 2
-		g.arrived()
+		if g.pending--; g.pending == 0 && g.joined > 0 {
+			g.run <- struct{}{}
+		}
 	}
 }
 
-// arrived counts one member joined or left; g.mu is held.
-func (g *gather) arrived() {
-	if g.pending--; g.pending == 0 {
-		close(g.ready)
+// stop cancels f's context with cause, or has the runner cancel it as f
+// starts.
+func (g *gather) stop(cause error) {
+	g.mu.Lock()
+	cancel := g.cancel
+	if cancel == nil && g.cause == nil {
+		g.cause = cause
+	}
+	g.mu.Unlock()
+	if cancel != nil {
+		cancel(cause)
 	}
 }
 
@@ -99,41 +110,42 @@ func Gather(ctx context.Context, item any, f func(ctx context.Context, ctxs []co
 		return nil, 0, ErrNotGathered
 	}
 	g.state[s.i], g.ctxs[s.i], g.items[s.i] = 1, ctx, item
-	g.arrived()
+	g.joined++
+	g.pending--
+	runner := g.pending == 0
 	g.mu.Unlock()
-	<-g.ready
-	g.mu.Lock()
-	var ctxs []context.Context
-	var items []any
-	runner := g.shared == nil
-	if runner {
-		g.index = make([]int, len(g.state))
-		ctxs = make([]context.Context, 0, len(g.state))
-		items = make([]any, 0, len(g.state))
-		for i, st := range g.state {
-			if st == 1 {
-				g.index[i] = len(ctxs)
-				ctxs, items = append(ctxs, g.ctxs[i]), append(items, g.items[i])
-			}
-		}
-		g.shared, g.cancel = context.WithCancelCause(context.WithoutCancel(ctxs[0]))
-		g.done = make(chan struct{})
-	}
-	shared, cancel, done := g.shared, g.cancel, g.done
-	g.mu.Unlock()
-	if runner {
-		stop := context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })
-		g.value = f(shared, ctxs, items)
-		stop()
-		cancel(nil)
-		close(done)
-	} else {
+	stopped := ctx.Done()
+	for !runner {
 		select {
-		case <-done:
-		case <-ctx.Done():
-			cancel(context.Cause(ctx))
-			<-done
+		case <-g.done:
+			return g.value, g.index[s.i], nil
+		case <-g.run:
+			runner = true
+		case <-stopped:
+			g.stop(context.Cause(ctx))
+			stopped = nil
 		}
 	}
+	g.mu.Lock()
+	g.index = make([]int, len(g.state))
+	ctxs := make([]context.Context, 0, g.joined)
+	items := make([]any, 0, g.joined)
+	for i, st := range g.state {
+		if st == 1 {
+			g.index[i] = len(ctxs)
+			ctxs, items = append(ctxs, g.ctxs[i]), append(items, g.items[i])
+		}
+	}
+	shared, cancel := context.WithCancelCause(context.WithoutCancel(ctxs[0]))
+	g.cancel = cancel
+	if g.cause != nil {
+		cancel(g.cause)
+	}
+	g.mu.Unlock()
+	stop := context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })
+	g.value = f(shared, ctxs, items)
+	stop()
+	cancel(nil)
+	close(g.done)
 	return g.value, g.index[s.i], nil
 }

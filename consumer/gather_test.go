@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
+	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
+	"github.com/idemgo/idem/memstore"
 )
 
 // TestGather: the handlers of a batch that gather run f once, with the
@@ -70,5 +73,60 @@ func TestGather(t *testing.T) {
 		if r.Action != consumer.Retry || !errors.Is(r.Err, consumer.ErrStopping) {
 			t.Errorf("stopped message %d: %v (%v), want a retry for the stop", i, r.Action, r.Err)
 		}
+	}
+}
+
+// TestGatherLeaseLostWhileWaiting: a handler whose lease is lost while it
+// waits in Gather for the others (before f starts) cancels f's context
+// with its cause once f runs, on another handler; its message is retried,
+// the other's acknowledged.
+func TestGatherLeaseLostWhileWaiting(t *testing.T) {
+	s, err := memstore.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	exec, err := idem.New(s, idem.WithLease(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := consumer.New(exec, consumer.WithGatheredHandlers())
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost := make(chan struct{})
+	var cause error
+	msgs := []consumer.Message{{Key: "a"}, {Key: "b"}}
+	got := p.Process(t.Context(), msgs, func(ctx context.Context, i int) error {
+		if i == 0 { // another owner takes a over: a's heartbeat cancels ctx
+			if err := s.Delete(context.Background(), p.Key("a").Digest()); err != nil {
+				t.Error(err)
+			}
+			if _, _, err := exec.Begin(context.Background(), p.Key("a"), ""); err != nil {
+				t.Error(err)
+			}
+			context.AfterFunc(ctx, func() { close(lost) })
+		} else { // b joins once a's context is done
+			select {
+			case <-lost:
+			case <-time.After(10 * time.Second):
+				t.Error("a's lease was not lost")
+			}
+		}
+		_, _, err := consumer.Gather(ctx, nil, func(ctx context.Context, _ []context.Context, _ []any) any {
+			select {
+			case <-ctx.Done():
+				cause = context.Cause(ctx)
+			case <-time.After(10 * time.Second):
+				t.Error("f's context was not cancelled")
+			}
+			return nil
+		})
+		return err
+	})
+	if !errors.Is(cause, idem.ErrLeaseLost) {
+		t.Errorf("f's context's cause: got %v, want ErrLeaseLost", cause)
+	}
+	if got[0].Action != consumer.Retry || got[1].Action != consumer.Ack {
+		t.Errorf("got %v (%v), %v (%v), want a retry of a and an ack of b", got[0].Action, got[0].Err, got[1].Action, got[1].Err)
 	}
 }

@@ -152,6 +152,7 @@ func Setup(exec *idem.Executor, defaults Config, adapter any, opts []Option) (*P
 		exec: exec, scope: c.Scope, maxDeliveries: c.MaxDeliveries, retryDelay: c.RetryDelay,
 		commit: c.Commit, onEvent: c.EventHook, log: c.Logger, onLeaseLost: c.OnLeaseLost, passDuplicates: c.PassDuplicates,
 		parallel: c.ParallelHandlers, maxRetryDelay: c.MaxRetryDelay, completeEach: c.CompleteEach, gathered: c.Gathered,
+		work: make(chan func()),
 	}
 	if p.commit == nil {
 		p.commit = func(ctx context.Context, _ []Message, attempts []*idem.Attempt, values [][]byte) []error {

@@ -66,7 +66,8 @@ type Delivery struct {
 	// key of the handler's message (consumer.MessageFrom), as the
 	// adapter's key function found it.
 	Key string
-	// Body is sent as the request's body, as received.
+	// Body is sent as the request's body, as received; Call only reads
+	// it.
 	Body []byte
 	// Header holds the broker's metadata and the message's own headers to
 	// send (HeaderBroker, HeaderTopic, traceparent, …); may be nil.

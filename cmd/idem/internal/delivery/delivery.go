@@ -57,9 +57,11 @@ func RedisStream(stream, keyField string, m redis.XMessage) sidecar.Delivery {
 
 // streamBody returns an entry's body: the field "payload" (what idem relay
 // --outbox writes), or else the entry's fields as a JSON object (isJSON).
+// The payload is not copied: the body is only read (sidecar.Handler.Call
+// sends it as it is).
 func streamBody(m redis.XMessage) (body []byte, isJSON bool) {
 	if p, ok := m.Values[redisstream.PayloadField].(string); ok {
-		return []byte(p), false
+		return unsafe.Slice(unsafe.StringData(p), len(p)), false
 	}
 	body, _ = json.Marshal(m.Values)
 	return body, true
