@@ -34,8 +34,12 @@
 // the bare handler or the plain proxy); then, for the 64-connection cells,
 // the CPU time per request of wrk, the server, this process (the proxies'
 // upstream) and redis-server, read from /proc, which shows where a
-// request's time goes when the machine's cores are the limit; then the
-// ratios the performance targets name, per round and their median.
+// request's time goes when the machine's cores are the limit, and the
+// reads redis-server made from its clients per request (INFO stats), how
+// deep the pipelines were; then the ratios the performance targets name,
+// per round and their median, each ratio of requests/s beside the same
+// rounds' inverse ratio of CPU time per request (cpu x), what the two
+// cores would allow the two rows.
 //
 //	go run ./internal/httpbench            # or: make bench-http
 //
@@ -76,6 +80,7 @@ import (
 	"github.com/idemgo/idem/idemhttp/httpkit"
 	"github.com/idemgo/idem/internal/storescripts"
 	"github.com/idemgo/idem/redisstore"
+	"github.com/idemgo/idem/redisstore/redisinfo"
 	"github.com/idemgo/idem/testkit/proccpu"
 	"github.com/idemgo/idem/testkit/redistest"
 	"github.com/redis/go-redis/v9"
@@ -140,6 +145,11 @@ type result struct {
 	// process used during the run.
 	requests float64
 	cpu      cpuUse
+	// reads is the number of reads redis-server made from its clients'
+	// connections during the run (INFO stats' total_reads_processed):
+	// per request, how many calls a read carried, one read per call
+	// where nothing is pipelined.
+	reads float64
 }
 
 // cpuUse is the CPU seconds used during one wrk run by wrk, by the server
@@ -214,6 +224,8 @@ func main() {
 	addr, redisPID, stop := startRedis(dir)
 	defer stop()
 	rtt := redisRTT(addr)
+	adm := redis.NewClient(&redis.Options{Addr: addr})
+	defer adm.Close()
 
 	gr := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 128})
 	defer gr.Close()
@@ -462,7 +474,7 @@ func main() {
 					// (409), whatever cells run.
 					primeReplay(s.url)
 				}
-				before := readCPU(s.pid, redisPID)
+				before, readsBefore := readCPU(s.pid, redisPID), redisReads(adm)
 				var r result
 				if s.client != "" {
 					r = runLoadgen(self, s.url, s.client, c.kind, c.conns, arg)
@@ -470,6 +482,7 @@ func main() {
 					r = runWrk(s.url, script, c.conns, t, arg)
 				}
 				used := readCPU(s.pid, redisPID).minus(before)
+				r.reads = redisReads(adm) - readsBefore
 				if s.signed && c.kind == "new" && r.requests >= float64(signedCount()) {
 					log.Fatalf("httpbench: %s sent %.0f requests, as many as the %d distinct deliveries written: raise signedCount", s.name, r.requests, signedCount())
 				}
@@ -497,8 +510,8 @@ func main() {
 	// Where each request's CPU time goes, at 64 connections, where the two
 	// cores are busy: with every process CPU-bound, cores / total is the
 	// most requests per second the machine can serve in that setup.
-	fmt.Printf("\nCPU µs per request at 64 connections (medians): wrk (or the Go load generator), the server, this process (the proxies' upstream), redis-server\n")
-	fmt.Printf("%-30s %-7s %7s %7s %9s %7s %7s %12s\n", "server", "keys", "wrk", "server", "upstream", "redis", "total", "cores/total")
+	fmt.Printf("\nCPU µs per request at 64 connections (medians): wrk (or the Go load generator), the server, this process (the proxies' upstream), redis-server; and redis-server's reads from its clients per request\n")
+	fmt.Printf("%-30s %-7s %7s %7s %9s %7s %7s %12s %9s\n", "server", "keys", "wrk", "server", "upstream", "redis", "total", "cores/total", "reads/req")
 	for _, s := range servers {
 		for _, c := range cells {
 			if c.conns == 1 {
@@ -519,9 +532,15 @@ func main() {
 			if total > 0 {
 				bound = float64(runtime.NumCPU()) * 1e6 / total
 			}
-			fmt.Printf("%-30s %-7s %7.1f %7.1f %9.1f %7.1f %7.1f %12.0f\n", s.name, c.kind,
+			var reads []float64
+			for _, r := range rs {
+				if r.requests > 0 {
+					reads = append(reads, r.reads/r.requests)
+				}
+			}
+			fmt.Printf("%-30s %-7s %7.1f %7.1f %9.1f %7.1f %7.1f %12.0f %9.2f\n", s.name, c.kind,
 				per(func(u cpuUse) float64 { return u.wrk }), per(func(u cpuUse) float64 { return u.server }),
-				per(func(u cpuUse) float64 { return u.bench }), per(func(u cpuUse) float64 { return u.redis }), total, bound)
+				per(func(u cpuUse) float64 { return u.bench }), per(func(u cpuUse) float64 { return u.redis }), total, bound, middle(reads))
 		}
 	}
 
@@ -567,21 +586,34 @@ func main() {
 		{"proxy new keys, 1 conn: h2c / HTTP/1.1", pxH2, pxH1, "new1", 0, false, false, true},
 		{"proxy replays, 1 conn: h2c / HTTP/1.1", pxH2, pxH1, "replay1", 0, false, false, true},
 	}
-	fmt.Printf("\n%-42s %8s %-26s %8s  %s\n", "target (64 connections unless said)", "median", "rounds", "goal", "met")
+	// cpu x: for a ratio of requests/s, the same round's inverse ratio of
+	// CPU time per request (every process: wrk, server, upstream,
+	// redis-server), the ratio the two cores would allow if the rows had
+	// them to themselves. A ratio of requests/s below it means the run
+	// did not turn all of the cheaper row's CPU advantage into requests
+	// (the cores shared with other work, or a wait that is not CPU).
+	fmt.Printf("\n%-42s %8s %-26s %8s  %-4s %s\n", "target (64 connections unless said)", "median", "rounds", "goal", "met", "cpu x (rounds)")
 	for _, tg := range targets {
 		num, den := all[tg.num][tg.cell], all[tg.den][tg.cell]
 		if len(num) == 0 || len(den) == 0 {
 			continue
 		}
-		var vs []float64
-		var per []string
+		var vs, cs []float64
+		var per, cper []string
 		for i := range num {
 			v := num[i].rps / den[i].rps
 			if tg.latencyUS {
 				v = float64(num[i].p50-den[i].p50) / float64(time.Microsecond)
+			} else if c, ok := cpuRatio(num[i], den[i]); ok {
+				cs = append(cs, c)
+				cper = append(cper, strconv.FormatFloat(c, 'f', 2, 64))
 			}
 			vs = append(vs, v)
 			per = append(per, strconv.FormatFloat(v, 'f', 2, 64))
+		}
+		cpuCol := ""
+		if len(cs) > 0 {
+			cpuCol = fmt.Sprintf("%.2f (%s)", middle(cs), strings.Join(cper, " "))
 		}
 		m := middle(vs)
 		goal, met := fmt.Sprintf(">= %.1f", tg.min), m >= tg.min
@@ -601,8 +633,22 @@ func main() {
 		if goal == "(peer)" || goal == "(bound)" || goal == "(figure)" {
 			mark = "-"
 		}
-		fmt.Printf("%-42s %8.2f %-26s %8s  %s\n", tg.what, m, strings.Join(per, " "), goal, mark)
+		fmt.Printf("%-42s %8.2f %-26s %8s  %-4s %s\n", tg.what, m, strings.Join(per, " "), goal, mark, cpuCol)
 	}
+}
+
+// cpuRatio returns den's CPU time per request over num's, measured in
+// the same round (every process's: cpuUse.total), and whether both
+// rounds counted requests and CPU time.
+func cpuRatio(num, den result) (float64, bool) {
+	if num.requests <= 0 || den.requests <= 0 {
+		return 0, false
+	}
+	n, d := num.cpu.total()/num.requests, den.cpu.total()/den.requests
+	if n <= 0 || d <= 0 {
+		return 0, false
+	}
+	return d / n, true
 }
 
 // primeReplay sends the replay cells' request once to url.
@@ -752,6 +798,18 @@ func startRedis(dir string) (string, int, func()) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	return addr, cmd.Process.Pid, func() { cmd.Process.Kill(); cmd.Wait() }
+}
+
+// redisReads returns the reads redis-server has made from its clients'
+// connections so far (INFO stats' total_reads_processed), 0 if it cannot
+// tell.
+func redisReads(c *redis.Client) float64 {
+	info, err := c.Info(context.Background(), "stats").Result()
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.ParseFloat(redisinfo.Parse(info)["total_reads_processed"], 64)
+	return n
 }
 
 // readCPU reads the CPU seconds used so far by the server's process (pid;
