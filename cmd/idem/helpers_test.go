@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,7 +39,9 @@ func TestMain(m *testing.M) {
 	if raceEnabled {
 		args = append(args, "-race")
 	}
-	out, err := exec.Command("go", append(args, ".")...).CombinedOutput()
+	build := exec.Command("go", append(args, ".")...)
+	build.Dir = sourceDir()
+	out, err := build.CombinedOutput()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "building the idem binary: %v\n%s", err, out)
 		os.RemoveAll(dir)
@@ -47,6 +50,19 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
+}
+
+// sourceDir is the directory this test binary was compiled from, so that
+// a binary copied elsewhere and run from another tree (a benchmark's
+// before and after, alternated) builds and runs its own tree's idem, not
+// the working directory's; "" (the working directory, as go test sets
+// it) when the binary was built with -trimpath.
+func sourceDir() string {
+	_, file, _, ok := runtime.Caller(0)
+	if !ok || !filepath.IsAbs(file) {
+		return ""
+	}
+	return filepath.Dir(file)
 }
 
 // Bounds of the waits in the tests.
