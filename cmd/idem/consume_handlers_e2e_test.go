@@ -13,7 +13,8 @@ import (
 )
 
 // TestConsumeHandlers: the Python and the Node handlers of docs/consume.md
-// (testdata/handlers, included there verbatim), one request per message
+// (testdata/handlers, included there verbatim; one Node handler on Express
+// from npm), one request per message
 // (--to) and one per batch (--to-batch), behind idem consume on a Redis
 // stream: each key's effect is written once (the duplicate acked without
 // a call), the message without an amount is dead-lettered.
@@ -23,11 +24,12 @@ func TestConsumeHandlers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, tc := range []struct{ name, interpreter, file, flag string }{
-		{"python", "python3", "handler.py", "--to"},
-		{"node", "node", "handler.js", "--to"},
-		{"python-batch", "python3", "batch_handler.py", "--to-batch"},
-		{"node-batch", "node", "batch_handler.js", "--to-batch"},
+	for _, tc := range []struct{ name, interpreter, file, flag, module string }{
+		{"python", "python3", "handler.py", "--to", ""},
+		{"node", "node", "handler.js", "--to", ""},
+		{"node-express", "node", "express_handler.js", "--to", "express"},
+		{"python-batch", "python3", "batch_handler.py", "--to-batch", ""},
+		{"node-batch", "node", "batch_handler.js", "--to-batch", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			src, err := os.ReadFile(filepath.Join("testdata", "handlers", tc.file))
@@ -41,10 +43,22 @@ func TestConsumeHandlers(t *testing.T) {
 			if err != nil {
 				t.Skipf("%s is not installed (.ci/run installs it): %v", tc.interpreter, err)
 			}
+			env := os.Environ()
+			if tc.module != "" { // an npm package, installed globally (.ci/run)
+				if root, err := exec.Command("npm", "root", "-g").Output(); err == nil {
+					env = append(env, "NODE_PATH="+strings.TrimSpace(string(root)))
+				}
+				probe := exec.Command(bin, "-e", "require('"+tc.module+"')")
+				probe.Env = env
+				if out, err := probe.CombinedOutput(); err != nil {
+					t.Skipf("%s: require('%s'): %v %s (.ci/run installs it)", bin, tc.module, err, out)
+				}
+			}
 			addr := freeAddr(t)
 			_, port, _ := net.SplitHostPort(addr)
 			effects := filepath.Join(t.TempDir(), "effects")
 			cmd := exec.Command(bin, filepath.Join("testdata", "handlers", tc.file), port, effects)
+			cmd.Env = env
 			cmd.Stderr = os.Stderr
 			if err := cmd.Start(); err != nil {
 				t.Fatal(err)
