@@ -60,9 +60,7 @@ func TestConsumeGate(t *testing.T) {
 			}
 			env := os.Environ()
 			if tc.name == "node" {
-				if root, err := exec.Command("npm", "root", "-g").Output(); err == nil {
-					env = append(env, "NODE_PATH="+strings.TrimSpace(string(root)))
-				}
+				env = withNodePath(env)
 			}
 			// The interpreter on PATH, or Debian's, where python3-psycopg2
 			// installs (a python3 of pyenv's may come first on PATH).

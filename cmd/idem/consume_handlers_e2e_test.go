@@ -45,9 +45,7 @@ func TestConsumeHandlers(t *testing.T) {
 			}
 			env := os.Environ()
 			if tc.module != "" { // an npm package, installed globally (.ci/run)
-				if root, err := exec.Command("npm", "root", "-g").Output(); err == nil {
-					env = append(env, "NODE_PATH="+strings.TrimSpace(string(root)))
-				}
+				env = withNodePath(env)
 				probe := exec.Command(bin, "-e", "require('"+tc.module+"')")
 				probe.Env = env
 				if out, err := probe.CombinedOutput(); err != nil {
@@ -97,4 +95,15 @@ func TestConsumeHandlers(t *testing.T) {
 			}
 		})
 	}
+}
+
+// withNodePath returns env with NODE_PATH set to npm's global modules
+// (`npm root -g`), where .ci/run installs the handlers' npm packages; env
+// as it is when npm is not there.
+func withNodePath(env []string) []string {
+	root, err := exec.Command("npm", "root", "-g").Output()
+	if err != nil {
+		return env
+	}
+	return append(env, "NODE_PATH="+strings.TrimSpace(string(root)))
 }
