@@ -206,8 +206,11 @@ func WithConcurrency(n int) Option { return func(c *Config) { c.Concurrency = n 
 // messages of distinct keys no longer run in the broker's order. The keys
 // are completed (unless WithCompleteEach), and the messages acknowledged,
 // once every handler of the batch returned, as with 1. Handlers, and the hooks (WithOnLeaseLost),
-// are then called from up to n goroutines at once. The default is 1: in
-// order, one at a time.
+// are then called from up to n goroutines at once: the Processor's
+// workers, reused from batch to batch (a fresh goroutine's stack would
+// grow again on the way into each handler); a worker idle for 5 seconds
+// ends, so workers can outlive Run by that long (WithGatheredHandlers
+// runs on them too). The default is 1: in order, one at a time.
 func WithParallelHandlers(n int) Option { return func(c *Config) { c.ParallelHandlers = n } }
 
 // WithShutdownTimeout bounds how long Run waits for in-flight handlers
