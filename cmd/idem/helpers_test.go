@@ -34,6 +34,12 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	// Others may run the binary (runAsOther runs it as nobody when the
+	// tests run as root); MkdirTemp made the directory private.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
 	idemBin = filepath.Join(dir, "idem")
 	args := []string{"build", "-o", idemBin}
 	if raceEnabled {

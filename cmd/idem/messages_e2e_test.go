@@ -68,39 +68,29 @@ func chmod(t *testing.T, path string, mode, other os.FileMode) {
 }
 
 // runAsOther runs the binary to its end as a user other than the owner of
-// the test's files when the tests run as root (nobody, uid 65534, from a
-// copy of the binary it may run), and as the test's user otherwise (chmod
-// took the rights away then).
+// the test's files when the tests run as root (nobody, uid 65534, running
+// TestMain's binary, whose directory TestMain opened to others), and as the
+// test's user otherwise (chmod took the rights away then).
+//
+// The binary is run where TestMain built it, not from a copy: writing an
+// executable while parallel tests fork lets a child inherit the open file,
+// and exec of it then fails with "text file busy" (ETXTBSY).
 func runAsOther(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		return runIdem(t, args...)
 	}
-	dir := t.TempDir()
-	for _, d := range []string{dir, filepath.Dir(dir)} {
-		if err := os.Chmod(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	bin := filepath.Join(dir, "idem")
-	b, err := os.ReadFile(idemBin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(bin, b, 0o755); err != nil {
-		t.Fatal(err)
-	}
 	var out, errOut strings.Builder
-	cmd := exec.Command(bin, args...)
+	cmd := exec.Command(idemBin, args...)
 	cmd.Env = testEnv()
-	cmd.Dir = dir
+	cmd.Dir = filepath.Dir(idemBin)
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	cmd.SysProcAttr = sysProcAttr()
 	if cmd.SysProcAttr == nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
 	}
 	cmd.SysProcAttr.Credential = &syscall.Credential{Uid: 65534, Gid: 65534}
-	err = cmd.Run()
+	err := cmd.Run()
 	if _, ok := err.(*exec.ExitError); err != nil && !ok {
 		t.Fatalf("run idem %q as nobody: %v", args, err)
 	}
