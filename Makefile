@@ -202,7 +202,7 @@ bench: check-redis
 ## the lifecycle rows of go-redis and rueidis at 64 callers and the
 ## redis-benchmark ceiling's acquire and complete, with the depth of the
 ## pipelines the server read (calls per read); 3 runs, about 40 s.
-## ARGS='-runs 5 -callers 1,64'.
+## ARGS='-runs 5 -callers 1,64 -cpuprofile DIR'.
 bench-lifecycle: check-redis
 	$(GO) run ./internal/benchcmd -lifecycle -callers 64 $(ARGS)
 

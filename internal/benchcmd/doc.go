@@ -7,7 +7,10 @@
 //   - the ceiling redis-benchmark reaches with the same scripts pipelined
 //     (-c 64 -P 16), and each client's ratio to it;
 //   - the Redis time per script call (usec_per_call in INFO commandstats),
-//     the CPU of the server's main thread and of this process per call;
+//     the CPU of the server's main thread and of this process per call, the
+//     share of the time the server's main thread was runnable but waited
+//     for a core (a busy machine), and this process's heap allocations per
+//     call;
 //   - the Redis memory per completed record, with a 2-byte fingerprint and
 //     with a 32-byte one as idemhttp makes;
 //   - Do on memstore under testing.Benchmark (ns/op, allocs/op).
@@ -27,6 +30,13 @@
 // the lifecycle ceiling (acquire and complete), what the lifecycle
 // targets need, in about a third of the time; -callers 64 leaves out the
 // lone caller's rows too.
+//
+// -cpuprofile DIR writes a CPU profile of this process for each Redis row's
+// measured window, one file per row and run (go-redis-lifecycle-c64-r1.pprof
+// …); go tool pprof merges several:
+//
+//	go run ./internal/benchcmd -lifecycle -callers 64 -cpuprofile /tmp/prof
+//	go tool pprof -top /tmp/prof/rueidis-lifecycle-c64-r*.pprof
 //
 // -callers sets the concurrencies of the Do rows (the targets are at 64):
 // -callers 64,256 shows how the ratio to the ceiling grows with more calls

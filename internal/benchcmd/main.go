@@ -8,7 +8,9 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -75,6 +77,9 @@ type options struct {
 	callers  []int // the numbers of goroutines calling Do at once (-callers)
 	// lifecycle: only what the lifecycle targets need (-lifecycle).
 	lifecycle bool
+	// cpuprofile: a directory where each store row's window is profiled
+	// (-cpuprofile), or "".
+	cpuprofile string
 }
 
 // stores returns the names of the stores measured, and kinds the kinds of
@@ -103,6 +108,7 @@ func main() {
 	profiles := flag.String("profiles", "", "with -callgrind: a directory where each row's callgrind profile is kept")
 	callers := flag.String("callers", "1,"+strconv.Itoa(targetCallers),
 		fmt.Sprintf("concurrencies of the Do rows, comma-separated; %d (the targets') must be among them", targetCallers))
+	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "a directory where each Redis store row's measured window is CPU-profiled, one file per row and run (NAME-KIND-cC-rRUN.pprof)")
 	flag.BoolVar(&o.lifecycle, "lifecycle", false, "measure only the lifecycle rows of go-redis and rueidis and the lifecycle ceiling, the lifecycle targets' figures")
 	flag.Parse()
 	if o.duration <= 0 || o.runs < 1 {
@@ -357,20 +363,29 @@ func (b *bench) measureStore(ctx context.Context, run int, name, kind string, c 
 			return err
 		}
 	}
+	profile, err := b.profiler(fmt.Sprintf("%s-%s-c%d-r%d", name, kind, c, run+1), redisRow)
+	if err != nil {
+		return err
+	}
 	cpu := func() (t cpuTimes, err error) {
+		profile()
 		t.client = proccpu.Self()
+		t.mallocs = mallocs()
 		if redisRow {
+			t.redisWait = b.srv.runqueueWait()
 			t.redis, t.reads, err = b.admin.cpu(ctx)
 		}
 		return t, err
 	}
 	win, err := throughput(ctx, c, b.o.warmup, b.o.duration, op, cpu)
+	profile() // stops a profile that an error left running
 	if err != nil {
 		return err
 	}
 	row := fmt.Sprintf("%s/%s/%d", name, kind, c)
 	b.add(row, win.ops)
 	b.add(row+"/client", 1e6*win.cpu.client/float64(win.n))
+	b.add(row+"/allocs", win.cpu.mallocs/float64(win.n))
 	if redisRow {
 		st, err := b.admin.commandStats(ctx)
 		if err != nil {
@@ -379,11 +394,54 @@ func (b *bench) measureStore(ctx context.Context, run int, name, kind string, c 
 		b.add(row+"/us", st["evalsha"].perCall())
 		b.add(row+"/cpu", 1e6*win.cpu.redis/float64(win.n))
 		b.add(row+"/busy", win.cpu.redis/win.wall.Seconds())
+		b.add(row+"/wait", win.cpu.redisWait/win.wall.Seconds())
 		if kind == "lifecycle" && win.cpu.reads > 0 {
 			b.add(row+"/depth", 2*float64(win.n)/win.cpu.reads)
 		}
 	}
 	return nil
+}
+
+// mallocs returns the heap allocations this process has made so far.
+func mallocs() float64 {
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return float64(m.Mallocs)
+}
+
+// profiler returns what measureStore calls at each end of a row's window:
+// with -cpuprofile, for a Redis row, the first call starts a CPU profile
+// into the directory's file name.pprof, the next one stops it; otherwise
+// nothing.
+func (b *bench) profiler(name string, redisRow bool) (func(), error) {
+	if b.o.cpuprofile == "" || !redisRow {
+		return func() {}, nil
+	}
+	if err := os.MkdirAll(b.o.cpuprofile, 0o755); err != nil {
+		return nil, err
+	}
+	var f *os.File
+	started := false
+	return func() {
+		switch {
+		case !started:
+			started = true
+			var err error
+			if f, err = os.Create(filepath.Join(b.o.cpuprofile, name+".pprof")); err != nil {
+				progress("cpuprofile: %v", err)
+				return
+			}
+			if err := pprof.StartCPUProfile(f); err != nil {
+				progress("cpuprofile: %v", err)
+				f.Close()
+				f = nil
+			}
+		case f != nil:
+			pprof.StopCPUProfile()
+			f.Close()
+			f = nil
+		}
+	}, nil
 }
 
 // acquireArgs returns the redis-benchmark command of an acquire on key,
@@ -457,6 +515,7 @@ func (b *bench) ceiling(ctx context.Context) error {
 		if err := b.admin.resetStats(ctx); err != nil {
 			return 0, nil, 0, err
 		}
+		w0 := b.srv.runqueueWait()
 		c0, r0, err := b.admin.cpu(ctx)
 		if err != nil {
 			return 0, nil, 0, err
@@ -468,6 +527,7 @@ func (b *bench) ceiling(ctx context.Context) error {
 		if err != nil {
 			return 0, nil, 0, err
 		}
+		w1 := b.srv.runqueueWait()
 		if st, err = b.admin.commandStats(ctx); err != nil {
 			return 0, nil, 0, err
 		}
@@ -481,6 +541,7 @@ func (b *bench) ceiling(ctx context.Context) error {
 		// redis-benchmark's rate covers its requests only, not its
 		// start and end: the busy share is the CPU over n/rps.
 		b.add("ceiling/"+name+"/busy", (c1-c0)/(float64(n)/rps))
+		b.add("ceiling/"+name+"/wait", (w1-w0)/(float64(n)/rps))
 		return rps, st, cpu, nil
 	}
 

@@ -28,6 +28,11 @@ type cpuTimes struct {
 	redis  float64 // the server's main thread
 	client float64 // this process
 	reads  float64 // the server's reads from its clients' connections (a count)
+	// mallocs is this process's heap allocations (a count).
+	mallocs float64
+	// redisWait is the time the server's main thread was runnable but
+	// waited for a core.
+	redisWait float64
 }
 
 // throughput runs op on conc goroutines for warmup plus d and measures the
@@ -82,7 +87,7 @@ func throughput(ctx context.Context, conc int, warmup, d time.Duration, op func(
 		return window{}, ctx.Err()
 	}
 	wall := t1.Sub(t0)
-	return window{ops: float64(n1-n0) / wall.Seconds(), n: n1 - n0, wall: wall, cpu: cpuTimes{c1.redis - c0.redis, c1.client - c0.client, c1.reads - c0.reads}}, nil
+	return window{ops: float64(n1-n0) / wall.Seconds(), n: n1 - n0, wall: wall, cpu: cpuTimes{c1.redis - c0.redis, c1.client - c0.client, c1.reads - c0.reads, c1.mallocs - c0.mallocs, c1.redisWait - c0.redisWait}}, nil
 }
 
 // sleep waits for d or until ctx is done; it reports whether d elapsed.

@@ -18,7 +18,9 @@ type row struct {
 	RedisUsec   float64   `json:"redis_usec_per_call,omitempty"`
 	RedisCPU    float64   `json:"redis_cpu_usec_per_op,omitempty"`
 	RedisBusy   float64   `json:"redis_busy,omitempty"`
+	RedisWait   float64   `json:"redis_waits_for_cpu,omitempty"`
 	ClientCPU   float64   `json:"client_cpu_usec_per_op,omitempty"`
+	Allocs      float64   `json:"client_allocs_per_op,omitempty"`
 	Depth       float64   `json:"calls_per_read,omitempty"`
 	Ratio       float64   `json:"ratio_to_ceiling,omitempty"`
 	Note        string    `json:"note,omitempty"`
@@ -73,12 +75,13 @@ func (b *bench) report(mem []memoryResult) *report {
 				r := row{
 					Name: label + " " + kind, Concurrency: strconv.Itoa(c),
 					Value: b.med(key), Unit: "ops/s", Runs: b.samples[key],
-					ClientCPU: b.med(key + "/client"),
+					ClientCPU: b.med(key + "/client"), Allocs: b.med(key + "/allocs"),
 				}
 				if name != "memstore" {
 					r.RedisUsec = b.med(key + "/us")
 					r.RedisCPU = b.med(key + "/cpu")
 					r.RedisBusy = b.med(key + "/busy")
+					r.RedisWait = b.med(key + "/wait")
 					r.Depth = b.med(key + "/depth")
 					if kind == "lifecycle" {
 						r.Note = "µs/call: mean of acquire and complete"
@@ -110,14 +113,14 @@ func (b *bench) report(mem []memoryResult) *report {
 		row{
 			Name: "ceiling acquire", Concurrency: cc, Unit: "ops/s",
 			Value: b.med("ceiling/acquire"), RedisUsec: b.med("ceiling/acquire/us"),
-			RedisCPU: b.med("ceiling/acquire/cpu"), RedisBusy: b.med("ceiling/acquire/busy"), Runs: b.samples["ceiling/acquire"],
+			RedisCPU: b.med("ceiling/acquire/cpu"), RedisBusy: b.med("ceiling/acquire/busy"), RedisWait: b.med("ceiling/acquire/wait"), Runs: b.samples["ceiling/acquire"],
 			Depth: b.med("ceiling/acquire/depth"),
 			Note:  fmt.Sprintf("-n %d -r %d: %.1f%% of calls created a record", b.requests["acquire"], freshKeyspace, 100*b.med("ceiling/acquire/new")),
 		},
 		row{
 			Name: "ceiling complete", Concurrency: cc, Unit: "ops/s",
 			Value: b.med("ceiling/complete"), RedisUsec: b.med("ceiling/complete/us"),
-			RedisCPU: b.med("ceiling/complete/cpu"), RedisBusy: b.med("ceiling/complete/busy"), Runs: b.samples["ceiling/complete"],
+			RedisCPU: b.med("ceiling/complete/cpu"), RedisBusy: b.med("ceiling/complete/busy"), RedisWait: b.med("ceiling/complete/wait"), Runs: b.samples["ceiling/complete"],
 			Depth: b.med("ceiling/complete/depth"),
 			Note:  fmt.Sprintf("-n %d -r %d over as many preloaded records: %.1f%% first completions", b.requests["complete"], b.completeKeyspace, 100*b.med("ceiling/complete/first")),
 		},
@@ -132,7 +135,7 @@ func (b *bench) report(mem []memoryResult) *report {
 		rep.Rows = append(rep.Rows, row{
 			Name: "ceiling replay", Concurrency: cc, Unit: "ops/s",
 			Value: ceilReplay, RedisUsec: b.med("ceiling/replay/us"),
-			RedisCPU: b.med("ceiling/replay/cpu"), RedisBusy: b.med("ceiling/replay/busy"), Runs: b.samples["ceiling/replay"],
+			RedisCPU: b.med("ceiling/replay/cpu"), RedisBusy: b.med("ceiling/replay/busy"), RedisWait: b.med("ceiling/replay/wait"), Runs: b.samples["ceiling/replay"],
 			Note: fmt.Sprintf("-n %d: acquire on one completed key", b.requests["replay"]),
 		})
 	}
@@ -183,9 +186,9 @@ func (r *report) writeText(w io.Writer) {
 	fmt.Fprintf(w, "each figure is the median of %d runs of %s; load average %s before, %s after; took %s\n\n",
 		r.Runs, r.Duration, r.LoadBefore, r.LoadAfter, r.Elapsed)
 
-	cells := [][]string{{"MEASUREMENT", "C", "VALUE", "UNIT", "REDIS µs/CALL", "REDIS CPU µs/OP", "REDIS BUSY", "CALLS/READ", "CLIENT CPU µs/OP", "×CEILING", "NOTE"}}
+	cells := [][]string{{"MEASUREMENT", "C", "VALUE", "UNIT", "REDIS µs/CALL", "REDIS CPU µs/OP", "REDIS BUSY", "REDIS WAITS", "CALLS/READ", "CLIENT CPU µs/OP", "ALLOCS/OP", "×CEILING", "NOTE"}}
 	for _, x := range r.Rows {
-		us, cpu, busy, depth, client, ratio := "", "", "", "", "", ""
+		us, cpu, busy, wait, depth, client, allocs, ratio := "", "", "", "", "", "", "", ""
 		if x.RedisUsec != 0 {
 			us = fmt.Sprintf("%.2f", x.RedisUsec)
 		}
@@ -195,11 +198,17 @@ func (r *report) writeText(w io.Writer) {
 		if x.ClientCPU != 0 {
 			client = fmt.Sprintf("%.2f", x.ClientCPU)
 		}
+		if x.Allocs != 0 {
+			allocs = fmt.Sprintf("%.1f", x.Allocs)
+		}
 		if x.Depth != 0 {
 			depth = fmt.Sprintf("%.1f", x.Depth)
 		}
 		if x.RedisBusy != 0 {
 			busy = fmt.Sprintf("%.0f%%", 100*x.RedisBusy)
+		}
+		if x.RedisBusy != 0 {
+			wait = fmt.Sprintf("%.0f%%", 100*x.RedisWait)
 		}
 		if x.Ratio != 0 {
 			ratio = fmt.Sprintf("%.2f", x.Ratio)
@@ -208,20 +217,22 @@ func (r *report) writeText(w io.Writer) {
 		if x.Unit != "ops/s" {
 			v = fmt.Sprintf("%.1f", x.Value)
 		}
-		cells = append(cells, []string{x.Name, x.Concurrency, v, x.Unit, us, cpu, busy, depth, client, ratio, x.Note})
+		cells = append(cells, []string{x.Name, x.Concurrency, v, x.Unit, us, cpu, busy, wait, depth, client, allocs, ratio, x.Note})
 	}
-	writeAligned(w, cells, []bool{false, true, true, false, true, true, true, true, true, true, false})
+	writeAligned(w, cells, []bool{false, true, true, false, true, true, true, true, true, true, true, true, false})
 
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "C: concurrent callers (ceilings: redis-benchmark connections × pipeline depth). An op is one Do call;")
 	fmt.Fprintln(w, "a lifecycle op is two script calls (acquire, complete), a replay op one (acquire).")
 	fmt.Fprintln(w, "REDIS µs/CALL: usec_per_call of cmdstat_evalsha (INFO commandstats) after CONFIG RESETSTAT, per row:")
 	fmt.Fprintln(w, "time inside the script. REDIS CPU µs/OP: CPU of the server's main thread (INFO cpu) per op, I/O")
-	fmt.Fprintln(w, "included; REDIS BUSY: that CPU over the wall time. CALLS/READ: script calls per read the server made from")
-	fmt.Fprintln(w, "its clients' connections (total_reads_processed), how deep the pipelines it read were, lifecycle rows")
-	fmt.Fprintln(w, "and ceilings (at most 16 there). CLIENT CPU µs/OP: CPU of this process (Executor,")
-	fmt.Fprintln(w, "store, client library, GC) per op. Ceilings run the SHAs the store sends; ×CEILING is ops/s over")
-	fmt.Fprintln(w, "the lifecycle (or replay) ceiling. go-redis: PoolSize 64; rueidis and valkey-go: defaults, DisableCache.")
+	fmt.Fprintln(w, "included; REDIS BUSY: that CPU over the wall time; REDIS WAITS: the share of the wall time its main")
+	fmt.Fprintln(w, "thread was runnable but waited for a core (/proc/PID/schedstat). CALLS/READ: script calls per read the")
+	fmt.Fprintln(w, "server made from its clients' connections (total_reads_processed), how deep the pipelines it read were,")
+	fmt.Fprintln(w, "lifecycle rows and ceilings (at most 16 there). CLIENT CPU µs/OP: CPU of this process (Executor, store,")
+	fmt.Fprintln(w, "client library, GC) per op; ALLOCS/OP: its heap allocations per op. Ceilings run the SHAs the store")
+	fmt.Fprintln(w, "sends; ×CEILING is ops/s over the lifecycle (or replay) ceiling. go-redis: PoolSize 64; rueidis and")
+	fmt.Fprintln(w, "valkey-go: defaults, DisableCache.")
 	fmt.Fprintln(w)
 
 	tc := [][]string{{"TARGET", "LIMIT", "GOT", ""}}

@@ -103,6 +103,22 @@ func (s *server) launch(ctx context.Context) error {
 	}
 }
 
+// runqueueWait returns how long, in seconds, the server's main thread has
+// been runnable but waiting for a core so far (the second field of Linux's
+// /proc/PID/schedstat), or 0 where that is not known.
+func (s *server) runqueueWait() float64 {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(s.cmd.Process.Pid) + "/schedstat")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 2 {
+		return 0
+	}
+	ns, _ := strconv.ParseFloat(f[1], 64)
+	return ns / 1e9
+}
+
 func (s *server) addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
 
 // stop kills the server by its PID, waits for it to exit and removes its
