@@ -20,7 +20,7 @@ func (s *Store) oneScript() bool { return s.tag != "" || !s.isCluster() }
 // span is the calls [lo, hi) of a batch that one batch script carries.
 type span struct{ lo, hi int }
 
-// packAcquire turns one-key acquire calls (args: acquireArgs) into
+// packAcquire turns one-key acquire calls (args: acquireCall) into
 // acquire_many calls: consecutive calls with the same lease, retention, max
 // attempts and ttl share a script, up to maxPerScript keys.
 func packAcquire(calls []evalCall) ([]evalCall, []span) {
@@ -47,7 +47,7 @@ func packAcquire(calls []evalCall) ([]evalCall, []span) {
 
 // acquireShared returns the arguments that acquire_many.lua takes once for
 // all its keys (lease, retention, max attempts, ttl) from the arguments of
-// one acquire.lua call (acquireArgs: without an attempt limit, max attempts
+// one acquire.lua call (acquireCall: without an attempt limit, max attempts
 // 0 and a retention acquire does not read).
 func acquireShared(args []string) [4]string {
 	if len(args) < 6 {

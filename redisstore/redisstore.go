@@ -347,15 +347,19 @@ func bytesArg(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b
 // the lease, one more lease, and storekit.InProgressGrace.
 func inProgressTTL(d time.Duration) string { return ms(2*d + storekit.InProgressGrace) }
 
-// acquireArgs returns the ARGV of acquire.lua for req: fingerprint, owner,
-// lease and the IN_PROGRESS time to live, then max attempts and retention
-// only when there is an attempt limit (each argument costs Redis a Lua
-// string; acquire.lua).
-func acquireArgs(req storekit.AcquireRequest) []string {
+// acquireCall returns the KEYS and ARGV of acquire.lua for the record rkey
+// and req, the two halves of one slice (one allocation for both): the
+// record; then fingerprint, owner, lease and the IN_PROGRESS time to live,
+// then max attempts and retention only when there is an attempt limit
+// (each argument costs Redis a Lua string; acquire.lua).
+func acquireCall(rkey string, req storekit.AcquireRequest) (keys, args []string) {
+	var a []string
 	if req.MaxAttempts == 0 {
-		return []string{req.Fingerprint, req.Owner, ms(req.Lease), inProgressTTL(req.Lease)}
+		a = []string{rkey, req.Fingerprint, req.Owner, ms(req.Lease), inProgressTTL(req.Lease)}
+	} else {
+		a = []string{rkey, req.Fingerprint, req.Owner, ms(req.Lease), inProgressTTL(req.Lease), strconv.Itoa(req.MaxAttempts), ms(req.Retention)}
 	}
-	return []string{req.Fingerprint, req.Owner, ms(req.Lease), inProgressTTL(req.Lease), strconv.Itoa(req.MaxAttempts), ms(req.Retention)}
+	return a[:1:1], a[1:]
 }
 
 func (s *Store) run(ctx context.Context, sc *script, key string, args []string, durable bool) (any, error) {
@@ -402,7 +406,8 @@ func (s *Store) Acquire(ctx context.Context, key string, req storekit.AcquireReq
 			return a, nil
 		}
 	}
-	reply, err := s.run(ctx, acquireScript, key, acquireArgs(req), true)
+	keys, args := acquireCall(s.Key(key), req)
+	reply, err := s.runKeys(ctx, acquireScript, keys, args, true)
 	if reply == nil {
 		return storekit.Acquisition{}, err
 	}
@@ -430,9 +435,9 @@ func (s *Store) Complete(ctx context.Context, key string, lease storekit.Lease, 
 		return err
 	}
 	rkey, ch, fence := s.recordArgs(key, lease.Fence)
-	reply, err := s.runKeys(ctx, completeScript, []string{rkey}, []string{
-		lease.Owner, fence, bytesArg(result), ms(retention), s.pub, ch,
-	}, true)
+	// KEYS and ARGV in one slice: one allocation for both.
+	call := []string{rkey, lease.Owner, fence, bytesArg(result), ms(retention), s.pub, ch}
+	reply, err := s.runKeys(ctx, completeScript, call[:1:1], call[1:], true)
 	if reply == nil {
 		return err
 	}

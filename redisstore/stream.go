@@ -108,10 +108,8 @@ func (s *Store) AcquireBatch(ctx context.Context, keys []string, reqs []storekit
 			errs[i] = err
 			continue
 		}
-		calls = append(calls, evalCall{
-			Keys: []string{s.Key(key)},
-			Args: acquireArgs(req),
-		})
+		keys, args := acquireCall(s.Key(key), req)
+		calls = append(calls, evalCall{Keys: keys, Args: args})
 		idx = append(idx, i)
 	}
 	if len(calls) == 0 {
