@@ -86,9 +86,11 @@
 // and EVAL after NOSCRIPT, or as a Redis Function (see Functions mode).
 // Calls that would wait anyway are sent in pipelines, with either client
 // (on a rueidis Cluster client, rueidis's own pipelining alone): a call
-// made while two others are in flight is queued, and the first of those to
-// return sends every queued call as one pipeline (a lone caller's calls go
-// out alone, at once); a queued call waits at most 1 ms for that, then
+// made while another is in flight is queued, and the queue goes out as one
+// pipeline, sent by the first call in flight to return or, while fewer than
+// two are in flight, by the caller of its first call once the callers ready
+// to run have queued theirs too (a lone caller's calls go out alone, at
+// once); a queued call waits at most 1 ms for that, then
 // the queue is sent at once, so that a slow network does not delay it by a
 // whole round trip. go-redis (v9.23 and later) sends pipelines on a pool
 // of their own, Options.PipelinePoolSize connections (10 by default, with

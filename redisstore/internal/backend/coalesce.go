@@ -2,20 +2,31 @@ package backend
 
 import (
 	"context"
+	"runtime"
 	"sync"
 	"time"
 )
 
 // Coalescer sends the script calls of a store in pipelines, but only when
-// callers are already waiting: a call made while fewer than its senders
-// are busy goes out at once, alone, as a plain call (a lone caller waits
-// for nothing); a call made while every sender is busy is queued, and the
-// first sender to finish sends every queued call as one pipeline, then the
-// calls queued meanwhile, until none is left. A pipeline costs a write and
-// a read on each side instead of one per call: at 64 callers, go-redis
-// spent most of a lifecycle in those system calls, and rueidis, which
-// pipelines on its own but writes whatever each connection holds at once,
-// half of its CPU.
+// calls are already in flight: a call made while none is goes out at once,
+// alone, as a plain call (a lone caller waits for nothing); a call made
+// while one is in flight is queued. The queue is sent as one pipeline by the
+// first sender to finish, then the calls queued meanwhile, until none is
+// left; or, if fewer than Senders are busy when a queue's first call comes,
+// by that call's caller, which first yields its thread (runtime.Gosched)
+// so that the callers ready to run queue their calls too, and then sends
+// the queue as one more sender (a call found alone in its queue goes out
+// as a plain call). A pipeline costs a write and a read on each side
+// instead of one per call: at 64 callers, go-redis spent most of a
+// lifecycle in those system calls, and rueidis, which pipelines on its own
+// but writes whatever each connection holds at once, half of its CPU.
+//
+// Before the yield, the call that found a sender free went out alone at
+// once: at 64 callers, the first caller woken by a pipeline's replies took
+// the free sender for a call of its own for a whole round trip, while the
+// callers woken with it queued behind. With rueidis under load, as many
+// calls went alone as pipelines went out (BENCHMARKS.md, "The lifecycle
+// target's last 0.4%").
 //
 // A queued call waits at most MaxQueueWait: if no call in flight returned
 // by then, the queue is sent at once by one more sender. One timer per
@@ -93,10 +104,12 @@ const CoalesceSenders = 2
 // not see this wait.
 var MaxQueueWait = time.Millisecond // a variable for tests
 
-// Run runs one call: at once if a sender is free, else queued.
+// Run runs one call: at once and alone if no call is in flight, else
+// queued; the caller of a queue's first call sends the queue if a sender is
+// free.
 func (q *Coalescer) Run(ctx context.Context, s *Script, keys, args []string, fcall bool) (any, error) {
 	q.mu.Lock()
-	if q.active < q.Senders {
+	if q.active == 0 {
 		q.active++
 		q.mu.Unlock()
 		v, err := q.One(ctx, s, keys, args, fcall)
@@ -113,7 +126,17 @@ func (q *Coalescer) Run(ctx context.Context, s *Script, keys, args []string, fca
 		}
 	}
 	q.queue = append(q.queue, call)
+	lead := len(q.queue) == 1 && q.active < q.Senders
+	if lead {
+		q.active++
+	}
 	q.mu.Unlock()
+	if lead {
+		// The callers woken with this one by the same replies are
+		// runnable: let them queue their calls before the queue goes.
+		runtime.Gosched()
+		q.drain()
+	}
 	if done := ctx.Done(); done != nil {
 		select {
 		case <-call.done:
@@ -188,8 +211,9 @@ func (q *Coalescer) drain() {
 	}
 }
 
-// send sends the live calls of batch as one pipeline and wakes each call,
-// then keeps batch's backing array for a later queue.
+// send sends the live calls of batch as one pipeline (a single one as a
+// plain call) and wakes each call, then keeps batch's backing array for a
+// later queue.
 func (q *Coalescer) send(batch []*QueuedCall) {
 	ctx := context.Background() // the client's read and write timeouts apply
 	live := batch[:0]           // the calls are taken out of batch in order, in place
@@ -201,7 +225,13 @@ func (q *Coalescer) send(batch []*QueuedCall) {
 		}
 		live = append(live, c)
 	}
-	if len(live) > 0 {
+	switch len(live) {
+	case 0:
+	case 1:
+		c := live[0]
+		c.Reply, c.Err = q.One(ctx, c.S, c.Keys, c.Args, c.Fcall)
+		c.done <- struct{}{}
+	default:
 		q.Many(ctx, live)
 		for _, c := range live {
 			c.done <- struct{}{} // the caller may reuse c from here on
