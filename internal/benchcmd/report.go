@@ -204,10 +204,8 @@ func (r *report) writeText(w io.Writer) {
 		if x.Depth != 0 {
 			depth = fmt.Sprintf("%.1f", x.Depth)
 		}
-		if x.RedisBusy != 0 {
+		if x.RedisBusy != 0 { // a Redis row: its waits too, 0% included
 			busy = fmt.Sprintf("%.0f%%", 100*x.RedisBusy)
-		}
-		if x.RedisBusy != 0 {
 			wait = fmt.Sprintf("%.0f%%", 100*x.RedisWait)
 		}
 		if x.Ratio != 0 {
