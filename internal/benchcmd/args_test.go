@@ -1,11 +1,17 @@
 package main
 
 import (
+	"context"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/memstore"
+	"github.com/idemgo/idem/storekit"
 	"github.com/idemgo/idem/testkit/redistest"
 )
 
@@ -36,7 +42,7 @@ func TestCeilingArgsMatchScripts(t *testing.T) {
 }
 
 // TestPreloadedRecordCompletes checks that the records preload writes are
-// records complete.lua accepts from owner "owner" with fence 1.
+// records complete.lua accepts from the complete ceiling's owner and fence.
 func TestPreloadedRecordCompletes(t *testing.T) {
 	srv := redistest.Start(t)
 	src, err := os.ReadFile("../../redisstore/lua/complete.lua")
@@ -46,9 +52,48 @@ func TestPreloadedRecordCompletes(t *testing.T) {
 	if _, err := srv.Command("SET", "idem:{k}", inProgressRecord); err != nil {
 		t.Fatal(err)
 	}
-	got, err := srv.Command("EVAL", string(src), "1", "idem:{k}", "owner", "1", "result", "60000", "", "")
+	args := (&bench{}).completeArgs()[4:] // owner, fence, result, retention, PUBLISH, channel
+	got, err := srv.Command("EVAL", string(src), "1", "idem:{k}", args[0], args[1], "result", "60000", "", "")
 	if err != nil || got != "1" {
 		t.Fatalf("complete.lua on a preloaded record: got %q, %v, want 1", got, err)
+	}
+}
+
+// TestCeilingArgsAsLongAsStores checks that the ceiling's key, owner and
+// fence are as long as those the store sends for Executor.Do, whose cost
+// in the scripts grows with them: a digest in braces, an owner of the
+// Executor's form with a 4-digit sequence number, a fence of the server's
+// clock in µs.
+func TestCeilingArgsAsLongAsStores(t *testing.T) {
+	s, _ := memstore.New()
+	e, err := newExecutor(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, a, err := e.Begin(context.Background(), idem.Key{Scope: "s", ID: "k"}, "fp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	owner := a.Lease().Owner // the first attempt's: sequence number 1
+	prefix, seq, ok := strings.Cut(owner, ".")
+	if !ok || seq != "1" {
+		t.Fatalf("owner %q: want a prefix, a dot and sequence number 1", owner)
+	}
+	b := &bench{acquireSHA: "sha", completeSHA: "sha"}
+	key := strings.ReplaceAll(ceilingKey, "__rand_int__", "000000000000") // as redis-benchmark fills it in
+	fence := strconv.FormatInt(time.Now().UnixMicro(), 10)
+	for _, c := range []struct {
+		name      string
+		got, want int
+	}{
+		{"key", len(key), len("idem:{}") + storekit.DigestLen},
+		{"acquire's owner", len(b.acquireArgs(key)[5]), len(prefix) + len(".") + len(strconv.FormatInt(100_000, 36))},
+		{"complete's owner", len(b.completeArgs()[4]), len(prefix) + len(".") + len(strconv.FormatInt(100_000, 36))},
+		{"complete's fence", len(b.completeArgs()[5]), len(fence)},
+	} {
+		if c.got != c.want {
+			t.Errorf("the ceiling's %s has %d characters, the store's %d", c.name, c.got, c.want)
+		}
 	}
 }
 

@@ -4,8 +4,9 @@
 //     completed key) per second through Executor.Do, on memstore and on
 //     Redis through go-redis and rueidis, at concurrency 1 and 64 (or
 //     -callers), with a 50-byte result;
-//   - the ceiling redis-benchmark reaches with the same scripts pipelined
-//     (-c 64 -P 16), and each client's ratio to it;
+//   - the ceiling redis-benchmark reaches with the same scripts, and
+//     arguments as long as the store's, pipelined (-c 64 -P 16), and each
+//     client's ratio to it;
 //   - the Redis time per script call (usec_per_call in INFO commandstats),
 //     the CPU of the server's main thread and of this process per call, the
 //     share of the time the server's main thread was runnable but waited

@@ -448,7 +448,7 @@ func (b *bench) profiler(name string, redisRow bool) (func(), error) {
 // with the arguments Executor.Do sends (lease 30s, the IN_PROGRESS time to
 // live, no attempt limit; see acquire.lua).
 func (b *bench) acquireArgs(key string) []string {
-	return []string{"EVALSHA", b.acquireSHA, "1", key, "fp", "owner",
+	return []string{"EVALSHA", b.acquireSHA, "1", key, "fp", ceilingOwner,
 		strconv.FormatInt(lease.Milliseconds(), 10),
 		strconv.FormatInt((2*lease + storekit.InProgressGrace).Milliseconds(), 10)}
 }
@@ -458,7 +458,7 @@ func (b *bench) acquireArgs(key string) []string {
 var ceilingResult = "0" + string(value)
 
 func (b *bench) completeArgs() []string {
-	return []string{"EVALSHA", b.completeSHA, "1", ceilingKey, "owner", "1", ceilingResult,
+	return []string{"EVALSHA", b.completeSHA, "1", ceilingKey, ceilingOwner, strconv.FormatUint(ceilingFence, 10), ceilingResult,
 		strconv.FormatInt(retention.Milliseconds(), 10), "PUBLISH", ceilingKey + ":w"}
 }
 
@@ -557,7 +557,7 @@ func (b *bench) ceiling(ctx context.Context) error {
 		b.add("ceiling/acquire/new", acqSt["set"].calls/ev)
 	}
 
-	// Complete: records IN_PROGRESS for owner "owner", fence 1.
+	// Complete: records IN_PROGRESS for ceilingOwner, fence ceilingFence.
 	if err := b.admin.flush(ctx); err != nil {
 		return err
 	}

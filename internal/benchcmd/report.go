@@ -229,8 +229,8 @@ func (r *report) writeText(w io.Writer) {
 	fmt.Fprintln(w, "server made from its clients' connections (total_reads_processed), how deep the pipelines it read were,")
 	fmt.Fprintln(w, "lifecycle rows and ceilings (at most 16 there). CLIENT CPU µs/OP: CPU of this process (Executor, store,")
 	fmt.Fprintln(w, "client library, GC) per op; ALLOCS/OP: its heap allocations per op. Ceilings run the SHAs the store")
-	fmt.Fprintln(w, "sends; ×CEILING is ops/s over the lifecycle (or replay) ceiling. go-redis: PoolSize 64; rueidis and")
-	fmt.Fprintln(w, "valkey-go: defaults, DisableCache.")
+	fmt.Fprintln(w, "sends, with arguments as long as its; ×CEILING is ops/s over the lifecycle (or replay) ceiling. go-redis:")
+	fmt.Fprintln(w, "PoolSize 64; rueidis and valkey-go: defaults, DisableCache.")
 	fmt.Fprintln(w)
 
 	tc := [][]string{{"TARGET", "LIMIT", "GOT", ""}}
