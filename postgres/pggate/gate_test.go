@@ -160,6 +160,27 @@ func TestDoCommitsOnceAndReplays(t *testing.T) {
 	}
 }
 
+// TestReplayWithoutPostgres: a replay is answered from the store alone,
+// without a statement to Postgres (docs/postgres.md, the hybrid mode): it
+// succeeds with the pool closed, where a new key fails.
+func TestReplayWithoutPostgres(t *testing.T) {
+	v := newEnv(t, pggate.WithRelayDelay(0))
+	key := idem.Key{Scope: "t", ID: "k1"}
+	if _, err := v.gate.Do(t.Context(), key, "fp", effect("k1", "paid")); err != nil {
+		t.Fatal(err)
+	}
+	v.pool.Close()
+	ran := false
+	res, err := v.gate.Do(t.Context(), key, "fp", func(context.Context, pgx.Tx) ([]byte, error) { ran = true; return nil, nil })
+	if err != nil || !res.Replayed || string(res.Value) != "paid" || ran {
+		t.Fatalf("replay with the pool closed: got %+v, %v, ran %v, want the replay of paid", res, err, ran)
+	}
+	// The control: a new key needs Postgres, and the closed pool refuses it.
+	if _, err := v.gate.Do(t.Context(), idem.Key{Scope: "t", ID: "k2"}, "fp", effect("k2", "paid")); err == nil {
+		t.Fatal("a new key with the pool closed succeeded: the pool is not closed, and the replay above proves nothing")
+	}
+}
+
 // TestRecordLostReplaysCommittedCompletion: the store forgets the record
 // after the commit (a Redis failover, FLUSHALL). The retry runs the
 // function, whose effect the completion's unique key rolls back.
