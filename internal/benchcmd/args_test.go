@@ -65,7 +65,10 @@ func TestPreloadedRecordCompletes(t *testing.T) {
 // Executor's form with a 4-digit sequence number, a fence of the server's
 // clock in µs.
 func TestCeilingArgsAsLongAsStores(t *testing.T) {
-	s, _ := memstore.New()
+	s, err := memstore.New()
+	if err != nil {
+		t.Fatal(err)
+	}
 	e, err := newExecutor(s)
 	if err != nil {
 		t.Fatal(err)
@@ -81,14 +84,15 @@ func TestCeilingArgsAsLongAsStores(t *testing.T) {
 	}
 	b := &bench{acquireSHA: "sha", completeSHA: "sha"}
 	key := strings.ReplaceAll(ceilingKey, "__rand_int__", "000000000000") // as redis-benchmark fills it in
+	wantOwner := len(prefix) + len(".") + len(strconv.FormatInt(100_000, 36))
 	fence := strconv.FormatInt(time.Now().UnixMicro(), 10)
 	for _, c := range []struct {
 		name      string
 		got, want int
 	}{
 		{"key", len(key), len("idem:{}") + storekit.DigestLen},
-		{"acquire's owner", len(b.acquireArgs(key)[5]), len(prefix) + len(".") + len(strconv.FormatInt(100_000, 36))},
-		{"complete's owner", len(b.completeArgs()[4]), len(prefix) + len(".") + len(strconv.FormatInt(100_000, 36))},
+		{"acquire's owner", len(b.acquireArgs(key)[5]), wantOwner},
+		{"complete's owner", len(b.completeArgs()[4]), wantOwner},
 		{"complete's fence", len(b.completeArgs()[5]), len(fence)},
 	} {
 		if c.got != c.want {
