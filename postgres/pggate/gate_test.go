@@ -160,13 +160,20 @@ func TestDoCommitsOnceAndReplays(t *testing.T) {
 	}
 }
 
-// TestReplayWithoutPostgres: a replay is answered from the store alone,
-// without a statement to Postgres (docs/postgres.md, the hybrid mode): it
-// succeeds with the pool closed, where a new key fails.
+// TestReplayWithoutPostgres: through the hybrid gate (redisstore), a replay
+// is answered from Redis alone, without a statement to Postgres
+// (docs/postgres.md): it succeeds with the pool closed, where a new key
+// fails.
 func TestReplayWithoutPostgres(t *testing.T) {
-	v := newEnv(t, pggate.WithRelayDelay(0))
+	v := newRedisEnv(t, 5*time.Second)
+	paid := func(id string) func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+		return func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+			_, err := tx.Exec(ctx, `INSERT INTO effects (key) VALUES ($1)`, id)
+			return []byte("paid"), err
+		}
+	}
 	key := idem.Key{Scope: "t", ID: "k1"}
-	if _, err := v.gate.Do(t.Context(), key, "fp", effect("k1", "paid")); err != nil {
+	if _, err := v.gate.Do(t.Context(), key, "fp", paid("k1")); err != nil {
 		t.Fatal(err)
 	}
 	v.pool.Close()
@@ -176,7 +183,7 @@ func TestReplayWithoutPostgres(t *testing.T) {
 		t.Fatalf("replay with the pool closed: got %+v, %v, ran %v, want the replay of paid", res, err, ran)
 	}
 	// The control: a new key needs Postgres, and the closed pool refuses it.
-	if _, err := v.gate.Do(t.Context(), idem.Key{Scope: "t", ID: "k2"}, "fp", effect("k2", "paid")); err == nil {
+	if _, err := v.gate.Do(t.Context(), idem.Key{Scope: "t", ID: "k2"}, "fp", paid("k2")); err == nil {
 		t.Fatal("a new key with the pool closed succeeded: the pool is not closed, and the replay above proves nothing")
 	}
 }
