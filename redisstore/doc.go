@@ -96,7 +96,14 @@
 // of their own, Options.PipelinePoolSize connections (10 by default, with
 // 128 KiB buffers each), beside the PoolSize connections of lone calls:
 // size both for your load, or set PipelinePoolSize to -1 to send pipelines
-// on the main pool. Scripts read the server's clock with TIME. Every input
+// on the main pool. rueidis and valkey-go send a lone call on one of the
+// client's dedicated connections (ClientOption.BlockingPoolSize), which
+// the caller writes and reads itself, rather than on the shared
+// connection, where the client hands each call to a writer and a reader
+// goroutine: so a lone call, once sent, waits for its reply even if its
+// context is canceled, bounded by the context's deadline if it has one,
+// else by the client's ConnWriteTimeout. Scripts read the server's clock
+// with TIME. Every input
 // is validated in Go before a script runs, and every script does all its
 // checks before its only write, so a script error never leaves a
 // half-written record.

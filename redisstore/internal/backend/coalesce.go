@@ -57,6 +57,11 @@ type Coalescer struct {
 	// pipeline and sets each call's reply and err.
 	One  func(ctx context.Context, s *Script, keys, args []string, fcall bool) (any, error)
 	Many func(ctx context.Context, calls []*QueuedCall)
+	// Lone, if set, sends a call made while none is in flight in place of
+	// One: a client whose shared connection hands every call to goroutines
+	// of its own can send a lone call on a connection the caller writes
+	// and reads itself.
+	Lone func(ctx context.Context, s *Script, keys, args []string, fcall bool) (any, error)
 
 	mu       sync.Mutex
 	active   int
@@ -112,7 +117,11 @@ func (q *Coalescer) Run(ctx context.Context, s *Script, keys, args []string, fca
 	if q.active == 0 {
 		q.active++
 		q.mu.Unlock()
-		v, err := q.One(ctx, s, keys, args, fcall)
+		send := q.One
+		if q.Lone != nil {
+			send = q.Lone
+		}
+		v, err := send(ctx, s, keys, args, fcall)
 		q.drain()
 		return v, err
 	}

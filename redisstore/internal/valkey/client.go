@@ -38,7 +38,7 @@ func New(c valkey.Client) *Client {
 	b := &Client{c: c}
 	if c.Mode() != valkey.ClientModeCluster {
 		b.read.Store(readDoCache)
-		b.calls = &backend.Coalescer{Senders: backend.CoalesceSenders, One: b.callOne, Many: b.callMany}
+		b.calls = &backend.Coalescer{Senders: backend.CoalesceSenders, One: b.callOne, Many: b.callMany, Lone: b.callLone}
 	}
 	return b
 }
@@ -112,6 +112,41 @@ func (b *Client) callOne(ctx context.Context, s *backend.Script, keys, args []st
 	r := b.c.Do(ctx, scriptCmd(b.c, s, keys, args, how))
 	if how == backend.BySHA && noScript(r.Error()) {
 		r = b.c.Do(ctx, scriptCmd(b.c, s, keys, args, backend.BySource))
+	}
+	v, _, err := normalize(r)
+	return v, err
+}
+
+// callLone runs s once, as callOne does, for a call made while none is in
+// flight (backend.Coalescer.Lone), on a connection of the client's pool of
+// dedicated connections, which the call writes and reads itself.
+//
+// On the shared connection, valkey-go hands each call to a writer goroutine
+// and its reply back from a reader goroutine, as soon as any two calls
+// overlapped or one came with a context that can be cancelled but has no
+// deadline, which is every HTTP request's; and it never goes back. At one
+// connection that cost a new key through idemhttp about 100 µs of its p50
+// (BENCHMARKS.md, "A lone call on a connection of its own"). A dedicated
+// connection does the same as long as calls on it never overlap, which
+// the coalescer ensures (one lone call at a time), and as long as each
+// call's context cannot be cancelled without a deadline. So a context
+// without a deadline is passed on without its cancellation: the call,
+// once sent, waits for its reply, bounded by the client's
+// ConnWriteTimeout, as every call does with DisableAutoPipelining. A
+// deadline still bounds it.
+func (b *Client) callLone(ctx context.Context, s *backend.Script, keys, args []string, fcall bool) (any, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		ctx = context.WithoutCancel(ctx)
+	}
+	dc, release := b.c.Dedicate()
+	defer release()
+	how := backend.FirstCall(fcall)
+	r := dc.Do(ctx, scriptCmd(dc, s, keys, args, how))
+	if how == backend.BySHA && noScript(r.Error()) {
+		r = dc.Do(ctx, scriptCmd(dc, s, keys, args, backend.BySource))
 	}
 	v, _, err := normalize(r)
 	return v, err
