@@ -8,7 +8,9 @@
 //     afterwards), which shows what record before success costs;
 //   - Fiber v2's idempotency middleware on the same Redis (built from the
 //     benchmark-only module internal/httpbench/fiberpeer, so Fiber never
-//     enters idem's dependencies);
+//     enters idem's dependencies), and the same handler alone on Fiber,
+//     the base of the Fiber row's added p50: what Fiber's middleware adds
+//     over Fiber, as idem's rows' is what idemhttp adds over net/http;
 //   - a plain httputil.ReverseProxy (idle pool tuned) and the idem proxy
 //     (cmd/idem) on Redis and on its embedded store, all in front of the
 //     same upstream;
@@ -335,12 +337,16 @@ func main() {
 		// it is stored costs.
 		grAll = "idemhttp + redis (go-redis), stream all"
 		fiber = "Fiber v2 idempotency + redis"
-		flRu  = "floor: 2 round trips (rueidis)"
-		flGR  = "floor: 2 round trips (go-redis)"
-		flSc  = "script floor: idem's 2 scripts (rueidis)"
-		plain = "plain reverse proxy"
-		pxRed = "idem proxy, redis"
-		pxEmb = "idem proxy, embedded"
+		// The same handler alone on Fiber: the Fiber row's added p50 is
+		// over it, what Fiber's middleware adds, as idem's rows' added
+		// p50 is over the bare handler on net/http.
+		fiberBare = "Fiber v2 bare handler"
+		flRu      = "floor: 2 round trips (rueidis)"
+		flGR      = "floor: 2 round trips (go-redis)"
+		flSc      = "script floor: idem's 2 scripts (rueidis)"
+		plain     = "plain reverse proxy"
+		pxRed     = "idem proxy, redis"
+		pxEmb     = "idem proxy, embedded"
 		// The plain proxy behind the floor, which bounds the idem proxy
 		// as the floor rows bound idemhttp: on Redis with the client that
 		// pipelines best, and on a log file synced as the embedded store
@@ -388,7 +394,8 @@ func main() {
 		return server{name, url, base, pid, false, ""}
 	}
 	if want(fiber) {
-		servers = append(servers, spawned(fiber, bare, fiberBin, "-redis", addr))
+		servers = append(servers, spawned(fiberBare, "", fiberBin, "-bare"))
+		servers = append(servers, spawned(fiber, fiberBare, fiberBin, "-redis", addr))
 	}
 	servers = append(servers, spawned(plain, "", self, "-plain-proxy", upstream))
 	if want(flPxRu) {
@@ -553,38 +560,48 @@ func main() {
 		latencyUS bool // an added p50 in µs at most min, instead of a ratio at least min
 		bound     bool // not a target: the most a target on the same cell can reach
 		figure    bool // not a target: a ratio shown for what it is
+		peer      bool // not a target: a peer's figure
+		// numBase and denBase, for an added p50: num's p50 over
+		// numBase's less den's over denBase's, what each adds over its
+		// own bare handler.
+		numBase, denBase string
 	}
 	targets := []target{
-		{"new keys: rueidis / Fiber", ruRow, fiber, "new64", 1.8, false, false, false},
-		{"new keys: go-redis / Fiber", grRow, fiber, "new64", 1.3, false, false, false},
-		{"  bound: floor (rueidis) / Fiber", flRu, fiber, "new64", 0, false, true, false},
-		{"  bound: floor (go-redis) / Fiber", flGR, fiber, "new64", 0, false, true, false},
-		{"  idem / floor, rueidis", ruRow, flRu, "new64", 0, false, true, false},
-		{"  idem / floor, go-redis", grRow, flGR, "new64", 0, false, true, false},
-		{"  bound: script floor / Fiber", flSc, fiber, "new64", 0, false, true, false},
-		{"  idem / script floor, rueidis", ruRow, flSc, "new64", 0, false, true, false},
-		{"  idem / script floor, go-redis", grRow, flSc, "new64", 0, false, true, false},
-		{"replays: rueidis / Fiber", ruRow, fiber, "replay64", 2, false, false, false},
-		{"replays: go-redis / Fiber", grRow, fiber, "replay64", 2, false, false, false},
-		{"replays: rueidis / bare", ruRow, bare, "replay64", 0.8, false, false, false},
-		{"replays: go-redis / bare", grRow, bare, "replay64", 0.8, false, false, false},
-		{"replay added p50, 1 conn, rueidis (µs)", ruRow, bare, "replay1", 20, true, false, false},
-		{"replay added p50, 1 conn, go-redis (µs)", grRow, bare, "replay1", 20, true, false, false},
-		{"replay added p50, 1 conn, Fiber (µs)", fiber, bare, "replay1", 0, true, false, false},
-		{"proxy new keys: idem (redis) / plain", pxRed, plain, "new64", 0.8, false, false, false},
-		{"  bound: proxy floor (rueidis) / plain", flPxRu, plain, "new64", 0, false, true, false},
-		{"  idem proxy (redis) / its floor", pxRed, flPxRu, "new64", 0, false, true, false},
-		{"proxy replays: idem (redis) / plain", pxRed, plain, "replay64", 2, false, false, false},
-		{"proxy new keys: idem (embedded) / plain", pxEmb, plain, "new64", 0.8, false, false, false},
-		{"  bound: proxy floor (file) / plain", flPxFi, plain, "new64", 0, false, true, false},
-		{"  idem proxy (embedded) / its floor", pxEmb, flPxFi, "new64", 0, false, true, false},
-		{"proxy replays: idem (embedded) / plain", pxEmb, plain, "replay64", 2, false, false, false},
-		{"webhook new: body key + signature / header", pxHook, pxHdr, "new64", 0.9, false, false, false},
-		{"webhook replays: body key + signature / header", pxHook, pxHdr, "replay64", 0.9, false, false, false},
-		{"proxy new keys: h2c / HTTP/1.1 (Go client)", pxH2, pxH1, "new64", 0, false, false, true},
-		{"proxy replays: h2c / HTTP/1.1 (Go client)", pxH2, pxH1, "replay64", 0, false, false, true},
-		{"proxy new keys, 1 conn: h2c / HTTP/1.1", pxH2, pxH1, "new1", 0, false, false, true},
-		{"proxy replays, 1 conn: h2c / HTTP/1.1", pxH2, pxH1, "replay1", 0, false, false, true},
+		{"new keys: rueidis / Fiber", ruRow, fiber, "new64", 1.3, false, false, false, false, "", ""},
+		{"new keys: go-redis / Fiber", grRow, fiber, "new64", 1.3, false, false, false, false, "", ""},
+		{"new key p50, 1 conn: rueidis - Fiber (µs)", ruRow, fiber, "new1", 0, true, false, false, false, "", ""},
+		{"new key p50, 1 conn: go-redis - Fiber (µs)", grRow, fiber, "new1", 0, true, false, false, false, "", ""},
+		{"  bare handler, 1 conn: net/http - Fiber (µs)", bare, fiberBare, "new1", 0, true, false, true, false, "", ""},
+		{"  added p50, 1 conn: rueidis - Fiber (µs)", ruRow, fiber, "new1", 0, true, false, true, false, bare, fiberBare},
+		{"  added p50, 1 conn: go-redis - Fiber (µs)", grRow, fiber, "new1", 0, true, false, true, false, bare, fiberBare},
+		{"  bound: floor (rueidis) / Fiber", flRu, fiber, "new64", 0, false, true, false, false, "", ""},
+		{"  bound: floor (go-redis) / Fiber", flGR, fiber, "new64", 0, false, true, false, false, "", ""},
+		{"  idem / floor, rueidis", ruRow, flRu, "new64", 0, false, true, false, false, "", ""},
+		{"  idem / floor, go-redis", grRow, flGR, "new64", 0, false, true, false, false, "", ""},
+		{"  bound: script floor / Fiber", flSc, fiber, "new64", 0, false, true, false, false, "", ""},
+		{"  idem / script floor, rueidis", ruRow, flSc, "new64", 0, false, true, false, false, "", ""},
+		{"  idem / script floor, go-redis", grRow, flSc, "new64", 0, false, true, false, false, "", ""},
+		{"replays: rueidis / Fiber", ruRow, fiber, "replay64", 2, false, false, false, false, "", ""},
+		{"replays: go-redis / Fiber", grRow, fiber, "replay64", 2, false, false, false, false, "", ""},
+		{"replays: rueidis / bare", ruRow, bare, "replay64", 0.8, false, false, false, false, "", ""},
+		{"replays: go-redis / bare", grRow, bare, "replay64", 0.8, false, false, false, false, "", ""},
+		{"replay added p50, 1 conn, rueidis (µs)", ruRow, bare, "replay1", 20, true, false, false, false, "", ""},
+		{"replay added p50, 1 conn, go-redis (µs)", grRow, bare, "replay1", 20, true, false, false, false, "", ""},
+		{"replay added p50, 1 conn, Fiber (µs)", fiber, bare, "replay1", 0, true, false, false, true, "", ""},
+		{"proxy new keys: idem (redis) / plain", pxRed, plain, "new64", 0.8, false, false, false, false, "", ""},
+		{"  bound: proxy floor (rueidis) / plain", flPxRu, plain, "new64", 0, false, true, false, false, "", ""},
+		{"  idem proxy (redis) / its floor", pxRed, flPxRu, "new64", 0, false, true, false, false, "", ""},
+		{"proxy replays: idem (redis) / plain", pxRed, plain, "replay64", 2, false, false, false, false, "", ""},
+		{"proxy new keys: idem (embedded) / plain", pxEmb, plain, "new64", 0.8, false, false, false, false, "", ""},
+		{"  bound: proxy floor (file) / plain", flPxFi, plain, "new64", 0, false, true, false, false, "", ""},
+		{"  idem proxy (embedded) / its floor", pxEmb, flPxFi, "new64", 0, false, true, false, false, "", ""},
+		{"proxy replays: idem (embedded) / plain", pxEmb, plain, "replay64", 2, false, false, false, false, "", ""},
+		{"webhook new: body key + signature / header", pxHook, pxHdr, "new64", 0.9, false, false, false, false, "", ""},
+		{"webhook replays: body key + signature / header", pxHook, pxHdr, "replay64", 0.9, false, false, false, false, "", ""},
+		{"proxy new keys: h2c / HTTP/1.1 (Go client)", pxH2, pxH1, "new64", 0, false, false, true, false, "", ""},
+		{"proxy replays: h2c / HTTP/1.1 (Go client)", pxH2, pxH1, "replay64", 0, false, false, true, false, "", ""},
+		{"proxy new keys, 1 conn: h2c / HTTP/1.1", pxH2, pxH1, "new1", 0, false, false, true, false, "", ""},
+		{"proxy replays, 1 conn: h2c / HTTP/1.1", pxH2, pxH1, "replay1", 0, false, false, true, false, "", ""},
 	}
 	// cpu x: for a ratio of requests/s, the same round's inverse ratio of
 	// CPU time per request (every process: wrk, server, upstream,
@@ -603,13 +620,24 @@ func main() {
 		for i := range num {
 			v := num[i].rps / den[i].rps
 			if tg.latencyUS {
-				v = float64(num[i].p50-den[i].p50) / float64(time.Microsecond)
+				d := num[i].p50 - den[i].p50
+				if tg.numBase != "" {
+					nb, db := all[tg.numBase][tg.cell], all[tg.denBase][tg.cell]
+					if len(nb) <= i || len(db) <= i {
+						continue
+					}
+					d -= nb[i].p50 - db[i].p50
+				}
+				v = float64(d) / float64(time.Microsecond)
 			} else if c, ok := cpuRatio(num[i], den[i]); ok {
 				cs = append(cs, c)
 				cper = append(cper, strconv.FormatFloat(c, 'f', 2, 64))
 			}
 			vs = append(vs, v)
 			per = append(per, strconv.FormatFloat(v, 'f', 2, 64))
+		}
+		if len(vs) == 0 {
+			continue
 		}
 		cpuCol := ""
 		if len(cs) > 0 {
@@ -619,9 +647,9 @@ func main() {
 		goal, met := fmt.Sprintf(">= %.1f", tg.min), m >= tg.min
 		if tg.latencyUS {
 			goal, met = fmt.Sprintf("<= %.0f", tg.min), m <= tg.min
-			if tg.min == 0 {
-				goal, met = "(peer)", true
-			}
+		}
+		if tg.peer {
+			goal = "(peer)"
 		}
 		if tg.bound {
 			goal = "(bound)"
