@@ -261,7 +261,8 @@ bench-grpc:
 	  | $(GO) run ../internal/benchratio -metric calls/s -base bare -paired -also cpu-µs/call,allocs/op && \
 	  $(CURDIR)/bin/idemgrpc.test -test.run '^$$' -test.bench 'Interceptor' -test.benchtime 50000x -test.count 3
 
-## bench-http: idemhttp (both Redis clients), Fiber's idempotency middleware,
+## bench-http: idemhttp (both Redis clients), Fiber's idempotency middleware
+## (and the bare handler on Fiber),
 ## a plain reverse proxy and the idem proxy against the bare handler under
 ## wrk (and the proxy over h2c against HTTP/1.1 under a Go load generator,
 ## and the proxy taking a webhook's key from the body after its
