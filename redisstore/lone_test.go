@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -46,6 +47,57 @@ func TestLoneCallDeadline(t *testing.T) {
 			}
 			if a, err := acquireKey(ctx, s, 2); err != nil || a.Outcome != storekit.Acquired {
 				t.Fatalf("acquire after the pause: %v, %v", a.Outcome, err)
+			}
+		})
+	}
+}
+
+// TestLoneCallWaitsForItsReply: a lone call on a dedicated connection
+// whose context has no deadline, once sent, waits for its reply even if
+// its context is canceled meanwhile, and returns that reply: here the
+// acquire the server ran once its writes were unpaused. The caller learns
+// the call's outcome instead of "canceled, outcome unknown". On the
+// shared connection (the code before) the call returned context.Canceled
+// at once.
+func TestLoneCallWaitsForItsReply(t *testing.T) {
+	for _, rc := range ruClients {
+		t.Run(rc.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			s, err := rc.store(t, ruOptions{addrs: []string{srv.Addr()}}, redisstore.WithReplayCache(false))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := t.Context()
+			if a, err := acquireKey(ctx, s, 0); err != nil || a.Outcome != storekit.Acquired {
+				t.Fatalf("acquire before the pause: %v, %v", a.Outcome, err)
+			}
+			adm := srv.GoRedis(t)
+			if err := adm.Do(ctx, "CLIENT", "PAUSE", "60000", "WRITE").Err(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { adm.Do(context.Background(), "CLIENT", "UNPAUSE") })
+			canceled, cancel := context.WithCancel(ctx)
+			type result struct {
+				a   storekit.Acquisition
+				err error
+			}
+			done := make(chan result, 1)
+			go func() {
+				a, err := acquireKey(canceled, s, 1)
+				done <- result{a, err}
+			}()
+			// The call is sent once the server holds it.
+			waitFor(t, "the acquire held by the pause", func() bool {
+				info, err := adm.Info(ctx, "clients").Result()
+				return err == nil && strings.Contains(info, "blocked_clients:1\r\n")
+			})
+			cancel()
+			if err := adm.Do(ctx, "CLIENT", "UNPAUSE").Err(); err != nil {
+				t.Fatal(err)
+			}
+			r := <-done
+			if r.err != nil || r.a.Outcome != storekit.Acquired {
+				t.Fatalf("a lone call canceled after it was sent: %v, %v; want its reply, Acquired", r.a.Outcome, r.err)
 			}
 		})
 	}
