@@ -12,40 +12,57 @@ import (
 	"github.com/idemgo/idem/testkit/redistest"
 )
 
+// pausedWrites returns a store of rc on a new server, after one lone
+// acquire (the store's dedicated connection open), and pauses the server's
+// writes: CLIENT PAUSE … WRITE, far longer than any test waits, which the
+// returned unpause ends at once (CLIENT UNPAUSE is not a write); held
+// reports whether the server holds a call back.
+func pausedWrites(t *testing.T, rc ruClient) (s *redisstore.Store, held func() bool, unpause func()) {
+	t.Helper()
+	srv := redistest.Start(t)
+	s, err := rc.store(t, ruOptions{addrs: []string{srv.Addr()}}, redisstore.WithReplayCache(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	if a, err := acquireKey(ctx, s, 0); err != nil || a.Outcome != storekit.Acquired {
+		t.Fatalf("acquire before the pause: %v, %v", a.Outcome, err)
+	}
+	adm := srv.GoRedis(t)
+	if err := adm.Do(ctx, "CLIENT", "PAUSE", "60000", "WRITE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	unpause = func() {
+		if err := adm.Do(context.Background(), "CLIENT", "UNPAUSE").Err(); err != nil {
+			t.Error(err)
+		}
+	}
+	t.Cleanup(unpause)
+	held = func() bool {
+		info, err := adm.Info(ctx, "clients").Result()
+		return err == nil && strings.Contains(info, "blocked_clients:1\r\n")
+	}
+	return s, held, unpause
+}
+
 // TestLoneCallDeadline: a lone call on a dedicated connection ends at its
-// context's deadline when the server does not answer (its writes paused
-// here, CLIENT PAUSE … WRITE, which CLIENT UNPAUSE ends at once), and the
-// next call, once the server answers again, goes through: the connection
-// the deadline broke is not used again. A lone call passes on its context
-// without its cancellation only when the context has no deadline.
+// context's deadline when the server does not answer (its writes paused),
+// and the next call, once the server answers again, goes through: the
+// connection the deadline broke is not used again. A lone call passes on
+// its context without its cancellation only when the context has no
+// deadline.
 func TestLoneCallDeadline(t *testing.T) {
 	for _, rc := range ruClients {
 		t.Run(rc.name, func(t *testing.T) {
-			srv := redistest.Start(t)
-			s, err := rc.store(t, ruOptions{addrs: []string{srv.Addr()}}, redisstore.WithReplayCache(false))
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx := t.Context()
-			if a, err := acquireKey(ctx, s, 0); err != nil || a.Outcome != storekit.Acquired {
-				t.Fatalf("acquire before the pause: %v, %v", a.Outcome, err)
-			}
-			adm := srv.GoRedis(t)
-			// Far longer than the call's deadline, however slow the
-			// machine; ended by CLIENT UNPAUSE below.
-			if err := adm.Do(ctx, "CLIENT", "PAUSE", "60000", "WRITE").Err(); err != nil {
-				t.Fatal(err)
-			}
-			short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+			s, _, unpause := pausedWrites(t, rc)
+			short, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
 			defer cancel()
-			_, err = acquireKey(short, s, 1)
-			if err := adm.Do(ctx, "CLIENT", "UNPAUSE").Err(); err != nil {
-				t.Fatal(err)
-			}
+			_, err := acquireKey(short, s, 1)
+			unpause()
 			if !errors.Is(err, context.DeadlineExceeded) {
 				t.Fatalf("a lone call while the server's writes are paused, with a 50 ms deadline: %v, want context.DeadlineExceeded", err)
 			}
-			if a, err := acquireKey(ctx, s, 2); err != nil || a.Outcome != storekit.Acquired {
+			if a, err := acquireKey(t.Context(), s, 2); err != nil || a.Outcome != storekit.Acquired {
 				t.Fatalf("acquire after the pause: %v, %v", a.Outcome, err)
 			}
 		})
@@ -62,21 +79,8 @@ func TestLoneCallDeadline(t *testing.T) {
 func TestLoneCallWaitsForItsReply(t *testing.T) {
 	for _, rc := range ruClients {
 		t.Run(rc.name, func(t *testing.T) {
-			srv := redistest.Start(t)
-			s, err := rc.store(t, ruOptions{addrs: []string{srv.Addr()}}, redisstore.WithReplayCache(false))
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx := t.Context()
-			if a, err := acquireKey(ctx, s, 0); err != nil || a.Outcome != storekit.Acquired {
-				t.Fatalf("acquire before the pause: %v, %v", a.Outcome, err)
-			}
-			adm := srv.GoRedis(t)
-			if err := adm.Do(ctx, "CLIENT", "PAUSE", "60000", "WRITE").Err(); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { adm.Do(context.Background(), "CLIENT", "UNPAUSE") })
-			canceled, cancel := context.WithCancel(ctx)
+			s, held, unpause := pausedWrites(t, rc)
+			canceled, cancel := context.WithCancel(t.Context())
 			type result struct {
 				a   storekit.Acquisition
 				err error
@@ -86,15 +90,9 @@ func TestLoneCallWaitsForItsReply(t *testing.T) {
 				a, err := acquireKey(canceled, s, 1)
 				done <- result{a, err}
 			}()
-			// The call is sent once the server holds it.
-			waitFor(t, "the acquire held by the pause", func() bool {
-				info, err := adm.Info(ctx, "clients").Result()
-				return err == nil && strings.Contains(info, "blocked_clients:1\r\n")
-			})
+			waitFor(t, "the acquire sent and held by the pause", held) // sent
 			cancel()
-			if err := adm.Do(ctx, "CLIENT", "UNPAUSE").Err(); err != nil {
-				t.Fatal(err)
-			}
+			unpause()
 			r := <-done
 			if r.err != nil || r.a.Outcome != storekit.Acquired {
 				t.Fatalf("a lone call canceled after it was sent: %v, %v; want its reply, Acquired", r.a.Outcome, r.err)
