@@ -106,10 +106,19 @@ func (b *Client) Run(ctx context.Context, s *backend.Script, keys, args []string
 // EVALSHA falling back to EVAL, the commands rueidis's Lua.Exec sends
 // (without a Lua value per script and client).
 func (b *Client) callOne(ctx context.Context, s *backend.Script, keys, args []string, fcall bool) (any, error) {
+	return callOn(ctx, b.c, s, keys, args, fcall)
+}
+
+// callOn runs s once on c, the client or one of its dedicated
+// connections, as callOne describes.
+func callOn(ctx context.Context, c interface {
+	B() rueidis.Builder
+	Do(context.Context, rueidis.Completed) rueidis.RedisResult
+}, s *backend.Script, keys, args []string, fcall bool) (any, error) {
 	how := backend.FirstCall(fcall)
-	r := b.c.Do(ctx, scriptCmd(b.c, s, keys, args, how))
+	r := c.Do(ctx, scriptCmd(c, s, keys, args, how))
 	if how == backend.BySHA && noScript(r.Error()) {
-		r = b.c.Do(ctx, scriptCmd(b.c, s, keys, args, backend.BySource))
+		r = c.Do(ctx, scriptCmd(c, s, keys, args, backend.BySource))
 	}
 	v, _, err := normalize(r)
 	return v, err
@@ -141,13 +150,7 @@ func (b *Client) callLone(ctx context.Context, s *backend.Script, keys, args []s
 	}
 	dc, release := b.c.Dedicate()
 	defer release()
-	how := backend.FirstCall(fcall)
-	r := dc.Do(ctx, scriptCmd(dc, s, keys, args, how))
-	if how == backend.BySHA && noScript(r.Error()) {
-		r = dc.Do(ctx, scriptCmd(dc, s, keys, args, backend.BySource))
-	}
-	v, _, err := normalize(r)
-	return v, err
+	return callOn(ctx, dc, s, keys, args, fcall)
 }
 
 // callMany sends calls with one DoMulti (pipelineScripts), which rueidis
